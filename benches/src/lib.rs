@@ -1,0 +1,1 @@
+//! forkscore benchmark harness (see benches/benches/modes.rs).

@@ -1,0 +1,6 @@
+//! forkscore test kit: tiny real-architecture models, a deterministic fake backend, proptest
+//! strategies and named tolerances.
+
+pub mod fake;
+pub mod tiny_model;
+pub mod tolerance;
