@@ -60,8 +60,6 @@ impl Rope {
             sin: make(sin).map_err(BackendError::tensor("rope sin"))?,
         })
     }
-
-    /// `(B, H, L, hd) -> (B, H, L, hd)`, rotating the first `rotary_dim` dims.
 }
 
 impl RopeTables {
