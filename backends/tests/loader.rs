@@ -298,3 +298,52 @@ fn token_ids_beyond_the_embedding_are_rejected() {
     let err = m.score(&[&st], &[ScoreRow { state: 0, suffix: &[3] }], &[1000]).err();
     assert!(matches!(err, Some(BackendError::TokenOutOfRange { id: 1000, .. })), "{err:?}");
 }
+
+#[test]
+fn unrequested_tensors_are_ignored() {
+    // multimodal checkpoints also hold vision and MTP tensors; only requested names are read
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spec = small(TinySpec::qwen25());
+    let plain = tmp.path().join("plain");
+    write_hf_folder(&plain, &spec).expect("write");
+    let dir = folder_with(tmp.path(), &spec, |ts| {
+        for name in ["model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight"] {
+            ts.push(TinyTensor { name: name.into(), shape: vec![3, 5], dtype: Dtype::I64, bytes: vec![0; 120] });
+        }
+    });
+    let a = logits(&load_dir(&plain).expect("plain"));
+    let b = logits(&load_dir(&dir).expect("with extras"));
+    Tolerance::EXACT.assert_close("extra tensors", &a, &b);
+}
+
+/// bf16 compute on CPU runs the accelerator dtype path (casts around the f32 softmax and head).
+#[test]
+fn bf16_compute_tracks_f32() {
+    use forkscore_backends::ComputeDType;
+    for spec in [TinySpec::qwen25(), TinySpec::qwen3()] {
+        let dir = forkscore_testkit::tiny_model::ensure_tiny_model(&spec);
+        let ckpt = ResolvedCheckpoint::from_folder(&dir, "t").expect("resolve");
+        let f32m = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("f32");
+        let bf16 = CandleBackend::load(&ckpt, &LoadOptions { dtype: ComputeDType::Bf16, ..LoadOptions::default() })
+            .expect("bf16");
+        assert_eq!(bf16.facts().dtype, "bf16");
+        let ids = common::ids(77, 40, 151_643);
+        let cands = common::candidates();
+        let a = f32m.forward_full(&ids, &cands).expect("f32");
+        let b = bf16.forward_full(&ids, &cands).expect("bf16");
+        let st = bf16.prefill(&ids[..30]).expect("prefill");
+        let c = bf16.score(&[&st], &[ScoreRow { state: 0, suffix: &ids[30..] }], &cands).expect("score");
+        let max = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        eprintln!(
+            "{:?}: bf16 vs f32 max |diff| {:e} (max |logit| {max}); bf16 fork vs full {:e}",
+            spec.arch,
+            Tolerance::max_abs_diff(&a, &b),
+            Tolerance::max_abs_diff(&b, c.row(0))
+        );
+        BF16_VS_F32.assert_close("bf16 vs f32", &a, &b);
+        BF16_VS_F32.assert_close("bf16 fork vs bf16 full", &b, c.row(0));
+    }
+}
+
+/// bf16 weights and activations vs f32 on logits reaching |50| (bf16 keeps 8 bits of mantissa).
+const BF16_VS_F32: Tolerance = Tolerance { name: "cpu-bf16-vs-f32-logits", abs: 1.5 };

@@ -182,7 +182,7 @@ fn suffix_strategy() -> impl Strategy<Value = Vec<u32>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Batched == one row at a time (so a row's logits ignore its siblings and the right padding
     /// their lengths force), for any suffix mix, on both architectures.
