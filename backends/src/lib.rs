@@ -4,8 +4,12 @@
 //! states and f32 logits over a candidate-id list. Everything about devices, dtypes, model
 //! architectures and checkpoint layouts lives below this seam.
 
+pub mod candle;
 pub mod error;
 pub mod seam;
 
 pub use error::BackendError;
+pub use candle::{
+    CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint,
+};
 pub use seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};
