@@ -90,18 +90,36 @@ fn repo_root() -> PathBuf {
 }
 
 fn load_reference(name: &str) -> Result<Reference> {
-    let path = repo_root().join("fixtures/reference").join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let r: Reference = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    ensure!(r.schema_version == 1, "{}: unknown schema_version {}", path.display(), r.schema_version);
-    ensure!(r.model_name == name, "{}: model_name {} != {name}", path.display(), r.model_name);
+    let path = repo_root()
+        .join("fixtures/reference")
+        .join(format!("{name}.json"));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let r: Reference =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    ensure!(
+        r.schema_version == 1,
+        "{}: unknown schema_version {}",
+        path.display(),
+        r.schema_version
+    );
+    ensure!(
+        r.model_name == name,
+        "{}: model_name {} != {name}",
+        path.display(),
+        r.model_name
+    );
     Ok(r)
 }
 
 /// Logits of `map` in the order of `ids`, as f32 (they were f32 in transformers).
 fn ordered(map: &BTreeMap<u32, f64>, ids: &[u32]) -> Result<Vec<f32>> {
     ids.iter()
-        .map(|id| map.get(id).map(|&v| v as f32).ok_or_else(|| anyhow!("no stored logit for id {id}")))
+        .map(|id| {
+            map.get(id)
+                .map(|&v| v as f32)
+                .ok_or_else(|| anyhow!("no stored logit for id {id}"))
+        })
         .collect()
 }
 
@@ -163,9 +181,18 @@ fn compare_model(name: &str) -> Result<Measured> {
     let checkpoint = ResolvedCheckpoint::from_folder(&dir, "testkit")?;
     let backend = CandleBackend::load(&checkpoint, &LoadOptions::for_device(DeviceSpec::Cpu))?;
     let facts = backend.facts();
-    ensure!(facts.vocab_size == reference.config.vocab_size, "vocab_size differs");
-    ensure!(facts.num_layers == reference.config.num_hidden_layers, "num_layers differs");
-    ensure!(facts.hidden_size == reference.config.hidden_size, "hidden_size differs");
+    ensure!(
+        facts.vocab_size == reference.config.vocab_size,
+        "vocab_size differs"
+    );
+    ensure!(
+        facts.num_layers == reference.config.num_hidden_layers,
+        "num_layers differs"
+    );
+    ensure!(
+        facts.hidden_size == reference.config.hidden_size,
+        "hidden_size differs"
+    );
     ensure!(
         reference.prompts.iter().any(|p| p.token_ids.len() > 64),
         "{name}: the reference needs a prompt longer than 64 tokens"
@@ -175,16 +202,28 @@ fn compare_model(name: &str) -> Result<Measured> {
     for p in &reference.prompts {
         let cand = &p.candidate_ids;
         let want_full = ordered(&p.full.logits, cand)?;
-        m.max_abs_logit = want_full.iter().fold(m.max_abs_logit, |a, x| a.max(x.abs()));
-        ensure!(p.full.hidden_norms.len() == reference.config.num_hidden_layers + 1, "hidden norm count");
+        m.max_abs_logit = want_full
+            .iter()
+            .fold(m.max_abs_logit, |a, x| a.max(x.abs()));
+        ensure!(
+            p.full.hidden_norms.len() == reference.config.num_hidden_layers + 1,
+            "hidden norm count"
+        );
 
         let got_full = backend.forward_full(&p.token_ids, cand)?;
         let d = max_abs_diff(&got_full, &want_full);
         m.full = m.full.max(d);
-        ensure!(d <= TRANSFORMERS_ABS_TOL, "{name}/{}: forward_full differs from transformers by {d:e}", p.name);
+        ensure!(
+            d <= TRANSFORMERS_ABS_TOL,
+            "{name}/{}: forward_full differs from transformers by {d:e}",
+            p.name
+        );
 
         for c in &p.continuations {
-            ensure!(c.prefix_len + c.suffix_len == p.token_ids.len(), "bad continuation split");
+            ensure!(
+                c.prefix_len + c.suffix_len == p.token_ids.len(),
+                "bad continuation split"
+            );
             m.transformers_own = m.transformers_own.max(c.max_abs_diff_vs_full_at_ids);
             let want_cont = ordered(&c.logits, cand)?;
             let (prefix, suffix) = p.token_ids.split_at(c.prefix_len);
@@ -229,7 +268,10 @@ fn compare_model(name: &str) -> Result<Measured> {
             .continuations
             .iter()
             .enumerate()
-            .map(|(i, c)| ScoreRow { state: i, suffix: &p.token_ids[c.prefix_len..] })
+            .map(|(i, c)| ScoreRow {
+                state: i,
+                suffix: &p.token_ids[c.prefix_len..],
+            })
             .collect();
         let got = backend.score(&state_refs, &rows, cand)?;
         for (i, c) in p.continuations.iter().enumerate() {
@@ -245,7 +287,11 @@ fn compare_model(name: &str) -> Result<Measured> {
         }
     }
     // Spread logits make attention / RoPE / norm errors visible at this tolerance.
-    ensure!(m.max_abs_logit > 10.0, "{name}: reference logits are degenerate (max |logit| {})", m.max_abs_logit);
+    ensure!(
+        m.max_abs_logit > 10.0,
+        "{name}: reference logits are degenerate (max |logit| {})",
+        m.max_abs_logit
+    );
     eprintln!(
         "{name} (transformers {}, torch {}, {}): max |candle - transformers| forward_full {:.3e}, \
          prefill+score vs continuation {:.3e}, vs full {:.3e}, chunked prefill vs full {:.3e}, \
@@ -271,11 +317,17 @@ fn compare_tokenizer(name: &str) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join(name);
     regenerate(&reference, &dir)?;
-    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
+    let tok =
+        tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
     for p in &reference.prompts {
-        let enc = tok.encode(p.rendered.as_str(), false).map_err(|e| anyhow!("{e}"))?;
+        let enc = tok
+            .encode(p.rendered.as_str(), false)
+            .map_err(|e| anyhow!("{e}"))?;
         if enc.get_ids() != p.token_ids.as_slice() {
-            bail!("{name}/{}: Rust tokenizers ids differ from transformers' for the rendered prompt", p.name);
+            bail!(
+                "{name}/{}: Rust tokenizers ids differ from transformers' for the rendered prompt",
+                p.name
+            );
         }
     }
     Ok(())

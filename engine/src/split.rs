@@ -48,7 +48,11 @@ fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Split `prefix_text ++ selectors[i]` for every `i` (tokenized in parallel).
-pub fn split_exact(tok: &ChatTokenizer, prefix_text: &str, selectors: &[String]) -> Result<SplitPrompt, SplitError> {
+pub fn split_exact(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    selectors: &[String],
+) -> Result<SplitPrompt, SplitError> {
     if let Some(index) = selectors.iter().position(String::is_empty) {
         return Err(SplitError::EmptySelector { index });
     }
@@ -59,7 +63,9 @@ pub fn split_exact(tok: &ChatTokenizer, prefix_text: &str, selectors: &[String])
         .collect::<Result<_, _>>()?;
     let mut common = prefix_only.len();
     for f in &fulls {
-        common = common.min(common_prefix_len(&prefix_only, f)).min(f.len().saturating_sub(1));
+        common = common
+            .min(common_prefix_len(&prefix_only, f))
+            .min(f.len().saturating_sub(1));
     }
     let prefix_ids = prefix_only[..common].to_vec();
     let mut suffix_ids = Vec::with_capacity(fulls.len());
@@ -69,5 +75,9 @@ pub fn split_exact(tok: &ChatTokenizer, prefix_text: &str, selectors: &[String])
         }
         suffix_ids.push(f[common..].to_vec());
     }
-    Ok(SplitPrompt { prefix_text: prefix_text.to_string(), prefix_ids, suffix_ids })
+    Ok(SplitPrompt {
+        prefix_text: prefix_text.to_string(),
+        prefix_ids,
+        suffix_ids,
+    })
 }

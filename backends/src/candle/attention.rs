@@ -19,9 +19,15 @@ use crate::BackendError;
 pub(crate) enum PastKv<'a> {
     None,
     /// `(1, Hkv, P, hd)` shared by all rows.
-    Shared { k: &'a Tensor, v: &'a Tensor },
+    Shared {
+        k: &'a Tensor,
+        v: &'a Tensor,
+    },
     /// `(B, Hkv, P, hd)`, one (left-padded) past per row.
-    PerRow { k: &'a Tensor, v: &'a Tensor },
+    PerRow {
+        k: &'a Tensor,
+        v: &'a Tensor,
+    },
 }
 
 /// Masks for one call, see [`super::mask`].
@@ -45,7 +51,9 @@ fn fold_rows(t: &Tensor) -> candle_core::Result<Tensor> {
 /// Inverse of [`fold_rows`]: `(1, Hkv, B*M, X) -> (B, Hkv, M, X)`.
 fn unfold_rows(t: &Tensor, b: usize) -> candle_core::Result<Tensor> {
     let (_, hkv, bm, x) = t.dims4()?;
-    t.reshape((hkv, b, bm / b, x))?.transpose(0, 1)?.contiguous()
+    t.reshape((hkv, b, bm / b, x))?
+        .transpose(0, 1)?
+        .contiguous()
 }
 
 /// Attention output `(B, H, L, hd)`.
@@ -62,7 +70,10 @@ pub(crate) fn attend(
     let dtype = q.dtype();
     let scale = 1.0 / (hd as f64).sqrt();
     // (B, H, L, hd) -> (B, Hkv, G*L, hd): heads of one KV group are adjacent.
-    let q4 = q.contiguous().and_then(|q| q.reshape((b, hkv, g * l, hd))).map_err(op("attention q group"))?;
+    let q4 = q
+        .contiguous()
+        .and_then(|q| q.reshape((b, hkv, g * l, hd)))
+        .map_err(op("attention q group"))?;
 
     // new part: (B, Hkv, G*L, hd) x (B, Hkv, hd, L) -> (B, Hkv, G, L, L) f32
     let s_new = q4
@@ -72,7 +83,9 @@ pub(crate) fn attend(
         .and_then(|s| s.reshape((b, hkv, g, l, l)))
         .map_err(op("attention scores new"))?;
     let s_new = match masks.causal {
-        Some(m) => s_new.broadcast_add(m).map_err(op("attention causal mask"))?,
+        Some(m) => s_new
+            .broadcast_add(m)
+            .map_err(op("attention causal mask"))?,
         None => s_new,
     };
 
@@ -91,7 +104,9 @@ pub(crate) fn attend(
         PastKv::PerRow { k, .. } => {
             let p = k.dim(2).map_err(op("past dims"))?;
             // (B, Hkv, G*L, hd) x (B, Hkv, hd, P) -> (B, Hkv, G*L, P)
-            let s = q4.matmul(&k.t().map_err(op("k^T"))?).map_err(op("attention scores row past"))?;
+            let s = q4
+                .matmul(&k.t().map_err(op("k^T"))?)
+                .map_err(op("attention scores row past"))?;
             (Some(s), p)
         }
     };

@@ -57,14 +57,22 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: DeviceSpec::Cpu, dtype: ComputeDType::F32, prefill_chunk: DEFAULT_PREFILL_CHUNK }
+        LoadOptions {
+            device: DeviceSpec::Cpu,
+            dtype: ComputeDType::F32,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+        }
     }
 }
 
 impl LoadOptions {
     /// `device` with its default dtype (f32 on CPU, bf16 on accelerators).
     pub fn for_device(device: DeviceSpec) -> Self {
-        LoadOptions { device, dtype: device.default_dtype(), ..Self::default() }
+        LoadOptions {
+            device,
+            dtype: device.default_dtype(),
+            ..Self::default()
+        }
     }
 }
 
@@ -78,11 +86,16 @@ pub struct CandleBackend {
 }
 
 fn invalid(reason: impl Into<String>) -> BackendError {
-    BackendError::InvalidRequest { reason: reason.into() }
+    BackendError::InvalidRequest {
+        reason: reason.into(),
+    }
 }
 
 impl CandleBackend {
-    pub fn load(checkpoint: &ResolvedCheckpoint, options: &LoadOptions) -> Result<Self, BackendError> {
+    pub fn load(
+        checkpoint: &ResolvedCheckpoint,
+        options: &LoadOptions,
+    ) -> Result<Self, BackendError> {
         if options.prefill_chunk == 0 {
             return Err(invalid("prefill_chunk must be positive"));
         }
@@ -100,7 +113,13 @@ impl CandleBackend {
             dtype: options.dtype.to_string(),
             device: options.device.to_string(),
         };
-        Ok(CandleBackend { backbone, facts, config, checkpoint: checkpoint.clone(), prefill_chunk: options.prefill_chunk })
+        Ok(CandleBackend {
+            backbone,
+            facts,
+            config,
+            checkpoint: checkpoint.clone(),
+            prefill_chunk: options.prefill_chunk,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -148,7 +167,15 @@ impl CandleBackend {
         let mut layers: Vec<LayerState> = Vec::new();
         let mut offset = 0;
         for part in ids.chunks(chunk) {
-            let step = Step::new(&b.rope, &[offset], &[part.len()], part.len(), None, b.dtype, &b.device)?;
+            let step = Step::new(
+                &b.rope,
+                &[offset],
+                &[part.len()],
+                part.len(),
+                None,
+                b.dtype,
+                &b.device,
+            )?;
             let pasts: Vec<LayerPast> = if layers.is_empty() {
                 b.layers.iter().map(|_| LayerPast::Empty).collect()
             } else {
@@ -156,9 +183,16 @@ impl CandleBackend {
             };
             let (_, updates) = b.forward(part, &pasts, &step)?;
             layers = if layers.is_empty() {
-                updates.into_iter().map(|u| LayerState::extend(None, u)).collect::<Result<_, _>>()?
+                updates
+                    .into_iter()
+                    .map(|u| LayerState::extend(None, u))
+                    .collect::<Result<_, _>>()?
             } else {
-                layers.iter().zip(updates).map(|(l, u)| LayerState::extend(Some(l), u)).collect::<Result<_, _>>()?
+                layers
+                    .iter()
+                    .zip(updates)
+                    .map(|(l, u)| LayerState::extend(Some(l), u))
+                    .collect::<Result<_, _>>()?
             };
             offset += part.len();
         }
@@ -166,9 +200,15 @@ impl CandleBackend {
     }
 
     /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec.
-    fn project(&self, hidden: &Tensor, flat_index: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+    fn project(
+        &self,
+        hidden: &Tensor,
+        flat_index: &[u32],
+        candidates: &[u32],
+    ) -> Result<Vec<f32>, BackendError> {
         let b = &self.backbone;
-        let idx = Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
+        let idx =
+            Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
         // (B, L, D) -> (B*L, D) -> (N, D)
         let last = hidden
             .flatten_to(1)
@@ -183,10 +223,16 @@ impl CandleBackend {
 
 fn shared_view(l: &LayerState) -> LayerPast {
     match l {
-        LayerState::Attention { k, v } => LayerPast::Attention { k: k.clone(), v: v.clone(), shared: true },
-        LayerState::Linear { conv, recurrent } => {
-            LayerPast::Linear { conv: conv.clone(), recurrent: recurrent.clone(), shared: true }
-        }
+        LayerState::Attention { k, v } => LayerPast::Attention {
+            k: k.clone(),
+            v: v.clone(),
+            shared: true,
+        },
+        LayerState::Linear { conv, recurrent } => LayerPast::Linear {
+            conv: conv.clone(),
+            recurrent: recurrent.clone(),
+            shared: true,
+        },
     }
 }
 
@@ -223,7 +269,11 @@ impl Backend for CandleBackend {
         }
         for (i, r) in rows.iter().enumerate() {
             if r.state >= states.len() {
-                return Err(invalid(format!("row {i} names state {} of {}", r.state, states.len())));
+                return Err(invalid(format!(
+                    "row {i} names state {} of {}",
+                    r.state,
+                    states.len()
+                )));
             }
             if r.suffix.is_empty() {
                 return Err(invalid(format!("row {i} has an empty suffix")));
@@ -244,9 +294,17 @@ impl Backend for CandleBackend {
         let merged = if shared { None } else { Some(p) };
         let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
         let (hidden, _branch) = b.forward(&ids, &pasts, &step)?;
-        let last: Vec<u32> = valid.iter().enumerate().map(|(r, &v)| (r * len + v - 1) as u32).collect();
+        let last: Vec<u32> = valid
+            .iter()
+            .enumerate()
+            .map(|(r, &v)| (r * len + v - 1) as u32)
+            .collect();
         let data = self.project(&hidden, &last, candidates)?;
-        Ok(CandidateLogits { rows: rows.len(), candidates: candidates.len(), data })
+        Ok(CandidateLogits {
+            rows: rows.len(),
+            candidates: candidates.len(),
+            data,
+        })
     }
 
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
@@ -270,4 +328,3 @@ const _: fn() = || {
     assert_send_sync::<CandleBackend>();
     assert_send_sync::<CandleState>();
 };
-

@@ -36,22 +36,35 @@ impl LayerState {
 
     /// Bytes held by the layer's tensors.
     pub fn nbytes(&self) -> usize {
-        self.tensors().iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+        self.tensors()
+            .iter()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
     }
 
     /// The state after `update`: K/V appended along T; linear states replaced.
-    pub(crate) fn extend(prev: Option<&LayerState>, update: LayerUpdate) -> Result<LayerState, BackendError> {
+    pub(crate) fn extend(
+        prev: Option<&LayerState>,
+        update: LayerUpdate,
+    ) -> Result<LayerState, BackendError> {
         match (prev, update) {
             (None, LayerUpdate::Attention { k, v }) => Ok(LayerState::Attention { k, v }),
             (Some(LayerState::Attention { k: pk, v: pv }), LayerUpdate::Attention { k, v }) => {
                 // (1, Hkv, T, hd) ++ (1, Hkv, L, hd) -> (1, Hkv, T + L, hd)
-                let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 2).map_err(BackendError::tensor("state append"));
-                Ok(LayerState::Attention { k: cat(pk, &k)?, v: cat(pv, &v)? })
+                let cat = |a: &Tensor, b: &Tensor| {
+                    Tensor::cat(&[a, b], 2).map_err(BackendError::tensor("state append"))
+                };
+                Ok(LayerState::Attention {
+                    k: cat(pk, &k)?,
+                    v: cat(pv, &v)?,
+                })
             }
             (None | Some(LayerState::Linear { .. }), LayerUpdate::Linear { conv, recurrent }) => {
                 Ok(LayerState::Linear { conv, recurrent })
             }
-            _ => Err(BackendError::InvalidRequest { reason: "layer update does not match the layer's state kind".into() }),
+            _ => Err(BackendError::InvalidRequest {
+                reason: "layer update does not match the layer's state kind".into(),
+            }),
         }
     }
 }
@@ -75,7 +88,11 @@ pub(crate) enum LayerPast {
     /// conv `(S, C, Kc)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
     /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
     #[allow(dead_code)]
-    Linear { conv: Tensor, recurrent: Tensor, shared: bool },
+    Linear {
+        conv: Tensor,
+        recurrent: Tensor,
+        shared: bool,
+    },
 }
 
 /// The retained state of one prefix: one [`LayerState`] per decoder layer.
@@ -112,7 +129,10 @@ pub(crate) fn merge_slots(
     states: &[&CandleState],
     row_states: &[usize],
 ) -> Result<(Vec<LayerPast>, usize), BackendError> {
-    let op = |e| BackendError::Tensor { op: "merge slots", source: e };
+    let op = |e| BackendError::Tensor {
+        op: "merge slots",
+        source: e,
+    };
     // distinct used states, in first-use order = slots
     let mut slots: Vec<usize> = Vec::new();
     for &s in row_states {
@@ -127,28 +147,42 @@ pub(crate) fn merge_slots(
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention { k, v } => LayerPast::Attention { k: k.clone(), v: v.clone(), shared: true },
-                LayerState::Linear { conv, recurrent } => {
-                    LayerPast::Linear { conv: conv.clone(), recurrent: recurrent.clone(), shared: true }
-                }
+                LayerState::Attention { k, v } => LayerPast::Attention {
+                    k: k.clone(),
+                    v: v.clone(),
+                    shared: true,
+                },
+                LayerState::Linear { conv, recurrent } => LayerPast::Linear {
+                    conv: conv.clone(),
+                    recurrent: recurrent.clone(),
+                    shared: true,
+                },
             })
             .collect();
         return Ok((views, p));
     }
-    let device = states[slots[0]].layers.first().map(|l| l.tensors()[0].device().clone());
-    let Some(device) = device else { return Ok((Vec::new(), p)) };
+    let device = states[slots[0]]
+        .layers
+        .first()
+        .map(|l| l.tensors()[0].device().clone());
+    let Some(device) = device else {
+        return Ok((Vec::new(), p));
+    };
     // row -> slot index
     let row_slot: Vec<u32> = row_states
         .iter()
         .map(|s| slots.iter().position(|x| x == s).unwrap_or(0) as u32)
         .collect();
-    let row_slot = Tensor::new(row_slot.as_slice(), &device).map_err(BackendError::tensor("row slots"))?;
+    let row_slot =
+        Tensor::new(row_slot.as_slice(), &device).map_err(BackendError::tensor("row slots"))?;
     let mut views = Vec::with_capacity(num_layers);
     for layer in 0..num_layers {
         let per_slot: Vec<&LayerState> = slots.iter().map(|&s| &states[s].layers[layer]).collect();
         let gather = |parts: Vec<Tensor>| -> Result<Tensor, BackendError> {
             // (S, ...) -> (B, ...)
-            Tensor::cat(&parts, 0).and_then(|t| t.index_select(&row_slot, 0)).map_err(op)
+            Tensor::cat(&parts, 0)
+                .and_then(|t| t.index_select(&row_slot, 0))
+                .map_err(op)
         };
         let view = match per_slot[0] {
             LayerState::Attention { .. } => {
@@ -156,26 +190,38 @@ pub(crate) fn merge_slots(
                 let mut vs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
                     let LayerState::Attention { k, v } = l else {
-                        return Err(BackendError::InvalidRequest { reason: "states disagree on layer kinds".into() });
+                        return Err(BackendError::InvalidRequest {
+                            reason: "states disagree on layer kinds".into(),
+                        });
                     };
                     // (1, Hkv, T, hd) -> (1, Hkv, P, hd), zeros on the left
                     let pad = p - k.dim(2).map_err(op)?;
                     ks.push(k.pad_with_zeros(2, pad, 0).map_err(op)?);
                     vs.push(v.pad_with_zeros(2, pad, 0).map_err(op)?);
                 }
-                LayerPast::Attention { k: gather(ks)?, v: gather(vs)?, shared: false }
+                LayerPast::Attention {
+                    k: gather(ks)?,
+                    v: gather(vs)?,
+                    shared: false,
+                }
             }
             LayerState::Linear { .. } => {
                 let mut cs = Vec::with_capacity(per_slot.len());
                 let mut rs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
                     let LayerState::Linear { conv, recurrent } = l else {
-                        return Err(BackendError::InvalidRequest { reason: "states disagree on layer kinds".into() });
+                        return Err(BackendError::InvalidRequest {
+                            reason: "states disagree on layer kinds".into(),
+                        });
                     };
                     cs.push(conv.clone());
                     rs.push(recurrent.clone());
                 }
-                LayerPast::Linear { conv: gather(cs)?, recurrent: gather(rs)?, shared: false }
+                LayerPast::Linear {
+                    conv: gather(cs)?,
+                    recurrent: gather(rs)?,
+                    shared: false,
+                }
             }
         };
         views.push(view);

@@ -31,7 +31,12 @@ pub(crate) trait Mixer: Send + Sync {
     fn kind(&self) -> LayerKind;
 
     /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError>;
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError>;
 }
 
 /// One pre-norm decoder layer.
@@ -44,9 +49,16 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     /// `(B, L, D) -> (B, L, D)`.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let add = BackendError::tensor("residual add");
-        let (m, update) = self.mixer.forward(&self.input_norm.forward(x)?, past, step)?;
+        let (m, update) = self
+            .mixer
+            .forward(&self.input_norm.forward(x)?, past, step)?;
         let x = (x + m).map_err(add)?;
         let m = self.mlp.forward(&self.post_norm.forward(&x)?)?;
         let x = (x + m).map_err(BackendError::tensor("residual add"))?;
@@ -85,7 +97,11 @@ impl Backbone {
     ) -> Result<(Tensor, Vec<LayerUpdate>), BackendError> {
         if pasts.len() != self.layers.len() {
             return Err(BackendError::InvalidRequest {
-                reason: format!("{} layer states for a model of {} layers", pasts.len(), self.layers.len()),
+                reason: format!(
+                    "{} layer states for a model of {} layers",
+                    pasts.len(),
+                    self.layers.len()
+                ),
             });
         }
         let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
@@ -119,11 +135,16 @@ pub(crate) fn output_head(
     root: &Weights<'_>,
     embed: &Tensor,
 ) -> Result<CandidateHead, BackendError> {
-    let tied = cfg.tie_word_embeddings.unwrap_or_else(|| !root.contains("lm_head.weight"));
+    let tied = cfg
+        .tie_word_embeddings
+        .unwrap_or_else(|| !root.contains("lm_head.weight"));
     if tied {
         return Ok(CandidateHead::new(embed.clone(), true));
     }
-    let w = root.get("lm_head.weight", &[cfg.text.vocab_size, cfg.text.hidden_size])?;
+    let w = root.get(
+        "lm_head.weight",
+        &[cfg.text.vocab_size, cfg.text.hidden_size],
+    )?;
     Ok(CandidateHead::new(w, false))
 }
 
@@ -137,10 +158,18 @@ pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone,
 
 /// Reject `layer_types` other than full attention for attention-only architectures.
 pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), BackendError> {
-    if let Some(i) = cfg.text.layer_kinds.iter().position(|k| *k != LayerKind::FullAttention) {
+    if let Some(i) = cfg
+        .text
+        .layer_kinds
+        .iter()
+        .position(|k| *k != LayerKind::FullAttention)
+    {
         return Err(BackendError::InvalidConfig {
             path: cfg.path.clone(),
-            reason: format!("{} has only full-attention layers, but layer {i} is {:?}", cfg.architecture_name, cfg.text.layer_kinds[i]),
+            reason: format!(
+                "{} has only full-attention layers, but layer {i} is {:?}",
+                cfg.architecture_name, cfg.text.layer_kinds[i]
+            ),
         });
     }
     Ok(())

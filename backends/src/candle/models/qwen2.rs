@@ -31,9 +31,19 @@ pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, Ba
     for i in 0..t.num_layers {
         let p = format!("layers.{i}");
         layers.push(DecoderLayer {
-            input_norm: RmsNorm::plain(&w, &format!("{p}.input_layernorm.weight"), t.hidden_size, t.rms_norm_eps)?,
+            input_norm: RmsNorm::plain(
+                &w,
+                &format!("{p}.input_layernorm.weight"),
+                t.hidden_size,
+                t.rms_norm_eps,
+            )?,
             mixer: Box::new(SelfAttention::load(&w, &format!("{p}.self_attn"), spec)?),
-            post_norm: RmsNorm::plain(&w, &format!("{p}.post_attention_layernorm.weight"), t.hidden_size, t.rms_norm_eps)?,
+            post_norm: RmsNorm::plain(
+                &w,
+                &format!("{p}.post_attention_layernorm.weight"),
+                t.hidden_size,
+                t.rms_norm_eps,
+            )?,
             mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
         });
     }
