@@ -1,0 +1,301 @@
+//! GPU conformance: the candle backend on CUDA (f32 and bf16) against CPU f32, on the tiny
+//! real-architecture Qwen2.5 (tied, q/k/v biases) and Qwen3 (untied, q/k norm) models.
+//!
+//! Compiled only with `--features cuda`; every test prints a skip message and passes when no
+//! CUDA device opens (so the binary is harmless on a CPU-only machine). Build it here and run it
+//! on a GPU machine: `scripts/build-cuda.sh tests`, then `carry/run.sh carry/gpu-tests
+//! --test-threads=1 --nocapture` (see docs/GPU.md).
+//!
+//! Compared, per model and GPU dtype: `forward_full` logits over 4,096 candidate ids spread over
+//! the vocabulary for prompts of several lengths; `prefill` + `score` over two prefixes of
+//! different length and several suffixes (rows continuing different states are batched into one
+//! call, so slot merging and padding run on the GPU); chunked prefill on the GPU; and the
+//! GPU's own fork-vs-full agreement. Every comparison prints max |diff|, max |ref| and the
+//! relative L2 error, and every changed argmax is printed with the CPU top-2 margin before any
+//! assertion runs. An argmax may only change where the CPU's top-2 margin is within twice the
+//! tolerance (a near-tie); anything else fails.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::{candidates, ids, load};
+use forkscore_backends::{
+    Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
+};
+use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+use forkscore_testkit::tolerance::Tolerance;
+
+/// Vocabulary range for random ids (real token ids, specials excluded).
+const VOCAB: usize = 151_643;
+
+/// One architecture loaded three ways: the CPU f32 reference and the two CUDA dtypes.
+struct Trio {
+    name: &'static str,
+    cpu: CandleBackend,
+    gpu_f32: CandleBackend,
+    gpu_bf16: CandleBackend,
+    /// CUDA f32 with a small prefill chunk, to run the chunked path on the GPU.
+    gpu_f32_chunked: CandleBackend,
+}
+
+/// Chunk size of `gpu_f32_chunked` (prefixes below are longer, so several chunks run).
+const SMALL_CHUNK: usize = 7;
+
+fn load_on(
+    spec: &TinySpec,
+    device: DeviceSpec,
+    dtype: ComputeDType,
+    chunk: usize,
+) -> CandleBackend {
+    let dir = ensure_tiny_model(spec);
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-gpu").expect("resolve tiny model");
+    CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            device,
+            dtype,
+            prefill_chunk: chunk,
+        },
+    )
+    .expect("load tiny model on the GPU")
+}
+
+/// The models, or `None` (after printing why) when no CUDA device opens.
+fn trios() -> Option<&'static [Trio]> {
+    static TRIOS: OnceLock<Option<Vec<Trio>>> = OnceLock::new();
+    TRIOS
+        .get_or_init(|| {
+            let gpu = DeviceSpec::Cuda(0);
+            if let Err(e) = gpu.open() {
+                eprintln!("SKIPPED: no CUDA device ({e})");
+                return None;
+            }
+            let chunk = LoadOptions::default().prefill_chunk;
+            let specs = [
+                ("qwen2.5", TinySpec::qwen25()),
+                ("qwen3", TinySpec::qwen3()),
+            ];
+            Some(
+                specs
+                    .into_iter()
+                    .map(|(name, spec)| Trio {
+                        name,
+                        cpu: load(&spec),
+                        gpu_f32: load_on(&spec, gpu, ComputeDType::F32, chunk),
+                        gpu_bf16: load_on(&spec, gpu, ComputeDType::Bf16, chunk),
+                        gpu_f32_chunked: load_on(&spec, gpu, ComputeDType::F32, SMALL_CHUNK),
+                    })
+                    .collect(),
+            )
+        })
+        .as_deref()
+}
+
+/// 4,096 candidate ids spread over the whole embedding (0 .. 151,515), for argmax checks.
+fn wide_candidates() -> Vec<u32> {
+    (0..4096u32).map(|i| i * 37).collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv {
+                (i, v)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0
+}
+
+/// Top-1 minus top-2 of `x` (how far the reference argmax is from a tie).
+fn top2_margin(x: &[f32]) -> f32 {
+    let mut s = x.to_vec();
+    s.sort_by(|a, b| b.total_cmp(a));
+    if s.len() < 2 {
+        f32::INFINITY
+    } else {
+        s[0] - s[1]
+    }
+}
+
+/// ‖got − want‖₂ / ‖want‖₂.
+fn rel_l2(got: &[f32], want: &[f32]) -> f32 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (num / den).sqrt() as f32
+}
+
+/// Compare one row of logits, print the figures and any changed argmax, then assert.
+fn check(tol: Tolerance, what: &str, got: &[f32], want: &[f32]) {
+    let d = Tolerance::max_abs_diff(got, want);
+    let max_ref = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    eprintln!(
+        "{what}: max|diff| {d:.3e} (tolerance {} {:.1e}), max|ref| {max_ref:.1}, rel-L2 {:.2e}",
+        tol.name,
+        tol.abs,
+        rel_l2(got, want)
+    );
+    let (ag, aw) = (argmax(got), argmax(want));
+    if ag != aw {
+        let margin = top2_margin(want);
+        eprintln!(
+            "ARGMAX CHANGED {what}: gpu picks candidate #{ag} ({:.4}), cpu #{aw} ({:.4}); cpu top-2 margin {margin:.4e}",
+            got[ag], want[aw]
+        );
+        assert!(
+            margin <= 2.0 * tol.abs,
+            "{what}: argmax changed with a cpu top-2 margin {margin:e} > 2 x {} ({:e})",
+            tol.name,
+            tol.abs
+        );
+    }
+    tol.assert_close(what, got, want);
+}
+
+fn gpu_tolerance(dtype: ComputeDType) -> Tolerance {
+    match dtype {
+        ComputeDType::Bf16 => Tolerance::GPU_BF16_LOGITS,
+        _ => Tolerance::GPU_F32_LOGITS,
+    }
+}
+
+fn concat(a: &[u32], b: &[u32]) -> Vec<u32> {
+    a.iter().chain(b).copied().collect()
+}
+
+#[test]
+fn cuda_forward_full_tracks_cpu_f32() {
+    let Some(trios) = trios() else { return };
+    let cands = wide_candidates();
+    for t in trios {
+        for (seed, len) in [(1u64, 1usize), (2, 24), (3, 97), (4, 300)] {
+            let prompt = ids(seed, len, VOCAB);
+            let want = t.cpu.forward_full(&prompt, &cands).expect("cpu forward");
+            for (dtype, gpu) in [
+                (ComputeDType::F32, &t.gpu_f32),
+                (ComputeDType::Bf16, &t.gpu_bf16),
+            ] {
+                let got = gpu.forward_full(&prompt, &cands).expect("gpu forward");
+                check(
+                    gpu_tolerance(dtype),
+                    &format!(
+                        "{} forward_full len {len} cuda {dtype:?} vs cpu f32",
+                        t.name
+                    ),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
+/// Two prefixes of different length, rows of varied suffix length continuing either one, all in
+/// one `score` call; compared row by row with CPU `score` of the same call.
+#[test]
+fn cuda_prefill_score_tracks_cpu_f32() {
+    let Some(trios) = trios() else { return };
+    for cands in [candidates(), wide_candidates()] {
+        for t in trios {
+            let prefixes = [ids(20, 45, VOCAB), ids(21, 19, VOCAB)];
+            let suffixes: Vec<Vec<u32>> = (0..6)
+                .map(|i| ids(30 + i, 1 + i as usize * 3, VOCAB))
+                .collect();
+            let rows: Vec<ScoreRow> = suffixes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| ScoreRow {
+                    state: i % 2,
+                    suffix: s,
+                })
+                .collect();
+            let run = |m: &CandleBackend| {
+                let states: Vec<_> = prefixes
+                    .iter()
+                    .map(|p| m.prefill(p).expect("prefill"))
+                    .collect();
+                let refs: Vec<_> = states.iter().collect();
+                m.score(&refs, &rows, &cands).expect("score")
+            };
+            let want = run(&t.cpu);
+            let gpus = [
+                (ComputeDType::F32, "", &t.gpu_f32),
+                (ComputeDType::Bf16, "", &t.gpu_bf16),
+                (ComputeDType::F32, " chunked", &t.gpu_f32_chunked),
+            ];
+            for (dtype, tag, gpu) in gpus {
+                let got = run(gpu);
+                for r in 0..rows.len() {
+                    check(
+                        gpu_tolerance(dtype),
+                        &format!(
+                            "{} score ({} cands) row {r} cuda {dtype:?}{tag} vs cpu f32",
+                            t.name,
+                            cands.len()
+                        ),
+                        got.row(r),
+                        want.row(r),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// On the GPU itself, in each dtype: forked scoring equals the full forward of the same prompt.
+#[test]
+fn cuda_score_equals_cuda_forward_full() {
+    let Some(trios) = trios() else { return };
+    let cands = wide_candidates();
+    for t in trios {
+        let prefix = ids(40, 33, VOCAB);
+        let suffixes: Vec<Vec<u32>> = (0..3)
+            .map(|i| ids(41 + i, 2 + i as usize * 4, VOCAB))
+            .collect();
+        let rows: Vec<ScoreRow> = suffixes
+            .iter()
+            .map(|s| ScoreRow {
+                state: 0,
+                suffix: s,
+            })
+            .collect();
+        for (dtype, gpu) in [
+            (ComputeDType::F32, &t.gpu_f32),
+            (ComputeDType::Bf16, &t.gpu_bf16),
+        ] {
+            let state = gpu.prefill(&prefix).expect("prefill");
+            let got = gpu.score(&[&state], &rows, &cands).expect("score");
+            for (r, s) in suffixes.iter().enumerate() {
+                let full = gpu.forward_full(&concat(&prefix, s), &cands).expect("full");
+                check(
+                    gpu_tolerance(dtype),
+                    &format!(
+                        "{} cuda {dtype:?} score row {r} vs cuda forward_full",
+                        t.name
+                    ),
+                    got.row(r),
+                    &full,
+                );
+            }
+        }
+    }
+}
+
+/// The device and dtype the GPU backends report.
+#[test]
+fn cuda_facts_name_the_device() {
+    let Some(trios) = trios() else { return };
+    for t in trios {
+        assert_eq!(t.gpu_f32.facts().device, "cuda:0", "{}", t.name);
+        assert_eq!(t.gpu_f32.facts().dtype, "f32", "{}", t.name);
+        assert_eq!(t.gpu_bf16.facts().dtype, "bf16", "{}", t.name);
+    }
+}

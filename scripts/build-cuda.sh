@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds forkscore with the candle `cuda` feature on a machine WITHOUT a GPU or a
+# system CUDA, using the toolchain from scripts/cuda-toolchain.sh, and stages
+# stripped binaries plus a run wrapper into a carry folder for the GPU machine.
+#
+# In:  the repository; env CUDA_VENV (default /work/cuda-venv),
+#      CARGO_TARGET_DIR (default /work/cuda-target, kept apart from CPU builds
+#      because the features differ), CARRY_DIR (default <repo>/carry),
+#      CUDA_COMPUTE_CAP (default 90 = H100/H200), NICE (default 10).
+# Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests,run.sh}
+#      run.sh sets LD_LIBRARY_PATH for the lent H200 (driver libcuda.so.1 in
+#      /usr/local/nvidia/lib64, cuBLAS/cuRAND/cudart 13 in the torch venv).
+# Steps can be limited: build-cuda.sh [pipeline] [bench] [tests] (default all).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CUDA_HOME="$("$REPO/scripts/cuda-toolchain.sh")"
+export CUDA_HOME
+export PATH="$CUDA_HOME/bin:$PATH"
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+export CUDARC_CUDA_VERSION=13000
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/cuda-target}"
+CARRY_DIR="${CARRY_DIR:-$REPO/carry}"
+NICE="${NICE:-10}"
+
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(pipeline bench tests)
+want() { local s; for s in "${steps[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
+
+mkdir -p "$CARRY_DIR"
+cd "$REPO"
+
+# Runs a cargo build and prints the executable paths it produced (JSON messages).
+cargo_exes() {
+  nice -n "$NICE" cargo "$@" --message-format=json-render-diagnostics \
+    | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.kind[0]) \(.target.name) \(.executable)"'
+}
+
+stage() { # src dst
+  cp -f "$1" "$CARRY_DIR/$2.tmp"
+  strip "$CARRY_DIR/$2.tmp"
+  mv -f "$CARRY_DIR/$2.tmp" "$CARRY_DIR/$2"
+  echo "staged $CARRY_DIR/$2 ($(du -h "$CARRY_DIR/$2" | cut -f1))" >&2
+}
+
+if want pipeline; then
+  exe="$(cargo_exes build --release -p forkscore-pipeline --features cuda | awk '$2 == "forkscore" {print $3}')"
+  stage "$exe" forkscore
+fi
+if want bench; then
+  exe="$(cargo_exes bench -p forkscore-benches --features cuda --no-run | awk '$2 == "modes" {print $3}')"
+  stage "$exe" modes-bench
+fi
+if want tests; then
+  exe="$(cargo_exes test --release -p forkscore-backends --features cuda --test gpu --no-run | awk '$2 == "gpu" {print $3}')"
+  stage "$exe" gpu-tests
+fi
+
+cat > "$CARRY_DIR/run.sh" <<'WRAP'
+#!/usr/bin/env bash
+# Runs a carried CUDA binary on the lent H200: run.sh <binary> [args...]
+# (no RUNPATH in the binaries, so the CUDA user-space libraries come from here).
+export LD_LIBRARY_PATH="/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec "$@"
+WRAP
+chmod +x "$CARRY_DIR/run.sh"
+du -sh "$CARRY_DIR" >&2
