@@ -7,7 +7,7 @@
 #      CARGO_TARGET_DIR (default /work/cuda-target, kept apart from CPU builds
 #      because the features differ), CARRY_DIR (default <repo>/carry),
 #      CUDA_COMPUTE_CAP (default 90 = H100/H200), NICE (default 10).
-# Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests,run.sh}
+# Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests,run.sh,gpu-device-run.sh,parallel_schema.json}
 #      run.sh sets LD_LIBRARY_PATH for the lent H200 (driver libcuda.so.1 in
 #      /usr/local/nvidia/lib64, cuBLAS/cuRAND/cudart 13 in the torch venv).
 # Steps can be limited: build-cuda.sh [pipeline] [bench] [tests] (default all).
@@ -64,4 +64,7 @@ export LD_LIBRARY_PATH="/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu1
 exec "$@"
 WRAP
 chmod +x "$CARRY_DIR/run.sh"
+# The one-call device script and the schema it scores with.
+cp -f "$REPO/scripts/gpu-device-run.sh" "$CARRY_DIR/"
+cp -f "$REPO/fixtures/examples/parallel_schema.json" "$CARRY_DIR/"
 du -sh "$CARRY_DIR" >&2
