@@ -7,7 +7,8 @@
 #      CARGO_TARGET_DIR (default /work/cuda-target, kept apart from CPU builds
 #      because the features differ), CARRY_DIR (default <repo>/carry),
 #      CUDA_COMPUTE_CAP (default 90 = H100/H200), NICE (default 10).
-# Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests,run.sh,gpu-device-run.sh,parallel_schema.json}
+# Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests}.xz, run.sh, gpu-device-run.sh,
+#      parallel_schema.json
 #      run.sh sets LD_LIBRARY_PATH for the lent H200 (driver libcuda.so.1 in
 #      /usr/local/nvidia/lib64, cuBLAS/cuRAND/cudart 13 in the torch venv).
 # Steps can be limited: build-cuda.sh [pipeline] [bench] [tests] (default all).
@@ -36,11 +37,17 @@ cargo_exes() {
     | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.kind[0]) \(.target.name) \(.executable)"'
 }
 
-stage() { # src dst
-  cp -f "$1" "$CARRY_DIR/$2.tmp"
-  strip "$CARRY_DIR/$2.tmp"
-  mv -f "$CARRY_DIR/$2.tmp" "$CARRY_DIR/$2"
-  echo "staged $CARRY_DIR/$2 ($(du -h "$CARRY_DIR/$2" | cut -f1))" >&2
+# Strip and xz-compress one executable into the carry folder as <name>.xz (a stripped
+# binary is ~58 MB, mostly embedded PTX/cubins; xz brings it to ~14 MB, so three fit the
+# device tool's 64 MiB carry limit). The device script unpacks them.
+stage() { # src name
+  local tmp="$CARRY_DIR/.$2.tmp"
+  cp -f "$1" "$tmp"
+  strip "$tmp"
+  nice -n "$NICE" xz -9 -T2 -c "$tmp" > "$CARRY_DIR/$2.xz.tmp"
+  rm -f "$tmp" "$CARRY_DIR/$2"
+  mv -f "$CARRY_DIR/$2.xz.tmp" "$CARRY_DIR/$2.xz"
+  echo "staged $CARRY_DIR/$2.xz ($(du -h "$CARRY_DIR/$2.xz" | cut -f1))" >&2
 }
 
 if want pipeline; then

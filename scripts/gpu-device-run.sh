@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, with the carry folder staged by
 # scripts/build-cuda.sh (carry/{forkscore,gpu-tests,modes-bench,run.sh} and this script).
-# One call does everything, so the machine starts once:
+# (binaries as <name>.xz). One call does everything, so the machine starts once:
 #   1. the GPU conformance tests (CUDA f32/bf16 vs CPU f32 on tiny models);
 #   2. forkscore demo-model + score on cpu, cuda f32, cuda bf16 (JSON results to $OUT);
 #   3. the modes bench on a bench-size seeded model on cuda (bf16, then f32).
@@ -13,6 +13,19 @@ set -uo pipefail
 C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:?set OUT to a results folder}"
 exec > >(tee "$OUT/run.log") 2>&1
+
+# Unpack the xz-compressed binaries (python's lzma where xz is missing) next to run.sh.
+B=/tmp/forkscore-bin
+mkdir -p "$B"
+cp -f "$C/run.sh" "$B/"
+for f in "$C"/*.xz; do
+  n="$(basename "$f" .xz)"
+  if command -v xz >/dev/null; then xz -dc "$f" > "$B/$n"
+  else python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$f" "$B/$n"; fi
+  chmod +x "$B/$n"
+done
+SCHEMA="$C/parallel_schema.json"
+C="$B"
 
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
@@ -32,7 +45,7 @@ CTX="Our production payment service is completely down for every customer, and n
 for cfg in "cpu f32" "cuda f32" "cuda bf16"; do
   set -- $cfg
   "$C/run.sh" "$C/forkscore" score --model "$DEMO" --revision demo \
-    --schema-file "$C/parallel_schema.json" --context "$CTX" \
+    --schema-file "$SCHEMA" --context "$CTX" \
     --device "$1" --dtype "$2" > "$OUT/score-$1-$2.json" \
     && echo "score $1 $2 ok" || echo "score $1 $2 FAILED"
 done
