@@ -341,4 +341,25 @@ proptest! {
             prop_assert!(d2 <= BATCH_VS_SINGLE.abs, "{} left padding: {:e}", name, d2);
         }
     }
+
+    /// Rows from several states in any mix (uneven rows per slot, unused states) equal each row
+    /// scored alone against its own state.
+    #[test]
+    fn slot_merging_equals_each_row_alone(
+        prefixes in prop::collection::vec(prop::collection::vec(0u32..VOCAB as u32, 1..30), 1..4),
+        rows in prop::collection::vec((0usize..4, suffix_strategy()), 1..8),
+    ) {
+        let cands = candidates();
+        for (name, m) in models() {
+            let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
+            let refs: Vec<&CandleState> = states.iter().collect();
+            let rows: Vec<ScoreRow> = rows.iter().map(|(s, suf)| ScoreRow { state: s % refs.len(), suffix: suf }).collect();
+            let merged = m.score(&refs, &rows, &cands).expect("merged");
+            for (r, row) in rows.iter().enumerate() {
+                let alone = m.score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands).expect("alone");
+                let d = Tolerance::max_abs_diff(merged.row(r), alone.row(0));
+                prop_assert!(d <= BATCH_VS_SINGLE.abs, "{} row {}: {:e}", name, r, d);
+            }
+        }
+    }
 }
