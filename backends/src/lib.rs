@@ -4,6 +4,7 @@
 //! states and f32 logits over a candidate-id list. Everything about devices, dtypes, model
 //! architectures and checkpoint layouts lives below this seam.
 
+pub mod candle;
 pub mod error;
 pub mod seam;
 
