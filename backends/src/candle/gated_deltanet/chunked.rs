@@ -57,14 +57,16 @@ pub fn chunked_gated_delta_rule(
 ) -> Result<(Tensor, Tensor)> {
     let (b, hv, l, dk) = q.dims4()?;
     let dv = v.dim(3)?;
+    let bh = b * hv;
     let c = chunk.max(1);
     let n = l.div_ceil(c);
     let pad = n * c - l;
     let dev = q.device();
 
-    // (B, Hv, L, d) -> (B, Hv, n, C, d); (B, Hv, L) -> (B, Hv, n, C)
-    let chunks4 = |x: &Tensor, d: usize| x.pad_with_zeros(2, 0, pad)?.reshape((b, hv, n, c, d));
-    let chunks3 = |x: &Tensor| x.pad_with_zeros(2, 0, pad)?.reshape((b, hv, n, c));
+    // Batch and head are folded into one dim (candle's CPU matmul takes ≤ 2 batch dims).
+    // (B, Hv, L, d) -> (B·Hv, n, C, d); (B, Hv, L) -> (B·Hv, n, C)
+    let chunks4 = |x: &Tensor, d: usize| x.pad_with_zeros(2, 0, pad)?.reshape((bh, n, c, d));
+    let chunks3 = |x: &Tensor| x.pad_with_zeros(2, 0, pad)?.reshape((bh, n, c));
     let q = chunks4(q, dk)?;
     let k = chunks4(k, dk)?;
     let v = chunks4(v, dv)?;
@@ -72,54 +74,54 @@ pub fn chunked_gated_delta_rule(
     let g = chunks3(g)?;
 
     let (tril_incl, tril_strict) = tril_masks(c, dev)?;
-    // Cumulative log-decay restarted per chunk: (B, Hv, n, C)
+    // Cumulative log-decay restarted per chunk: (BH, n, C)
     let gc = g.cumsum(D::Minus1)?;
-    // G_i − G_j: (B, Hv, n, C, 1) − (B, Hv, n, 1, C) -> (B, Hv, n, C, C), clamped before exp
-    let diff = gc.unsqueeze(4)?.broadcast_sub(&gc.unsqueeze(3)?)?.minimum(0f32)?;
+    // G_i − G_j: (BH, n, C, 1) − (BH, n, 1, C) -> (BH, n, C, C), clamped before exp
+    let diff = gc.unsqueeze(3)?.broadcast_sub(&gc.unsqueeze(2)?)?.minimum(0f32)?;
     let decay = diff.exp()?.broadcast_mul(&tril_incl)?; // M, diagonal = 1
 
-    let kt = k.transpose(3, 4)?.contiguous()?; // (B, Hv, n, dk, C)
-    // A = tril₋₁(β_i · (K Kᵀ) ⊙ M): (B, Hv, n, C, C)
+    let kt = k.transpose(2, 3)?.contiguous()?; // (BH, n, dk, C)
+    // A = tril₋₁(β_i · (K Kᵀ) ⊙ M): (BH, n, C, C)
     let a = k
         .matmul(&kt)?
         .mul(&decay)?
-        .broadcast_mul(&beta.unsqueeze(4)?)?
+        .broadcast_mul(&beta.unsqueeze(3)?)?
         .broadcast_mul(&tril_strict)?;
     let t = unit_lower_inverse(&a)?;
 
-    let gamma = gc.exp()?; // Γ: (B, Hv, n, C)
-    // U = T·diag(β)·V: (B, Hv, n, C, dv); W = T·diag(βΓ)·K: (B, Hv, n, C, dk)
-    let u = t.matmul(&v.broadcast_mul(&beta.unsqueeze(4)?)?)?;
-    let w = t.matmul(&k.broadcast_mul(&beta.mul(&gamma)?.unsqueeze(4)?)?)?;
-    // P = (Q Kᵀ) ⊙ M: (B, Hv, n, C, C)
+    let gamma = gc.exp()?; // Γ: (BH, n, C)
+    // U = T·diag(β)·V: (BH, n, C, dv); W = T·diag(βΓ)·K: (BH, n, C, dk)
+    let u = t.matmul(&v.broadcast_mul(&beta.unsqueeze(3)?)?)?;
+    let w = t.matmul(&k.broadcast_mul(&beta.mul(&gamma)?.unsqueeze(3)?)?)?;
+    // P = (Q Kᵀ) ⊙ M: (BH, n, C, C)
     let p = q.matmul(&kt)?.mul(&decay)?;
-    // diag(Γ)·Q: (B, Hv, n, C, dk)
-    let qg = q.broadcast_mul(&gamma.unsqueeze(4)?)?;
-    // G_last: (B, Hv, n, 1); keys decayed to the chunk end, transposed: (B, Hv, n, dk, C)
-    let g_last = gc.narrow(3, c - 1, 1)?;
+    // diag(Γ)·Q: (BH, n, C, dk)
+    let qg = q.broadcast_mul(&gamma.unsqueeze(3)?)?;
+    // G_last: (BH, n, 1); keys decayed to the chunk end, transposed: (BH, n, dk, C)
+    let g_last = gc.narrow(2, c - 1, 1)?;
     let kd_t = k
-        .broadcast_mul(&g_last.broadcast_sub(&gc)?.exp()?.unsqueeze(4)?)?
-        .transpose(3, 4)?
+        .broadcast_mul(&g_last.broadcast_sub(&gc)?.exp()?.unsqueeze(3)?)?
+        .transpose(2, 3)?
         .contiguous()?;
-    let gamma_last = g_last.exp()?.unsqueeze(4)?; // (B, Hv, n, 1, 1)
+    let gamma_last = g_last.exp()?.unsqueeze(3)?; // (BH, n, 1, 1)
 
-    let mut s = state.clone(); // (B, Hv, dk, dv)
+    let mut s = state.reshape((bh, dk, dv))?; // (BH, dk, dv)
     let mut outs = Vec::with_capacity(n);
-    let at = |x: &Tensor, i: usize| x.narrow(2, i, 1)?.squeeze(2);
+    let at = |x: &Tensor, i: usize| x.narrow(1, i, 1)?.squeeze(1);
     for i in 0..n {
-        // Δ = U − W S: (B, Hv, C, dv)
+        // Δ = U − W S: (BH, C, dv)
         let delta = at(&u, i)?.sub(&at(&w, i)?.matmul(&s)?)?;
-        // O = diag(Γ) Q S + P Δ: (B, Hv, C, dv)
+        // O = diag(Γ) Q S + P Δ: (BH, C, dv)
         let o = at(&qg, i)?.matmul(&s)?.add(&at(&p, i)?.matmul(&delta)?)?;
         outs.push(o);
-        // S ← Γ_last S + (diag(e^{G_last−G}) K)ᵀ Δ: (B, Hv, dk, dv)
+        // S ← Γ_last S + (diag(e^{G_last−G}) K)ᵀ Δ: (BH, dk, dv)
         s = s
             .broadcast_mul(&at(&gamma_last, i)?)?
             .add(&at(&kd_t, i)?.matmul(&delta)?)?;
     }
-    // n × (B, Hv, C, dv) -> (B, Hv, n·C, dv) -> (B, Hv, L, dv)
-    let o = Tensor::cat(&outs, 2)?.narrow(2, 0, l)?;
-    Ok((o, s))
+    // n × (BH, C, dv) -> (BH, n·C, dv) -> (B, Hv, L, dv)
+    let o = Tensor::cat(&outs, 1)?.narrow(1, 0, l)?.reshape((b, hv, l, dv))?;
+    Ok((o, s.reshape((b, hv, dk, dv))?))
 }
 
 #[cfg(test)]
