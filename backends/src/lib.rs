@@ -9,4 +9,7 @@ pub mod error;
 pub mod seam;
 
 pub use error::BackendError;
+pub use candle::{
+    CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint,
+};
 pub use seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};

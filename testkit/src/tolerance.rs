@@ -1,0 +1,70 @@
+//! Named numeric tolerances. Tests compare through these presets instead of literals, so the
+//! agreement each comparison promises is stated once and visible in one place.
+
+/// An absolute tolerance with a name that says which comparison it is for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    pub name: &'static str,
+    pub abs: f32,
+}
+
+impl Tolerance {
+    /// Bit-for-bit: the fake backend and anything that must not move at all.
+    pub const EXACT: Tolerance = Tolerance { name: "exact", abs: 0.0 };
+    /// CPU f32 vs CPU f32 along different code paths (batched vs one row, chunked vs one-shot,
+    /// slot-merged vs alone). Only summation order differs.
+    pub const CPU_F32_STRICT: Tolerance = Tolerance { name: "cpu-f32-strict", abs: 1e-5 };
+    /// decide_many vs separate calls on CPU f32, probabilities.
+    pub const CPU_F32_PROB: Tolerance = Tolerance { name: "cpu-f32-prob", abs: 1e-6 };
+    /// forkscore CPU f32 vs Hugging Face transformers f32 (different kernels and op order;
+    /// transformers' own cached continuation differs from its full forward by up to ~1.3e-4 on
+    /// Qwen3.5 token-by-token, see shared/docs/FIXTURES.md).
+    pub const VS_TRANSFORMERS_F32: Tolerance = Tolerance { name: "vs-transformers-f32", abs: 1e-4 };
+    /// GPU bf16 vs CPU f32, on logits.
+    pub const GPU_BF16_LOGITS: Tolerance = Tolerance { name: "gpu-bf16-logits", abs: 0.25 };
+
+    /// Largest absolute difference between two equally long slices (NaN counts as infinite).
+    pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "compared slices differ in length");
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| {
+                let d = (x - y).abs();
+                if d.is_nan() {
+                    f32::INFINITY
+                } else {
+                    d
+                }
+            })
+            .fold(0.0, f32::max)
+    }
+
+    /// True when every pair is within the tolerance.
+    pub fn accepts(&self, a: &[f32], b: &[f32]) -> bool {
+        Self::max_abs_diff(a, b) <= self.abs
+    }
+
+    /// Panic with both slices and the measured difference when they disagree.
+    #[track_caller]
+    pub fn assert_close(&self, what: &str, a: &[f32], b: &[f32]) {
+        let d = Self::max_abs_diff(a, b);
+        assert!(
+            d <= self.abs,
+            "{what}: max |diff| = {d:e} exceeds tolerance {} ({:e})\n left: {a:?}\nright: {b:?}",
+            self.name,
+            self.abs
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tolerance;
+
+    #[test]
+    fn max_abs_diff_treats_nan_as_infinite() {
+        assert_eq!(Tolerance::max_abs_diff(&[1.0, f32::NAN], &[1.0, 0.0]), f32::INFINITY);
+        assert!(Tolerance::CPU_F32_STRICT.accepts(&[1.0, 2.0], &[1.000001, 2.0]));
+        assert!(!Tolerance::EXACT.accepts(&[1.0], &[1.000001]));
+    }
+}

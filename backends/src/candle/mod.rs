@@ -1,4 +1,274 @@
-//! The candle implementation of the backend seam: model architectures, their shared
-//! primitives and per-layer state.
+//! The candle implementation of the [`Backend`] seam (CPU, and CUDA / Metal behind features).
+//!
+//! `CandleBackend::load(&ResolvedCheckpoint, &LoadOptions)` reads `config.json`, maps the
+//! safetensors files and builds the architecture's backbone in the chosen dtype on the chosen
+//! device. Then:
+//! - `prefill(ids)` runs the prefix in chunks of `prefill_chunk` tokens, appending each chunk's
+//!   K/V to the retained [`CandleState`] (no vocabulary projection);
+//! - `score(states, rows, candidates)` forks: rows continuing one shared state read its K/V by
+//!   broadcast; rows continuing several states see them merged into left-padded, masked slots.
+//!   Suffixes are right-padded to the longest, each row's last real position is gathered, and
+//!   only the candidate rows of the head are projected (f32). Branch K/V are discarded;
+//! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call.
 
+pub mod checkpoint;
+pub mod config;
+pub mod device;
 pub mod gated_deltanet;
+pub mod state;
+
+mod attention;
+mod head;
+mod mask;
+mod mlp;
+mod models;
+mod norm;
+mod rope;
+mod shards;
+mod step;
+mod weights;
+
+use candle_core::Tensor;
+
+pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint};
+pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
+pub use device::{ComputeDType, DeviceSpec};
+pub use state::{CandleState, LayerState};
+
+use crate::seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};
+use crate::BackendError;
+use models::Backbone;
+use shards::{ShardSet, WeightFiles};
+use state::{merge_slots, LayerPast};
+use step::Step;
+use weights::Weights;
+
+/// Default number of prefix tokens per prefill chunk.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// How to load a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    pub device: DeviceSpec,
+    pub dtype: ComputeDType,
+    /// Prefix tokens per prefill chunk (> 0). Chunking bounds activation memory; results equal
+    /// a one-shot prefill within f32 rounding.
+    pub prefill_chunk: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: DeviceSpec::Cpu, dtype: ComputeDType::F32, prefill_chunk: DEFAULT_PREFILL_CHUNK }
+    }
+}
+
+impl LoadOptions {
+    /// `device` with its default dtype (f32 on CPU, bf16 on accelerators).
+    pub fn for_device(device: DeviceSpec) -> Self {
+        LoadOptions { device, dtype: device.default_dtype(), ..Self::default() }
+    }
+}
+
+/// A loaded model on one device.
+pub struct CandleBackend {
+    backbone: Backbone,
+    facts: ModelFacts,
+    config: ModelConfig,
+    checkpoint: ResolvedCheckpoint,
+    prefill_chunk: usize,
+}
+
+fn invalid(reason: impl Into<String>) -> BackendError {
+    BackendError::InvalidRequest { reason: reason.into() }
+}
+
+impl CandleBackend {
+    pub fn load(checkpoint: &ResolvedCheckpoint, options: &LoadOptions) -> Result<Self, BackendError> {
+        if options.prefill_chunk == 0 {
+            return Err(invalid("prefill_chunk must be positive"));
+        }
+        let config = ModelConfig::from_file(&checkpoint.dir.join("config.json"))?;
+        let device = options.device.open()?;
+        let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
+        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
+        let backbone = models::load(&config, &weights)?;
+        let facts = ModelFacts {
+            architecture: config.architecture_name.clone(),
+            family: config.architecture.family().to_string(),
+            vocab_size: backbone.vocab_size(),
+            num_layers: backbone.layers.len(),
+            hidden_size: backbone.hidden_size(),
+            dtype: options.dtype.to_string(),
+            device: options.device.to_string(),
+        };
+        Ok(CandleBackend { backbone, facts, config, checkpoint: checkpoint.clone(), prefill_chunk: options.prefill_chunk })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn checkpoint(&self) -> &ResolvedCheckpoint {
+        &self.checkpoint
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Whether the output head is the tied embedding.
+    pub fn tied_head(&self) -> bool {
+        self.backbone.head.tied()
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), BackendError> {
+        let vocab_size = self.backbone.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(&id) => Err(BackendError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_candidates(&self, candidates: &[u32]) -> Result<(), BackendError> {
+        if candidates.is_empty() {
+            return Err(invalid("no candidate ids"));
+        }
+        self.check_ids(candidates)
+    }
+
+    /// Prefill with an explicit chunk size (`prefill` uses the loaded `prefill_chunk`).
+    pub fn prefill_chunked(&self, ids: &[u32], chunk: usize) -> Result<CandleState, BackendError> {
+        if ids.is_empty() {
+            return Err(invalid("cannot prefill an empty prefix"));
+        }
+        if chunk == 0 {
+            return Err(invalid("prefill chunk must be positive"));
+        }
+        self.check_ids(ids)?;
+        let b = &self.backbone;
+        let mut layers: Vec<LayerState> = Vec::new();
+        let mut offset = 0;
+        for part in ids.chunks(chunk) {
+            let step = Step::new(&b.rope, &[offset], &[part.len()], part.len(), None, b.dtype, &b.device)?;
+            let pasts: Vec<LayerPast> = if layers.is_empty() {
+                b.layers.iter().map(|_| LayerPast::Empty).collect()
+            } else {
+                layers.iter().map(shared_view).collect()
+            };
+            let (_, updates) = b.forward(part, &pasts, &step)?;
+            layers = if layers.is_empty() {
+                updates.into_iter().map(|u| LayerState::extend(None, u)).collect::<Result<_, _>>()?
+            } else {
+                layers.iter().zip(updates).map(|(l, u)| LayerState::extend(Some(l), u)).collect::<Result<_, _>>()?
+            };
+            offset += part.len();
+        }
+        Ok(CandleState::new(layers, ids.len()))
+    }
+
+    /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec.
+    fn project(&self, hidden: &Tensor, flat_index: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+        let b = &self.backbone;
+        let idx = Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
+        // (B, L, D) -> (B*L, D) -> (N, D)
+        let last = hidden
+            .flatten_to(1)
+            .and_then(|h| h.index_select(&idx, 0))
+            .map_err(BackendError::tensor("gather last positions"))?;
+        b.logits(&last, candidates)?
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(BackendError::tensor("logits to host"))
+    }
+}
+
+fn shared_view(l: &LayerState) -> LayerPast {
+    match l {
+        LayerState::Attention { k, v } => LayerPast::Attention { k: k.clone(), v: v.clone(), shared: true },
+        LayerState::Linear { conv, recurrent } => {
+            LayerPast::Linear { conv: conv.clone(), recurrent: recurrent.clone(), shared: true }
+        }
+    }
+}
+
+impl Backend for CandleBackend {
+    type State = CandleState;
+
+    fn facts(&self) -> &ModelFacts {
+        &self.facts
+    }
+
+    fn prefill(&self, ids: &[u32]) -> Result<CandleState, BackendError> {
+        self.prefill_chunked(ids, self.prefill_chunk)
+    }
+
+    fn score(
+        &self,
+        states: &[&CandleState],
+        rows: &[ScoreRow<'_>],
+        candidates: &[u32],
+    ) -> Result<CandidateLogits, BackendError> {
+        if rows.is_empty() {
+            return Err(invalid("no rows to score"));
+        }
+        self.check_candidates(candidates)?;
+        let b = &self.backbone;
+        for (i, s) in states.iter().enumerate() {
+            if s.layers().len() != b.layers.len() {
+                return Err(invalid(format!(
+                    "state {i} has {} layers; this model has {}",
+                    s.layers().len(),
+                    b.layers.len()
+                )));
+            }
+        }
+        for (i, r) in rows.iter().enumerate() {
+            if r.state >= states.len() {
+                return Err(invalid(format!("row {i} names state {} of {}", r.state, states.len())));
+            }
+            if r.suffix.is_empty() {
+                return Err(invalid(format!("row {i} has an empty suffix")));
+            }
+            self.check_ids(r.suffix)?;
+        }
+        let row_states: Vec<usize> = rows.iter().map(|r| r.state).collect();
+        let shared = row_states.iter().all(|&s| s == row_states[0]);
+        let (pasts, p) = merge_slots(states, &row_states)?;
+        let past_lens: Vec<usize> = rows.iter().map(|r| states[r.state].len()).collect();
+        let valid: Vec<usize> = rows.iter().map(|r| r.suffix.len()).collect();
+        let len = valid.iter().copied().max().unwrap_or(1);
+        // (B, L) right-padded with id 0; pads sit after each row's last real token
+        let mut ids = vec![0u32; rows.len() * len];
+        for (r, row) in rows.iter().enumerate() {
+            ids[r * len..r * len + row.suffix.len()].copy_from_slice(row.suffix);
+        }
+        let merged = if shared { None } else { Some(p) };
+        let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
+        let (hidden, _branch) = b.forward(&ids, &pasts, &step)?;
+        let last: Vec<u32> = valid.iter().enumerate().map(|(r, &v)| (r * len + v - 1) as u32).collect();
+        let data = self.project(&hidden, &last, candidates)?;
+        Ok(CandidateLogits { rows: rows.len(), candidates: candidates.len(), data })
+    }
+
+    fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+        if ids.is_empty() {
+            return Err(invalid("cannot run an empty prompt"));
+        }
+        self.check_ids(ids)?;
+        self.check_candidates(candidates)?;
+        let b = &self.backbone;
+        let n = ids.len();
+        let step = Step::new(&b.rope, &[0], &[n], n, None, b.dtype, &b.device)?;
+        let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
+        let (hidden, _) = b.forward(ids, &pasts, &step)?;
+        self.project(&hidden, &[(n - 1) as u32], candidates)
+    }
+}
+
+// The seam requires Send + Sync backends.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<CandleBackend>();
+    assert_send_sync::<CandleState>();
+};
+

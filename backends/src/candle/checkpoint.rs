@@ -1,0 +1,198 @@
+//! Resolving a model reference to a checkpoint folder on disk, with a content fingerprint.
+//!
+//! In: either a local Hugging Face folder plus a free-text revision label, or a hub id
+//! `ORG/NAME` plus a full 40-hex commit, looked up offline in the Hugging Face cache
+//! (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout
+//! `models--ORG--NAME/snapshots/REV/`). Out: a [`ResolvedCheckpoint`].
+//!
+//! Branch names and short hashes are rejected: they name different weights over time, so a
+//! result stamped with them is not reproducible. The fingerprint is sha256 over, in order:
+//! `config.json`; the weight index (when sharded); each safetensors file's header and byte size
+//! (not the tensor bytes: hashing gigabytes per load would dominate start-up); `tokenizer.json`
+//! when present. Each part is framed by its file name and length so parts cannot run together.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::shards::{header_and_size, WeightFiles};
+use crate::BackendError;
+
+/// Where a checkpoint was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CheckpointSource {
+    /// A local folder named by path.
+    Folder,
+    /// A snapshot in the Hugging Face cache named by id and commit.
+    HfCache,
+}
+
+/// A checkpoint folder ready to load, with its provenance.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ResolvedCheckpoint {
+    /// The folder holding config.json, weights and tokenizer files.
+    pub dir: PathBuf,
+    /// `ORG/NAME` for cache snapshots; the folder path for local folders.
+    pub model_id: String,
+    /// The 40-hex commit (cache) or the caller's label (folder).
+    pub revision: String,
+    /// `sha256:<hex>` over config, index / safetensors headers and sizes, tokenizer.json.
+    pub fingerprint: String,
+    pub source: CheckpointSource,
+}
+
+impl ResolvedCheckpoint {
+    /// A local Hugging Face folder. `revision_label` is free text (e.g. a git describe or a
+    /// date) recorded in provenance; it must not be empty.
+    pub fn from_folder(dir: &Path, revision_label: &str) -> Result<Self, BackendError> {
+        if revision_label.trim().is_empty() {
+            return Err(BackendError::InvalidModelRef {
+                reason: "a local checkpoint folder needs a non-empty revision label".into(),
+            });
+        }
+        if !dir.is_dir() {
+            return Err(BackendError::MissingFile {
+                path: dir.to_path_buf(),
+                reason: "checkpoint folder does not exist".into(),
+            });
+        }
+        Ok(ResolvedCheckpoint {
+            dir: dir.to_path_buf(),
+            model_id: dir.display().to_string(),
+            revision: revision_label.trim().to_string(),
+            fingerprint: fingerprint(dir)?,
+            source: CheckpointSource::Folder,
+        })
+    }
+
+    /// A snapshot `ORG/NAME` at a 40-hex `revision` in the Hugging Face cache under
+    /// `cache_root` (or [`hf_cache_root`] when `None`). Never touches the network.
+    pub fn from_hf_cache(model_id: &str, revision: &str, cache_root: Option<&Path>) -> Result<Self, BackendError> {
+        let (org, name) = parse_model_id(model_id)?;
+        validate_revision(revision)?;
+        let root = match cache_root {
+            Some(r) => r.to_path_buf(),
+            None => hf_cache_root().ok_or_else(|| BackendError::InvalidModelRef {
+                reason: "cannot locate the Hugging Face cache: none of HF_HUB_CACHE, HF_HOME, HOME is set".into(),
+            })?,
+        };
+        let repo = root.join(format!("models--{org}--{name}"));
+        let dir = repo.join("snapshots").join(revision);
+        if !dir.is_dir() {
+            let reason = if repo.is_dir() {
+                format!("{model_id} is in the cache but revision {revision} is not downloaded")
+            } else {
+                format!("{model_id} is not in the Hugging Face cache (offline: nothing is downloaded)")
+            };
+            return Err(BackendError::MissingFile { path: dir, reason });
+        }
+        Ok(ResolvedCheckpoint {
+            fingerprint: fingerprint(&dir)?,
+            dir,
+            model_id: format!("{org}/{name}"),
+            revision: revision.to_string(),
+            source: CheckpointSource::HfCache,
+        })
+    }
+
+    /// `reference` is a folder when such a directory exists, else a hub id resolved in the
+    /// default cache (where `revision` must be a 40-hex commit).
+    pub fn resolve(reference: &str, revision: &str) -> Result<Self, BackendError> {
+        let path = Path::new(reference);
+        if path.is_dir() {
+            Self::from_folder(path, revision)
+        } else {
+            Self::from_hf_cache(reference, revision, None)
+        }
+    }
+}
+
+/// The Hugging Face hub cache directory from the environment: `HF_HUB_CACHE`, else
+/// `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+pub fn hf_cache_root() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("HF_HUB_CACHE")
+        .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
+}
+
+fn parse_model_id(model_id: &str) -> Result<(&str, &str), BackendError> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p != "."
+            && p != ".."
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    match model_id.split_once('/') {
+        Some((org, name)) if ok_part(org) && ok_part(name) => Ok((org, name)),
+        _ => Err(BackendError::InvalidModelRef {
+            reason: format!("`{model_id}` is neither an existing folder nor a hub id of the form ORG/NAME"),
+        }),
+    }
+}
+
+/// A hub revision must be a full 40-hex commit id.
+pub fn validate_revision(revision: &str) -> Result<(), BackendError> {
+    if revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+        return Ok(());
+    }
+    Err(BackendError::InvalidModelRef {
+        reason: format!(
+            "revision `{revision}` is not a full 40-character lowercase hex commit id; branch names \
+             and short hashes are not reproducible (they can point at different weights over time)"
+        ),
+    })
+}
+
+fn fingerprint(dir: &Path) -> Result<String, BackendError> {
+    let mut h = Sha256::new();
+    let mut part = |label: &str, bytes: &[u8]| {
+        h.update((label.len() as u64).to_le_bytes());
+        h.update(label.as_bytes());
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    let read = |p: PathBuf| std::fs::read(&p).map_err(|source| BackendError::Io { path: p, source });
+    let config = dir.join("config.json");
+    if !config.is_file() {
+        return Err(BackendError::MissingFile { path: config, reason: "the checkpoint has no config.json".into() });
+    }
+    part("config.json", &read(config)?);
+    let files = WeightFiles::discover(dir)?;
+    if let Some(index) = &files.index {
+        part("model.safetensors.index.json", &read(index.clone())?);
+    }
+    for shard in &files.shards {
+        let (header, size) = header_and_size(shard)?;
+        let name = shard.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        part(name, &header);
+        part("size", &size.to_le_bytes());
+    }
+    let tokenizer = dir.join("tokenizer.json");
+    if tokenizer.is_file() {
+        part("tokenizer.json", &read(tokenizer)?);
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revisions_must_be_full_commits() {
+        assert!(validate_revision(&"a".repeat(40)).is_ok());
+        for bad in ["main", "abc1234", &"A".repeat(40), &"g".repeat(40), &"a".repeat(41)] {
+            let msg = validate_revision(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(msg.contains("not reproducible"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn model_ids_are_org_slash_name() {
+        assert!(parse_model_id("Qwen/Qwen2.5-0.5B-Instruct").is_ok());
+        for bad in ["Qwen", "a/b/c", "../x", "a/..", "/x"] {
+            assert!(parse_model_id(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! `config.json`, parsed once into typed, validated structs.
+//!
+//! In: the path of a Hugging Face `config.json`. Out: [`ModelConfig`] — the architecture (from
+//! `architectures[0]`, else `model_type`; unknown names are rejected by name) and the text
+//! backbone's [`TextConfig`].
+//!
+//! Both config generations are read: transformers 5 (`rope_parameters { rope_theta, .. }`,
+//! `dtype`) and older files (top-level `rope_theta`, `torch_dtype`). Multimodal checkpoints keep
+//! the text fields under `text_config`; [`text_root`] picks that object when present, so an
+//! architecture whose text model is nested (Qwen3.5) reuses the same parser. Fields only some
+//! architectures use are parsed here too (as options) and checked by the architecture's loader.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::BackendError;
+
+/// A model architecture this backend implements. Adding one: a variant here, its names in
+/// [`Architecture::hf_names`], and a loader in `models/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Architecture {
+    /// Qwen2 / Qwen2.5 dense (`Qwen2ForCausalLM`, `model_type: qwen2`).
+    Qwen2,
+    /// Qwen3 dense (`Qwen3ForCausalLM`, `model_type: qwen3`).
+    Qwen3,
+}
+
+impl Architecture {
+    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3];
+
+    /// `(architectures[0] names, model_type names)` that select this architecture.
+    pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            Architecture::Qwen2 => (&["Qwen2ForCausalLM"], &["qwen2"]),
+            Architecture::Qwen3 => (&["Qwen3ForCausalLM"], &["qwen3"]),
+        }
+    }
+
+    /// The family name reported in [`crate::ModelFacts::family`].
+    pub fn family(self) -> &'static str {
+        match self {
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+
+    fn supported_list() -> String {
+        Self::ALL
+            .iter()
+            .flat_map(|a| a.hf_names().0.iter().copied())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn from_names(arch: Option<&str>, model_type: Option<&str>) -> Result<Self, BackendError> {
+        let unsupported = |name: &str| BackendError::UnsupportedArchitecture {
+            name: name.to_string(),
+            supported: Self::supported_list(),
+        };
+        if let Some(name) = arch {
+            return Self::ALL
+                .iter()
+                .copied()
+                .find(|a| a.hf_names().0.contains(&name))
+                .ok_or_else(|| unsupported(name));
+        }
+        if let Some(mt) = model_type {
+            return Self::ALL
+                .iter()
+                .copied()
+                .find(|a| a.hf_names().1.contains(&mt))
+                .ok_or_else(|| unsupported(mt));
+        }
+        Err(unsupported("<none: config.json has neither architectures nor model_type>"))
+    }
+}
+
+/// The token mixer of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Softmax attention over a K/V cache (`full_attention`).
+    FullAttention,
+    /// Linear attention with a conv + recurrent state (`linear_attention`, Gated DeltaNet).
+    LinearAttention,
+}
+
+/// Rotary position embedding parameters (plain `default` RoPE only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f64,
+    /// Fraction of each head's dims that rotate (1.0 for Qwen2/Qwen3).
+    pub partial_rotary_factor: f64,
+}
+
+/// The text backbone's hyper-parameters, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextConfig {
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    /// Explicit `head_dim` when given (Qwen3, Qwen3.5), else `hidden_size / num_heads`.
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    /// Embedding / output-head rows.
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope: RopeConfig,
+    /// `attention_bias` when present in the file.
+    pub attention_bias: Option<bool>,
+    /// One entry per layer; from `layer_types` when present, else all full attention.
+    pub layer_kinds: Vec<LayerKind>,
+    pub tie_word_embeddings: Option<bool>,
+}
+
+impl TextConfig {
+    /// Number of rotating dims per head: `head_dim * partial_rotary_factor`, rounded down to even.
+    pub fn rotary_dim(&self) -> usize {
+        let r = (self.head_dim as f64 * self.rope.partial_rotary_factor) as usize;
+        r - r % 2
+    }
+}
+
+/// A parsed `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub architecture: Architecture,
+    /// The name as written in the file (`architectures[0]`, else `model_type`).
+    pub architecture_name: String,
+    pub text: TextConfig,
+    /// `tie_word_embeddings` (root level, else text level) when present.
+    pub tie_word_embeddings: Option<bool>,
+    /// `dtype` (transformers 5) or `torch_dtype` (older) when present.
+    pub stored_dtype: Option<String>,
+}
+
+/// The object holding the text model's fields: `text_config` when present, else the root.
+pub fn text_root(root: &Value) -> &Value {
+    match root.get("text_config") {
+        Some(v) if v.is_object() => v,
+        _ => root,
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRope {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    partial_rotary_factor: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct RawText {
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    vocab_size: usize,
+    rms_norm_eps: f64,
+    hidden_act: Option<String>,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<RawRope>,
+    rope_scaling: Option<RawRope>,
+    partial_rotary_factor: Option<f64>,
+    attention_bias: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    full_attention_interval: Option<usize>,
+    use_sliding_window: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+}
+
+impl ModelConfig {
+    /// Read and validate `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self, BackendError> {
+        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => BackendError::MissingFile {
+                path: path.to_path_buf(),
+                reason: "the checkpoint has no config.json".into(),
+            },
+            _ => BackendError::Io { path: path.to_path_buf(), source },
+        })?;
+        let root: Value = serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
+            path: path.to_path_buf(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        Self::from_json(path, &root)
+    }
+
+    /// Validate an already-read `config.json` value (`path` is only used in messages).
+    pub fn from_json(path: &Path, root: &Value) -> Result<Self, BackendError> {
+        let invalid = |reason: String| BackendError::InvalidConfig { path: path.to_path_buf(), reason };
+        let arch_name = root
+            .get("architectures")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str);
+        let model_type = root.get("model_type").and_then(Value::as_str);
+        let architecture = Architecture::from_names(arch_name, model_type)?;
+        let architecture_name = arch_name.or(model_type).unwrap_or_default().to_string();
+
+        let raw: RawText = serde_json::from_value(text_root(root).clone())
+            .map_err(|e| invalid(format!("text fields: {e}")))?;
+        let text = validate_text(raw, &invalid)?;
+        let tie_word_embeddings = root
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .or(text.tie_word_embeddings);
+        let stored_dtype = ["dtype", "torch_dtype"]
+            .iter()
+            .find_map(|k| root.get(*k).and_then(Value::as_str))
+            .map(str::to_string);
+        Ok(ModelConfig {
+            path: path.to_path_buf(),
+            architecture,
+            architecture_name,
+            text,
+            tie_word_embeddings,
+            stored_dtype,
+        })
+    }
+}
+
+fn validate_text(
+    raw: RawText,
+    invalid: &dyn Fn(String) -> BackendError,
+) -> Result<TextConfig, BackendError> {
+    if raw.use_sliding_window == Some(true) {
+        return Err(invalid("use_sliding_window=true is not supported".into()));
+    }
+    if let Some(act) = &raw.hidden_act {
+        if act != "silu" {
+            return Err(invalid(format!("hidden_act `{act}` is not supported (only silu)")));
+        }
+    }
+    for (name, rope) in [("rope_parameters", &raw.rope_parameters), ("rope_scaling", &raw.rope_scaling)] {
+        if let Some(r) = rope {
+            let kind = r.rope_type.as_deref().or(r.legacy_type.as_deref()).unwrap_or("default");
+            if kind != "default" {
+                return Err(invalid(format!("{name}: rope type `{kind}` is not supported (only default)")));
+            }
+        }
+    }
+    let param = |f: fn(&RawRope) -> Option<f64>| raw.rope_parameters.as_ref().and_then(f);
+    let theta = param(|r| r.rope_theta).or(raw.rope_theta).unwrap_or(10_000.0);
+    let partial = param(|r| r.partial_rotary_factor)
+        .or(raw.partial_rotary_factor)
+        .unwrap_or(1.0);
+
+    let positive = [
+        ("hidden_size", raw.hidden_size),
+        ("num_hidden_layers", raw.num_hidden_layers),
+        ("num_attention_heads", raw.num_attention_heads),
+        ("intermediate_size", raw.intermediate_size),
+        ("vocab_size", raw.vocab_size),
+    ];
+    if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+        return Err(invalid(format!("{name} must be positive")));
+    }
+    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+    if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        return Err(invalid(format!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
+            raw.num_attention_heads
+        )));
+    }
+    let head_dim = match raw.head_dim {
+        Some(d) => d,
+        None if raw.hidden_size % raw.num_attention_heads == 0 => {
+            raw.hidden_size / raw.num_attention_heads
+        }
+        None => return Err(invalid("hidden_size is not a multiple of num_attention_heads".into())),
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(invalid(format!("head_dim {head_dim} must be positive and even")));
+    }
+    if !(theta > 0.0) || !(partial > 0.0 && partial <= 1.0) || !(raw.rms_norm_eps > 0.0) {
+        return Err(invalid(format!(
+            "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {} out of range",
+            raw.rms_norm_eps
+        )));
+    }
+    let layer_kinds = layer_kinds(&raw, invalid)?;
+    Ok(TextConfig {
+        hidden_size: raw.hidden_size,
+        num_layers: raw.num_hidden_layers,
+        num_heads: raw.num_attention_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate_size: raw.intermediate_size,
+        vocab_size: raw.vocab_size,
+        rms_norm_eps: raw.rms_norm_eps,
+        rope: RopeConfig { theta, partial_rotary_factor: partial },
+        attention_bias: raw.attention_bias,
+        layer_kinds,
+        tie_word_embeddings: raw.tie_word_embeddings,
+    })
+}
+
+fn layer_kinds(
+    raw: &RawText,
+    invalid: &dyn Fn(String) -> BackendError,
+) -> Result<Vec<LayerKind>, BackendError> {
+    let n = raw.num_hidden_layers;
+    match (&raw.layer_types, raw.full_attention_interval) {
+        (Some(types), _) => {
+            if types.len() != n {
+                return Err(invalid(format!(
+                    "layer_types has {} entries for {n} layers",
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(LayerKind::FullAttention),
+                    "linear_attention" => Ok(LayerKind::LinearAttention),
+                    other => Err(invalid(format!("layer type `{other}` is not supported"))),
+                })
+                .collect()
+        }
+        (None, Some(interval)) if interval > 0 => Ok((0..n)
+            .map(|i| {
+                if (i + 1) % interval == 0 {
+                    LayerKind::FullAttention
+                } else {
+                    LayerKind::LinearAttention
+                }
+            })
+            .collect()),
+        _ => Ok(vec![LayerKind::FullAttention; n]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 1000,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
+            "tie_word_embeddings": true, "hidden_act": "silu"
+        })
+    }
+
+    #[test]
+    fn reads_old_and_new_rope_keys() {
+        let c = ModelConfig::from_json(Path::new("c"), &base()).ok();
+        let c = c.as_ref().map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
+        assert_eq!(c, Some((1e6, 16, Some("bfloat16".into()))));
+        let mut v = base();
+        v.as_object_mut().map(|o| {
+            o.remove("rope_theta");
+            o.remove("torch_dtype");
+            o.insert("rope_parameters".into(), json!({"rope_theta": 5e6, "rope_type": "default"}));
+            o.insert("dtype".into(), json!("float32"));
+        });
+        let c = ModelConfig::from_json(Path::new("c"), &v).ok();
+        assert_eq!(c.map(|c| (c.text.rope.theta, c.stored_dtype)), Some((5e6, Some("float32".into()))));
+    }
+
+    #[test]
+    fn rejects_unknown_architecture_by_name() {
+        let mut v = base();
+        v["architectures"] = json!(["LlamaForCausalLM"]);
+        let err = ModelConfig::from_json(Path::new("c"), &v).err().map(|e| e.to_string());
+        assert!(err.unwrap_or_default().contains("LlamaForCausalLM"));
+    }
+
+    #[test]
+    fn nested_text_config_is_used() {
+        let mut v = json!({"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": false});
+        v["text_config"] = base();
+        v["text_config"]["head_dim"] = json!(32);
+        let c = ModelConfig::from_json(Path::new("c"), &v).ok();
+        assert_eq!(c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
+            Some((Architecture::Qwen3, 32, Some(false))));
+    }
+}

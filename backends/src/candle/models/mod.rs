@@ -1,0 +1,147 @@
+//! Model architectures over shared parts: a generic pre-norm decoder [`Backbone`] whose layers
+//! each hold a token [`Mixer`] (softmax attention, or linear attention for hybrids) and a SwiGLU
+//! MLP. One file per architecture builds a [`Backbone`] from a checkpoint; [`load`] dispatches
+//! on [`Architecture`].
+//!
+//! Backbone call: ids `(B, L)` -> embed `(B, L, D)` -> per layer
+//! `x += mixer(norm1(x), past, step); x += mlp(norm2(x))` -> hidden `(B, L, D)` (before the final
+//! norm, which [`Backbone::logits`] applies to the gathered last positions only).
+//! Adding an architecture: a variant of [`Architecture`], a file here with
+//! `pub(crate) fn load(&ModelConfig, &Weights) -> Result<Backbone, BackendError>`, one match arm.
+
+pub(crate) mod qwen2;
+pub(crate) mod qwen3;
+pub(crate) mod self_attn;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::{Architecture, LayerKind, ModelConfig};
+use super::head::CandidateHead;
+use super::mlp::Mlp;
+use super::norm::RmsNorm;
+use super::rope::Rope;
+use super::state::{LayerPast, LayerUpdate};
+use super::step::Step;
+use super::weights::Weights;
+use crate::BackendError;
+
+/// The token mixer of one decoder layer.
+pub(crate) trait Mixer: Send + Sync {
+    #[allow(dead_code)] // read by hybrid architectures to pair layers with state kinds
+    fn kind(&self) -> LayerKind;
+
+    /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
+    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError>;
+}
+
+/// One pre-norm decoder layer.
+pub(crate) struct DecoderLayer {
+    pub input_norm: RmsNorm,
+    pub mixer: Box<dyn Mixer>,
+    pub post_norm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// `(B, L, D) -> (B, L, D)`.
+    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+        let add = BackendError::tensor("residual add");
+        let (m, update) = self.mixer.forward(&self.input_norm.forward(x)?, past, step)?;
+        let x = (x + m).map_err(add)?;
+        let m = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        let x = (x + m).map_err(BackendError::tensor("residual add"))?;
+        Ok((x, update))
+    }
+}
+
+/// Embedding, decoder layers, final norm and candidate head of one loaded model.
+pub(crate) struct Backbone {
+    /// `(V, D)` in the compute dtype.
+    pub embed: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub final_norm: RmsNorm,
+    pub head: CandidateHead,
+    pub rope: Rope,
+    pub dtype: DType,
+    pub device: Device,
+}
+
+impl Backbone {
+    pub fn vocab_size(&self) -> usize {
+        self.embed.dims().first().copied().unwrap_or(0)
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.embed.dims().get(1).copied().unwrap_or(0)
+    }
+
+    /// Run ids `(B, L)` (row-major) over `pasts` (one per layer). Returns the hidden states
+    /// `(B, L, D)` before the final norm and one update per layer.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        pasts: &[LayerPast],
+        step: &Step,
+    ) -> Result<(Tensor, Vec<LayerUpdate>), BackendError> {
+        if pasts.len() != self.layers.len() {
+            return Err(BackendError::InvalidRequest {
+                reason: format!("{} layer states for a model of {} layers", pasts.len(), self.layers.len()),
+            });
+        }
+        let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
+        // (B*L,) -> (B*L, D) -> (B, L, D)
+        let mut x = self
+            .embed
+            .index_select(&ids, 0)
+            .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
+            .map_err(BackendError::tensor("embed"))?;
+        let mut updates = Vec::with_capacity(self.layers.len());
+        for (layer, past) in self.layers.iter().zip(pasts) {
+            let (next, update) = layer.forward(&x, past, step)?;
+            x = next;
+            updates.push(update);
+        }
+        Ok((x, updates))
+    }
+
+    /// Final norm and candidate head: `(N, D)` -> `(N, C)` f32.
+    pub fn logits(&self, last_hidden: &Tensor, candidates: &[u32]) -> Result<Tensor, BackendError> {
+        let h = self.final_norm.forward(last_hidden)?;
+        self.head.project(&h, candidates, &self.device)
+    }
+}
+
+/// The output head: `lm_head.weight` (root name, no prefix) unless the embeddings are tied.
+/// Tied when `tie_word_embeddings` says so; when the flag is absent, when no `lm_head.weight`
+/// is stored.
+pub(crate) fn output_head(
+    cfg: &ModelConfig,
+    root: &Weights<'_>,
+    embed: &Tensor,
+) -> Result<CandidateHead, BackendError> {
+    let tied = cfg.tie_word_embeddings.unwrap_or_else(|| !root.contains("lm_head.weight"));
+    if tied {
+        return Ok(CandidateHead::new(embed.clone(), true));
+    }
+    let w = root.get("lm_head.weight", &[cfg.text.vocab_size, cfg.text.hidden_size])?;
+    Ok(CandidateHead::new(w, false))
+}
+
+/// Build the backbone of `cfg.architecture` from `weights` (rooted at the checkpoint's top level).
+pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone, BackendError> {
+    match cfg.architecture {
+        Architecture::Qwen2 => qwen2::load(cfg, weights),
+        Architecture::Qwen3 => qwen3::load(cfg, weights),
+    }
+}
+
+/// Reject `layer_types` other than full attention for attention-only architectures.
+pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), BackendError> {
+    if let Some(i) = cfg.text.layer_kinds.iter().position(|k| *k != LayerKind::FullAttention) {
+        return Err(BackendError::InvalidConfig {
+            path: cfg.path.clone(),
+            reason: format!("{} has only full-attention layers, but layer {i} is {:?}", cfg.architecture_name, cfg.text.layer_kinds[i]),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Softmax self-attention as a [`Mixer`], shared by every architecture with attention layers.
+//!
+//! Options cover the Qwen family: q/k/v (and o) biases (Qwen2), per-head q/k RMSNorm before RoPE
+//! in either weight convention (Qwen3 plain, Qwen3.5 offset), partial RoPE (the step's tables
+//! decide how many dims rotate), and the Qwen3.5 output gate (`q_proj` emits, per head, `hd`
+//! query values then `hd` gate values; the attention output is multiplied by `sigmoid(gate)`
+//! before `o_proj`). The K/V it returns as its update are after norm and RoPE.
+
+use candle_core::{Tensor, D};
+use candle_nn::Linear;
+
+use super::Mixer;
+use crate::candle::attention::{attend, PastKv};
+use crate::candle::config::LayerKind;
+use crate::candle::mlp::{apply, linear};
+use crate::candle::norm::RmsNorm;
+use crate::candle::state::{LayerPast, LayerUpdate};
+use crate::candle::step::Step;
+use crate::candle::weights::Weights;
+use crate::BackendError;
+
+/// Which RMSNorm weight convention q/k norms use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormConvention {
+    /// `x̂ * w` (Qwen3).
+    Plain,
+    /// `x̂ * (1 + w)` (Qwen3.5).
+    #[allow(dead_code)] // used by the Qwen3.5 loader
+    Offset,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SelfAttentionSpec {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub qk_norm: Option<NormConvention>,
+    pub output_gate: bool,
+    pub eps: f64,
+}
+
+pub(crate) struct SelfAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    spec: SelfAttentionSpec,
+}
+
+fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
+    BackendError::tensor(name)
+}
+
+impl SelfAttention {
+    /// Load `prefix.{q,k,v,o}_proj` (and `prefix.{q,k}_norm`).
+    pub fn load(w: &Weights<'_>, prefix: &str, spec: SelfAttentionSpec) -> Result<Self, BackendError> {
+        let s = &spec;
+        let q_out = s.heads * s.head_dim * if s.output_gate { 2 } else { 1 };
+        let kv_out = s.kv_heads * s.head_dim;
+        let qk_norm = match s.qk_norm {
+            None => None,
+            Some(conv) => {
+                let load = |n: &str| match conv {
+                    NormConvention::Plain => RmsNorm::plain(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps),
+                    NormConvention::Offset => RmsNorm::offset(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps),
+                };
+                Some((load("q_norm")?, load("k_norm")?))
+            }
+        };
+        Ok(SelfAttention {
+            q_proj: linear(w, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
+            k_proj: linear(w, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            v_proj: linear(w, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            o_proj: linear(w, &format!("{prefix}.o_proj"), s.heads * s.head_dim, s.hidden, s.o_bias)?,
+            qk_norm,
+            spec,
+        })
+    }
+
+    /// `(B, L, n*hd) -> (B, n, L, hd)`, normed with `norm` per head when given.
+    fn heads(&self, t: Tensor, n: usize, norm: Option<&RmsNorm>, step: &Step) -> Result<Tensor, BackendError> {
+        let t = t.reshape((step.rows, step.len, n, self.spec.head_dim)).map_err(op("split heads"))?;
+        let t = match norm {
+            Some(norm) => norm.forward(&t)?,
+            None => t,
+        };
+        t.transpose(1, 2).and_then(|t| t.contiguous()).map_err(op("heads transpose"))
+    }
+}
+
+impl Mixer for SelfAttention {
+    fn kind(&self) -> LayerKind {
+        LayerKind::FullAttention
+    }
+
+    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+        let s = &self.spec;
+        let (b, l) = (step.rows, step.len);
+        let q = apply(&self.q_proj, x, "q_proj")?; // (B, L, H*hd) or (B, L, H*2hd)
+        let (q, gate) = if s.output_gate {
+            // (B, L, H, 2hd): per head [query | gate]
+            let qg = q.reshape((b, l, s.heads, 2 * s.head_dim)).map_err(op("split gate"))?;
+            let query = qg.narrow(D::Minus1, 0, s.head_dim).and_then(|t| t.contiguous());
+            let gate = qg.narrow(D::Minus1, s.head_dim, s.head_dim).and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
+            (query.map_err(op("query"))?, Some(gate.map_err(op("gate"))?))
+        } else {
+            (q, None)
+        };
+        let (qn, kn) = match &self.qk_norm {
+            Some((qn, kn)) => (Some(qn), Some(kn)),
+            None => (None, None),
+        };
+        let q = step.rope.apply(&self.heads(q, s.heads, qn, step)?)?; // (B, H, L, hd)
+        let k = apply(&self.k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
+        let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
+        let v = apply(&self.v_proj, x, "v_proj")?;
+        let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+
+        let past_kv = match past {
+            LayerPast::Empty => PastKv::None,
+            LayerPast::Attention { k, v, shared: true } => PastKv::Shared { k, v },
+            LayerPast::Attention { k, v, shared: false } => PastKv::PerRow { k, v },
+            LayerPast::Linear { .. } => {
+                return Err(BackendError::InvalidRequest {
+                    reason: "attention layer given a linear-attention state".into(),
+                })
+            }
+        };
+        let o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, H, L, hd)
+        // (B, H, L, hd) -> (B, L, H*hd)
+        let mut o = o
+            .transpose(1, 2)
+            .and_then(|o| o.reshape((b, l, s.heads * s.head_dim)))
+            .map_err(op("merge heads"))?;
+        if let Some(gate) = gate {
+            o = candle_nn::ops::sigmoid(&gate).and_then(|g| o * g).map_err(op("output gate"))?;
+        }
+        let out = apply(&self.o_proj, &o, "o_proj")?; // (B, L, D)
+        Ok((out, LayerUpdate::Attention { k, v }))
+    }
+}

@@ -1,0 +1,43 @@
+//! RMSNorm over the last dim, in both weight conventions.
+//!
+//! `plain` (Qwen2, Qwen3, Qwen3.5's gated norm): `y = x / rms(x) * w`.
+//! `offset` (Qwen3.5 layer / final / q / k norms, stored zero-centred): `y = x / rms(x) * (1 + w)`;
+//! the `1 +` is folded into the weight once at load (in f32), so both run the same kernel.
+//! Statistics are computed in f32 inside the kernel whatever the activation dtype.
+
+use candle_core::Tensor;
+
+use super::weights::Weights;
+use crate::BackendError;
+
+pub(crate) struct RmsNorm {
+    /// `(dim,)` in the compute dtype, the effective multiplier.
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Plain convention: the stored weight multiplies the normalised input.
+    pub fn plain(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, BackendError> {
+        Ok(RmsNorm { weight: w.get(name, &[dim])?, eps: eps as f32 })
+    }
+
+    /// Offset convention: `1 + stored weight` multiplies the normalised input.
+    pub fn offset(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, BackendError> {
+        let weight = (w.get_f32(name, &[dim])? + 1.0)
+            .and_then(|t| t.to_dtype(w.dtype()))
+            .map_err(BackendError::tensor("rms_norm offset weight"))?;
+        Ok(RmsNorm { weight, eps: eps as f32 })
+    }
+
+    /// `(.., dim) -> (.., dim)`, same dtype as `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, BackendError> {
+        let x = x.contiguous().map_err(BackendError::tensor("rms_norm contiguous"))?;
+        let w = if x.dtype() == self.weight.dtype() {
+            self.weight.clone()
+        } else {
+            self.weight.to_dtype(x.dtype()).map_err(BackendError::tensor("rms_norm weight dtype"))?
+        };
+        candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(BackendError::tensor("rms_norm"))
+    }
+}

@@ -1,0 +1,108 @@
+//! Rotary position embedding (rotate-half layout, HF `rotate_half`), with explicit per-row
+//! positions and partial rotation.
+//!
+//! In: per-row absolute positions (a row's prefix length plus the token's index in its suffix, or
+//! a prefill chunk's offset plus index). Out: cos/sin tables `(B, L, R/2)` built once per
+//! backbone call and shared by every attention layer, and [`RopeTables::apply`] on `(B, H, L, hd)`.
+//! Only the first `R = rotary_dim` dims of each head rotate (dim `i` pairs with `i + R/2`);
+//! dims `R..hd` pass through (Qwen3.5 uses `R = hd / 4`; Qwen2/Qwen3 rotate the whole head).
+//! Angles are `position * inv_freq` in f32, `inv_freq[i] = 1 / theta^(2i/R)`, as transformers does.
+
+use candle_core::{DType, Device, Tensor, D};
+
+use crate::BackendError;
+
+pub(crate) struct Rope {
+    /// `(R/2,)` frequencies; `R` is the rotary dim.
+    inv_freq: Vec<f32>,
+}
+
+/// cos and sin `(B, L, R/2)` in the compute dtype.
+pub(crate) struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(theta: f64, rotary_dim: usize) -> Self {
+        let half = rotary_dim / 2;
+        let base = theta as f32;
+        let inv_freq = (0..half)
+            .map(|i| 1.0f32 / base.powf((2 * i) as f32 / rotary_dim as f32))
+            .collect();
+        Rope { inv_freq }
+    }
+
+    /// Tables for `positions`, row-major `(rows, len)`.
+    pub fn tables(
+        &self,
+        positions: &[u32],
+        rows: usize,
+        len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<RopeTables, BackendError> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in &self.inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let make = |v: Vec<f32>| {
+            Tensor::from_vec(v, (rows, len, half), device).and_then(|t| t.to_dtype(dtype))
+        };
+        Ok(RopeTables {
+            cos: make(cos).map_err(BackendError::tensor("rope cos"))?,
+            sin: make(sin).map_err(BackendError::tensor("rope sin"))?,
+        })
+    }
+}
+
+impl RopeTables {
+    /// `(B, H, L, hd) -> (B, H, L, hd)`, rotating the first `R` dims (`R = 2 * cos.dim(2)`).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor, BackendError> {
+        let op = BackendError::tensor("rope");
+        let r = 2 * self.cos.dim(D::Minus1).map_err(BackendError::tensor("rope dims"))?;
+        let head_dim = x.dim(D::Minus1).map_err(BackendError::tensor("rope dims"))?;
+        if r == head_dim {
+            let x = x.contiguous().map_err(BackendError::tensor("rope contiguous"))?;
+            return candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin).map_err(op);
+        }
+        let rot = x.narrow(D::Minus1, 0, r).and_then(|v| v.contiguous());
+        let pass = x.narrow(D::Minus1, r, head_dim - r);
+        rot.and_then(|rot| candle_nn::rotary_emb::rope(&rot, &self.cos, &self.sin))
+            .and_then(|rot| Tensor::cat(&[&rot, &pass?], D::Minus1))
+            .map_err(op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rotating by p then reading relative dot products: <R(p)q, R(p+d)k> depends only on d.
+    #[test]
+    fn rotation_is_relative() -> Result<(), BackendError> {
+        let rope = Rope::new(10_000.0, 8);
+        let dev = Device::Cpu;
+        let q = Tensor::arange(0f32, 12.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
+        let k = Tensor::arange(3f32, 15.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
+        let (q, k) = (q.map_err(BackendError::tensor("t"))?, k.map_err(BackendError::tensor("t"))?);
+        let dot = |pq: u32, pk: u32| -> Result<f32, BackendError> {
+            let a = rope.tables(&[pq], 1, 1, DType::F32, &dev)?.apply(&q)?;
+            let b = rope.tables(&[pk], 1, 1, DType::F32, &dev)?.apply(&k)?;
+            (a * b).and_then(|t| t.sum_all()).and_then(|t| t.to_scalar::<f32>()).map_err(BackendError::tensor("dot"))
+        };
+        let (d1, d2) = (dot(3, 5)?, dot(10, 12)?);
+        assert!((d1 - d2).abs() < 1e-3, "{d1} vs {d2}");
+        // pass-through dims stay untouched
+        let a = rope.tables(&[7], 1, 1, DType::F32, &dev)?.apply(&q)?;
+        let tail = a.narrow(D::Minus1, 8, 4).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
+        assert_eq!(tail.map_err(BackendError::tensor("tail"))?, vec![8.0, 9.0, 10.0, 11.0]);
+        Ok(())
+    }
+}

@@ -1,0 +1,71 @@
+//! One backbone call's batch geometry: per-row positions, RoPE tables and masks.
+//!
+//! In: for each row its past length (the prefix it continues; 0 for a plain forward), how many
+//! of the `len` new tokens are real (the rest are right padding), and the merged past length `P`
+//! when rows continue different prefixes. Out: a [`Step`] shared by every layer of the call.
+//! Row `r`'s token `t` sits at absolute position `past_len[r] + t`, so RoPE continues each row
+//! from its own prefix regardless of padding.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::attention::AttnMasks;
+use super::mask;
+use super::rope::{Rope, RopeTables};
+use crate::BackendError;
+
+pub(crate) struct Step {
+    pub rows: usize,
+    pub len: usize,
+    /// cos/sin `(B, L, R/2)`.
+    pub rope: RopeTables,
+    /// `(1, 1, 1, L, L)`, `None` when `L == 1`.
+    pub causal: Option<Tensor>,
+    /// `(B, 1, 1, 1, P)`, `None` when no row has left padding.
+    pub past_mask: Option<Tensor>,
+    /// Per row: number of real new tokens (`<= len`); later ones are right padding.
+    /// (Attention needs no padding mask for them; linear-attention mixers must not let pads
+    /// update the state they return — only relevant for prefill, which never pads.)
+    #[allow(dead_code)]
+    pub valid: Vec<usize>,
+    /// Per row: length of its own retained prefix.
+    #[allow(dead_code)]
+    pub past_lens: Vec<usize>,
+}
+
+impl Step {
+    /// `merged_past`: `Some(P)` when rows see per-row pasts left-padded to `P`.
+    pub fn new(
+        rope: &Rope,
+        past_lens: &[usize],
+        valid: &[usize],
+        len: usize,
+        merged_past: Option<usize>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, BackendError> {
+        let rows = past_lens.len();
+        let positions: Vec<u32> = past_lens
+            .iter()
+            .flat_map(|&p| (0..len).map(move |t| (p + t) as u32))
+            .collect();
+        let tables = rope.tables(&positions, rows, len, dtype, device)?;
+        let causal = if len > 1 { Some(mask::causal(len, device)?) } else { None };
+        let past_mask = match merged_past {
+            Some(p) if past_lens.iter().any(|&l| l < p) => Some(mask::left_padding(past_lens, p, device)?),
+            _ => None,
+        };
+        Ok(Step {
+            rows,
+            len,
+            rope: tables,
+            causal,
+            past_mask,
+            valid: valid.to_vec(),
+            past_lens: past_lens.to_vec(),
+        })
+    }
+
+    pub fn masks(&self) -> AttnMasks<'_> {
+        AttnMasks { causal: self.causal.as_ref(), past: self.past_mask.as_ref() }
+    }
+}

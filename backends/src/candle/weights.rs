@@ -1,0 +1,90 @@
+//! Typed access to checkpoint tensors: by name, with shape and dtype checks, converted to the
+//! compute dtype on the target device.
+//!
+//! In: a [`ShardSet`] and a name prefix (`model.` for Qwen2/Qwen3; Qwen3.5 multimodal
+//! checkpoints keep the text model under `model.language_model.`). Out: candle tensors.
+//! Only tensors that are asked for are read. Accepted stored dtypes: F32, BF16, F16.
+
+use candle_core::{DType, Device, Tensor};
+use safetensors::Dtype;
+
+use super::shards::ShardSet;
+use crate::BackendError;
+
+/// A view of the checkpoint under a name prefix.
+#[derive(Clone, Copy)]
+pub(crate) struct Weights<'a> {
+    shards: &'a ShardSet,
+    prefix: &'a str,
+    dtype: DType,
+    device: &'a Device,
+}
+
+const ACCEPTED: &str = "F32, BF16, F16";
+
+impl<'a> Weights<'a> {
+    pub fn new(shards: &'a ShardSet, prefix: &'a str, dtype: DType, device: &'a Device) -> Self {
+        Weights { shards, prefix, dtype, device }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &'a Device {
+        self.device
+    }
+
+    /// The same checkpoint under another prefix (e.g. `""` for the root `lm_head.weight`).
+    pub fn with_prefix(&self, prefix: &'a str) -> Self {
+        Weights { prefix, ..*self }
+    }
+
+    pub fn full_name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.shards.contains(&self.full_name(name))
+    }
+
+    /// Tensor `prefix + name` with exactly `shape`, in the compute dtype.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, BackendError> {
+        self.get_as(name, shape, self.dtype)
+    }
+
+    /// Tensor `prefix + name` with exactly `shape`, in f32 whatever the compute dtype (for
+    /// parameters that must stay f32, e.g. Gated DeltaNet's `A_log`).
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor, BackendError> {
+        self.get_as(name, shape, DType::F32)
+    }
+
+    fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, BackendError> {
+        let full = self.full_name(name);
+        let raw = self.shards.get(&full)?;
+        if raw.shape != shape {
+            return Err(BackendError::WrongShape { name: full, expected: shape.to_vec(), actual: raw.shape.to_vec() });
+        }
+        let stored = match raw.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::BF16 => DType::BF16,
+            Dtype::F16 => DType::F16,
+            other => {
+                return Err(BackendError::WrongDtype {
+                    name: full,
+                    expected: ACCEPTED.into(),
+                    actual: format!("{other:?}"),
+                })
+            }
+        };
+        let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
+            BackendError::InvalidCheckpoint {
+                path: raw.path.to_path_buf(),
+                reason: format!("tensor `{full}`: {e}"),
+            }
+        })?;
+        t.to_dtype(dtype)
+            .and_then(|t| t.to_device(self.device))
+            .map_err(BackendError::tensor("load weight"))
+    }
+}

@@ -1,0 +1,67 @@
+//! Prompt rendering: instructions + context + a catalogue of every field as ONE chat prefix
+//! (system + user turn, generation prompt open), and a short per-field selector after it.
+//!
+//! Layout of a full prompt for field `f`:
+//! `template(system: INSTRUCTIONS, user: context + catalogue)` ++ `"{f}:"` and the model's next
+//! token is the code (`" A"`, `" B"`, …). The selector starts right after the template's
+//! assistant header (which ends in a newline), so its tokens do not depend on the context.
+
+use crate::schema::Field;
+use crate::template::{ChatTemplate, Message, TemplateError};
+
+/// Code letters: choice `i` of a field is `CODES[i]`.
+pub const CODES: [char; 26] = [
+    'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I', 'J', 'K', 'L', 'M', 'N', 'O', 'P', 'Q', 'R', 'S', 'T', 'U', 'V',
+    'W', 'X', 'Y', 'Z',
+];
+
+const INSTRUCTIONS: &str = "You classify a context into the fields of a catalogue. Each field lists its \
+choices, each labelled with a capital-letter code. For each field, answer with the code of the single \
+best choice, written as `field_name: CODE`.";
+
+/// The code of choice `i` (`A` for 0).
+pub fn code(i: usize) -> char {
+    CODES[i]
+}
+
+/// The text the model continues with for choice `i`: the code with its leading space.
+pub fn code_text(i: usize) -> String {
+    format!(" {}", CODES[i])
+}
+
+/// The per-field selector appended after the prefix.
+pub fn selector(field: &Field) -> String {
+    format!("{}:", field.name)
+}
+
+/// The user turn: the context, then the catalogue of all fields.
+pub fn user_message(context: &str, fields: &[Field]) -> String {
+    let mut out = String::with_capacity(context.len() + 256 * fields.len());
+    out.push_str("Context:\n");
+    out.push_str(context);
+    out.push_str("\n\nFields:\n");
+    for f in fields {
+        out.push_str(&format!("\n{}", f.name));
+        if let Some(d) = &f.description {
+            out.push_str(&format!(": {d}"));
+        }
+        out.push('\n');
+        for (i, (c, d)) in f.choices.iter().zip(&f.choice_descriptions).enumerate() {
+            out.push_str(&format!("  {} = {}", code(i), c.key()));
+            if let Some(d) = d {
+                out.push_str(&format!(" ({d})"));
+            }
+            out.push('\n');
+        }
+    }
+    out.push_str("\nAnswer every field on its own line as `field_name: CODE`.");
+    out
+}
+
+/// Render the shared prefix text for `context`.
+pub fn render_prefix(template: &ChatTemplate, context: &str, fields: &[Field]) -> Result<String, TemplateError> {
+    template.render(&[
+        Message { role: "system", content: INSTRUCTIONS.to_string() },
+        Message { role: "user", content: user_message(context, fields) },
+    ])
+}

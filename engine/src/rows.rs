@@ -1,0 +1,140 @@
+//! Row compilation: a validated [`Schema`] + tokenizer in, a [`CompiledSchema`] out — per field
+//! its selector, suffix ids, code token ids and their positions in the union of candidate ids.
+//!
+//! Context-independent: built once per (schema, tokenizer + template) and reused for every
+//! context. Suffix ids are computed on a probe context; every real context's split is still
+//! checked row by row (see `engine`), so a tokenizer that merges differently cannot go unseen.
+
+use crate::render::{code, code_text, render_prefix, selector};
+use crate::schema::{Choice, Field, FieldKind, Schema};
+use crate::split::{split_exact, SplitError};
+use crate::template::TemplateError;
+use crate::tokenizer::{ChatTokenizer, TokenizerError};
+
+/// Probe context used to compile rows (any text works: suffixes do not depend on it).
+const PROBE_CONTEXT: &str = "A short probe context used to compile rows.";
+
+/// One compiled field (one row per context).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledField {
+    pub name: String,
+    pub kind: FieldKind,
+    pub choices: Vec<Choice>,
+    /// Code letters, one per choice (`A`, `B`, …).
+    pub codes: Vec<char>,
+    /// The single token id of each code as it appears after the selector.
+    pub code_ids: Vec<u32>,
+    /// For each choice, the index of its code id in [`CompiledSchema::candidates`].
+    pub candidate_index: Vec<usize>,
+    pub selector: String,
+    /// Suffix ids on the probe context.
+    pub suffix_ids: Vec<u32>,
+}
+
+/// A schema compiled against one tokenizer and template.
+#[derive(Debug, Clone)]
+pub struct CompiledSchema {
+    schema: Schema,
+    fields: Vec<CompiledField>,
+    candidates: Vec<u32>,
+    schema_hash: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Split(#[from] SplitError),
+    #[error("field `{field}`: code {code:?} is {tokens} tokens after the selector {selector:?} with this tokenizer (it must be exactly one token); this tokenizer cannot use code scoring")]
+    CodeNotSingleToken { field: String, code: String, selector: String, tokens: usize },
+    #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
+    CodeMergesWithSelector { field: String, code: String, selector: String },
+}
+
+impl CompiledSchema {
+    pub fn compile(schema: &Schema, tok: &ChatTokenizer) -> Result<CompiledSchema, CompileError> {
+        let prefix_text = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields())?;
+        let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
+        let split = split_exact(tok, &prefix_text, &selectors)?;
+        let mut candidates: Vec<u32> = Vec::new();
+        let mut fields = Vec::with_capacity(schema.fields().len());
+        for ((f, sel), suffix) in schema.fields().iter().zip(selectors).zip(split.suffix_ids) {
+            let full_ids = [split.prefix_ids.as_slice(), suffix.as_slice()].concat();
+            let mut code_ids = Vec::with_capacity(f.choices.len());
+            let mut candidate_index = Vec::with_capacity(f.choices.len());
+            for i in 0..f.choices.len() {
+                let id = single_code_token(tok, &prefix_text, &sel, &full_ids, f, i)?;
+                let pos = candidates.iter().position(|&c| c == id).unwrap_or_else(|| {
+                    candidates.push(id);
+                    candidates.len() - 1
+                });
+                code_ids.push(id);
+                candidate_index.push(pos);
+            }
+            fields.push(CompiledField {
+                name: f.name.clone(),
+                kind: f.kind,
+                choices: f.choices.clone(),
+                codes: (0..f.choices.len()).map(code).collect(),
+                code_ids,
+                candidate_index,
+                selector: sel,
+                suffix_ids: suffix,
+            });
+        }
+        Ok(CompiledSchema { schema: schema.clone(), fields, candidates, schema_hash: schema.hash() })
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+    pub fn fields(&self) -> &[CompiledField] {
+        &self.fields
+    }
+    /// Union of every field's code ids (first-seen order): the only head rows ever projected.
+    pub fn candidates(&self) -> &[u32] {
+        &self.candidates
+    }
+    pub fn selectors(&self) -> Vec<String> {
+        self.fields.iter().map(|f| f.selector.clone()).collect()
+    }
+    pub fn schema_hash(&self) -> &str {
+        &self.schema_hash
+    }
+    /// Schema fields in order (descriptions included), for rendering.
+    pub fn schema_fields(&self) -> &[Field] {
+        self.schema.fields()
+    }
+}
+
+/// The id of code `i` of field `f`, checked to be exactly one token right after the selector.
+fn single_code_token(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    sel: &str,
+    full_ids: &[u32],
+    f: &Field,
+    i: usize,
+) -> Result<u32, CompileError> {
+    let text = code_text(i);
+    let with_code = tok.encode(&format!("{prefix_text}{sel}{text}"))?;
+    if !with_code.starts_with(full_ids) {
+        return Err(CompileError::CodeMergesWithSelector {
+            field: f.name.clone(),
+            code: text,
+            selector: sel.to_string(),
+        });
+    }
+    match &with_code[full_ids.len()..] {
+        [id] => Ok(*id),
+        rest => Err(CompileError::CodeNotSingleToken {
+            field: f.name.clone(),
+            code: text,
+            selector: sel.to_string(),
+            tokens: rest.len(),
+        }),
+    }
+}

@@ -1,0 +1,182 @@
+//! Chat templates: the checkpoint's own Jinja chat template rendered with minijinja (plus the
+//! Python string methods real templates call), or a built-in template of the model's family when
+//! the checkpoint ships none.
+
+use minijinja::{Environment, Value as JinjaValue};
+use serde::Serialize;
+
+/// Which template a prompt was rendered with (recorded in provenance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TemplateOrigin {
+    /// `chat_template` inside `tokenizer_config.json`.
+    TokenizerConfig,
+    /// The separate `chat_template.jinja` that transformers 5 writes.
+    ChatTemplateFile,
+    /// A built-in template of the named family: the checkpoint shipped none.
+    BuiltIn { family: TemplateFamily },
+    /// Supplied by the caller.
+    Custom,
+}
+
+/// Families with a built-in fallback template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateFamily {
+    /// Qwen2 / Qwen2.5 (default system prompt, no think block).
+    Qwen2,
+    /// Qwen3 (non-thinking: empty think block after the assistant header).
+    Qwen3,
+    /// Qwen3.5 (no default system prompt, trimmed content, empty think block when not thinking).
+    Qwen3_5,
+}
+
+impl TemplateFamily {
+    /// The family of a `config.json` `model_type` / backend family name.
+    pub fn from_model_family(family: &str) -> Option<TemplateFamily> {
+        match family {
+            "qwen2" | "qwen2.5" | "qwen2_5" => Some(TemplateFamily::Qwen2),
+            "qwen3" => Some(TemplateFamily::Qwen3),
+            "qwen3_5" | "qwen3_5_text" | "qwen3.5" => Some(TemplateFamily::Qwen3_5),
+            _ => None,
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            TemplateFamily::Qwen2 => QWEN2_TEMPLATE,
+            TemplateFamily::Qwen3 => QWEN3_TEMPLATE,
+            TemplateFamily::Qwen3_5 => QWEN3_5_TEMPLATE,
+        }
+    }
+}
+
+// Built-in fallbacks: the single-turn, tool-free subset of the families' official templates,
+// which is all forkscore renders (one system + one user message, generation prompt, no thinking).
+const QWEN2_TEMPLATE: &str = r#"{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}{%- endif %}{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
+const QWEN3_TEMPLATE: &str = r#"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"#;
+const QWEN3_5_TEMPLATE: &str = r#"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + (message.content | trim) + '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- else %}{{- '<think>\n' }}{%- endif %}{%- endif %}"#;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("chat template ({origin}) does not compile: {message}")]
+    Compile { origin: String, message: String },
+    #[error("chat template ({origin}) failed to render: {message}")]
+    Render { origin: String, message: String },
+}
+
+/// A chat message.
+#[derive(Debug, Clone, Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// A compiled chat template.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    origin: TemplateOrigin,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Compile `source`; `bos`/`eos` are the token strings templates may reference.
+    pub fn new(
+        source: String,
+        origin: TemplateOrigin,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<ChatTemplate, TemplateError> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<JinjaValue, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |_fmt: String| -> String {
+            // Date-stamping templates would make prompts non-reproducible; render a fixed date.
+            "01 Jan 2026".to_string()
+        });
+        let origin_name = format!("{origin:?}");
+        env.add_template_owned("chat", source)
+            .map_err(|e| TemplateError::Compile { origin: origin_name, message: e.to_string() })?;
+        Ok(ChatTemplate { env, origin, bos_token, eos_token })
+    }
+
+    /// The built-in template of `family`.
+    pub fn built_in(family: TemplateFamily) -> ChatTemplate {
+        ChatTemplate::new(
+            family.source().to_string(),
+            TemplateOrigin::BuiltIn { family },
+            None,
+            Some("<|im_end|>".to_string()),
+        )
+        .unwrap_or_else(|e| unreachable!("built-in template must compile: {e}"))
+    }
+
+    pub fn origin(&self) -> &TemplateOrigin {
+        &self.origin
+    }
+
+    /// Render `messages` with the generation prompt open and thinking disabled.
+    pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
+        let tmpl = self.env.get_template("chat").map_err(|e| self.render_err(e))?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            enable_thinking => false,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        })
+        .map_err(|e| self.render_err(e))
+    }
+
+    fn render_err(&self, e: minijinja::Error) -> TemplateError {
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            message.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        TemplateError::Render { origin: format!("{:?}", self.origin), message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs() -> Vec<Message> {
+        vec![
+            Message { role: "system", content: "Sys".into() },
+            Message { role: "user", content: " Hello \n".into() },
+        ]
+    }
+
+    #[test]
+    fn built_in_templates_render_the_documented_shapes() {
+        let q2 = ChatTemplate::built_in(TemplateFamily::Qwen2).render(&msgs()).unwrap();
+        assert_eq!(q2, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\n Hello \n<|im_end|>\n<|im_start|>assistant\n");
+        let q3 = ChatTemplate::built_in(TemplateFamily::Qwen3).render(&msgs()).unwrap();
+        assert!(q3.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{q3:?}");
+        let q35 = ChatTemplate::built_in(TemplateFamily::Qwen3_5).render(&msgs()).unwrap();
+        assert_eq!(q35, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    }
+
+    #[test]
+    fn python_string_methods_and_raise_exception_work() {
+        let t = ChatTemplate::new(
+            "{{ messages[1].content.strip().startswith('Hello') }}{% if false %}{{ raise_exception('x') }}{% endif %}".into(),
+            TemplateOrigin::Custom,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.render(&msgs()).unwrap(), "True");
+        let bad = ChatTemplate::new("{{ raise_exception('nope') }}".into(), TemplateOrigin::Custom, None, None).unwrap();
+        let e = bad.render(&msgs()).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+        assert!(ChatTemplate::new("{% if %}".into(), TemplateOrigin::Custom, None, None).is_err());
+    }
+}

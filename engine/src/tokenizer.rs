@@ -1,0 +1,119 @@
+//! The text side of a checkpoint: its `tokenizer.json` and chat template, loaded once.
+//!
+//! Template lookup order: `chat_template` in `tokenizer_config.json` (a string, or the list of
+//! named templates where `default` wins), then `chat_template.jinja`, then the built-in template
+//! of the model family (the provenance then says so).
+
+use crate::template::{ChatTemplate, TemplateError, TemplateFamily, TemplateOrigin};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("invalid tokenizer {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("tokenizing failed: {reason}")]
+    Encode { reason: String },
+    #[error("no chat template in {dir} (neither tokenizer_config.json `chat_template` nor chat_template.jinja) and no built-in template for model family `{family}`")]
+    NoTemplate { dir: PathBuf, family: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// A tokenizer plus the chat template prompts are rendered with.
+#[derive(Debug)]
+pub struct ChatTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: ChatTemplate,
+}
+
+impl ChatTokenizer {
+    pub fn new(tokenizer: tokenizers::Tokenizer, template: ChatTemplate) -> ChatTokenizer {
+        ChatTokenizer { tokenizer, template }
+    }
+
+    /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (the
+    /// backend's family, e.g. `qwen2`) picks the built-in template when the folder has none.
+    pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
+        let tok_path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&tok_path)
+            .map_err(|e| TokenizerError::Read { path: tok_path.clone(), reason: e.to_string() })?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| TokenizerError::Invalid { path: tok_path.clone(), reason: e.to_string() })?;
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let config: Option<Value> = match std::fs::read_to_string(&cfg_path) {
+            Ok(text) => Some(serde_json::from_str(&text).map_err(|e| TokenizerError::Invalid {
+                path: cfg_path.clone(),
+                reason: e.to_string(),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(TokenizerError::Read { path: cfg_path, reason: e.to_string() }),
+        };
+        let token_str = |key: &str| -> Option<String> {
+            match config.as_ref()?.get(key)? {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+                _ => None,
+            }
+        };
+        let (bos, eos) = (token_str("bos_token"), token_str("eos_token"));
+
+        let from_config = config.as_ref().and_then(|c| c.get("chat_template")).and_then(template_text);
+        let jinja_path = dir.join("chat_template.jinja");
+        let template = if let Some(src) = from_config {
+            ChatTemplate::new(src, TemplateOrigin::TokenizerConfig, bos, eos)?
+        } else if jinja_path.is_file() {
+            let src = std::fs::read_to_string(&jinja_path)
+                .map_err(|e| TokenizerError::Read { path: jinja_path.clone(), reason: e.to_string() })?;
+            ChatTemplate::new(src, TemplateOrigin::ChatTemplateFile, bos, eos)?
+        } else {
+            let family = TemplateFamily::from_model_family(model_family).ok_or_else(|| {
+                TokenizerError::NoTemplate { dir: dir.to_path_buf(), family: model_family.to_string() }
+            })?;
+            ChatTemplate::built_in(family)
+        };
+        Ok(ChatTokenizer { tokenizer, template })
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// Token ids of `text` (special tokens written in the text are recognised; nothing is added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode { reason: e.to_string() })
+    }
+
+    /// Text of `ids` (for debugging output).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.tokenizer.decode(ids, false).map_err(|e| TokenizerError::Encode { reason: e.to_string() })
+    }
+
+    /// Largest id the tokenizer can produce plus one (vocabulary and added tokens).
+    pub fn id_bound(&self) -> usize {
+        let base = self.tokenizer.get_vocab_size(true);
+        let added = self.tokenizer.get_added_tokens_decoder().keys().map(|&id| id as usize + 1).max().unwrap_or(0);
+        base.max(added)
+    }
+}
+
+fn template_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => {
+            let named = |want: &str| {
+                list.iter().find_map(|t| {
+                    (t.get("name")?.as_str()? == want).then(|| t.get("template")?.as_str().map(str::to_string))?
+                })
+            };
+            named("default").or_else(|| list.first()?.get("template")?.as_str().map(str::to_string))
+        }
+        _ => None,
+    }
+}
