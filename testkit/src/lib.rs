@@ -3,4 +3,5 @@
 
 pub mod fake;
 pub mod tiny_model;
+pub mod tokenizers;
 pub mod tolerance;
