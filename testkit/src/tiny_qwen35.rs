@@ -282,6 +282,15 @@ impl TinyQwen35 {
         out
     }
 
+    /// The `model.safetensors` file, byte for byte.
+    pub fn safetensors_bytes(&self) -> Result<Vec<u8>, TinyQwen35Error> {
+        let tensors = self.tensors();
+        let views: Vec<(&String, &Stored)> = tensors.iter().collect();
+        let mut meta = std::collections::HashMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        serialize(views, Some(meta)).map_err(|e| TinyQwen35Error::Safetensors { reason: e.to_string() })
+    }
+
     /// Write the checkpoint folder into `dir` (created if missing). Returns `dir`.
     pub fn write(&self, dir: &Path) -> Result<PathBuf, TinyQwen35Error> {
         let io = |path: &Path| {
@@ -289,14 +298,8 @@ impl TinyQwen35 {
             move |source| TinyQwen35Error::Io { path, source }
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let tensors = self.tensors();
-        let views: Vec<(&String, &Stored)> = tensors.iter().collect();
-        let mut meta = std::collections::HashMap::new();
-        meta.insert("format".to_string(), "pt".to_string());
-        let bytes = serialize(views, Some(meta))
-            .map_err(|e| TinyQwen35Error::Safetensors { reason: e.to_string() })?;
         let files: [(&str, Vec<u8>); 5] = [
-            ("model.safetensors", bytes),
+            ("model.safetensors", self.safetensors_bytes()?),
             ("config.json", pretty(&self.config())),
             ("tokenizer.json", Family::Qwen35.tokenizer_json()?),
             ("tokenizer_config.json", Family::Qwen35.tokenizer_config_json().as_bytes().to_vec()),
@@ -314,4 +317,31 @@ fn pretty(v: &Value) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
     s.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+
+    fn sha(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// The files are a pure function of the seed: these digests must not change across machines
+    /// or runs (a change means every recorded reference for the tiny model is stale).
+    #[test]
+    fn files_are_byte_identical_for_a_seed() -> Result<(), TinyQwen35Error> {
+        let mm = TinyQwen35::new(35, Qwen35Layout::Multimodal);
+        let text = TinyQwen35::new(35, Qwen35Layout::TextOnly);
+        assert_eq!(sha(&mm.safetensors_bytes()?), GOLDEN_MULTIMODAL);
+        assert_eq!(sha(&text.safetensors_bytes()?), GOLDEN_TEXT_ONLY);
+        assert_eq!(sha(&pretty(&text.config())), GOLDEN_TEXT_ONLY_CONFIG);
+        Ok(())
+    }
+
+    const GOLDEN_MULTIMODAL: &str = "1c3f90672a660f5bf6ab4225d679aa2ba77fe8bcc6eb58d1558dae2c7718aa21";
+    const GOLDEN_TEXT_ONLY: &str = "dff92e9696072dc165e4c63db5b9f6089431ab21bf3d55ba9b0cfb290894710c";
+    const GOLDEN_TEXT_ONLY_CONFIG: &str = "95b7b3ff1c838dac2a9cbb6ca5175e25fe159e83c5229b3f3b1457ca82102ea1";
 }
