@@ -1,0 +1,302 @@
+//! The external oracle: forkscore's candle backend against Hugging Face transformers.
+//!
+//! Flow: `fixtures/reference/<preset>.json` (written by `fixtures/scripts/make_reference.py`,
+//! transformers in float32 on the CPU) names a tiny testkit preset. Each test regenerates that
+//! preset's Hugging Face folder with testkit (same seed, so byte-identical: the sha256 of
+//! `config.json`, `model.safetensors` and the tokenizer files must equal the ones the JSON
+//! records), loads it with `CandleBackend` (CPU, f32) and compares, at the candidate ids the
+//! JSON stores (top-32 by logit plus 32 fixed ids):
+//! - `forward_full(prompt)` against transformers' full forward;
+//! - `prefill(prefix)` + `score(suffix)` against transformers' own prefix-then-suffix
+//!   continuation and against its full forward (also with a small prefill chunk, and with all
+//!   of a prompt's continuations scored in one multi-state call);
+//! - the token ids stored by the generator against the Rust `tokenizers` crate on the rendered
+//!   chat text.
+//!
+//! Per-layer hidden-state norms are stored in the JSON but not compared here: the candle backend
+//! exposes no hidden states (not even test-only), and adding a hook would mean editing the
+//! backend's model code.
+//!
+//! Measured maxima are printed (`cargo test -p forkscore-backends --test reference_transformers
+//! -- --nocapture`). Absolute tolerance: `Tolerance::VS_TRANSFORMERS_F32` (1e-4).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use forkscore_backends::candle::{CandleBackend, DeviceSpec, LoadOptions, ResolvedCheckpoint};
+use forkscore_backends::{Backend, ScoreRow};
+use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_testkit::tolerance::Tolerance;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Largest |candle − transformers| accepted on a logit (CPU f32 both sides; 1e-4).
+const TRANSFORMERS_ABS_TOL: f32 = Tolerance::VS_TRANSFORMERS_F32.abs;
+
+/// A prefill chunk small enough that every long prompt's prefix is prefilled in several chunks.
+const SMALL_PREFILL_CHUNK: usize = 7;
+
+#[derive(Debug, Deserialize)]
+struct Reference {
+    schema_version: u32,
+    model_name: String,
+    generator: Generator,
+    files: BTreeMap<String, String>,
+    config: RefConfig,
+    prompts: Vec<RefPrompt>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Generator {
+    transformers: String,
+    torch: String,
+    model_class: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct RefConfig {
+    num_hidden_layers: usize,
+    hidden_size: usize,
+    vocab_size: usize,
+}
+
+#[derive(Debug, Deserialize)]
+struct RefPrompt {
+    name: String,
+    rendered: String,
+    token_ids: Vec<u32>,
+    candidate_ids: Vec<u32>,
+    full: RefFull,
+    continuations: Vec<RefContinuation>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RefFull {
+    logits: BTreeMap<u32, f64>,
+    hidden_norms: Vec<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RefContinuation {
+    prefix_len: usize,
+    suffix_len: usize,
+    logits: BTreeMap<u32, f64>,
+    max_abs_diff_vs_full_at_ids: f64,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn load_reference(name: &str) -> Result<Reference> {
+    let path = repo_root().join("fixtures/reference").join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let r: Reference = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    ensure!(r.schema_version == 1, "{}: unknown schema_version {}", path.display(), r.schema_version);
+    ensure!(r.model_name == name, "{}: model_name {} != {name}", path.display(), r.model_name);
+    Ok(r)
+}
+
+/// Logits of `map` in the order of `ids`, as f32 (they were f32 in transformers).
+fn ordered(map: &BTreeMap<u32, f64>, ids: &[u32]) -> Result<Vec<f32>> {
+    ids.iter()
+        .map(|id| map.get(id).map(|&v| v as f32).ok_or_else(|| anyhow!("no stored logit for id {id}")))
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    Tolerance::max_abs_diff(a, b)
+}
+
+fn sha256_hex(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+/// Write the tiny testkit preset `name` (the same table as `testkit/examples/write_tiny_models.rs`).
+fn write_preset(name: &str, dir: &Path) -> Result<()> {
+    let spec = match name {
+        "qwen25" => TinySpec::qwen25(),
+        "qwen3" => TinySpec::qwen3(),
+        other => bail!("no tiny preset named {other}"),
+    };
+    write_hf_folder(dir, &spec)?;
+    Ok(())
+}
+
+/// Regenerate the preset's folder and prove it is the folder the reference was made from.
+fn regenerate(reference: &Reference, dir: &Path) -> Result<()> {
+    write_preset(&reference.model_name, dir)?;
+    for (file, want) in &reference.files {
+        let got = sha256_hex(&dir.join(file))?;
+        ensure!(
+            &got == want,
+            "{}: {file} sha256 {got} differs from the {want} recorded in fixtures/reference/{}.json. \
+             testkit's tiny-model generator (or the tokenizer fixture) drifted since the reference was \
+             made: either restore the generator or regenerate the reference with \
+             fixtures/scripts/make_reference.py (see its header) and review the change",
+            reference.model_name,
+            reference.model_name
+        );
+    }
+    Ok(())
+}
+
+/// Measured maxima for one model, printed for the report.
+#[derive(Debug, Default)]
+struct Measured {
+    full: f32,
+    continuation_vs_ref_continuation: f32,
+    continuation_vs_ref_full: f32,
+    chunked_vs_ref_full: f32,
+    batched_vs_ref_continuation: f32,
+    transformers_own: f64,
+    max_abs_logit: f32,
+}
+
+fn compare_model(name: &str) -> Result<Measured> {
+    let reference = load_reference(name)?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join(name);
+    regenerate(&reference, &dir)?;
+    let checkpoint = ResolvedCheckpoint::from_folder(&dir, "testkit")?;
+    let backend = CandleBackend::load(&checkpoint, &LoadOptions::for_device(DeviceSpec::Cpu))?;
+    let facts = backend.facts();
+    ensure!(facts.vocab_size == reference.config.vocab_size, "vocab_size differs");
+    ensure!(facts.num_layers == reference.config.num_hidden_layers, "num_layers differs");
+    ensure!(facts.hidden_size == reference.config.hidden_size, "hidden_size differs");
+    ensure!(
+        reference.prompts.iter().any(|p| p.token_ids.len() > 64),
+        "{name}: the reference needs a prompt longer than 64 tokens"
+    );
+
+    let mut m = Measured::default();
+    for p in &reference.prompts {
+        let cand = &p.candidate_ids;
+        let want_full = ordered(&p.full.logits, cand)?;
+        m.max_abs_logit = want_full.iter().fold(m.max_abs_logit, |a, x| a.max(x.abs()));
+        ensure!(p.full.hidden_norms.len() == reference.config.num_hidden_layers + 1, "hidden norm count");
+
+        let got_full = backend.forward_full(&p.token_ids, cand)?;
+        let d = max_abs_diff(&got_full, &want_full);
+        m.full = m.full.max(d);
+        ensure!(d <= TRANSFORMERS_ABS_TOL, "{name}/{}: forward_full differs from transformers by {d:e}", p.name);
+
+        for c in &p.continuations {
+            ensure!(c.prefix_len + c.suffix_len == p.token_ids.len(), "bad continuation split");
+            m.transformers_own = m.transformers_own.max(c.max_abs_diff_vs_full_at_ids);
+            let want_cont = ordered(&c.logits, cand)?;
+            let (prefix, suffix) = p.token_ids.split_at(c.prefix_len);
+            let row = [ScoreRow { state: 0, suffix }];
+
+            let state = backend.prefill(prefix)?;
+            let got = backend.score(&[&state], &row, cand)?;
+            let got = got.row(0);
+            let d_cont = max_abs_diff(got, &want_cont);
+            let d_full = max_abs_diff(got, &want_full);
+            m.continuation_vs_ref_continuation = m.continuation_vs_ref_continuation.max(d_cont);
+            m.continuation_vs_ref_full = m.continuation_vs_ref_full.max(d_full);
+            ensure!(
+                d_cont <= TRANSFORMERS_ABS_TOL && d_full <= TRANSFORMERS_ABS_TOL,
+                "{name}/{} prefix {}: prefill+score differs from transformers' continuation by {d_cont:e} \
+                 and from its full forward by {d_full:e}",
+                p.name,
+                c.prefix_len
+            );
+
+            let state = backend.prefill_chunked(prefix, SMALL_PREFILL_CHUNK)?;
+            let got = backend.score(&[&state], &row, cand)?;
+            let d_chunk = max_abs_diff(got.row(0), &want_full);
+            m.chunked_vs_ref_full = m.chunked_vs_ref_full.max(d_chunk);
+            ensure!(
+                d_chunk <= TRANSFORMERS_ABS_TOL,
+                "{name}/{} prefix {} (prefill chunk {SMALL_PREFILL_CHUNK}): differs from transformers by {d_chunk:e}",
+                p.name,
+                c.prefix_len
+            );
+        }
+
+        // All continuations of the prompt in ONE score call: several states merged into slots,
+        // suffixes of different lengths right-padded.
+        let states = p
+            .continuations
+            .iter()
+            .map(|c| backend.prefill(&p.token_ids[..c.prefix_len]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let state_refs: Vec<_> = states.iter().collect();
+        let rows: Vec<ScoreRow<'_>> = p
+            .continuations
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ScoreRow { state: i, suffix: &p.token_ids[c.prefix_len..] })
+            .collect();
+        let got = backend.score(&state_refs, &rows, cand)?;
+        for (i, c) in p.continuations.iter().enumerate() {
+            let d = max_abs_diff(got.row(i), &ordered(&c.logits, cand)?);
+            m.batched_vs_ref_continuation = m.batched_vs_ref_continuation.max(d);
+            ensure!(
+                d <= TRANSFORMERS_ABS_TOL,
+                "{name}/{} prefix {} scored in one batch of {} rows: differs from transformers by {d:e}",
+                p.name,
+                c.prefix_len,
+                rows.len()
+            );
+        }
+    }
+    // Spread logits make attention / RoPE / norm errors visible at this tolerance.
+    ensure!(m.max_abs_logit > 10.0, "{name}: reference logits are degenerate (max |logit| {})", m.max_abs_logit);
+    eprintln!(
+        "{name} (transformers {}, torch {}, {}): max |candle - transformers| forward_full {:.3e}, \
+         prefill+score vs continuation {:.3e}, vs full {:.3e}, chunked prefill vs full {:.3e}, \
+         multi-state batch vs continuation {:.3e}; \
+         transformers' own continuation vs full {:.3e}; max |logit| {:.2}",
+        reference.generator.transformers,
+        reference.generator.torch,
+        reference.generator.model_class,
+        m.full,
+        m.continuation_vs_ref_continuation,
+        m.continuation_vs_ref_full,
+        m.chunked_vs_ref_full,
+        m.batched_vs_ref_continuation,
+        m.transformers_own,
+        m.max_abs_logit
+    );
+    Ok(m)
+}
+
+/// The ids the generator stored are what the Rust `tokenizers` crate makes of the rendered text.
+fn compare_tokenizer(name: &str) -> Result<()> {
+    let reference = load_reference(name)?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join(name);
+    regenerate(&reference, &dir)?;
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
+    for p in &reference.prompts {
+        let enc = tok.encode(p.rendered.as_str(), false).map_err(|e| anyhow!("{e}"))?;
+        if enc.get_ids() != p.token_ids.as_slice() {
+            bail!("{name}/{}: Rust tokenizers ids differ from transformers' for the rendered prompt", p.name);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn qwen25_matches_transformers() -> Result<()> {
+    compare_model("qwen25").map(|_| ())
+}
+
+#[test]
+fn qwen3_matches_transformers() -> Result<()> {
+    compare_model("qwen3").map(|_| ())
+}
+
+#[test]
+fn qwen25_reference_ids_match_rust_tokenizers() -> Result<()> {
+    compare_tokenizer("qwen25")
+}
+
+#[test]
+fn qwen3_reference_ids_match_rust_tokenizers() -> Result<()> {
+    compare_tokenizer("qwen3")
+}
