@@ -24,9 +24,10 @@ use std::path::{Path, PathBuf};
 use rand::RngCore;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use safetensors::{serialize, Dtype, View};
+use safetensors::Dtype;
 use serde_json::{json, Value};
 
+use crate::tiny_model::{write_safetensors, TinyModelError, TinyTensor};
 use crate::tokenizers::{Family, TokenizerFixtureError};
 
 /// Which checkpoint layout to write.
@@ -73,30 +74,8 @@ pub enum TinyQwen35Error {
     },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerFixtureError),
-    #[error("serialising safetensors: {reason}")]
-    Safetensors { reason: String },
-}
-
-/// One stored tensor: dtype, shape, little-endian bytes.
-struct Stored {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for &Stored {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
+    #[error(transparent)]
+    Safetensors(#[from] TinyModelError),
 }
 
 /// Uniform values in `[lo, hi)` from a ChaCha stream, with exact arithmetic: a 24-bit integer
@@ -217,7 +196,7 @@ impl TinyQwen35 {
 
     /// Every tensor, generated in a fixed order from the seed. Text parameters do not depend
     /// on the layout; vision / MTP extras come from a separate stream after them.
-    fn tensors(&self) -> BTreeMap<String, Stored> {
+    pub fn tensors(&self) -> Vec<TinyTensor> {
         let mut p = Params(ChaCha8Rng::seed_from_u64(self.seed));
         let mut out = BTreeMap::new();
         let pre = self.text_prefix();
@@ -225,7 +204,7 @@ impl TinyQwen35 {
         let mut put = |name: String, shape: Vec<usize>, values: Vec<f32>, f32_store: bool| {
             let (dtype, bytes) =
                 if f32_store { (Dtype::F32, f32_bytes(&values)) } else { (Dtype::BF16, bf16_bytes(&values)) };
-            out.insert(name, Stored { dtype, shape, bytes });
+            out.insert(name.clone(), TinyTensor { name, shape, dtype, bytes });
         };
         let lin = |p: &mut Params, rows: usize, cols: usize| {
             let s = 1.0 / (cols as f64).sqrt();
@@ -279,16 +258,7 @@ impl TinyQwen35 {
                 put(name.to_string(), shape, x.uniform(n, -0.1, 0.1), false);
             }
         }
-        out
-    }
-
-    /// The `model.safetensors` file, byte for byte.
-    pub fn safetensors_bytes(&self) -> Result<Vec<u8>, TinyQwen35Error> {
-        let tensors = self.tensors();
-        let views: Vec<(&String, &Stored)> = tensors.iter().collect();
-        let mut meta = std::collections::HashMap::new();
-        meta.insert("format".to_string(), "pt".to_string());
-        serialize(views, Some(meta)).map_err(|e| TinyQwen35Error::Safetensors { reason: e.to_string() })
+        out.into_values().collect()
     }
 
     /// Write the checkpoint folder into `dir` (created if missing). Returns `dir`.
@@ -298,8 +268,9 @@ impl TinyQwen35 {
             move |source| TinyQwen35Error::Io { path, source }
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let files: [(&str, Vec<u8>); 5] = [
-            ("model.safetensors", self.safetensors_bytes()?),
+        let tensors = self.tensors();
+        write_safetensors(&dir.join("model.safetensors"), &tensors.iter().collect::<Vec<_>>())?;
+        let files: [(&str, Vec<u8>); 4] = [
             ("config.json", pretty(&self.config())),
             ("tokenizer.json", Family::Qwen35.tokenizer_json()?),
             ("tokenizer_config.json", Family::Qwen35.tokenizer_config_json().as_bytes().to_vec()),
@@ -333,11 +304,18 @@ mod tests {
     /// or runs (a change means every recorded reference for the tiny model is stale).
     #[test]
     fn files_are_byte_identical_for_a_seed() -> Result<(), TinyQwen35Error> {
-        let mm = TinyQwen35::new(35, Qwen35Layout::Multimodal);
-        let text = TinyQwen35::new(35, Qwen35Layout::TextOnly);
-        assert_eq!(sha(&mm.safetensors_bytes()?), GOLDEN_MULTIMODAL);
-        assert_eq!(sha(&text.safetensors_bytes()?), GOLDEN_TEXT_ONLY);
-        assert_eq!(sha(&pretty(&text.config())), GOLDEN_TEXT_ONLY_CONFIG);
+        let dir = std::env::temp_dir().join(format!("forkscore-tiny-qwen35-golden-{}", std::process::id()));
+        let read = |p: &Path| std::fs::read(p).map_err(|source| TinyQwen35Error::Io { path: p.to_path_buf(), source });
+        let mut digests = Vec::new();
+        for layout in [Qwen35Layout::Multimodal, Qwen35Layout::TextOnly] {
+            TinyQwen35::new(35, layout).write(&dir)?;
+            digests.push(sha(&read(&dir.join("model.safetensors"))?));
+            digests.push(sha(&read(&dir.join("config.json"))?));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(digests[0], GOLDEN_MULTIMODAL);
+        assert_eq!(digests[2], GOLDEN_TEXT_ONLY);
+        assert_eq!(digests[3], GOLDEN_TEXT_ONLY_CONFIG);
         Ok(())
     }
 
