@@ -18,16 +18,18 @@
 //! ranges that give visible but not vanishing decay. Weights are stored BF16 except `A_log` and
 //! `linear_attn.norm.weight` (F32), as in the real checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use rand::RngCore;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
-use crate::tiny_model::{write_safetensors, TinyModelError, TinyTensor};
+use crate::tiny_model::{write_safetensors, TinyModelError, TinyTensor, GENERATOR_VERSION};
 use crate::tokenizers::{Family, TokenizerFixtureError};
 
 /// Which checkpoint layout to write.
@@ -284,6 +286,37 @@ impl TinyQwen35 {
     }
 }
 
+impl TinyQwen35 {
+    /// The folder of this model, written once and reused (keyed by a hash of the description
+    /// and [`GENERATOR_VERSION`], under the system temp dir; written under a private name then
+    /// renamed, so concurrent test processes never see a half-written folder).
+    pub fn ensure(&self) -> Result<PathBuf, TinyQwen35Error> {
+        static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+        let key = {
+            let digest = Sha256::digest(format!("qwen35 v{GENERATOR_VERSION} {self:?}"));
+            hex::encode(&digest[..8])
+        };
+        let done = DONE.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = done.get(&key) {
+            return Ok(p.clone());
+        }
+        let root = std::env::temp_dir().join("forkscore-tiny-models");
+        let dir = root.join(format!("qwen35-{key}"));
+        if !dir.join("config.json").is_file() {
+            let tmp = root.join(format!("qwen35-{key}.tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            self.write(&tmp)?;
+            if std::fs::rename(&tmp, &dir).is_err() {
+                // another process won the race; its folder is byte-identical
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+        }
+        done.insert(key, dir.clone());
+        Ok(dir)
+    }
+}
+
 fn pretty(v: &Value) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
@@ -292,8 +325,6 @@ fn pretty(v: &Value) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use sha2::{Digest, Sha256};
-
     use super::*;
 
     fn sha(bytes: &[u8]) -> String {
