@@ -5,7 +5,9 @@
 //! (text-only layout; the multimodal layout is proven identical in `qwen35_backend.rs`). It was
 //! produced by the ignored test [`export_for_transformers`] followed by
 //! `python backends/tests/data/qwen35_hf_reference.py EXPORT_DIR` (pure-torch GDN kernels,
-//! eager attention); the file records the transformers and torch versions.
+//! eager attention); the file records the transformers and torch versions, and transformers'
+//! load report for the composite layout (`Qwen3_5ForConditionalGeneration`: every text tensor
+//! loaded, `mtp.*` ignored, no mismatched shape; the partial vision tower is left missing).
 
 use anyhow::{Context, Result};
 use forkscore_backends::candle::{CandleBackend, LoadOptions, ResolvedCheckpoint};
@@ -38,7 +40,11 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn backend(dir: &std::path::Path) -> Result<CandleBackend> {
-    TinyQwen35::new(SEED, Qwen35Layout::TextOnly).write(dir)?;
+    backend_in(dir, Qwen35Layout::TextOnly)
+}
+
+fn backend_in(dir: &std::path::Path, layout: Qwen35Layout) -> Result<CandleBackend> {
+    TinyQwen35::new(SEED, layout).write(dir)?;
     let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-qwen35")?;
     Ok(CandleBackend::load(&ckpt, &LoadOptions::default())?)
 }
@@ -52,6 +58,11 @@ fn export_for_transformers() -> Result<()> {
     let b = backend(&model_dir)?;
     // transformers does not need the tokenizer to run ids; keep the export small.
     std::fs::remove_file(model_dir.join("tokenizer.json"))?;
+    // The same parameters in the composite layout (text_config, model.language_model.*, plus
+    // model.visual.* and mtp.* tensors), to check transformers loads it as this crate does.
+    let mm_dir = out.join("model_multimodal");
+    TinyQwen35::new(SEED, Qwen35Layout::Multimodal).write(&mm_dir)?;
+    std::fs::remove_file(mm_dir.join("tokenizer.json"))?;
     let rust: Vec<Vec<f32>> =
         prompts().iter().map(|p| b.forward_full(p, &CANDIDATES)).collect::<Result<_, _>>()?;
     let spec = json!({"seed": SEED, "candidates": CANDIDATES, "prompts": prompts(), "rust_logits": rust});
@@ -66,13 +77,23 @@ fn matches_transformers_float32_reference() -> Result<()> {
     let want_prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone())?;
     assert_eq!(want_prompts, prompts(), "reference was made for other prompts");
     let logits: Vec<Vec<f32>> = serde_json::from_value(reference["logits"].clone())?;
-    let dir = tempfile::tempdir()?;
-    let b = backend(dir.path())?;
+    // transformers' Qwen3_5ForConditionalGeneration on the composite layout of the same seed.
+    let mm = &reference["multimodal"];
+    assert_eq!(mm["model_class"].as_str(), Some("Qwen3_5ForConditionalGeneration"));
+    let unexpected = mm["loading_info"]["unexpected_keys"].as_array().map(Vec::len);
+    let mismatched = mm["loading_info"]["mismatched_keys"].as_array().map(Vec::len);
+    assert_eq!((unexpected, mismatched), (Some(0), Some(0)), "transformers did not load the layout cleanly");
+    let mm_logits: Vec<Vec<f32>> = serde_json::from_value(mm["logits"].clone())?;
     let mut worst = 0f32;
-    for (p, want) in prompts().iter().zip(&logits) {
-        let got = b.forward_full(p, &CANDIDATES)?;
-        Tolerance::VS_TRANSFORMERS_F32.assert_close(&format!("prompt of {} tokens", p.len()), &got, want);
-        worst = worst.max(Tolerance::max_abs_diff(&got, want));
+    for (layout, want_all) in [(Qwen35Layout::TextOnly, &logits), (Qwen35Layout::Multimodal, &mm_logits)] {
+        let dir = tempfile::tempdir()?;
+        let b = backend_in(dir.path(), layout)?;
+        for (p, want) in prompts().iter().zip(want_all) {
+            let got = b.forward_full(p, &CANDIDATES)?;
+            let what = format!("{layout:?}, prompt of {} tokens", p.len());
+            Tolerance::VS_TRANSFORMERS_F32.assert_close(&what, &got, want);
+            worst = worst.max(Tolerance::max_abs_diff(&got, want));
+        }
     }
     println!("vs transformers {}: max |diff| = {worst:e}", reference["transformers"]);
     Ok(())

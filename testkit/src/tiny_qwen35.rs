@@ -251,7 +251,7 @@ impl TinyQwen35 {
             for (name, shape) in [
                 ("model.visual.patch_embed.proj.weight", vec![16, 3, 2, 2, 2]),
                 ("model.visual.blocks.0.attn.qkv.weight", vec![48, 16]),
-                ("model.visual.merger.linear_fc2.weight", vec![d, 16]),
+                ("model.visual.merger.linear_fc2.weight", vec![d, 64]),
                 ("mtp.fc.weight", vec![d, 2 * d]),
                 ("mtp.layers.0.input_layernorm.weight", vec![d]),
                 ("mtp.norm.weight", vec![d]),
@@ -350,7 +350,7 @@ mod tests {
         Ok(())
     }
 
-    const GOLDEN_MULTIMODAL: &str = "1c3f90672a660f5bf6ab4225d679aa2ba77fe8bcc6eb58d1558dae2c7718aa21";
+    const GOLDEN_MULTIMODAL: &str = "d0587b5b20e2e3d5d9a780221b1a1ad8c62849aed494adea0d84c05981d22088";
     const GOLDEN_TEXT_ONLY: &str = "dff92e9696072dc165e4c63db5b9f6089431ab21bf3d55ba9b0cfb290894710c";
     const GOLDEN_TEXT_ONLY_CONFIG: &str = "95b7b3ff1c838dac2a9cbb6ca5175e25fe159e83c5229b3f3b1457ca82102ea1";
 }

@@ -26,6 +26,32 @@ with torch.no_grad():
     for ids in spec["prompts"]:
         logits = model(torch.tensor([ids])).logits[0, -1]
         out.append([float(logits[c]) for c in cands])
+# The composite (multimodal) layout of the same parameters, when exported.
+multimodal = None
+import os
+
+if os.path.isdir(f"{export}/model_multimodal"):
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    mm, info = Qwen3_5ForConditionalGeneration.from_pretrained(
+        f"{export}/model_multimodal",
+        dtype=torch.float32,
+        attn_implementation="eager",
+        output_loading_info=True,
+        ignore_mismatched_sizes=True,
+    )
+    mm.eval()
+    mm_out = []
+    with torch.no_grad():
+        for ids in spec["prompts"]:
+            mm_out.append([float(x) for x in mm(input_ids=torch.tensor([ids])).logits[0, -1][cands]])
+    multimodal = {
+        "model_class": type(mm).__name__,
+        "logits": mm_out,
+        "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
+    }
+    print("multimodal loading info:", json.dumps(multimodal["loading_info"], indent=1)[:3000])
+
 json.dump(
     {
         "generator": "backends/tests/data/qwen35_hf_reference.py",
@@ -36,6 +62,7 @@ json.dump(
         "candidates": cands,
         "prompts": spec["prompts"],
         "logits": out,
+        "multimodal": multimodal,
     },
     open(f"{export}/hf_reference.json", "w"),
     indent=1,
