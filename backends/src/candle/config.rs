@@ -17,6 +17,10 @@ use serde_json::Value;
 
 use crate::BackendError;
 
+pub mod qwen3_5;
+
+pub use qwen3_5::LinearAttentionConfig;
+
 /// A model architecture this backend implements. Adding one: a variant here, its names in
 /// [`Architecture::hf_names`], and a loader in `models/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,16 +29,23 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 dense (`Qwen3ForCausalLM`, `model_type: qwen3`).
     Qwen3,
+    /// Qwen3.5 hybrid text backbone (Gated DeltaNet + gated attention), multimodal
+    /// (`Qwen3_5ForConditionalGeneration`, text under `text_config`) or text-only.
+    Qwen3_5,
 }
 
 impl Architecture {
-    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3];
+    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3, Architecture::Qwen3_5];
 
     /// `(architectures[0] names, model_type names)` that select this architecture.
     pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
             Architecture::Qwen2 => (&["Qwen2ForCausalLM"], &["qwen2"]),
             Architecture::Qwen3 => (&["Qwen3ForCausalLM"], &["qwen3"]),
+            Architecture::Qwen3_5 => (
+                &["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"],
+                &["qwen3_5", "qwen3_5_text"],
+            ),
         }
     }
 
@@ -43,6 +54,7 @@ impl Architecture {
         match self {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3_5 => "qwen3_5",
         }
     }
 
@@ -135,6 +147,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: Option<bool>,
     /// `dtype` (transformers 5) or `torch_dtype` (older) when present.
     pub stored_dtype: Option<String>,
+    /// Gated DeltaNet dimensions (`linear_*` fields); `Some` for Qwen3.5 with linear layers.
+    pub linear_attention: Option<LinearAttentionConfig>,
 }
 
 /// The object holding the text model's fields: `text_config` when present, else the root.
@@ -207,7 +221,8 @@ impl ModelConfig {
 
         let raw: RawText = serde_json::from_value(text_root(root).clone())
             .map_err(|e| invalid(format!("text fields: {e}")))?;
-        let text = validate_text(raw, &invalid)?;
+        let mut text = validate_text(raw, &invalid)?;
+        let linear_attention = qwen3_5::extend(architecture, text_root(root), &mut text, &invalid)?;
         let tie_word_embeddings = root
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -223,6 +238,7 @@ impl ModelConfig {
             text,
             tie_word_embeddings,
             stored_dtype,
+            linear_attention,
         })
     }
 }

@@ -14,6 +14,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod gated_deltanet;
 pub mod state;
 
 mod attention;
@@ -75,6 +76,8 @@ pub struct CandleBackend {
     config: ModelConfig,
     checkpoint: ResolvedCheckpoint,
     prefill_chunk: usize,
+    /// Names of the checkpoint tensors read at load, sorted (vision / MTP tensors never are).
+    tensors_read: Vec<String>,
 }
 
 fn invalid(reason: impl Into<String>) -> BackendError {
@@ -100,7 +103,15 @@ impl CandleBackend {
             dtype: options.dtype.to_string(),
             device: options.device.to_string(),
         };
-        Ok(CandleBackend { backbone, facts, config, checkpoint: checkpoint.clone(), prefill_chunk: options.prefill_chunk })
+        let tensors_read = shards.names_read();
+        Ok(CandleBackend {
+            backbone,
+            facts,
+            config,
+            checkpoint: checkpoint.clone(),
+            prefill_chunk: options.prefill_chunk,
+            tensors_read,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -113,6 +124,11 @@ impl CandleBackend {
 
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
+    }
+
+    /// Names of the checkpoint tensors whose bytes were read at load, sorted.
+    pub fn tensors_read(&self) -> &[String] {
+        &self.tensors_read
     }
 
     /// Whether the output head is the tied embedding.

@@ -2,7 +2,7 @@
 //!
 //! [`CandleState`] holds one [`LayerState`] per decoder layer after a prefix: attention layers
 //! keep K (after q/k norm and RoPE) and V `(1, Hkv, T, hd)` in the compute dtype; linear-attention
-//! layers keep a conv state `(1, C, Kc)` and a recurrent state `(1, Hv, dk, dv)` in f32. A state is
+//! layers keep a conv state `(1, Kc−1, C)` and a recurrent state `(1, Hv, dk, dv)` in f32. A state is
 //! built by prefill and never mutated afterwards: scoring reads it through [`LayerPast`] views and
 //! discards whatever the branch computes.
 //!
@@ -22,7 +22,7 @@ use crate::BackendError;
 pub enum LayerState {
     /// K and V, each `(1, Hkv, T, hd)`.
     Attention { k: Tensor, v: Tensor },
-    /// Linear-attention conv state `(1, C, Kc)` and recurrent state `(1, Hv, dk, dv)`, f32.
+    /// Linear-attention conv state `(1, Kc−1, C)` and recurrent state `(1, Hv, dk, dv)`, f32.
     Linear { conv: Tensor, recurrent: Tensor },
 }
 
@@ -72,7 +72,7 @@ pub(crate) enum LayerPast {
     /// K/V `(S, Hkv, P, hd)`: `S == 1` shared by all rows when `shared`, else `S == B` (one
     /// left-padded past per row).
     Attention { k: Tensor, v: Tensor, shared: bool },
-    /// conv `(S, C, Kc)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
+    /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
     /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
     #[allow(dead_code)]
     Linear { conv: Tensor, recurrent: Tensor, shared: bool },

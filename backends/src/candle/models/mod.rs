@@ -11,6 +11,7 @@
 
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
+pub(crate) mod qwen3_5;
 pub(crate) mod self_attn;
 
 use candle_core::{DType, Device, Tensor};
@@ -132,6 +133,7 @@ pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone,
     match cfg.architecture {
         Architecture::Qwen2 => qwen2::load(cfg, weights),
         Architecture::Qwen3 => qwen3::load(cfg, weights),
+        Architecture::Qwen3_5 => qwen3_5::load(cfg, weights),
     }
 }
 
