@@ -32,6 +32,7 @@ use candle_core::{DType, Tensor};
 use forkscore_backends::candle::{CandleBackend, CandleState, DeviceSpec, LayerState, LoadOptions, ResolvedCheckpoint};
 use forkscore_backends::{Backend, ScoreRow};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use forkscore_testkit::tolerance::Tolerance;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -132,14 +133,18 @@ fn sha256_hex(path: &Path) -> Result<String> {
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
+/// Seed of the tiny Qwen3.5 presets (as in the example).
+const QWEN35_SEED: u64 = 35;
+
 /// Write the tiny testkit preset `name` (the same table as `testkit/examples/write_tiny_models.rs`).
 fn write_preset(name: &str, dir: &Path) -> Result<()> {
-    let spec = match name {
-        "qwen25" => TinySpec::qwen25(),
-        "qwen3" => TinySpec::qwen3(),
+    match name {
+        "qwen25" => write_hf_folder(dir, &TinySpec::qwen25())?,
+        "qwen3" => write_hf_folder(dir, &TinySpec::qwen3())?,
+        "qwen35" => drop(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::Multimodal).write(dir)?),
+        "qwen35_text" => drop(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::TextOnly).write(dir)?),
         other => bail!("no tiny preset named {other}"),
-    };
-    write_hf_folder(dir, &spec)?;
+    }
     Ok(())
 }
 
@@ -193,11 +198,18 @@ fn compare_state(state: &CandleState, want: &[RefLayerState], prefix_len: usize)
                 LayerState::Linear { conv, recurrent },
                 RefLayerState::Linear { conv_channels, conv_columns, conv_norm_last, recurrent_head_norms },
             ) => {
-                // conv (1, C, Kc): compare the last kernel - 1 columns, all the next step reads
-                let (c, kc) = (conv.dim(1)?, conv.dim(2)?);
+                // conv state, channels-last (1, Kc, C) or channels-first (1, C, Kc): compare the
+                // last kernel - 1 positions, all the next step reads
                 let keep = conv_columns - 1;
-                ensure!(c == *conv_channels && kc >= keep, "layer {i}: conv state (1, {c}, {kc})");
-                rel = rel.max(rel_diff(f64_norm(&conv.narrow(2, kc - keep, keep)?)?, *conv_norm_last));
+                let (d1, d2) = (conv.dim(1)?, conv.dim(2)?);
+                let last = if d2 == *conv_channels && d1 >= keep {
+                    conv.narrow(1, d1 - keep, keep)?
+                } else if d1 == *conv_channels && d2 >= keep {
+                    conv.narrow(2, d2 - keep, keep)?
+                } else {
+                    bail!("layer {i}: conv state (1, {d1}, {d2}) vs {conv_channels} channels, kernel {conv_columns}");
+                };
+                rel = rel.max(rel_diff(f64_norm(&last)?, *conv_norm_last));
                 // recurrent (1, Hv, dk, dv) -> per head
                 let hv = recurrent.dim(1)?;
                 ensure!(hv == recurrent_head_norms.len(), "layer {i}: {hv} value heads");
@@ -383,4 +395,19 @@ fn qwen25_reference_ids_match_rust_tokenizers() -> Result<()> {
 #[test]
 fn qwen3_reference_ids_match_rust_tokenizers() -> Result<()> {
     compare_tokenizer("qwen3")
+}
+
+#[test]
+fn qwen35_matches_transformers() -> Result<()> {
+    compare_model("qwen35").map(|_| ())
+}
+
+#[test]
+fn qwen35_text_only_layout_matches_transformers() -> Result<()> {
+    compare_model("qwen35_text").map(|_| ())
+}
+
+#[test]
+fn qwen35_reference_ids_match_rust_tokenizers() -> Result<()> {
+    compare_tokenizer("qwen35")
 }
