@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
-use forkscore_backends::candle::{CandleBackend, CandleState, DeviceSpec, LayerState, LoadOptions, ResolvedCheckpoint};
+use forkscore_backends::candle::{
+    CandleBackend, CandleState, DeviceSpec, LayerState, LoadOptions, ResolvedCheckpoint,
+};
 use forkscore_backends::{Backend, ScoreRow};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
@@ -100,8 +102,19 @@ struct RefContinuation {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum RefLayerState {
-    Attention { len: usize, k_norm: f64, v_norm: f64, k_last: Vec<f32>, v_last: Vec<f32> },
-    Linear { conv_channels: usize, conv_columns: usize, conv_norm_last: f64, recurrent_head_norms: Vec<f64> },
+    Attention {
+        len: usize,
+        k_norm: f64,
+        v_norm: f64,
+        k_last: Vec<f32>,
+        v_last: Vec<f32>,
+    },
+    Linear {
+        conv_channels: usize,
+        conv_columns: usize,
+        conv_norm_last: f64,
+        recurrent_head_norms: Vec<f64>,
+    },
 }
 
 fn repo_root() -> PathBuf {
@@ -109,18 +122,36 @@ fn repo_root() -> PathBuf {
 }
 
 fn load_reference(name: &str) -> Result<Reference> {
-    let path = repo_root().join("fixtures/reference").join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let r: Reference = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    ensure!(r.schema_version == 1, "{}: unknown schema_version {}", path.display(), r.schema_version);
-    ensure!(r.model_name == name, "{}: model_name {} != {name}", path.display(), r.model_name);
+    let path = repo_root()
+        .join("fixtures/reference")
+        .join(format!("{name}.json"));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let r: Reference =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    ensure!(
+        r.schema_version == 1,
+        "{}: unknown schema_version {}",
+        path.display(),
+        r.schema_version
+    );
+    ensure!(
+        r.model_name == name,
+        "{}: model_name {} != {name}",
+        path.display(),
+        r.model_name
+    );
     Ok(r)
 }
 
 /// Logits of `map` in the order of `ids`, as f32 (they were f32 in transformers).
 fn ordered(map: &BTreeMap<u32, f64>, ids: &[u32]) -> Result<Vec<f32>> {
     ids.iter()
-        .map(|id| map.get(id).map(|&v| v as f32).ok_or_else(|| anyhow!("no stored logit for id {id}")))
+        .map(|id| {
+            map.get(id)
+                .map(|&v| v as f32)
+                .ok_or_else(|| anyhow!("no stored logit for id {id}"))
+        })
         .collect()
 }
 
@@ -168,7 +199,10 @@ fn regenerate(reference: &Reference, dir: &Path) -> Result<()> {
 
 fn f64_norm(t: &Tensor) -> Result<f64> {
     let v = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    Ok(v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
+    Ok(v.iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt())
 }
 
 fn rel_diff(got: f64, want: f64) -> f64 {
@@ -178,25 +212,58 @@ fn rel_diff(got: f64, want: f64) -> f64 {
 /// Compare candle's retained prefix state with transformers' cache, layer by layer. Returns the
 /// largest absolute difference on K/V values at the last position and the largest relative
 /// difference on norms.
-fn compare_state(state: &CandleState, want: &[RefLayerState], prefix_len: usize) -> Result<(f32, f64)> {
-    ensure!(state.layers().len() == want.len(), "layer count {} != {}", state.layers().len(), want.len());
+fn compare_state(
+    state: &CandleState,
+    want: &[RefLayerState],
+    prefix_len: usize,
+) -> Result<(f32, f64)> {
+    ensure!(
+        state.layers().len() == want.len(),
+        "layer count {} != {}",
+        state.layers().len(),
+        want.len()
+    );
     let (mut abs, mut rel) = (0f32, 0f64);
     for (i, (got, want)) in state.layers().iter().zip(want).enumerate() {
         match (got, want) {
-            (LayerState::Attention { k, v }, RefLayerState::Attention { len, k_norm, v_norm, k_last, v_last }) => {
+            (
+                LayerState::Attention { k, v },
+                RefLayerState::Attention {
+                    len,
+                    k_norm,
+                    v_norm,
+                    k_last,
+                    v_last,
+                },
+            ) => {
                 // (1, Hkv, T, hd)
                 let t = k.dim(2)?;
-                ensure!(t == *len && t == prefix_len, "layer {i}: K/V length {t}, transformers {len}");
+                ensure!(
+                    t == *len && t == prefix_len,
+                    "layer {i}: K/V length {t}, transformers {len}"
+                );
                 // (1, Hkv, T, hd) -> (Hkv, hd) at T - 1 -> flat, head-major
                 let last = |x: &Tensor| -> Result<Vec<f32>> {
-                    Ok(x.narrow(2, t - 1, 1)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+                    Ok(x.narrow(2, t - 1, 1)?
+                        .to_dtype(DType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?)
                 };
-                abs = abs.max(max_abs_diff(&last(k)?, k_last)).max(max_abs_diff(&last(v)?, v_last));
-                rel = rel.max(rel_diff(f64_norm(k)?, *k_norm)).max(rel_diff(f64_norm(v)?, *v_norm));
+                abs = abs
+                    .max(max_abs_diff(&last(k)?, k_last))
+                    .max(max_abs_diff(&last(v)?, v_last));
+                rel = rel
+                    .max(rel_diff(f64_norm(k)?, *k_norm))
+                    .max(rel_diff(f64_norm(v)?, *v_norm));
             }
             (
                 LayerState::Linear { conv, recurrent },
-                RefLayerState::Linear { conv_channels, conv_columns, conv_norm_last, recurrent_head_norms },
+                RefLayerState::Linear {
+                    conv_channels,
+                    conv_columns,
+                    conv_norm_last,
+                    recurrent_head_norms,
+                },
             ) => {
                 // conv state, channels-last (1, Kc, C) or channels-first (1, C, Kc): compare the
                 // last kernel - 1 positions, all the next step reads
@@ -212,7 +279,10 @@ fn compare_state(state: &CandleState, want: &[RefLayerState], prefix_len: usize)
                 rel = rel.max(rel_diff(f64_norm(&last)?, *conv_norm_last));
                 // recurrent (1, Hv, dk, dv) -> per head
                 let hv = recurrent.dim(1)?;
-                ensure!(hv == recurrent_head_norms.len(), "layer {i}: {hv} value heads");
+                ensure!(
+                    hv == recurrent_head_norms.len(),
+                    "layer {i}: {hv} value heads"
+                );
                 for (h, want) in recurrent_head_norms.iter().enumerate() {
                     rel = rel.max(rel_diff(f64_norm(&recurrent.narrow(1, h, 1)?)?, *want));
                 }
@@ -245,9 +315,18 @@ fn compare_model(name: &str) -> Result<Measured> {
     let checkpoint = ResolvedCheckpoint::from_folder(&dir, "testkit")?;
     let backend = CandleBackend::load(&checkpoint, &LoadOptions::for_device(DeviceSpec::Cpu))?;
     let facts = backend.facts();
-    ensure!(facts.vocab_size == reference.config.vocab_size, "vocab_size differs");
-    ensure!(facts.num_layers == reference.config.num_hidden_layers, "num_layers differs");
-    ensure!(facts.hidden_size == reference.config.hidden_size, "hidden_size differs");
+    ensure!(
+        facts.vocab_size == reference.config.vocab_size,
+        "vocab_size differs"
+    );
+    ensure!(
+        facts.num_layers == reference.config.num_hidden_layers,
+        "num_layers differs"
+    );
+    ensure!(
+        facts.hidden_size == reference.config.hidden_size,
+        "hidden_size differs"
+    );
     ensure!(
         reference.prompts.iter().any(|p| p.token_ids.len() > 64),
         "{name}: the reference needs a prompt longer than 64 tokens"
@@ -257,24 +336,38 @@ fn compare_model(name: &str) -> Result<Measured> {
     for p in &reference.prompts {
         let cand = &p.candidate_ids;
         let want_full = ordered(&p.full.logits, cand)?;
-        m.max_abs_logit = want_full.iter().fold(m.max_abs_logit, |a, x| a.max(x.abs()));
-        ensure!(p.full.hidden_norms.len() == reference.config.num_hidden_layers + 1, "hidden norm count");
+        m.max_abs_logit = want_full
+            .iter()
+            .fold(m.max_abs_logit, |a, x| a.max(x.abs()));
+        ensure!(
+            p.full.hidden_norms.len() == reference.config.num_hidden_layers + 1,
+            "hidden norm count"
+        );
 
         let got_full = backend.forward_full(&p.token_ids, cand)?;
         let d = max_abs_diff(&got_full, &want_full);
         m.full = m.full.max(d);
-        ensure!(d <= TRANSFORMERS_ABS_TOL, "{name}/{}: forward_full differs from transformers by {d:e}", p.name);
+        ensure!(
+            d <= TRANSFORMERS_ABS_TOL,
+            "{name}/{}: forward_full differs from transformers by {d:e}",
+            p.name
+        );
 
         for c in &p.continuations {
-            ensure!(c.prefix_len + c.suffix_len == p.token_ids.len(), "bad continuation split");
+            ensure!(
+                c.prefix_len + c.suffix_len == p.token_ids.len(),
+                "bad continuation split"
+            );
             m.transformers_own = m.transformers_own.max(c.max_abs_diff_vs_full_at_ids);
             let want_cont = ordered(&c.logits, cand)?;
             let (prefix, suffix) = p.token_ids.split_at(c.prefix_len);
             let row = [ScoreRow { state: 0, suffix }];
 
             let state = backend.prefill(prefix)?;
-            let (abs, rel) = compare_state(&state, &c.prefix_state, c.prefix_len)
-                .with_context(|| format!("{name}/{} prefix {}: prefix state", p.name, c.prefix_len))?;
+            let (abs, rel) =
+                compare_state(&state, &c.prefix_state, c.prefix_len).with_context(|| {
+                    format!("{name}/{} prefix {}: prefix state", p.name, c.prefix_len)
+                })?;
             m.state_values = m.state_values.max(abs);
             m.state_norms_rel = m.state_norms_rel.max(rel);
             ensure!(
@@ -322,7 +415,10 @@ fn compare_model(name: &str) -> Result<Measured> {
             .continuations
             .iter()
             .enumerate()
-            .map(|(i, c)| ScoreRow { state: i, suffix: &p.token_ids[c.prefix_len..] })
+            .map(|(i, c)| ScoreRow {
+                state: i,
+                suffix: &p.token_ids[c.prefix_len..],
+            })
             .collect();
         let got = backend.score(&state_refs, &rows, cand)?;
         for (i, c) in p.continuations.iter().enumerate() {
@@ -338,7 +434,11 @@ fn compare_model(name: &str) -> Result<Measured> {
         }
     }
     // Spread logits make attention / RoPE / norm errors visible at this tolerance.
-    ensure!(m.max_abs_logit > 10.0, "{name}: reference logits are degenerate (max |logit| {})", m.max_abs_logit);
+    ensure!(
+        m.max_abs_logit > 10.0,
+        "{name}: reference logits are degenerate (max |logit| {})",
+        m.max_abs_logit
+    );
     eprintln!(
         "{name} (transformers {}, torch {}, {}): max |candle - transformers| forward_full {:.3e}, \
          prefill+score vs continuation {:.3e}, vs full {:.3e}, chunked prefill vs full {:.3e}, \
@@ -367,11 +467,17 @@ fn compare_tokenizer(name: &str) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join(name);
     regenerate(&reference, &dir)?;
-    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
+    let tok =
+        tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{e}"))?;
     for p in &reference.prompts {
-        let enc = tok.encode(p.rendered.as_str(), false).map_err(|e| anyhow!("{e}"))?;
+        let enc = tok
+            .encode(p.rendered.as_str(), false)
+            .map_err(|e| anyhow!("{e}"))?;
         if enc.get_ids() != p.token_ids.as_slice() {
-            bail!("{name}/{}: Rust tokenizers ids differ from transformers' for the rendered prompt", p.name);
+            bail!(
+                "{name}/{}: Rust tokenizers ids differ from transformers' for the rendered prompt",
+                p.name
+            );
         }
     }
     Ok(())
@@ -410,4 +516,47 @@ fn qwen35_text_only_layout_matches_transformers() -> Result<()> {
 #[test]
 fn qwen35_reference_ids_match_rust_tokenizers() -> Result<()> {
     compare_tokenizer("qwen35")
+}
+
+/// Negative control: the same comparison on a model with other weights (another seed) must fail
+/// by far, so the passing comparisons above are not vacuous.
+fn other_weights_are_rejected(
+    name: &str,
+    write_other: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let reference = load_reference(name)?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("other");
+    write_other(&dir)?;
+    let checkpoint = ResolvedCheckpoint::from_folder(&dir, "testkit")?;
+    let backend = CandleBackend::load(&checkpoint, &LoadOptions::for_device(DeviceSpec::Cpu))?;
+    let p = &reference.prompts[0];
+    let got = backend.forward_full(&p.token_ids, &p.candidate_ids)?;
+    let d = max_abs_diff(&got, &ordered(&p.full.logits, &p.candidate_ids)?);
+    ensure!(
+        d > 1000.0 * TRANSFORMERS_ABS_TOL,
+        "{name}: a model with other weights differs by only {d:e}"
+    );
+    Ok(())
+}
+
+#[test]
+fn qwen3_reference_rejects_other_weights() -> Result<()> {
+    other_weights_are_rejected("qwen3", |dir| {
+        Ok(write_hf_folder(
+            dir,
+            &TinySpec {
+                seed: 4,
+                ..TinySpec::qwen3()
+            },
+        )?)
+    })
+}
+
+#[test]
+fn qwen35_reference_rejects_other_weights() -> Result<()> {
+    other_weights_are_rejected("qwen35", |dir| {
+        TinyQwen35::new(QWEN35_SEED + 1, Qwen35Layout::Multimodal).write(dir)?;
+        Ok(())
+    })
 }

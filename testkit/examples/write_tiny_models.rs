@@ -29,8 +29,14 @@ fn presets() -> Vec<(&'static str, Preset)> {
     vec![
         ("qwen25", Preset::Dense(TinySpec::qwen25())),
         ("qwen3", Preset::Dense(TinySpec::qwen3())),
-        ("qwen35", Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::Multimodal))),
-        ("qwen35_text", Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::TextOnly))),
+        (
+            "qwen35",
+            Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::Multimodal)),
+        ),
+        (
+            "qwen35_text",
+            Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::TextOnly)),
+        ),
     ]
 }
 
