@@ -14,10 +14,9 @@ const TOL: Tolerance = Tolerance::CPU_F32_STRICT;
 /// Candidate ids: ordinary tokens, `<|endoftext|>`, `<|im_end|>`, the last padding row.
 const CANDIDATES: [u32; 6] = [15, 1000, 90_000, 248_044, 248_046, 248_319];
 
-fn load(seed: u64, layout: Qwen35Layout) -> Result<(tempfile::TempDir, CandleBackend)> {
-    let dir = tempfile::tempdir()?;
-    TinyQwen35::new(seed, layout).write(dir.path())?;
-    let ckpt = ResolvedCheckpoint::from_folder(dir.path(), "tiny-qwen35")?;
+fn load(seed: u64, layout: Qwen35Layout) -> Result<(std::path::PathBuf, CandleBackend)> {
+    let dir = TinyQwen35::new(seed, layout).ensure()?;
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-qwen35")?;
     let backend = CandleBackend::load(&ckpt, &LoadOptions::default())?;
     Ok((dir, backend))
 }
@@ -72,7 +71,7 @@ fn vision_and_mtp_tensors_are_never_read() -> Result<()> {
     assert!(!read.is_empty());
     assert!(read.iter().all(|n| n.starts_with("model.language_model.")), "{read:?}");
     // Every text tensor of the file was read, nothing else.
-    let bytes = std::fs::read(dir.path().join("model.safetensors"))?;
+    let bytes = std::fs::read(dir.join("model.safetensors"))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)?;
     let mut text: Vec<String> =
         st.names().into_iter().filter(|n| n.starts_with("model.language_model.")).map(str::to_string).collect();
@@ -169,4 +168,72 @@ fn chunked_prefill_equals_one_shot() -> Result<()> {
     }
     println!("chunked vs one-shot prefill: max |diff| = {worst:e}");
     Ok(())
+}
+
+/// bf16 compute on CPU (the accelerator dtype path: bf16 projections, f32 GDN core and states)
+/// tracks f32, and its forked scoring tracks its own full forward.
+#[test]
+fn bf16_compute_tracks_f32() -> Result<()> {
+    use forkscore_backends::ComputeDType;
+    let dir = TinyQwen35::new(8, Qwen35Layout::Multimodal).ensure()?;
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-qwen35")?;
+    let f32m = CandleBackend::load(&ckpt, &LoadOptions::default())?;
+    let bf16 = CandleBackend::load(&ckpt, &LoadOptions { dtype: ComputeDType::Bf16, ..LoadOptions::default() })?;
+    let prompt = ids(80, 120);
+    let a = f32m.forward_full(&prompt, &CANDIDATES)?;
+    let b = bf16.forward_full(&prompt, &CANDIDATES)?;
+    let st = bf16.prefill(&prompt[..90])?;
+    let c = bf16.score(&[&st], &[ScoreRow { state: 0, suffix: &prompt[90..] }], &CANDIDATES)?;
+    println!(
+        "bf16 vs f32: {:e}; bf16 fork vs bf16 full: {:e}",
+        Tolerance::max_abs_diff(&a, &b),
+        Tolerance::max_abs_diff(&b, c.row(0))
+    );
+    BF16_VS_F32.assert_close("bf16 vs f32", &a, &b);
+    BF16_VS_F32.assert_close("bf16 fork vs bf16 full", &b, c.row(0));
+    Ok(())
+}
+
+/// bf16 weights and activations vs f32 on this model's logits (|logit| up to ~10).
+const BF16_VS_F32: Tolerance = Tolerance { name: "cpu-bf16-vs-f32-qwen35-logits", abs: 0.25 };
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
+        /// Any two prefixes and any suffix lengths: each merged, right-padded row equals the
+        /// independent forward of its own prompt.
+        #[test]
+        fn merged_rows_equal_their_independent_forward(
+            p0 in 1usize..90, p1 in 1usize..90,
+            lens in proptest::collection::vec((0usize..2, 1usize..20), 1..5),
+            seed in 0u64..1000,
+        ) {
+            let run = || -> Result<f32> {
+                static MODEL: std::sync::OnceLock<CandleBackend> = std::sync::OnceLock::new();
+                let b = match MODEL.get() {
+                    Some(b) => b,
+                    None => {
+                        let (_, loaded) = load(9, Qwen35Layout::Multimodal)?;
+                        MODEL.get_or_init(|| loaded)
+                    }
+                };
+                let prefixes = [ids(seed, p0), ids(seed + 1, p1)];
+                let states = [b.prefill(&prefixes[0])?, b.prefill(&prefixes[1])?];
+                let suffixes: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &(_, n))| ids(seed + 10 + i as u64, n)).collect();
+                let rows: Vec<ScoreRow<'_>> = lens.iter().zip(&suffixes).map(|(&(s, _), x)| ScoreRow { state: s, suffix: x }).collect();
+                let got = b.score(&[&states[0], &states[1]], &rows, &CANDIDATES)?;
+                let mut worst = 0f32;
+                for (r, &(s, _)) in lens.iter().enumerate() {
+                    let full = b.forward_full(&cat(&prefixes[s], &suffixes[r]), &CANDIDATES)?;
+                    worst = worst.max(Tolerance::max_abs_diff(got.row(r), &full));
+                }
+                Ok(worst)
+            };
+            let worst = run().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(worst <= TOL.abs, "max |diff| {:e}", worst);
+        }
+    }
 }

@@ -182,7 +182,7 @@ fn suffix_strategy() -> impl Strategy<Value = Vec<u32>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Batched == one row at a time (so a row's logits ignore its siblings and the right padding
     /// their lengths force), for any suffix mix, on both architectures.
@@ -226,6 +226,27 @@ proptest! {
             let d2 = Tolerance::max_abs_diff(left_padded.row(1), alone.row(0));
             prop_assert!(d1 <= BATCH_VS_SINGLE.abs, "{} right padding: {:e}", name, d1);
             prop_assert!(d2 <= BATCH_VS_SINGLE.abs, "{} left padding: {:e}", name, d2);
+        }
+    }
+
+    /// Rows from several states in any mix (uneven rows per slot, unused states) equal each row
+    /// scored alone against its own state.
+    #[test]
+    fn slot_merging_equals_each_row_alone(
+        prefixes in prop::collection::vec(prop::collection::vec(0u32..VOCAB as u32, 1..30), 1..4),
+        rows in prop::collection::vec((0usize..4, suffix_strategy()), 1..8),
+    ) {
+        let cands = candidates();
+        for (name, m) in models() {
+            let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
+            let refs: Vec<&CandleState> = states.iter().collect();
+            let rows: Vec<ScoreRow> = rows.iter().map(|(s, suf)| ScoreRow { state: s % refs.len(), suffix: suf }).collect();
+            let merged = m.score(&refs, &rows, &cands).expect("merged");
+            for (r, row) in rows.iter().enumerate() {
+                let alone = m.score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands).expect("alone");
+                let d = Tolerance::max_abs_diff(merged.row(r), alone.row(0));
+                prop_assert!(d <= BATCH_VS_SINGLE.abs, "{} row {}: {:e}", name, r, d);
+            }
         }
     }
 }

@@ -307,6 +307,12 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
     let obj = spec
         .as_object()
         .ok_or_else(|| err(path, SchemaErrorKind::FieldNotAnObject { found: type_name(spec) }))?;
+    // An unsupported type is the clearer message than the keys that come with it (`items`, …).
+    if let Some(Value::String(t)) = obj.get("type") {
+        if !["boolean", "string"].contains(&t.as_str()) {
+            return Err(err(format!("{path}.type"), unsupported_type(t)));
+        }
+    }
     for key in obj.keys() {
         if !["type", "enum", "description", "title", "choice_descriptions"].contains(&key.as_str()) {
             return Err(err(format!("{path}.{key}"), SchemaErrorKind::UnknownKey {

@@ -40,18 +40,42 @@ impl ChatTokenizer {
         let tok_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tok_path)
             .map_err(|e| TokenizerError::Read { path: tok_path.clone(), reason: e.to_string() })?;
-        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| TokenizerError::Invalid { path: tok_path.clone(), reason: e.to_string() })?;
-
         let cfg_path = dir.join("tokenizer_config.json");
-        let config: Option<Value> = match std::fs::read_to_string(&cfg_path) {
-            Ok(text) => Some(serde_json::from_str(&text).map_err(|e| TokenizerError::Invalid {
-                path: cfg_path.clone(),
-                reason: e.to_string(),
-            })?),
+        let config = match std::fs::read_to_string(&cfg_path) {
+            Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(TokenizerError::Read { path: cfg_path, reason: e.to_string() }),
         };
+        let jinja_path = dir.join("chat_template.jinja");
+        let jinja = match std::fs::read_to_string(&jinja_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(TokenizerError::Read { path: jinja_path, reason: e.to_string() }),
+        };
+        Self::from_parts(&bytes, config.as_deref(), jinja, model_family, dir)
+    }
+
+    /// Build from file contents: `tokenizer.json` bytes, the optional `tokenizer_config.json`
+    /// text and the optional `chat_template.jinja` text. `origin_dir` only names the source in
+    /// error messages.
+    pub fn from_parts(
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&str>,
+        chat_template_jinja: Option<String>,
+        model_family: &str,
+        origin_dir: &Path,
+    ) -> Result<ChatTokenizer, TokenizerError> {
+        let tok_path = origin_dir.join("tokenizer.json");
+        let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|e| TokenizerError::Invalid { path: tok_path, reason: e.to_string() })?;
+        let config: Option<Value> = tokenizer_config
+            .map(|text| {
+                serde_json::from_str(text).map_err(|e| TokenizerError::Invalid {
+                    path: origin_dir.join("tokenizer_config.json"),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?;
         let token_str = |key: &str| -> Option<String> {
             match config.as_ref()?.get(key)? {
                 Value::String(s) => Some(s.clone()),
@@ -60,18 +84,14 @@ impl ChatTokenizer {
             }
         };
         let (bos, eos) = (token_str("bos_token"), token_str("eos_token"));
-
         let from_config = config.as_ref().and_then(|c| c.get("chat_template")).and_then(template_text);
-        let jinja_path = dir.join("chat_template.jinja");
         let template = if let Some(src) = from_config {
             ChatTemplate::new(src, TemplateOrigin::TokenizerConfig, bos, eos)?
-        } else if jinja_path.is_file() {
-            let src = std::fs::read_to_string(&jinja_path)
-                .map_err(|e| TokenizerError::Read { path: jinja_path.clone(), reason: e.to_string() })?;
+        } else if let Some(src) = chat_template_jinja {
             ChatTemplate::new(src, TemplateOrigin::ChatTemplateFile, bos, eos)?
         } else {
             let family = TemplateFamily::from_model_family(model_family).ok_or_else(|| {
-                TokenizerError::NoTemplate { dir: dir.to_path_buf(), family: model_family.to_string() }
+                TokenizerError::NoTemplate { dir: origin_dir.to_path_buf(), family: model_family.to_string() }
             })?;
             ChatTemplate::built_in(family)
         };

@@ -1,1 +1,35 @@
-fn main() {}
+//! The `forkscore` command line.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use forkscore_pipeline::{demo, score_cmd};
+
+#[derive(Parser)]
+#[command(name = "forkscore", version, about = "Typed JSON decisions with a probability for every choice, from a local LLM checkpoint, without generating text")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Score one context against a schema of enum/boolean fields.
+    Score(score_cmd::ScoreArgs),
+    /// Write a tiny random-weight demo checkpoint (Hugging Face layout, real tokenizer).
+    DemoModel(demo::DemoArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Score(args) => score_cmd::run(&args),
+        Command::DemoModel(args) => demo::run(&args),
+    }
+}

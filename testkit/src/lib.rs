@@ -2,6 +2,7 @@
 //! strategies and named tolerances.
 
 pub mod fake;
+pub mod snapshot;
 pub mod tiny_model;
 pub mod tiny_qwen35;
 pub mod tokenizers;

@@ -18,15 +18,18 @@
 //! ranges that give visible but not vanishing decay. Weights are stored BF16 except `A_log` and
 //! `linear_attn.norm.weight` (F32), as in the real checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use rand::RngCore;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use safetensors::{serialize, Dtype, View};
+use safetensors::Dtype;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
+use crate::tiny_model::{write_safetensors, TinyModelError, TinyTensor, GENERATOR_VERSION};
 use crate::tokenizers::{Family, TokenizerFixtureError};
 
 /// Which checkpoint layout to write.
@@ -73,30 +76,8 @@ pub enum TinyQwen35Error {
     },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerFixtureError),
-    #[error("serialising safetensors: {reason}")]
-    Safetensors { reason: String },
-}
-
-/// One stored tensor: dtype, shape, little-endian bytes.
-struct Stored {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for &Stored {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
+    #[error(transparent)]
+    Safetensors(#[from] TinyModelError),
 }
 
 /// Uniform values in `[lo, hi)` from a ChaCha stream, with exact arithmetic: a 24-bit integer
@@ -217,7 +198,7 @@ impl TinyQwen35 {
 
     /// Every tensor, generated in a fixed order from the seed. Text parameters do not depend
     /// on the layout; vision / MTP extras come from a separate stream after them.
-    fn tensors(&self) -> BTreeMap<String, Stored> {
+    pub fn tensors(&self) -> Vec<TinyTensor> {
         let mut p = Params(ChaCha8Rng::seed_from_u64(self.seed));
         let mut out = BTreeMap::new();
         let pre = self.text_prefix();
@@ -225,7 +206,7 @@ impl TinyQwen35 {
         let mut put = |name: String, shape: Vec<usize>, values: Vec<f32>, f32_store: bool| {
             let (dtype, bytes) =
                 if f32_store { (Dtype::F32, f32_bytes(&values)) } else { (Dtype::BF16, bf16_bytes(&values)) };
-            out.insert(name, Stored { dtype, shape, bytes });
+            out.insert(name.clone(), TinyTensor { name, shape, dtype, bytes });
         };
         let lin = |p: &mut Params, rows: usize, cols: usize| {
             let s = 1.0 / (cols as f64).sqrt();
@@ -270,7 +251,7 @@ impl TinyQwen35 {
             for (name, shape) in [
                 ("model.visual.patch_embed.proj.weight", vec![16, 3, 2, 2, 2]),
                 ("model.visual.blocks.0.attn.qkv.weight", vec![48, 16]),
-                ("model.visual.merger.linear_fc2.weight", vec![d, 16]),
+                ("model.visual.merger.linear_fc2.weight", vec![d, 64]),
                 ("mtp.fc.weight", vec![d, 2 * d]),
                 ("mtp.layers.0.input_layernorm.weight", vec![d]),
                 ("mtp.norm.weight", vec![d]),
@@ -279,7 +260,7 @@ impl TinyQwen35 {
                 put(name.to_string(), shape, x.uniform(n, -0.1, 0.1), false);
             }
         }
-        out
+        out.into_values().collect()
     }
 
     /// Write the checkpoint folder into `dir` (created if missing). Returns `dir`.
@@ -290,13 +271,8 @@ impl TinyQwen35 {
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let tensors = self.tensors();
-        let views: Vec<(&String, &Stored)> = tensors.iter().collect();
-        let mut meta = std::collections::HashMap::new();
-        meta.insert("format".to_string(), "pt".to_string());
-        let bytes = serialize(views, Some(meta))
-            .map_err(|e| TinyQwen35Error::Safetensors { reason: e.to_string() })?;
-        let files: [(&str, Vec<u8>); 5] = [
-            ("model.safetensors", bytes),
+        write_safetensors(&dir.join("model.safetensors"), &tensors.iter().collect::<Vec<_>>())?;
+        let files: [(&str, Vec<u8>); 4] = [
             ("config.json", pretty(&self.config())),
             ("tokenizer.json", Family::Qwen35.tokenizer_json()?),
             ("tokenizer_config.json", Family::Qwen35.tokenizer_config_json().as_bytes().to_vec()),
@@ -310,8 +286,71 @@ impl TinyQwen35 {
     }
 }
 
+impl TinyQwen35 {
+    /// The folder of this model, written once and reused (keyed by a hash of the description
+    /// and [`GENERATOR_VERSION`], under the system temp dir; written under a private name then
+    /// renamed, so concurrent test processes never see a half-written folder).
+    pub fn ensure(&self) -> Result<PathBuf, TinyQwen35Error> {
+        static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+        let key = {
+            let digest = Sha256::digest(format!("qwen35 v{GENERATOR_VERSION} {self:?}"));
+            hex::encode(&digest[..8])
+        };
+        let done = DONE.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = done.get(&key) {
+            return Ok(p.clone());
+        }
+        let root = std::env::temp_dir().join("forkscore-tiny-models");
+        let dir = root.join(format!("qwen35-{key}"));
+        if !dir.join("config.json").is_file() {
+            let tmp = root.join(format!("qwen35-{key}.tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            self.write(&tmp)?;
+            if std::fs::rename(&tmp, &dir).is_err() {
+                // another process won the race; its folder is byte-identical
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+        }
+        done.insert(key, dir.clone());
+        Ok(dir)
+    }
+}
+
 fn pretty(v: &Value) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
     s.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// The files are a pure function of the seed: these digests must not change across machines
+    /// or runs (a change means every recorded reference for the tiny model is stale).
+    #[test]
+    fn files_are_byte_identical_for_a_seed() -> Result<(), TinyQwen35Error> {
+        let dir = std::env::temp_dir().join(format!("forkscore-tiny-qwen35-golden-{}", std::process::id()));
+        let read = |p: &Path| std::fs::read(p).map_err(|source| TinyQwen35Error::Io { path: p.to_path_buf(), source });
+        let mut digests = Vec::new();
+        for layout in [Qwen35Layout::Multimodal, Qwen35Layout::TextOnly] {
+            TinyQwen35::new(35, layout).write(&dir)?;
+            digests.push(sha(&read(&dir.join("model.safetensors"))?));
+            digests.push(sha(&read(&dir.join("config.json"))?));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(digests[0], GOLDEN_MULTIMODAL);
+        assert_eq!(digests[2], GOLDEN_TEXT_ONLY);
+        assert_eq!(digests[3], GOLDEN_TEXT_ONLY_CONFIG);
+        Ok(())
+    }
+
+    const GOLDEN_MULTIMODAL: &str = "d0587b5b20e2e3d5d9a780221b1a1ad8c62849aed494adea0d84c05981d22088";
+    const GOLDEN_TEXT_ONLY: &str = "dff92e9696072dc165e4c63db5b9f6089431ab21bf3d55ba9b0cfb290894710c";
+    const GOLDEN_TEXT_ONLY_CONFIG: &str = "95b7b3ff1c838dac2a9cbb6ca5175e25fe159e83c5229b3f3b1457ca82102ea1";
 }

@@ -1,10 +1,12 @@
 //! Grouped-query scaled dot-product attention of new tokens over a retained past plus
 //! themselves, with the softmax in f32.
 //!
-//! In: queries `(B, H, L, hd)`, the new keys/values `(B, Hkv, L, hd)`, and the past as a
-//! [`PastKv`]: none, one prefix shared by every row (`(1, Hkv, P, hd)`, never copied per row:
-//! the rows are folded into the query axis for the past half of the product), or one past per
-//! row (`(B, Hkv, P, hd)`, left-padded and masked). Out: `(B, H, L, hd)` in the input dtype.
+//! In: queries `(B, H, L, hd)`, the new keys/values `(B, Hkv, L, hd)`, and optionally the past
+//! K/V of `S` slots `(S, Hkv, P, hd)` where `S` divides `B` and rows are slot-major (row `b`
+//! continues slot `b / (B/S)`). `S == 1` is one prefix shared by every row; `S == B` one past per
+//! row. The past is never copied per row: the `B/S` rows of a slot are folded into the query
+//! axis for the past half of the product, so each slot's K/V is read by one matmul.
+//! Out: `(B, H, L, hd)` in the input dtype.
 //!
 //! Query head `h` reads KV head `h / (H / Hkv)` (transformers' `repeat_interleave`); the group
 //! axis `G = H / Hkv` is carried in the score layout `(B, Hkv, G, L, keys)` so K/V are never
@@ -15,13 +17,10 @@ use candle_core::{DType, Tensor, D};
 
 use crate::BackendError;
 
-/// The retained keys/values the new tokens attend to.
-pub(crate) enum PastKv<'a> {
-    None,
-    /// `(1, Hkv, P, hd)` shared by all rows.
-    Shared { k: &'a Tensor, v: &'a Tensor },
-    /// `(B, Hkv, P, hd)`, one (left-padded) past per row.
-    PerRow { k: &'a Tensor, v: &'a Tensor },
+/// The retained keys/values of `S` slots, each `(S, Hkv, P, hd)`.
+pub(crate) struct PastKv<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
 }
 
 /// Masks for one call, see [`super::mask`].
@@ -36,16 +35,24 @@ fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
     BackendError::tensor(name)
 }
 
-/// Fold rows into the query axis: `(B, Hkv, M, X) -> (1, Hkv, B*M, X)`.
-fn fold_rows(t: &Tensor) -> candle_core::Result<Tensor> {
+/// Fold each slot's rows into the query axis: `(S*R, Hkv, M, X) -> (S, Hkv, R*M, X)`.
+fn fold_rows(t: &Tensor, s: usize) -> candle_core::Result<Tensor> {
     let (b, hkv, m, x) = t.dims4()?;
-    t.transpose(0, 1)?.contiguous()?.reshape((1, hkv, b * m, x))
+    let r = b / s;
+    if r == 1 {
+        return Ok(t.clone());
+    }
+    t.reshape((s, r, hkv, m, x))?.transpose(1, 2)?.contiguous()?.reshape((s, hkv, r * m, x))
 }
 
-/// Inverse of [`fold_rows`]: `(1, Hkv, B*M, X) -> (B, Hkv, M, X)`.
+/// Inverse of [`fold_rows`]: `(S, Hkv, R*M, X) -> (S*R, Hkv, M, X)`.
 fn unfold_rows(t: &Tensor, b: usize) -> candle_core::Result<Tensor> {
-    let (_, hkv, bm, x) = t.dims4()?;
-    t.reshape((hkv, b, bm / b, x))?.transpose(0, 1)?.contiguous()
+    let (s, hkv, rm, x) = t.dims4()?;
+    let r = b / s;
+    if r == 1 {
+        return Ok(t.clone());
+    }
+    t.reshape((s, hkv, r, rm / r, x))?.transpose(1, 2)?.contiguous()?.reshape((b, hkv, rm / r, x))
 }
 
 /// Attention output `(B, H, L, hd)`.
@@ -53,7 +60,7 @@ pub(crate) fn attend(
     q: &Tensor,
     k_new: &Tensor,
     v_new: &Tensor,
-    past: PastKv<'_>,
+    past: Option<PastKv<'_>>,
     masks: &AttnMasks<'_>,
 ) -> Result<Tensor, BackendError> {
     let (b, h, l, hd) = q.dims4().map_err(op("attention q dims"))?;
@@ -76,22 +83,20 @@ pub(crate) fn attend(
         None => s_new,
     };
 
-    // past part: (B, Hkv, G, L, P) f32
+    // past part: (S, Hkv, R*G*L, hd) x (S, Hkv, hd, P) -> (S, Hkv, R*G*L, P) -> (B, Hkv, G*L, P)
     let (s_past, p) = match &past {
-        PastKv::None => (None, 0),
-        PastKv::Shared { k, .. } => {
-            let p = k.dim(2).map_err(op("past dims"))?;
-            // (1, Hkv, B*G*L, hd) x (1, Hkv, hd, P) -> (1, Hkv, B*G*L, P) -> (B, Hkv, G*L, P)
-            let s = fold_rows(&q4)
+        None => (None, 0),
+        Some(PastKv { k, .. }) => {
+            let (slots, p) = (k.dim(0).map_err(op("past dims"))?, k.dim(2).map_err(op("past dims"))?);
+            if slots == 0 || b % slots != 0 {
+                return Err(BackendError::InvalidRequest {
+                    reason: format!("{b} rows cannot be split evenly over {slots} past slots"),
+                });
+            }
+            let s = fold_rows(&q4, slots)
                 .and_then(|qf| qf.matmul(&k.t()?))
                 .and_then(|s| unfold_rows(&s, b))
-                .map_err(op("attention scores shared past"))?;
-            (Some(s), p)
-        }
-        PastKv::PerRow { k, .. } => {
-            let p = k.dim(2).map_err(op("past dims"))?;
-            // (B, Hkv, G*L, hd) x (B, Hkv, hd, P) -> (B, Hkv, G*L, P)
-            let s = q4.matmul(&k.t().map_err(op("k^T"))?).map_err(op("attention scores row past"))?;
+                .map_err(op("attention scores past"))?;
             (Some(s), p)
         }
     };
@@ -127,26 +132,18 @@ pub(crate) fn attend(
         .and_then(|pn| pn.matmul(&v_new.contiguous()?))
         .map_err(op("attention new values"))?;
     let out = match past {
-        PastKv::None => out,
-        PastKv::Shared { v, .. } => {
-            // (1, Hkv, B*G*L, P) x (1, Hkv, P, hd) -> (B, Hkv, G*L, hd)
+        None => out,
+        Some(PastKv { k, v }) => {
+            let slots = k.dim(0).map_err(op("past dims"))?;
+            // (S, Hkv, R*G*L, P) x (S, Hkv, P, hd) -> (S, Hkv, R*G*L, hd) -> (B, Hkv, G*L, hd)
             let pp = probs
                 .narrow(D::Minus1, 0, p)
                 .and_then(|pp| pp.contiguous())
                 .and_then(|pp| pp.reshape((b, hkv, g * l, p)))
-                .and_then(|pp| fold_rows(&pp))
+                .and_then(|pp| fold_rows(&pp, slots))
                 .and_then(|pf| pf.matmul(v))
                 .and_then(|o| unfold_rows(&o, b))
-                .map_err(op("attention shared past values"))?;
-            (out + pp).map_err(op("attention sum"))?
-        }
-        PastKv::PerRow { v, .. } => {
-            let pp = probs
-                .narrow(D::Minus1, 0, p)
-                .and_then(|pp| pp.contiguous())
-                .and_then(|pp| pp.reshape((b, hkv, g * l, p)))
-                .and_then(|pp| pp.matmul(v))
-                .map_err(op("attention row past values"))?;
+                .map_err(op("attention past values"))?;
             (out + pp).map_err(op("attention sum"))?
         }
     };

@@ -121,9 +121,8 @@ impl Mixer for SelfAttention {
         let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
 
         let past_kv = match past {
-            LayerPast::Empty => PastKv::None,
-            LayerPast::Attention { k, v, shared: true } => PastKv::Shared { k, v },
-            LayerPast::Attention { k, v, shared: false } => PastKv::PerRow { k, v },
+            LayerPast::Empty => None,
+            LayerPast::Attention { k, v } => Some(PastKv { k, v }),
             LayerPast::Linear { .. } => {
                 return Err(BackendError::InvalidRequest {
                     reason: "attention layer given a linear-attention state".into(),

@@ -1,0 +1,34 @@
+//! insta snapshots of whole results for the example schemas on the fake backend (timings
+//! redacted; probabilities and logits exactly as computed — the fake backend is deterministic).
+
+mod support;
+
+use forkscore_engine::{Schema, ScoreOptions};
+use forkscore_testkit::tokenizers::Family;
+
+const CONTEXT: &str = "Our production payment service is completely down for every customer, and no one can complete a purchase.";
+
+fn snapshot(schema_file: &str, family: Family, include_prompt: bool) -> serde_json::Value {
+    let engine = support::fake_engine(family);
+    let schema = Schema::from_json_str(&support::example(schema_file)).unwrap();
+    let compiled = engine.compile(&schema).unwrap();
+    let d = engine.score(CONTEXT, &compiled, &ScoreOptions { include_prompt, ..ScoreOptions::default() }).unwrap();
+    forkscore_testkit::snapshot::round_floats(&serde_json::to_value(&d).unwrap())
+}
+
+macro_rules! result_snapshot {
+    ($name:ident, $file:expr, $family:expr, $prompt:expr) => {
+        #[test]
+        fn $name() {
+            let v = snapshot($file, $family, $prompt);
+            insta::assert_json_snapshot!(stringify!($name), v, { ".telemetry.timings_ms" => "[timings]" });
+        }
+    };
+}
+
+result_snapshot!(parallel_schema_qwen25, "parallel_schema.json", Family::Qwen25, true);
+result_snapshot!(parallel_schema_qwen35, "parallel_schema.json", Family::Qwen35, true);
+result_snapshot!(priority_defined_qwen3, "priority_defined_schema.json", Family::Qwen3, false);
+result_snapshot!(fintech_fraud_qwen25, "fintech_fraud.json", Family::Qwen25, false);
+result_snapshot!(code_security_qwen25, "code_security.json", Family::Qwen25, false);
+result_snapshot!(support_triage_qwen35, "support_triage.json", Family::Qwen35, false);

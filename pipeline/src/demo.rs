@@ -1,0 +1,49 @@
+//! `forkscore demo-model DIR`: write a tiny, seeded, random-weight checkpoint in the exact
+//! Hugging Face layout (config.json, model.safetensors, the real Qwen tokenizer and chat
+//! template), so the whole tool runs on a fresh machine without downloads. Its scores carry no
+//! meaning: the weights are random.
+
+use anyhow::{bail, Context, Result};
+use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
+use std::path::PathBuf;
+
+/// Marks a folder as a demo model, so writing it again (same command) may replace it.
+const MARKER: &str = "FORKSCORE_DEMO_MODEL";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoArch {
+    #[value(name = "qwen2.5")]
+    Qwen25,
+    #[value(name = "qwen3")]
+    Qwen3,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Folder to write (must not exist, or be empty).
+    pub dir: PathBuf,
+    /// Architecture of the tiny model.
+    #[arg(long, value_enum, default_value = "qwen2.5")]
+    pub arch: DemoArch,
+}
+
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let marker = args.dir.join(MARKER);
+    let non_empty = std::fs::read_dir(&args.dir).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if non_empty && !marker.is_file() {
+        bail!("{} already exists and is not an earlier demo model; choose a new or empty folder", args.dir.display());
+    }
+    let spec = match args.arch {
+        DemoArch::Qwen25 => TinySpec::qwen25(),
+        DemoArch::Qwen3 => TinySpec::qwen3(),
+    };
+    write_hf_folder(&args.dir, &spec).with_context(|| format!("cannot write the demo model to {}", args.dir.display()))?;
+    std::fs::write(&marker, "written by `forkscore demo-model`: random weights, scores carry no meaning\n")
+        .with_context(|| format!("cannot write {}", marker.display()))?;
+    eprintln!(
+        "wrote a tiny {:?} demo checkpoint (random weights: its scores carry no meaning) to {}",
+        args.arch,
+        args.dir.display()
+    );
+    Ok(())
+}

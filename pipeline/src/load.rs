@@ -1,0 +1,101 @@
+//! Opening a model for scoring: resolve the checkpoint (local folder or offline Hugging Face
+//! cache snapshot), load the candle backend on the requested device/dtype, load the tokenizer
+//! and chat template, and pair them in an engine with the calibration registry.
+
+use crate::provenance::{ModelProvenance, GIT_COMMIT, VERSION};
+use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
+use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
+use forkscore_backends::candle::{CandleBackend, LoadOptions, DEFAULT_PREFILL_CHUNK};
+use forkscore_backends::{Backend, BackendError};
+use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
+use forkscore_engine::tokenizer::TokenizerError;
+use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError};
+use std::path::PathBuf;
+
+/// How to find and load a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// A local Hugging Face checkpoint folder, or ORG/NAME resolved offline in the HF cache.
+    #[arg(long)]
+    pub model: String,
+    /// For ORG/NAME: the exact 40-hex commit. For a folder: a free-text label recorded in provenance.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// cpu, cuda[:N] or metal[:N].
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32, bf16 or f16 (default: f32 on CPU, bf16 on GPUs).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Prefix tokens per prefill chunk.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
+    /// Extra temperature calibrations (same format as engine/data/calibration.json).
+    #[arg(long)]
+    pub calibration_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("--revision is required: for ORG/NAME give the exact 40-hex commit; for a local folder give a label (e.g. `--revision local-2026-11-29`) that provenance records")]
+    MissingRevision,
+    #[error("{0}")]
+    BadArgument(String),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
+}
+
+/// A loaded model: the engine and what provenance records about it.
+pub struct LoadedModel {
+    pub engine: Engine<CandleBackend>,
+    pub provenance: ModelProvenance,
+}
+
+pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
+    let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
+    let device: DeviceSpec = args.device.parse().map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?;
+    let dtype: ComputeDType = match &args.dtype {
+        Some(d) => d.parse().map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?,
+        None => device.default_dtype(),
+    };
+    let checkpoint = ResolvedCheckpoint::resolve(&args.model, revision)?;
+    let options = LoadOptions { device, dtype, prefill_chunk: args.prefill_chunk };
+    let backend = CandleBackend::load(&checkpoint, &options)?;
+    let tokenizer = ChatTokenizer::from_folder(&checkpoint.dir, &backend.facts().family)?;
+    let mut registry = CalibrationRegistry::built_in();
+    if let Some(path) = &args.calibration_file {
+        registry.extend_from_file(path)?;
+    }
+    let adapter_sha256 = adapter_sha256_from_ready(&checkpoint.dir);
+    let identity = CheckpointIdentity {
+        model_id: Some(checkpoint.model_id.clone()),
+        revision: Some(checkpoint.revision.clone()),
+        adapter_sha256: adapter_sha256.clone(),
+    };
+    let facts = backend.facts().clone();
+    let chat_template = tokenizer.template().origin().clone();
+    let engine = Engine::new(backend, tokenizer, identity, registry)?;
+    let provenance = ModelProvenance {
+        forkscore_version: VERSION,
+        forkscore_commit: GIT_COMMIT,
+        model_id: checkpoint.model_id.clone(),
+        revision: checkpoint.revision.clone(),
+        source: match checkpoint.source {
+            forkscore_backends::candle::checkpoint::CheckpointSource::Folder => "folder".into(),
+            forkscore_backends::candle::checkpoint::CheckpointSource::HfCache => "hf_cache".into(),
+        },
+        fingerprint: checkpoint.fingerprint.clone(),
+        architecture: facts.architecture,
+        dtype: facts.dtype,
+        device: facts.device,
+        chat_template,
+        adapter_sha256,
+    };
+    Ok(LoadedModel { engine, provenance })
+}

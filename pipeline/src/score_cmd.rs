@@ -1,0 +1,117 @@
+//! `forkscore score`: one context + one schema → one decision as JSON on stdout.
+
+use crate::load::{self, ModelArgs};
+use crate::provenance::Provenance;
+use anyhow::{bail, Context, Result};
+use forkscore_engine::{Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use std::path::PathBuf;
+
+/// Schema source: a file or inline JSON.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SchemaArgs {
+    /// Schema JSON file (flat form or JSON Schema form).
+    #[arg(long, conflicts_with = "schema")]
+    pub schema_file: Option<PathBuf>,
+    /// Inline schema JSON.
+    #[arg(long)]
+    pub schema: Option<String>,
+}
+
+impl SchemaArgs {
+    /// Read and validate the schema (duplicate keys rejected).
+    pub fn load(&self) -> Result<Option<Schema>> {
+        let (text, origin) = match (&self.schema_file, &self.schema) {
+            (Some(path), _) => (
+                std::fs::read_to_string(path).with_context(|| format!("cannot read schema file {}", path.display()))?,
+                path.display().to_string(),
+            ),
+            (None, Some(inline)) => (inline.clone(), "--schema".to_string()),
+            (None, None) => return Ok(None),
+        };
+        Schema::from_json_str(&text).map(Some).with_context(|| format!("invalid schema ({origin})"))
+    }
+}
+
+/// Request-side options shared by `score` and `batch`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScoringArgs {
+    /// parallel (default), cached-serial or independent (the reference path).
+    #[arg(long, default_value = "parallel")]
+    pub mode: Mode,
+    /// In parallel mode, score at most this many rows per call (still one prefill).
+    #[arg(long)]
+    pub field_batch_size: Option<usize>,
+    /// Probability temperature; unspecified = the checkpoint's calibrated default, else 1.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Allow an explicit --temperature 1 on a checkpoint that has a calibrated default.
+    #[arg(long)]
+    pub allow_uncalibrated: bool,
+    /// Reject prompts longer than this (prefix + longest field suffix); never truncates.
+    #[arg(long, default_value_t = DEFAULT_MAX_INPUT_TOKENS)]
+    pub max_input_tokens: usize,
+    /// Add the rendered prompt, prefix ids, each row's suffix ids and the candidate ids.
+    #[arg(long)]
+    pub include_prompt: bool,
+}
+
+impl ScoringArgs {
+    pub fn options(&self) -> ScoreOptions {
+        ScoreOptions {
+            mode: self.mode,
+            field_batch_size: self.field_batch_size,
+            temperature: self.temperature,
+            allow_uncalibrated: self.allow_uncalibrated,
+            max_input_tokens: self.max_input_tokens,
+            include_prompt: self.include_prompt,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+    /// The context to classify.
+    #[arg(long, conflicts_with = "context_file")]
+    pub context: Option<String>,
+    /// Read the context from a file (UTF-8).
+    #[arg(long)]
+    pub context_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
+    /// Also write the result JSON to this file.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(args: &ScoreArgs) -> Result<()> {
+    let Some(schema) = args.schema.load()? else { bail!("give a schema with --schema-file FILE or --schema JSON") };
+    let context = match (&args.context, &args.context_file) {
+        (Some(c), _) => c.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read context file {} (it must be UTF-8 text)", path.display()))?,
+        (None, None) => bail!("give a context with --context TEXT or --context-file FILE"),
+    };
+    let opts = args.scoring.options();
+    let loaded = load::open(&args.model)?;
+    let compiled = loaded.engine.compile(&schema)?;
+    let decision = loaded.engine.score(&context, &compiled, &opts)?;
+    let provenance = Provenance {
+        model: &loaded.provenance,
+        mode: opts.mode,
+        temperature: decision.temperature.value,
+        temperature_source: &decision.temperature.source,
+        schema_hash: compiled.schema_hash(),
+    };
+    let mut value = serde_json::to_value(&decision)?;
+    value["provenance"] = serde_json::to_value(&provenance)?;
+    let text = serde_json::to_string_pretty(&value)?;
+    if let Some(path) = &args.output {
+        std::fs::write(path, format!("{text}\n")).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("{text}");
+    Ok(())
+}
