@@ -296,7 +296,9 @@ fn validate_text(
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(invalid(format!("head_dim {head_dim} must be positive and even")));
     }
-    if !(theta > 0.0) || !(partial > 0.0 && partial <= 1.0) || !(raw.rms_norm_eps > 0.0) {
+    // written so that NaN fails every check
+    let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && raw.rms_norm_eps > 0.0;
+    if !in_range {
         return Err(invalid(format!(
             "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {} out of range",
             raw.rms_norm_eps
@@ -375,12 +377,12 @@ mod tests {
         let c = c.as_ref().map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
         assert_eq!(c, Some((1e6, 16, Some("bfloat16".into()))));
         let mut v = base();
-        v.as_object_mut().map(|o| {
+        if let Some(o) = v.as_object_mut() {
             o.remove("rope_theta");
             o.remove("torch_dtype");
             o.insert("rope_parameters".into(), json!({"rope_theta": 5e6, "rope_type": "default"}));
             o.insert("dtype".into(), json!("float32"));
-        });
+        }
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
         assert_eq!(c.map(|c| (c.text.rope.theta, c.stored_dtype)), Some((5e6, Some("float32".into()))));
     }
