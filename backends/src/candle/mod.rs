@@ -170,7 +170,7 @@ impl CandleBackend {
             let pasts: Vec<LayerPast> = if layers.is_empty() {
                 b.layers.iter().map(|_| LayerPast::Empty).collect()
             } else {
-                layers.iter().map(LayerPast::whole).collect()
+                layers.iter().map(LayerPast::whole).collect::<Result<_, _>>()?
             };
             let (_, updates) = b.forward(part, &pasts, &step)?;
             layers = if layers.is_empty() {

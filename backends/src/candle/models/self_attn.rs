@@ -129,12 +129,7 @@ impl Mixer for SelfAttention {
                 })
             }
         };
-        let o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, H, L, hd)
-        // (B, H, L, hd) -> (B, L, H*hd)
-        let mut o = o
-            .transpose(1, 2)
-            .and_then(|o| o.reshape((b, l, s.heads * s.head_dim)))
-            .map_err(op("merge heads"))?;
+        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
         if let Some(gate) = gate {
             o = candle_nn::ops::sigmoid(&gate).and_then(|g| o * g).map_err(op("output gate"))?;
         }
