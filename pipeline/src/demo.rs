@@ -29,17 +29,26 @@ pub struct DemoArgs {
 
 pub fn run(args: &DemoArgs) -> Result<()> {
     let marker = args.dir.join(MARKER);
-    let non_empty = std::fs::read_dir(&args.dir).map(|mut d| d.next().is_some()).unwrap_or(false);
+    let non_empty = std::fs::read_dir(&args.dir)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
     if non_empty && !marker.is_file() {
-        bail!("{} already exists and is not an earlier demo model; choose a new or empty folder", args.dir.display());
+        bail!(
+            "{} already exists and is not an earlier demo model; choose a new or empty folder",
+            args.dir.display()
+        );
     }
     let spec = match args.arch {
         DemoArch::Qwen25 => TinySpec::qwen25(),
         DemoArch::Qwen3 => TinySpec::qwen3(),
     };
-    write_hf_folder(&args.dir, &spec).with_context(|| format!("cannot write the demo model to {}", args.dir.display()))?;
-    std::fs::write(&marker, "written by `forkscore demo-model`: random weights, scores carry no meaning\n")
-        .with_context(|| format!("cannot write {}", marker.display()))?;
+    write_hf_folder(&args.dir, &spec)
+        .with_context(|| format!("cannot write the demo model to {}", args.dir.display()))?;
+    std::fs::write(
+        &marker,
+        "written by `forkscore demo-model`: random weights, scores carry no meaning\n",
+    )
+    .with_context(|| format!("cannot write {}", marker.display()))?;
     eprintln!(
         "wrote a tiny {:?} demo checkpoint (random weights: its scores carry no meaning) to {}",
         args.arch,

@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use forkscore_pipeline::{demo, score_cmd};
 
 #[derive(Parser)]
-#[command(name = "forkscore", version, about = "Typed JSON decisions with a probability for every choice, from a local LLM checkpoint, without generating text")]
+#[command(
+    name = "forkscore",
+    version,
+    about = "Typed JSON decisions with a probability for every choice, from a local LLM checkpoint, without generating text"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

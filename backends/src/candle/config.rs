@@ -17,6 +17,10 @@ use serde_json::Value;
 
 use crate::BackendError;
 
+pub mod qwen3_5;
+
+pub use qwen3_5::LinearAttentionConfig;
+
 /// A model architecture this backend implements. Adding one: a variant here, its names in
 /// [`Architecture::hf_names`], and a loader in `models/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,16 +29,27 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 dense (`Qwen3ForCausalLM`, `model_type: qwen3`).
     Qwen3,
+    /// Qwen3.5 hybrid text backbone (Gated DeltaNet + gated attention), multimodal
+    /// (`Qwen3_5ForConditionalGeneration`, text under `text_config`) or text-only.
+    Qwen3_5,
 }
 
 impl Architecture {
-    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3];
+    pub const ALL: &'static [Architecture] = &[
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3_5,
+    ];
 
     /// `(architectures[0] names, model_type names)` that select this architecture.
     pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
             Architecture::Qwen2 => (&["Qwen2ForCausalLM"], &["qwen2"]),
             Architecture::Qwen3 => (&["Qwen3ForCausalLM"], &["qwen3"]),
+            Architecture::Qwen3_5 => (
+                &["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"],
+                &["qwen3_5", "qwen3_5_text"],
+            ),
         }
     }
 
@@ -43,6 +58,7 @@ impl Architecture {
         match self {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3_5 => "qwen3_5",
         }
     }
 
@@ -73,7 +89,9 @@ impl Architecture {
                 .find(|a| a.hf_names().1.contains(&mt))
                 .ok_or_else(|| unsupported(mt));
         }
-        Err(unsupported("<none: config.json has neither architectures nor model_type>"))
+        Err(unsupported(
+            "<none: config.json has neither architectures nor model_type>",
+        ))
     }
 }
 
@@ -135,6 +153,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: Option<bool>,
     /// `dtype` (transformers 5) or `torch_dtype` (older) when present.
     pub stored_dtype: Option<String>,
+    /// Gated DeltaNet dimensions (`linear_*` fields); `Some` for Qwen3.5 with linear layers.
+    pub linear_attention: Option<LinearAttentionConfig>,
 }
 
 /// The object holding the text model's fields: `text_config` when present, else the root.
@@ -184,18 +204,25 @@ impl ModelConfig {
                 path: path.to_path_buf(),
                 reason: "the checkpoint has no config.json".into(),
             },
-            _ => BackendError::Io { path: path.to_path_buf(), source },
+            _ => BackendError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
-        let root: Value = serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
-            path: path.to_path_buf(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
+        let root: Value =
+            serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
+                path: path.to_path_buf(),
+                reason: format!("not valid JSON: {e}"),
+            })?;
         Self::from_json(path, &root)
     }
 
     /// Validate an already-read `config.json` value (`path` is only used in messages).
     pub fn from_json(path: &Path, root: &Value) -> Result<Self, BackendError> {
-        let invalid = |reason: String| BackendError::InvalidConfig { path: path.to_path_buf(), reason };
+        let invalid = |reason: String| BackendError::InvalidConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
         let arch_name = root
             .get("architectures")
             .and_then(Value::as_array)
@@ -207,7 +234,8 @@ impl ModelConfig {
 
         let raw: RawText = serde_json::from_value(text_root(root).clone())
             .map_err(|e| invalid(format!("text fields: {e}")))?;
-        let text = validate_text(raw, &invalid)?;
+        let mut text = validate_text(raw, &invalid)?;
+        let linear_attention = qwen3_5::extend(architecture, text_root(root), &mut text, &invalid)?;
         let tie_word_embeddings = root
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -223,6 +251,7 @@ impl ModelConfig {
             text,
             tie_word_embeddings,
             stored_dtype,
+            linear_attention,
         })
     }
 }
@@ -236,19 +265,32 @@ fn validate_text(
     }
     if let Some(act) = &raw.hidden_act {
         if act != "silu" {
-            return Err(invalid(format!("hidden_act `{act}` is not supported (only silu)")));
+            return Err(invalid(format!(
+                "hidden_act `{act}` is not supported (only silu)"
+            )));
         }
     }
-    for (name, rope) in [("rope_parameters", &raw.rope_parameters), ("rope_scaling", &raw.rope_scaling)] {
+    for (name, rope) in [
+        ("rope_parameters", &raw.rope_parameters),
+        ("rope_scaling", &raw.rope_scaling),
+    ] {
         if let Some(r) = rope {
-            let kind = r.rope_type.as_deref().or(r.legacy_type.as_deref()).unwrap_or("default");
+            let kind = r
+                .rope_type
+                .as_deref()
+                .or(r.legacy_type.as_deref())
+                .unwrap_or("default");
             if kind != "default" {
-                return Err(invalid(format!("{name}: rope type `{kind}` is not supported (only default)")));
+                return Err(invalid(format!(
+                    "{name}: rope type `{kind}` is not supported (only default)"
+                )));
             }
         }
     }
     let param = |f: fn(&RawRope) -> Option<f64>| raw.rope_parameters.as_ref().and_then(f);
-    let theta = param(|r| r.rope_theta).or(raw.rope_theta).unwrap_or(10_000.0);
+    let theta = param(|r| r.rope_theta)
+        .or(raw.rope_theta)
+        .unwrap_or(10_000.0);
     let partial = param(|r| r.partial_rotary_factor)
         .or(raw.partial_rotary_factor)
         .unwrap_or(1.0);
@@ -275,10 +317,16 @@ fn validate_text(
         None if raw.hidden_size % raw.num_attention_heads == 0 => {
             raw.hidden_size / raw.num_attention_heads
         }
-        None => return Err(invalid("hidden_size is not a multiple of num_attention_heads".into())),
+        None => {
+            return Err(invalid(
+                "hidden_size is not a multiple of num_attention_heads".into(),
+            ))
+        }
     };
     if head_dim == 0 || head_dim % 2 != 0 {
-        return Err(invalid(format!("head_dim {head_dim} must be positive and even")));
+        return Err(invalid(format!(
+            "head_dim {head_dim} must be positive and even"
+        )));
     }
     // written so that NaN fails every check
     let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && raw.rms_norm_eps > 0.0;
@@ -298,7 +346,10 @@ fn validate_text(
         intermediate_size: raw.intermediate_size,
         vocab_size: raw.vocab_size,
         rms_norm_eps: raw.rms_norm_eps,
-        rope: RopeConfig { theta, partial_rotary_factor: partial },
+        rope: RopeConfig {
+            theta,
+            partial_rotary_factor: partial,
+        },
         attention_bias: raw.attention_bias,
         layer_kinds,
         tie_word_embeddings: raw.tie_word_embeddings,
@@ -358,24 +409,34 @@ mod tests {
     #[test]
     fn reads_old_and_new_rope_keys() {
         let c = ModelConfig::from_json(Path::new("c"), &base()).ok();
-        let c = c.as_ref().map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
+        let c = c
+            .as_ref()
+            .map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
         assert_eq!(c, Some((1e6, 16, Some("bfloat16".into()))));
         let mut v = base();
         if let Some(o) = v.as_object_mut() {
             o.remove("rope_theta");
             o.remove("torch_dtype");
-            o.insert("rope_parameters".into(), json!({"rope_theta": 5e6, "rope_type": "default"}));
+            o.insert(
+                "rope_parameters".into(),
+                json!({"rope_theta": 5e6, "rope_type": "default"}),
+            );
             o.insert("dtype".into(), json!("float32"));
         }
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
-        assert_eq!(c.map(|c| (c.text.rope.theta, c.stored_dtype)), Some((5e6, Some("float32".into()))));
+        assert_eq!(
+            c.map(|c| (c.text.rope.theta, c.stored_dtype)),
+            Some((5e6, Some("float32".into())))
+        );
     }
 
     #[test]
     fn rejects_unknown_architecture_by_name() {
         let mut v = base();
         v["architectures"] = json!(["LlamaForCausalLM"]);
-        let err = ModelConfig::from_json(Path::new("c"), &v).err().map(|e| e.to_string());
+        let err = ModelConfig::from_json(Path::new("c"), &v)
+            .err()
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("LlamaForCausalLM"));
     }
 
@@ -385,7 +446,9 @@ mod tests {
         v["text_config"] = base();
         v["text_config"]["head_dim"] = json!(32);
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
-        assert_eq!(c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
-            Some((Architecture::Qwen3, 32, Some(false))));
+        assert_eq!(
+            c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
+            Some((Architecture::Qwen3, 32, Some(false)))
+        );
     }
 }

@@ -11,6 +11,7 @@
 
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
+pub(crate) mod qwen3_5;
 pub(crate) mod self_attn;
 
 use candle_core::{DType, Device, Tensor};
@@ -32,7 +33,12 @@ pub(crate) trait Mixer: Send + Sync {
     fn kind(&self) -> LayerKind;
 
     /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError>;
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError>;
 }
 
 /// One pre-norm decoder layer.
@@ -45,9 +51,16 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     /// `(B, L, D) -> (B, L, D)`.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let add = BackendError::tensor("residual add");
-        let (m, update) = self.mixer.forward(&self.input_norm.forward(x)?, past, step)?;
+        let (m, update) = self
+            .mixer
+            .forward(&self.input_norm.forward(x)?, past, step)?;
         let x = (x + m).map_err(add)?;
         let m = self.mlp.forward(&self.post_norm.forward(&x)?)?;
         let x = (x + m).map_err(BackendError::tensor("residual add"))?;
@@ -86,7 +99,11 @@ impl Backbone {
     ) -> Result<(Tensor, Vec<LayerUpdate>), BackendError> {
         if pasts.len() != self.layers.len() {
             return Err(BackendError::InvalidRequest {
-                reason: format!("{} layer states for a model of {} layers", pasts.len(), self.layers.len()),
+                reason: format!(
+                    "{} layer states for a model of {} layers",
+                    pasts.len(),
+                    self.layers.len()
+                ),
             });
         }
         let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
@@ -120,11 +137,16 @@ pub(crate) fn output_head(
     root: &Weights<'_>,
     embed: &Tensor,
 ) -> Result<CandidateHead, BackendError> {
-    let tied = cfg.tie_word_embeddings.unwrap_or_else(|| !root.contains("lm_head.weight"));
+    let tied = cfg
+        .tie_word_embeddings
+        .unwrap_or_else(|| !root.contains("lm_head.weight"));
     if tied {
         return Ok(CandidateHead::new(embed.clone(), true));
     }
-    let w = root.get("lm_head.weight", &[cfg.text.vocab_size, cfg.text.hidden_size])?;
+    let w = root.get(
+        "lm_head.weight",
+        &[cfg.text.vocab_size, cfg.text.hidden_size],
+    )?;
     Ok(CandidateHead::new(w, false))
 }
 
@@ -133,6 +155,7 @@ pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone,
     match cfg.architecture {
         Architecture::Qwen2 => qwen2::load(cfg, weights),
         Architecture::Qwen3 => qwen3::load(cfg, weights),
+        Architecture::Qwen3_5 => qwen3_5::load(cfg, weights),
     }
 }
 
@@ -171,10 +194,18 @@ pub(crate) fn dense_backbone(
 
 /// Reject `layer_types` other than full attention for attention-only architectures.
 pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), BackendError> {
-    if let Some(i) = cfg.text.layer_kinds.iter().position(|k| *k != LayerKind::FullAttention) {
+    if let Some(i) = cfg
+        .text
+        .layer_kinds
+        .iter()
+        .position(|k| *k != LayerKind::FullAttention)
+    {
         return Err(BackendError::InvalidConfig {
             path: cfg.path.clone(),
-            reason: format!("{} has only full-attention layers, but layer {i} is {:?}", cfg.architecture_name, cfg.text.layer_kinds[i]),
+            reason: format!(
+                "{} has only full-attention layers, but layer {i} is {:?}",
+                cfg.architecture_name, cfg.text.layer_kinds[i]
+            ),
         });
     }
     Ok(())
