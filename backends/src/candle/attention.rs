@@ -58,7 +58,10 @@ pub(crate) fn attend(
     // (B, Hkv, L, hd) -> (Hkv, B, L, hd)
     let kv_major = |t: &Tensor| t.transpose(0, 1).and_then(|t| t.contiguous());
     let (k_new, v_new) = (kv_major(k_new), kv_major(v_new));
-    let (k_new, v_new) = (k_new.map_err(op("attention k layout"))?, v_new.map_err(op("attention v layout"))?);
+    let (k_new, v_new) = (
+        k_new.map_err(op("attention k layout"))?,
+        v_new.map_err(op("attention v layout"))?,
+    );
 
     // new part: (Hkv, B, G*L, hd) x (Hkv, B, hd, L) -> (Hkv, B, G, L, L) f32
     let s_new = q
@@ -67,7 +70,9 @@ pub(crate) fn attend(
         .and_then(|s| s.reshape((hkv, b, g, l, l)))
         .map_err(op("attention scores new"))?;
     let s_new = match masks.causal {
-        Some(m) => s_new.broadcast_add(m).map_err(op("attention causal mask"))?,
+        Some(m) => s_new
+            .broadcast_add(m)
+            .map_err(op("attention causal mask"))?,
         None => s_new,
     };
 
@@ -76,7 +81,10 @@ pub(crate) fn attend(
     let scores = match &past {
         None => s_new,
         Some(PastKv { k, .. }) => {
-            let (slots, p) = (k.dim(1).map_err(op("past dims"))?, k.dim(2).map_err(op("past dims"))?);
+            let (slots, p) = (
+                k.dim(1).map_err(op("past dims"))?,
+                k.dim(2).map_err(op("past dims"))?,
+            );
             if slots == 0 || b % slots != 0 {
                 return Err(BackendError::InvalidRequest {
                     reason: format!("{b} rows cannot be split evenly over {slots} past slots"),
@@ -90,7 +98,9 @@ pub(crate) fn attend(
                 .and_then(|s| s.reshape((hkv, b, g, l, p)))
                 .map_err(op("attention scores past"))?;
             let s_past = match masks.past {
-                Some(m) => s_past.broadcast_add(m).map_err(op("attention padding mask"))?,
+                Some(m) => s_past
+                    .broadcast_add(m)
+                    .map_err(op("attention padding mask"))?,
                 None => s_past,
             };
             // one softmax over past ++ new keys: (Hkv, B, G, L, P + L)
@@ -103,7 +113,11 @@ pub(crate) fn attend(
 
     let p = slots_p.map(|(_, p)| p).unwrap_or(0);
     // (Hkv, B, G*L, L) x (Hkv, B, L, hd) -> (Hkv, B, G*L, hd)
-    let probs_new = if p == 0 { Ok(probs.clone()) } else { probs.narrow(D::Minus1, p, l).and_then(|t| t.contiguous()) };
+    let probs_new = if p == 0 {
+        Ok(probs.clone())
+    } else {
+        probs.narrow(D::Minus1, p, l).and_then(|t| t.contiguous())
+    };
     let mut out = probs_new
         .and_then(|pn| pn.reshape((hkv, b, g * l, l)))
         .and_then(|pn| pn.matmul(&v_new))

@@ -35,7 +35,11 @@ pub enum Architecture {
 }
 
 impl Architecture {
-    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3, Architecture::Qwen3_5];
+    pub const ALL: &'static [Architecture] = &[
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3_5,
+    ];
 
     /// `(architectures[0] names, model_type names)` that select this architecture.
     pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {

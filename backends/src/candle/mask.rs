@@ -21,10 +21,15 @@ pub(crate) fn causal(len: usize, device: &Device) -> Result<Tensor, BackendError
 
 /// `(1, B, 1, 1, P)` mask hiding each row's left padding in a merged past of length `p`.
 /// `past_lens[r] <= p` is row `r`'s own prefix length.
-pub(crate) fn left_padding(past_lens: &[usize], p: usize, device: &Device) -> Result<Tensor, BackendError> {
+pub(crate) fn left_padding(
+    past_lens: &[usize],
+    p: usize,
+    device: &Device,
+) -> Result<Tensor, BackendError> {
     let data: Vec<f32> = past_lens
         .iter()
         .flat_map(|&len| (0..p).map(move |j| if j + len >= p { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
-    Tensor::from_vec(data, (1, past_lens.len(), 1, 1, p), device).map_err(BackendError::tensor("padding mask"))
+    Tensor::from_vec(data, (1, past_lens.len(), 1, 1, p), device)
+        .map_err(BackendError::tensor("padding mask"))
 }
