@@ -1,0 +1,39 @@
+//! Shared helpers for the candle backend tests: tiny models loaded once per test binary.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use forkscore_backends::{CandleBackend, LoadOptions, ResolvedCheckpoint};
+use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+
+/// The two dense architectures under test, loaded on CPU f32 (Qwen2.5 tied, Qwen3 untied).
+pub fn models() -> &'static [(&'static str, CandleBackend)] {
+    static MODELS: OnceLock<Vec<(&'static str, CandleBackend)>> = OnceLock::new();
+    MODELS.get_or_init(|| {
+        vec![("qwen2.5", load(&TinySpec::qwen25())), ("qwen3", load(&TinySpec::qwen3()))]
+    })
+}
+
+pub fn load(spec: &TinySpec) -> CandleBackend {
+    let dir = ensure_tiny_model(spec);
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-test").expect("resolve tiny model");
+    CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load tiny model")
+}
+
+/// Deterministic pseudo-random token ids below `vocab` (xorshift; tests only).
+pub fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// A fixed candidate list spanning the vocabulary (small and large ids, special tokens).
+pub fn candidates() -> Vec<u32> {
+    vec![32, 33, 34, 35, 362, 425, 6896, 151643, 151645, 151935]
+}
