@@ -152,7 +152,7 @@ impl<B: Backend> Engine<B> {
         Ok(PreparedContext { split, render_ms, split_ms })
     }
 
-    fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+    pub(crate) fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }
