@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::score_cmd;
+use forkscore_pipeline::{batch, score_cmd};
 
 #[derive(Parser)]
 #[command(name = "forkscore", version, about = "Typed JSON decisions with a probability for every choice, from a local LLM checkpoint, without generating text")]
@@ -15,6 +15,8 @@ struct Cli {
 enum Command {
     /// Score one context against a schema of enum/boolean fields.
     Score(score_cmd::ScoreArgs),
+    /// Score a JSONL file of decisions into a JSONL file of results (resumable).
+    Batch(batch::BatchArgs),
 }
 
 fn main() {
@@ -28,5 +30,6 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Score(args) => score_cmd::run(&args),
+        Command::Batch(args) => batch::run(&args),
     }
 }
