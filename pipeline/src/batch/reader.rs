@@ -44,10 +44,8 @@ pub fn read_lines(
             continue;
         }
         chunk.push(RawLine { line, bytes, done: line <= done_through });
-        if chunk.len() >= chunk_lines {
-            if out.send(std::mem::replace(&mut chunk, Vec::with_capacity(chunk_lines))).is_err() {
-                return Ok(line);
-            }
+        if chunk.len() >= chunk_lines && out.send(std::mem::replace(&mut chunk, Vec::with_capacity(chunk_lines))).is_err() {
+            return Ok(line);
         }
     }
     if !chunk.is_empty() {

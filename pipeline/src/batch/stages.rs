@@ -138,7 +138,7 @@ pub struct ResumeCheck {
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     #[error("--resume: the output's last record is line {line} with id {output_id}, but input line {line} has id {input_id}; the output belongs to another input")]
-    ResumeMismatch { line: u64, output_id: Value, input_id: Value },
+    ResumeMismatch { line: u64, output_id: String, input_id: String },
 }
 
 /// The CPU stage.
@@ -181,7 +181,7 @@ impl<B: Backend> Preparer<'_, B> {
                     check.seen = true;
                     let input_id = id.cloned().unwrap_or(Value::Null);
                     if input_id != check.last_id {
-                        return Err(StageError::ResumeMismatch { line, output_id: check.last_id.clone(), input_id });
+                        return Err(StageError::ResumeMismatch { line, output_id: check.last_id.to_string(), input_id: input_id.to_string() });
                     }
                 }
             }
@@ -315,7 +315,7 @@ impl<'a, B: Backend> Scorer<'a, B> {
                     let out = match self.reuse.get(&key) {
                         Some((line, d)) => self.decided(first, Ok(d.clone()), Some(*line)),
                         None => {
-                            let d = self.decide(&run, &members, start).pop().unwrap_or_else(|| unreachable_group());
+                            let d = self.decide(&run, &members, start).pop().unwrap_or_else(unreachable_group);
                             if let Ok(d) = &d {
                                 if self.mode == BatchMode::Serial || self.reuse.len() >= 4_096 {
                                     self.reuse.clear();
