@@ -175,7 +175,7 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+    pub(crate) fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }
