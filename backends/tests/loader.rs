@@ -511,12 +511,7 @@ fn prefill_chunk_option_drives_prefill() {
         .expect("score")
         .data
     };
-    // f32 logits up to |50|: see tests/scoring.rs for why 3e-5
-    Tolerance {
-        name: "cpu-f32-logits",
-        abs: 3e-5,
-    }
-    .assert_close("chunk 4 vs one shot", &score(&chunked), &score(&plain));
+    Tolerance::CPU_F32_LOGITS.assert_close("chunk 4 vs one shot", &score(&chunked), &score(&plain));
     let zero = CandleBackend::load(
         &ckpt,
         &LoadOptions {
