@@ -2,8 +2,8 @@
 //! gated full-attention layers, in the order of `layer_types`.
 //!
 //! In: the parsed [`ModelConfig`] and the checkpoint rooted at its top level. The text model is
-//! found under `model.language_model.` (multimodal `Qwen3_5ForConditionalGeneration`), `model.`
-//! (text-only) or `language_model.model.` (mlx-style), whichever holds `embed_tokens.weight`;
+//! found under `model.language_model.` (multimodal `Qwen3_5ForConditionalGeneration`) or
+//! `model.` (text-only), whichever holds `embed_tokens.weight`;
 //! nothing under `model.visual.` or `mtp.` is ever requested. Out: a [`Backbone`].
 //!
 //! Conventions kept: layer / final / q / k norms use `1 + w` (offset); the GDN output norm uses
@@ -31,8 +31,11 @@ use crate::candle::step::Step;
 use crate::candle::weights::Weights;
 use crate::BackendError;
 
-/// Where the text model may live, in the order tried.
-pub(crate) const TEXT_PREFIXES: [&str; 3] = ["model.language_model.", "model.", "language_model.model."];
+/// Where the text model may live, in the order tried. mlx-style conversions
+/// (`language_model.model.*`) are deliberately not accepted: they also store the conv weight as
+/// `[Cc, Kc, 1]` and the offset norms already shifted by `+1`, so reading them as HF tensors
+/// would silently double-shift the norms (QWEN35_SPEC §2.2).
+pub(crate) const TEXT_PREFIXES: [&str; 2] = ["model.language_model.", "model."];
 
 /// The first of [`TEXT_PREFIXES`] under which `embed_tokens.weight` is stored.
 fn text_prefix(root: &Weights<'_>, cfg: &ModelConfig) -> Result<&'static str, BackendError> {
