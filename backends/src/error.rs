@@ -17,9 +17,17 @@ pub enum BackendError {
     #[error("checkpoint is missing tensor `{name}` (looked in {path})")]
     MissingTensor { name: String, path: PathBuf },
     #[error("tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    WrongShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
+    WrongShape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
     #[error("tensor `{name}` has dtype {actual}, expected one of {expected}")]
-    WrongDtype { name: String, expected: String, actual: String },
+    WrongDtype {
+        name: String,
+        expected: String,
+        actual: String,
+    },
     #[error("invalid checkpoint {path}: {reason}")]
     InvalidCheckpoint { path: PathBuf, reason: String },
     #[error("invalid model reference: {reason}")]

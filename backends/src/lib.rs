@@ -8,8 +8,9 @@ pub mod candle;
 pub mod error;
 pub mod seam;
 
-pub use error::BackendError;
 pub use candle::{
-    CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint,
+    CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions,
+    ResolvedCheckpoint,
 };
+pub use error::BackendError;
 pub use seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};

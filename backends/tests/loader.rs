@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 
 use forkscore_backends::candle::ModelConfig;
 use forkscore_backends::{
-    Backend, BackendError, CandleBackend, CheckpointSource, LoadOptions, ResolvedCheckpoint, ScoreRow,
+    Backend, BackendError, CandleBackend, CheckpointSource, LoadOptions, ResolvedCheckpoint,
+    ScoreRow,
 };
 use forkscore_testkit::tiny_model::{
-    config_json, tiny_tensors, write_hf_cache, write_hf_folder, write_safetensors, TinySpec, TinyTensor,
+    config_json, tiny_tensors, write_hf_cache, write_hf_folder, write_safetensors, TinySpec,
+    TinyTensor,
 };
 use forkscore_testkit::tolerance::Tolerance;
 use safetensors::Dtype;
@@ -19,7 +21,11 @@ const REV: &str = "0123456789abcdef0123456789abcdef01234567";
 
 /// A small-vocabulary spec so broken-checkpoint folders are cheap to write.
 fn small(spec: TinySpec) -> TinySpec {
-    TinySpec { vocab: 1000, tokenizer: false, ..spec }
+    TinySpec {
+        vocab: 1000,
+        tokenizer: false,
+        ..spec
+    }
 }
 
 fn load_dir(dir: &Path) -> Result<CandleBackend, BackendError> {
@@ -53,7 +59,10 @@ fn loads_both_architectures_with_truthful_facts() {
         let m = common::load(&spec);
         let f = m.facts();
         assert_eq!((f.architecture.as_str(), f.family.as_str()), (arch, family));
-        assert_eq!((f.vocab_size, f.num_layers, f.hidden_size), (151_936, spec.layers, spec.hidden));
+        assert_eq!(
+            (f.vocab_size, f.num_layers, f.hidden_size),
+            (151_936, spec.layers, spec.hidden)
+        );
         assert_eq!((f.dtype.as_str(), f.device.as_str()), ("f32", "cpu"));
         assert_eq!(m.tied_head(), tied);
     }
@@ -67,7 +76,14 @@ fn sharded_index_loads_the_same_model() {
         let single = tmp.path().join(format!("{:?}-single", spec.arch));
         let sharded = tmp.path().join(format!("{:?}-sharded", spec.arch));
         write_hf_folder(&single, &spec).expect("write");
-        write_hf_folder(&sharded, &TinySpec { sharded: true, ..spec.clone() }).expect("write");
+        write_hf_folder(
+            &sharded,
+            &TinySpec {
+                sharded: true,
+                ..spec.clone()
+            },
+        )
+        .expect("write");
         assert!(sharded.join("model.safetensors.index.json").is_file());
         assert!(!sharded.join("model.safetensors").exists());
         let a = logits(&load_dir(&single).expect("single"));
@@ -85,7 +101,12 @@ fn tied_and_untied_heads_and_config_styles_load() {
         for tied in [true, false] {
             for style in [ConfigStyle::Legacy, ConfigStyle::Transformers5] {
                 for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
-                    let spec = TinySpec { tied, config_style: style, dtype, ..small(base.clone()) };
+                    let spec = TinySpec {
+                        tied,
+                        config_style: style,
+                        dtype,
+                        ..small(base.clone())
+                    };
                     n += 1;
                     let dir = tmp.path().join(format!("m{n}"));
                     write_hf_folder(&dir, &spec).expect("write");
@@ -105,9 +126,13 @@ fn hf_cache_snapshot_resolves_offline() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spec = small(TinySpec::qwen3());
     let snap = write_hf_cache(tmp.path(), "tiny-org/Tiny-Qwen3", REV, &spec).expect("cache");
-    let ckpt = ResolvedCheckpoint::from_hf_cache("tiny-org/Tiny-Qwen3", REV, Some(tmp.path())).expect("resolve");
+    let ckpt = ResolvedCheckpoint::from_hf_cache("tiny-org/Tiny-Qwen3", REV, Some(tmp.path()))
+        .expect("resolve");
     assert_eq!(ckpt.dir, snap);
-    assert_eq!((ckpt.model_id.as_str(), ckpt.revision.as_str()), ("tiny-org/Tiny-Qwen3", REV));
+    assert_eq!(
+        (ckpt.model_id.as_str(), ckpt.revision.as_str()),
+        ("tiny-org/Tiny-Qwen3", REV)
+    );
     assert_eq!(ckpt.source, CheckpointSource::HfCache);
     assert!(ckpt.fingerprint.starts_with("sha256:") && ckpt.fingerprint.len() == 7 + 64);
     // the same bytes as a plain folder have the same fingerprint
@@ -119,10 +144,17 @@ fn hf_cache_snapshot_resolves_offline() {
 
     // a revision that is not downloaded, and a model that is not cached
     let other = "f".repeat(40);
-    let err = ResolvedCheckpoint::from_hf_cache("tiny-org/Tiny-Qwen3", &other, Some(tmp.path())).err();
-    assert!(matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not downloaded")), "{err:?}");
+    let err =
+        ResolvedCheckpoint::from_hf_cache("tiny-org/Tiny-Qwen3", &other, Some(tmp.path())).err();
+    assert!(
+        matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not downloaded")),
+        "{err:?}"
+    );
     let err = ResolvedCheckpoint::from_hf_cache("tiny-org/Absent", REV, Some(tmp.path())).err();
-    assert!(matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not in the Hugging Face cache")), "{err:?}");
+    assert!(
+        matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not in the Hugging Face cache")),
+        "{err:?}"
+    );
 
     // the environment's cache root is used when none is given (the only test touching HF_HUB_CACHE)
     std::env::set_var("HF_HUB_CACHE", tmp.path());
@@ -156,14 +188,27 @@ fn missing_files_are_named() {
     write_hf_folder(&dir, &spec).expect("write");
     std::fs::remove_file(dir.join("model.safetensors")).expect("rm");
     let err = load_dir(&dir).err();
-    assert!(matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("model.safetensors")), "{err:?}");
+    assert!(
+        matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("model.safetensors")),
+        "{err:?}"
+    );
     std::fs::remove_file(dir.join("config.json")).expect("rm");
     let err = load_dir(&dir).err();
-    assert!(matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("config.json")), "{err:?}");
+    assert!(
+        matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("config.json")),
+        "{err:?}"
+    );
 
     // a shard named by the index is absent
     let sharded = tmp.path().join("s");
-    write_hf_folder(&sharded, &TinySpec { sharded: true, ..spec }).expect("write");
+    write_hf_folder(
+        &sharded,
+        &TinySpec {
+            sharded: true,
+            ..spec
+        },
+    )
+    .expect("write");
     std::fs::remove_file(sharded.join("model-00002-of-00002.safetensors")).expect("rm");
     let err = load_dir(&sharded).err();
     assert!(
@@ -176,7 +221,9 @@ fn missing_files_are_named() {
 fn missing_tensor_is_named() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spec = small(TinySpec::qwen3());
-    let dir = folder_with(tmp.path(), &spec, |t| t.retain(|t| t.name != "model.layers.1.self_attn.k_norm.weight"));
+    let dir = folder_with(tmp.path(), &spec, |t| {
+        t.retain(|t| t.name != "model.layers.1.self_attn.k_norm.weight")
+    });
     let err = load_dir(&dir).err();
     assert!(
         matches!(&err, Some(BackendError::MissingTensor { name, .. }) if name == "model.layers.1.self_attn.k_norm.weight"),
@@ -184,9 +231,14 @@ fn missing_tensor_is_named() {
     );
     // untied config without lm_head.weight
     let tmp = tempfile::tempdir().expect("tmp");
-    let dir = folder_with(tmp.path(), &spec, |t| t.retain(|t| t.name != "lm_head.weight"));
+    let dir = folder_with(tmp.path(), &spec, |t| {
+        t.retain(|t| t.name != "lm_head.weight")
+    });
     let err = load_dir(&dir).err();
-    assert!(matches!(&err, Some(BackendError::MissingTensor { name, .. }) if name == "lm_head.weight"), "{err:?}");
+    assert!(
+        matches!(&err, Some(BackendError::MissingTensor { name, .. }) if name == "lm_head.weight"),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -194,17 +246,30 @@ fn wrong_shape_names_tensor_and_both_shapes() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spec = small(TinySpec::qwen25());
     let dir = folder_with(tmp.path(), &spec, |ts| {
-        for t in ts.iter_mut().filter(|t| t.name == "model.layers.0.mlp.up_proj.weight") {
+        for t in ts
+            .iter_mut()
+            .filter(|t| t.name == "model.layers.0.mlp.up_proj.weight")
+        {
             t.shape = vec![t.shape[1], t.shape[0]];
         }
     });
     let err = load_dir(&dir).err();
     match &err {
-        Some(BackendError::WrongShape { name, expected, actual }) => {
+        Some(BackendError::WrongShape {
+            name,
+            expected,
+            actual,
+        }) => {
             assert_eq!(name, "model.layers.0.mlp.up_proj.weight");
-            assert_eq!((expected.as_slice(), actual.as_slice()), (&[64, 32][..], &[32, 64][..]));
+            assert_eq!(
+                (expected.as_slice(), actual.as_slice()),
+                (&[64, 32][..], &[32, 64][..])
+            );
             let msg = err.as_ref().map(|e| e.to_string()).unwrap_or_default();
-            assert!(msg.contains("[32, 64]") && msg.contains("[64, 32]"), "{msg}");
+            assert!(
+                msg.contains("[32, 64]") && msg.contains("[64, 32]"),
+                "{msg}"
+            );
         }
         other => panic!("expected WrongShape, got {other:?}"),
     }
@@ -241,9 +306,15 @@ fn truncated_and_corrupt_files_are_rejected() {
         "{err:?}"
     );
     std::fs::write(&path, &bytes[..4]).expect("truncate header");
-    assert!(matches!(load_dir(&dir), Err(BackendError::InvalidCheckpoint { .. })));
+    assert!(matches!(
+        load_dir(&dir),
+        Err(BackendError::InvalidCheckpoint { .. })
+    ));
     std::fs::write(&path, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!").expect("garbage");
-    assert!(matches!(load_dir(&dir), Err(BackendError::InvalidCheckpoint { .. })));
+    assert!(matches!(
+        load_dir(&dir),
+        Err(BackendError::InvalidCheckpoint { .. })
+    ));
 }
 
 #[test]
@@ -263,9 +334,15 @@ fn unknown_architecture_and_bad_config_are_rejected() {
     cfg["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
     cfg["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0});
     std::fs::write(dir.join("config.json"), cfg.to_string()).expect("config");
-    assert!(matches!(load_dir(&dir), Err(BackendError::InvalidConfig { .. })));
+    assert!(matches!(
+        load_dir(&dir),
+        Err(BackendError::InvalidConfig { .. })
+    ));
     std::fs::write(dir.join("config.json"), "{ not json").expect("config");
-    assert!(matches!(load_dir(&dir), Err(BackendError::InvalidConfig { .. })));
+    assert!(matches!(
+        load_dir(&dir),
+        Err(BackendError::InvalidConfig { .. })
+    ));
 }
 
 #[test]
@@ -274,14 +351,26 @@ fn fingerprint_tracks_config_weights_layout_and_tokenizer() {
     let spec = small(TinySpec::qwen25());
     let dir = tmp.path().join("m");
     write_hf_folder(&dir, &spec).expect("write");
-    let fp = |d: &Path| ResolvedCheckpoint::from_folder(d, "x").expect("resolve").fingerprint;
+    let fp = |d: &Path| {
+        ResolvedCheckpoint::from_folder(d, "x")
+            .expect("resolve")
+            .fingerprint
+    };
     let a = fp(&dir);
     assert_eq!(a, fp(&dir), "stable");
     std::fs::write(dir.join("tokenizer.json"), "{}").expect("tok");
     let b = fp(&dir);
     assert_ne!(a, b, "tokenizer.json counts");
     let other = tmp.path().join("o");
-    write_hf_folder(&other, &TinySpec { hidden: 16, heads: 2, ..spec }).expect("write");
+    write_hf_folder(
+        &other,
+        &TinySpec {
+            hidden: 16,
+            heads: 2,
+            ..spec
+        },
+    )
+    .expect("write");
     std::fs::write(other.join("tokenizer.json"), "{}").expect("tok");
     assert_ne!(b, fp(&other), "weights layout counts");
 }
@@ -293,10 +382,31 @@ fn token_ids_beyond_the_embedding_are_rejected() {
     write_hf_folder(&dir, &small(TinySpec::qwen3())).expect("write");
     let m = load_dir(&dir).expect("load");
     let err = m.forward_full(&[1, 1000], &[1]).err();
-    assert!(matches!(err, Some(BackendError::TokenOutOfRange { id: 1000, vocab_size: 1000 })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Some(BackendError::TokenOutOfRange {
+                id: 1000,
+                vocab_size: 1000
+            })
+        ),
+        "{err:?}"
+    );
     let st = m.prefill(&[1, 2]).expect("prefill");
-    let err = m.score(&[&st], &[ScoreRow { state: 0, suffix: &[3] }], &[1000]).err();
-    assert!(matches!(err, Some(BackendError::TokenOutOfRange { id: 1000, .. })), "{err:?}");
+    let err = m
+        .score(
+            &[&st],
+            &[ScoreRow {
+                state: 0,
+                suffix: &[3],
+            }],
+            &[1000],
+        )
+        .err();
+    assert!(
+        matches!(err, Some(BackendError::TokenOutOfRange { id: 1000, .. })),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -308,7 +418,12 @@ fn unrequested_tensors_are_ignored() {
     write_hf_folder(&plain, &spec).expect("write");
     let dir = folder_with(tmp.path(), &spec, |ts| {
         for name in ["model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight"] {
-            ts.push(TinyTensor { name: name.into(), shape: vec![3, 5], dtype: Dtype::I64, bytes: vec![0; 120] });
+            ts.push(TinyTensor {
+                name: name.into(),
+                shape: vec![3, 5],
+                dtype: Dtype::I64,
+                bytes: vec![0; 120],
+            });
         }
     });
     let a = logits(&load_dir(&plain).expect("plain"));
@@ -324,15 +439,30 @@ fn bf16_compute_tracks_f32() {
         let dir = forkscore_testkit::tiny_model::ensure_tiny_model(&spec);
         let ckpt = ResolvedCheckpoint::from_folder(&dir, "t").expect("resolve");
         let f32m = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("f32");
-        let bf16 = CandleBackend::load(&ckpt, &LoadOptions { dtype: ComputeDType::Bf16, ..LoadOptions::default() })
-            .expect("bf16");
+        let bf16 = CandleBackend::load(
+            &ckpt,
+            &LoadOptions {
+                dtype: ComputeDType::Bf16,
+                ..LoadOptions::default()
+            },
+        )
+        .expect("bf16");
         assert_eq!(bf16.facts().dtype, "bf16");
         let ids = common::ids(77, 40, 151_643);
         let cands = common::candidates();
         let a = f32m.forward_full(&ids, &cands).expect("f32");
         let b = bf16.forward_full(&ids, &cands).expect("bf16");
         let st = bf16.prefill(&ids[..30]).expect("prefill");
-        let c = bf16.score(&[&st], &[ScoreRow { state: 0, suffix: &ids[30..] }], &cands).expect("score");
+        let c = bf16
+            .score(
+                &[&st],
+                &[ScoreRow {
+                    state: 0,
+                    suffix: &ids[30..],
+                }],
+                &cands,
+            )
+            .expect("score");
         let max = a.iter().fold(0f32, |m, x| m.max(x.abs()));
         eprintln!(
             "{:?}: bf16 vs f32 max |diff| {:e} (max |logit| {max}); bf16 fork vs full {:e}",
@@ -346,4 +476,54 @@ fn bf16_compute_tracks_f32() {
 }
 
 /// bf16 weights and activations vs f32 on logits reaching |50| (bf16 keeps 8 bits of mantissa).
-const BF16_VS_F32: Tolerance = Tolerance { name: "cpu-bf16-vs-f32-logits", abs: 1.5 };
+const BF16_VS_F32: Tolerance = Tolerance {
+    name: "cpu-bf16-vs-f32-logits",
+    abs: 1.5,
+};
+
+#[test]
+fn prefill_chunk_option_drives_prefill() {
+    let dir = forkscore_testkit::tiny_model::ensure_tiny_model(&TinySpec::qwen3());
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "t").expect("resolve");
+    let chunked = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            prefill_chunk: 4,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(chunked.prefill_chunk(), 4);
+    let plain = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load");
+    let ids = common::ids(3, 19, 151_643);
+    let suffix = common::ids(4, 3, 151_643);
+    let cands = common::candidates();
+    let score = |m: &CandleBackend| {
+        let st = m.prefill(&ids).expect("prefill");
+        m.score(
+            &[&st],
+            &[ScoreRow {
+                state: 0,
+                suffix: &suffix,
+            }],
+            &cands,
+        )
+        .expect("score")
+        .data
+    };
+    // f32 logits up to |50|: see tests/scoring.rs for why 3e-5
+    Tolerance {
+        name: "cpu-f32-logits",
+        abs: 3e-5,
+    }
+    .assert_close("chunk 4 vs one shot", &score(&chunked), &score(&plain));
+    let zero = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            prefill_chunk: 0,
+            ..LoadOptions::default()
+        },
+    )
+    .err();
+    assert!(matches!(zero, Some(BackendError::InvalidRequest { .. })));
+}

@@ -17,7 +17,10 @@ use proptest::prelude::*;
 /// differs, but the tiny models' logits reach |50|, where one f32 ulp is 3.8e-6: the strict 1e-5
 /// preset is ~2.6 ulps there and matmul kernels that change with the row count (gemm edge tiles)
 /// measure up to 1.15e-5. 3e-5 is ~8 ulps at |50| (relative 6e-7).
-const LOGITS: Tolerance = Tolerance { name: "cpu-f32-logits", abs: 3e-5 };
+const LOGITS: Tolerance = Tolerance {
+    name: "cpu-f32-logits",
+    abs: 3e-5,
+};
 const FORK_VS_FULL: Tolerance = LOGITS;
 const BATCH_VS_SINGLE: Tolerance = LOGITS;
 /// Chunked prefill vs one-shot on the retained K/V (magnitudes ~1-10): the strict preset.
@@ -35,7 +38,11 @@ fn snapshot(state: &CandleState) -> Vec<Vec<f32>> {
             LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
             LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
         })
-        .map(|t| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("state to host"))
+        .map(|t| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("state to host")
+        })
         .collect()
 }
 
@@ -50,7 +57,10 @@ fn logits_are_spread_and_finite() {
         let logits = m.forward_full(&ids(1, 24, VOCAB), &cands).expect("forward");
         let max = logits.iter().fold(0f32, |a, x| a.max(x.abs()));
         assert!(logits.iter().all(|x| x.is_finite()), "{name}");
-        assert!(max > 20.0 && max < 200.0, "{name}: max |logit| {max} out of the intended spread");
+        assert!(
+            max > 20.0 && max < 200.0,
+            "{name}: max |logit| {max} out of the intended spread"
+        );
     }
 }
 
@@ -60,8 +70,16 @@ fn score_equals_forward_full_per_row() {
     for (name, m) in models() {
         let prefix = ids(2, 37, VOCAB);
         let state = m.prefill(&prefix).expect("prefill");
-        let suffixes: Vec<Vec<u32>> = (0..5).map(|i| ids(10 + i, 1 + i as usize * 2, VOCAB)).collect();
-        let rows: Vec<ScoreRow> = suffixes.iter().map(|s| ScoreRow { state: 0, suffix: s }).collect();
+        let suffixes: Vec<Vec<u32>> = (0..5)
+            .map(|i| ids(10 + i, 1 + i as usize * 2, VOCAB))
+            .collect();
+        let rows: Vec<ScoreRow> = suffixes
+            .iter()
+            .map(|s| ScoreRow {
+                state: 0,
+                suffix: s,
+            })
+            .collect();
         let got = m.score(&[&state], &rows, &cands).expect("score");
         let mut worst = 0f32;
         for (r, s) in suffixes.iter().enumerate() {
@@ -81,7 +99,16 @@ fn scoring_leaves_the_state_bit_identical() {
         let (len, nbytes) = (state.len(), state.nbytes());
         let s1 = ids(4, 5, VOCAB);
         let s2 = ids(5, 9, VOCAB);
-        let rows = [ScoreRow { state: 0, suffix: &s1 }, ScoreRow { state: 0, suffix: &s2 }];
+        let rows = [
+            ScoreRow {
+                state: 0,
+                suffix: &s1,
+            },
+            ScoreRow {
+                state: 0,
+                suffix: &s2,
+            },
+        ];
         let first = m.score(&[&state], &rows, &candidates()).expect("score");
         assert_eq!(snapshot(&state), before, "{name}: state changed");
         assert_eq!((state.len(), state.nbytes()), (len, nbytes));
@@ -109,20 +136,43 @@ fn slot_merged_rows_equal_each_state_alone_and_forward_full() {
     let cands = candidates();
     for (name, m) in models() {
         let prefixes = [ids(7, 5, VOCAB), ids(8, 31, VOCAB), ids(9, 12, VOCAB)];
-        let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
+        let states: Vec<CandleState> = prefixes
+            .iter()
+            .map(|p| m.prefill(p).expect("prefill"))
+            .collect();
         let refs: Vec<&CandleState> = states.iter().collect();
-        let suffixes: Vec<Vec<u32>> = (0..7).map(|i| ids(20 + i, 1 + (i as usize * 3) % 6, VOCAB)).collect();
+        let suffixes: Vec<Vec<u32>> = (0..7)
+            .map(|i| ids(20 + i, 1 + (i as usize * 3) % 6, VOCAB))
+            .collect();
         let owner = [2usize, 0, 1, 0, 2, 1, 1];
-        let rows: Vec<ScoreRow> =
-            suffixes.iter().zip(owner).map(|(s, st)| ScoreRow { state: st, suffix: s }).collect();
+        let rows: Vec<ScoreRow> = suffixes
+            .iter()
+            .zip(owner)
+            .map(|(s, st)| ScoreRow {
+                state: st,
+                suffix: s,
+            })
+            .collect();
         let merged = m.score(&refs, &rows, &cands).expect("merged");
         let mut worst = 0f32;
         for (r, row) in rows.iter().enumerate() {
-            let alone = m.score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands).expect("alone");
+            let alone = m
+                .score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands)
+                .expect("alone");
             worst = worst.max(Tolerance::max_abs_diff(merged.row(r), alone.row(0)));
-            BATCH_VS_SINGLE.assert_close(&format!("{name} row {r} merged vs alone"), merged.row(r), alone.row(0));
-            let full = m.forward_full(&concat(&prefixes[row.state], row.suffix), &cands).expect("full");
-            FORK_VS_FULL.assert_close(&format!("{name} row {r} merged vs full"), merged.row(r), &full);
+            BATCH_VS_SINGLE.assert_close(
+                &format!("{name} row {r} merged vs alone"),
+                merged.row(r),
+                alone.row(0),
+            );
+            let full = m
+                .forward_full(&concat(&prefixes[row.state], row.suffix), &cands)
+                .expect("full");
+            FORK_VS_FULL.assert_close(
+                &format!("{name} row {r} merged vs full"),
+                merged.row(r),
+                &full,
+            );
         }
         eprintln!("{name}: slot-merged vs alone max |diff| = {worst:e}");
         // states named but unused by any row are fine; the shortest-prefix row is unaffected
@@ -139,7 +189,10 @@ fn chunked_prefill_equals_one_shot() {
         let one = m.prefill_chunked(&prefix, prefix.len()).expect("one-shot");
         let one_snap = snapshot(&one);
         let suffix = ids(31, 4, VOCAB);
-        let rows = [ScoreRow { state: 0, suffix: &suffix }];
+        let rows = [ScoreRow {
+            state: 0,
+            suffix: &suffix,
+        }];
         let one_scores = m.score(&[&one], &rows, &cands).expect("score");
         let (mut worst, mut worst_scores) = (0f32, 0f32);
         for chunk in [1, 2, 5, 8, 28] {
@@ -151,9 +204,15 @@ fn chunked_prefill_equals_one_shot() {
             }
             let s = m.score(&[&st], &rows, &cands).expect("score");
             worst_scores = worst_scores.max(Tolerance::max_abs_diff(s.row(0), one_scores.row(0)));
-            CHUNKED_VS_ONESHOT.assert_close(&format!("{name} chunk {chunk} scores"), s.row(0), one_scores.row(0));
+            CHUNKED_VS_ONESHOT.assert_close(
+                &format!("{name} chunk {chunk} scores"),
+                s.row(0),
+                one_scores.row(0),
+            );
         }
-        eprintln!("{name}: chunked vs one-shot max |diff| state {worst:e}, scores {worst_scores:e}");
+        eprintln!(
+            "{name}: chunked vs one-shot max |diff| state {worst:e}, scores {worst_scores:e}"
+        );
     }
 }
 
@@ -164,17 +223,71 @@ fn invalid_requests_are_typed_errors() {
     let state = m.prefill(&ids(40, 4, VOCAB)).expect("prefill");
     let suffix = [1u32];
     let too_big = [151_936u32];
-    let row = ScoreRow { state: 0, suffix: &suffix };
-    let bad_id = m.score(&[&state], &[ScoreRow { state: 0, suffix: &too_big }], &[1]);
-    assert!(matches!(bad_id, Err(BackendError::TokenOutOfRange { id: 151_936, vocab_size: 151_936 })));
-    assert!(matches!(m.score(&[&state], &[row], &too_big), Err(BackendError::TokenOutOfRange { .. })));
-    assert!(matches!(m.prefill(&too_big), Err(BackendError::TokenOutOfRange { .. })));
-    assert!(matches!(m.forward_full(&too_big, &[1]), Err(BackendError::TokenOutOfRange { .. })));
-    assert!(matches!(m.score(&[&state], &[ScoreRow { state: 1, suffix: &suffix }], &[1]), Err(BackendError::InvalidRequest { .. })));
-    assert!(matches!(m.score(&[&state], &[ScoreRow { state: 0, suffix: &[] }], &[1]), Err(BackendError::InvalidRequest { .. })));
-    assert!(matches!(m.score(&[&state], &[], &[1]), Err(BackendError::InvalidRequest { .. })));
-    assert!(matches!(m.score(&[&state], &[row], &[]), Err(BackendError::InvalidRequest { .. })));
-    assert!(matches!(m.prefill(&[]), Err(BackendError::InvalidRequest { .. })));
+    let row = ScoreRow {
+        state: 0,
+        suffix: &suffix,
+    };
+    let bad_id = m.score(
+        &[&state],
+        &[ScoreRow {
+            state: 0,
+            suffix: &too_big,
+        }],
+        &[1],
+    );
+    assert!(matches!(
+        bad_id,
+        Err(BackendError::TokenOutOfRange {
+            id: 151_936,
+            vocab_size: 151_936
+        })
+    ));
+    assert!(matches!(
+        m.score(&[&state], &[row], &too_big),
+        Err(BackendError::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        m.prefill(&too_big),
+        Err(BackendError::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        m.forward_full(&too_big, &[1]),
+        Err(BackendError::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        m.score(
+            &[&state],
+            &[ScoreRow {
+                state: 1,
+                suffix: &suffix
+            }],
+            &[1]
+        ),
+        Err(BackendError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        m.score(
+            &[&state],
+            &[ScoreRow {
+                state: 0,
+                suffix: &[]
+            }],
+            &[1]
+        ),
+        Err(BackendError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        m.score(&[&state], &[], &[1]),
+        Err(BackendError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        m.score(&[&state], &[row], &[]),
+        Err(BackendError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        m.prefill(&[]),
+        Err(BackendError::InvalidRequest { .. })
+    ));
 }
 
 fn suffix_strategy() -> impl Strategy<Value = Vec<u32>> {

@@ -14,7 +14,12 @@ pub fn load_engine(dir: &Path, options: &LoadOptions) -> anyhow::Result<Engine<C
     let ckpt = ResolvedCheckpoint::from_folder(dir, "bench")?;
     let backend = CandleBackend::load(&ckpt, options)?;
     let tok = ChatTokenizer::from_folder(dir, &backend.facts().family)?;
-    Ok(Engine::new(backend, tok, CheckpointIdentity::default(), CalibrationRegistry::built_in())?)
+    Ok(Engine::new(
+        backend,
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )?)
 }
 
 /// The first `n` fields of the 28-field support-triage preset, as a schema.
@@ -37,7 +42,11 @@ pub fn context_of(words: usize) -> String {
 }
 
 /// Median wall time in ms of `f` over `repeats` runs after `warmup` runs.
-pub fn median_ms(warmup: usize, repeats: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub fn median_ms(
+    warmup: usize,
+    repeats: usize,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     for _ in 0..warmup {
         f()?;
     }

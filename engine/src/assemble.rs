@@ -51,6 +51,9 @@ pub struct Telemetry {
     pub forward_calls: usize,
     pub state_bytes: usize,
     pub timings_ms: StageTimings,
+    /// The context group this decision was scored in (decide_many and batch jobs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::group::GroupTelemetry>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -102,7 +105,11 @@ pub fn softmax_scaled(logits: &[f32], t: f64) -> Vec<f64> {
 
 /// Assemble one field from the row's logits over the candidate union.
 pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f64) -> FieldResult {
-    let own: Vec<f32> = field.candidate_index.iter().map(|&i| row_logits[i]).collect();
+    let own: Vec<f32> = field
+        .candidate_index
+        .iter()
+        .map(|&i| row_logits[i])
+        .collect();
     let probs = softmax_scaled(&own, temperature);
     let best = argmax_first(&own);
     let keys: Vec<String> = field.choices.iter().map(|c| c.key()).collect();
@@ -133,7 +140,13 @@ pub fn assemble_fields(
 }
 
 /// Telemetry from run stats (timings other than prefill/score filled by the caller).
-pub fn telemetry(mode: Mode, field_batch_size: Option<usize>, split_tokens: (usize, Vec<usize>), candidates: usize, stats: &RunStats) -> Telemetry {
+pub fn telemetry(
+    mode: Mode,
+    field_batch_size: Option<usize>,
+    split_tokens: (usize, Vec<usize>),
+    candidates: usize,
+    stats: &RunStats,
+) -> Telemetry {
     let (prefix_tokens, suffix_tokens) = split_tokens;
     let input_tokens = prefix_tokens + suffix_tokens.iter().copied().max().unwrap_or(0);
     Telemetry {
@@ -149,6 +162,7 @@ pub fn telemetry(mode: Mode, field_batch_size: Option<usize>, split_tokens: (usi
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
         timings_ms: StageTimings { prefill: stats.prefill_ms, score: stats.score_ms, ..StageTimings::default() },
+        group: None,
     }
 }
 

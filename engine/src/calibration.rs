@@ -48,7 +48,10 @@ pub enum TemperatureSource {
     /// The caller set it.
     Explicit,
     /// The registry's calibrated default for this checkpoint.
-    Calibrated { model_id: String, matched_by: String },
+    Calibrated {
+        model_id: String,
+        matched_by: String,
+    },
     /// No calibration known: T = 1.
     Default,
 }
@@ -76,26 +79,40 @@ fn is_hex(s: &str, len: usize) -> bool {
 impl CalibrationRegistry {
     /// The registry shipped with forkscore.
     pub fn built_in() -> CalibrationRegistry {
-        serde_json::from_str(BUILT_IN).unwrap_or_else(|e| unreachable!("built-in registry is valid JSON: {e}"))
+        serde_json::from_str(BUILT_IN)
+            .unwrap_or_else(|e| unreachable!("built-in registry is valid JSON: {e}"))
     }
 
     /// Add the entries of a user calibration file (same format as the built-in one); user
     /// entries are consulted first.
     pub fn extend_from_file(&mut self, path: &Path) -> Result<(), CalibrationError> {
-        let bad = |reason: String| CalibrationError::InvalidFile { path: path.display().to_string(), reason };
+        let bad = |reason: String| CalibrationError::InvalidFile {
+            path: path.display().to_string(),
+            reason,
+        };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let extra: CalibrationRegistry = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let extra: CalibrationRegistry =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         for e in &extra.entries {
             if !(e.temperature.is_finite() && e.temperature > 0.0) {
-                return Err(bad(format!("entry {} has temperature {}", e.model_id, e.temperature)));
+                return Err(bad(format!(
+                    "entry {} has temperature {}",
+                    e.model_id, e.temperature
+                )));
             }
             if let Some(r) = &e.revision {
                 if !is_hex(r, 40) {
-                    return Err(bad(format!("entry {} revision {r:?} is not 40 hex characters", e.model_id)));
+                    return Err(bad(format!(
+                        "entry {} revision {r:?} is not 40 hex characters",
+                        e.model_id
+                    )));
                 }
             }
             if let Some(a) = e.adapter_sha256.iter().find(|a| !is_hex(a, 64)) {
-                return Err(bad(format!("entry {} adapter digest {a:?} is not 64 hex characters", e.model_id)));
+                return Err(bad(format!(
+                    "entry {} adapter digest {a:?} is not 64 hex characters",
+                    e.model_id
+                )));
             }
         }
         let mut entries = extra.entries;
@@ -108,7 +125,13 @@ impl CalibrationRegistry {
     pub fn lookup(&self, id: &CheckpointIdentity) -> Option<(f64, TemperatureSource)> {
         self.entries.iter().find_map(|e| {
             let calibrated = |how: String| {
-                Some((e.temperature, TemperatureSource::Calibrated { model_id: e.model_id.clone(), matched_by: how }))
+                Some((
+                    e.temperature,
+                    TemperatureSource::Calibrated {
+                        model_id: e.model_id.clone(),
+                        matched_by: how,
+                    },
+                ))
             };
             if let Some(a) = &id.adapter_sha256 {
                 if e.adapter_sha256.iter().any(|x| x.eq_ignore_ascii_case(a)) {
@@ -139,18 +162,29 @@ impl CalibrationRegistry {
         match requested {
             None => Ok(match calibrated {
                 Some((value, source)) => Temperature { value, source },
-                None => Temperature { value: 1.0, source: TemperatureSource::Default },
+                None => Temperature {
+                    value: 1.0,
+                    source: TemperatureSource::Default,
+                },
             }),
-            Some(value) if !(value.is_finite() && value > 0.0) => Err(CalibrationError::NotPositive { value }),
+            Some(value) if !(value.is_finite() && value > 0.0) => {
+                Err(CalibrationError::NotPositive { value })
+            }
             Some(value) => {
                 if let (Some((cal, TemperatureSource::Calibrated { model_id, .. })), false) =
                     (&calibrated, allow_uncalibrated)
                 {
                     if value == 1.0 {
-                        return Err(CalibrationError::UncalibratedRefused { model_id: model_id.clone(), calibrated: *cal });
+                        return Err(CalibrationError::UncalibratedRefused {
+                            model_id: model_id.clone(),
+                            calibrated: *cal,
+                        });
                     }
                 }
-                Ok(Temperature { value, source: TemperatureSource::Explicit })
+                Ok(Temperature {
+                    value,
+                    source: TemperatureSource::Explicit,
+                })
             }
         }
     }
@@ -160,5 +194,8 @@ impl CalibrationRegistry {
 pub fn adapter_sha256_from_ready(dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("READY.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v.get("adapter_sha256")?.as_str().filter(|s| is_hex(s, 64)).map(str::to_ascii_lowercase)
+    v.get("adapter_sha256")?
+        .as_str()
+        .filter(|s| is_hex(s, 64))
+        .map(str::to_ascii_lowercase)
 }

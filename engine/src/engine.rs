@@ -10,7 +10,7 @@ use crate::modes::{run_group, Mode};
 use crate::render::render_prefix;
 use crate::rows::{CompileError, CompiledSchema};
 use crate::schema::Schema;
-use crate::split::{split_exact, SplitError, SplitPrompt};
+use crate::split::{split_anchored, SplitError, SplitPrompt};
 use crate::template::TemplateError;
 use crate::tokenizer::ChatTokenizer;
 use forkscore_backends::{Backend, BackendError};
@@ -60,13 +60,21 @@ pub enum EngineError {
     #[error("the context is empty")]
     EmptyContext,
     #[error("prompt is {total} tokens (prefix {prefix} + longest field suffix {suffix}), over max_input_tokens = {max}; forkscore never truncates — shorten the context or raise --max-input-tokens")]
-    TooManyTokens { prefix: usize, suffix: usize, total: usize, max: usize },
+    TooManyTokens {
+        prefix: usize,
+        suffix: usize,
+        total: usize,
+        max: usize,
+    },
     #[error("field_batch_size must be at least 1")]
     ZeroFieldBatch,
     #[error("max_input_tokens must be at least 1")]
     ZeroMaxInputTokens,
     #[error("the tokenizer can produce ids up to {tokenizer_ids} but the model's embedding has only {embedding_rows} rows")]
-    TokenizerLargerThanEmbedding { tokenizer_ids: usize, embedding_rows: usize },
+    TokenizerLargerThanEmbedding {
+        tokenizer_ids: usize,
+        embedding_rows: usize,
+    },
     #[error("compiled schema belongs to another tokenizer/template (compiled rows must come from this engine)")]
     ForeignSchema,
 }
@@ -97,9 +105,17 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Engine<B>, EngineError> {
         let (tokenizer_ids, embedding_rows) = (tokenizer.id_bound(), backend.facts().vocab_size);
         if tokenizer_ids > embedding_rows {
-            return Err(EngineError::TokenizerLargerThanEmbedding { tokenizer_ids, embedding_rows });
+            return Err(EngineError::TokenizerLargerThanEmbedding {
+                tokenizer_ids,
+                embedding_rows,
+            });
         }
-        Ok(Engine { backend, tokenizer, identity, registry })
+        Ok(Engine {
+            backend,
+            tokenizer,
+            identity,
+            registry,
+        })
     }
 
     pub fn backend(&self) -> &B {
@@ -119,7 +135,9 @@ impl<B: Backend> Engine<B> {
 
     /// The temperature a request would use, and where it comes from.
     pub fn resolve_temperature(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
-        Ok(self.registry.resolve(opts.temperature, opts.allow_uncalibrated, &self.identity)?)
+        Ok(self
+            .registry
+            .resolve(opts.temperature, opts.allow_uncalibrated, &self.identity)?)
     }
 
     /// Stage 2: render the prefix for `context`, split exactly, enforce the token bound.
@@ -136,10 +154,11 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::EmptyContext);
         }
         let t = Instant::now();
-        let prefix_text = render_prefix(self.tokenizer.template(), context, compiled.schema_fields())?;
+        let prefix_text =
+            render_prefix(self.tokenizer.template(), context, compiled.schema_fields())?;
         let render_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let split = split_exact(&self.tokenizer, &prefix_text, &compiled.selectors())?;
+        let split = split_anchored(&self.tokenizer, &prefix_text, &compiled.selectors())?;
         let split_ms = t.elapsed().as_secs_f64() * 1e3;
         if split.input_tokens() > max_input_tokens {
             return Err(EngineError::TooManyTokens {
@@ -149,10 +168,14 @@ impl<B: Backend> Engine<B> {
                 max: max_input_tokens,
             });
         }
-        Ok(PreparedContext { split, render_ms, split_ms })
+        Ok(PreparedContext {
+            split,
+            render_ms,
+            split_ms,
+        })
     }
 
-    fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+    pub(crate) fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }
@@ -160,12 +183,22 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Score one context against a compiled schema.
-    pub fn score(&self, context: &str, compiled: &CompiledSchema, opts: &ScoreOptions) -> Result<Decision, EngineError> {
+    pub fn score(
+        &self,
+        context: &str,
+        compiled: &CompiledSchema,
+        opts: &ScoreOptions,
+    ) -> Result<Decision, EngineError> {
         let start = Instant::now();
         let temperature = self.check_options(opts)?;
         let prepared = self.prepare(context, compiled, opts.max_input_tokens)?;
-        let (mut logits, stats) =
-            run_group(&self.backend, &[&prepared.split], compiled.candidates(), opts.mode, opts.field_batch_size)?;
+        let (mut logits, stats) = run_group(
+            &self.backend,
+            &[&prepared.split],
+            compiled.candidates(),
+            opts.mode,
+            opts.field_batch_size,
+        )?;
         let rows = logits.pop().unwrap_or_default();
         Ok(self.finish(compiled, &prepared, rows, &stats, temperature, opts, start))
     }
@@ -188,7 +221,10 @@ impl<B: Backend> Engine<B> {
         let mut tel = telemetry(
             opts.mode,
             opts.field_batch_size,
-            (split.prefix_ids.len(), split.suffix_ids.iter().map(Vec::len).collect()),
+            (
+                split.prefix_ids.len(),
+                split.suffix_ids.iter().map(Vec::len).collect(),
+            ),
             compiled.candidates().len(),
             stats,
         );
@@ -212,6 +248,12 @@ impl<B: Backend> Engine<B> {
                 .collect(),
             candidate_ids: compiled.candidates().to_vec(),
         });
-        Decision { output, fields, temperature, telemetry: tel, prompt }
+        Decision {
+            output,
+            fields,
+            temperature,
+            telemetry: tel,
+            prompt,
+        }
     }
 }

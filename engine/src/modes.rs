@@ -30,7 +30,9 @@ impl std::str::FromStr for Mode {
             "parallel" => Ok(Mode::Parallel),
             "cached-serial" | "cached_serial" => Ok(Mode::CachedSerial),
             "independent" => Ok(Mode::Independent),
-            other => Err(format!("unknown mode {other:?} (expected parallel, cached-serial or independent)")),
+            other => Err(format!(
+                "unknown mode {other:?} (expected parallel, cached-serial or independent)"
+            )),
         }
     }
 }
@@ -61,7 +63,10 @@ pub fn run_group<B: Backend>(
     row_batch: Option<usize>,
 ) -> Result<(GroupLogits, RunStats), BackendError> {
     let mut stats = RunStats::default();
-    let mut out: GroupLogits = splits.iter().map(|s| Vec::with_capacity(s.suffix_ids.len())).collect();
+    let mut out: GroupLogits = splits
+        .iter()
+        .map(|s| Vec::with_capacity(s.suffix_ids.len()))
+        .collect();
     if mode == Mode::Independent {
         let t = Instant::now();
         for (c, split) in splits.iter().enumerate() {
@@ -75,7 +80,10 @@ pub fn run_group<B: Backend>(
     }
 
     let t = Instant::now();
-    let states = splits.iter().map(|s| backend.prefill(&s.prefix_ids)).collect::<Result<Vec<_>, _>>()?;
+    let states = splits
+        .iter()
+        .map(|s| backend.prefill(&s.prefix_ids))
+        .collect::<Result<Vec<_>, _>>()?;
     stats.prefill_calls = states.len();
     stats.state_bytes = states.iter().map(PrefixState::nbytes).sum();
     stats.prefill_ms = ms(t);
@@ -83,8 +91,11 @@ pub fn run_group<B: Backend>(
     let t = Instant::now();
     let state_refs: Vec<&B::State> = states.iter().collect();
     // All (context, row) pairs in order; each becomes one ScoreRow.
-    let pairs: Vec<(usize, usize)> =
-        splits.iter().enumerate().flat_map(|(c, s)| (0..s.suffix_ids.len()).map(move |r| (c, r))).collect();
+    let pairs: Vec<(usize, usize)> = splits
+        .iter()
+        .enumerate()
+        .flat_map(|(c, s)| (0..s.suffix_ids.len()).map(move |r| (c, r)))
+        .collect();
     let batch = match mode {
         Mode::CachedSerial => 1,
         _ => row_batch.unwrap_or(pairs.len()).max(1),

@@ -11,8 +11,8 @@ use crate::template::{ChatTemplate, Message, TemplateError};
 
 /// Code letters: choice `i` of a field is `CODES[i]`.
 pub const CODES: [char; 26] = [
-    'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I', 'J', 'K', 'L', 'M', 'N', 'O', 'P', 'Q', 'R', 'S', 'T', 'U', 'V',
-    'W', 'X', 'Y', 'Z',
+    'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I', 'J', 'K', 'L', 'M', 'N', 'O', 'P', 'Q', 'R', 'S',
+    'T', 'U', 'V', 'W', 'X', 'Y', 'Z',
 ];
 
 const INSTRUCTIONS: &str = "You classify a context into the fields of a catalogue. Each field lists its \
@@ -59,9 +59,19 @@ pub fn user_message(context: &str, fields: &[Field]) -> String {
 }
 
 /// Render the shared prefix text for `context`.
-pub fn render_prefix(template: &ChatTemplate, context: &str, fields: &[Field]) -> Result<String, TemplateError> {
+pub fn render_prefix(
+    template: &ChatTemplate,
+    context: &str,
+    fields: &[Field],
+) -> Result<String, TemplateError> {
     template.render(&[
-        Message { role: "system", content: INSTRUCTIONS.to_string() },
-        Message { role: "user", content: user_message(context, fields) },
+        Message {
+            role: "system",
+            content: INSTRUCTIONS.to_string(),
+        },
+        Message {
+            role: "user",
+            content: user_message(context, fields),
+        },
     ])
 }

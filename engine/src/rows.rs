@@ -49,9 +49,18 @@ pub enum CompileError {
     #[error(transparent)]
     Split(#[from] SplitError),
     #[error("field `{field}`: code {code:?} is {tokens} tokens after the selector {selector:?} with this tokenizer (it must be exactly one token); this tokenizer cannot use code scoring")]
-    CodeNotSingleToken { field: String, code: String, selector: String, tokens: usize },
+    CodeNotSingleToken {
+        field: String,
+        code: String,
+        selector: String,
+        tokens: usize,
+    },
     #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
-    CodeMergesWithSelector { field: String, code: String, selector: String },
+    CodeMergesWithSelector {
+        field: String,
+        code: String,
+        selector: String,
+    },
 }
 
 impl CompiledSchema {
@@ -85,7 +94,12 @@ impl CompiledSchema {
                 suffix_ids: suffix,
             });
         }
-        Ok(CompiledSchema { schema: schema.clone(), fields, candidates, schema_hash: schema.hash() })
+        Ok(CompiledSchema {
+            schema: schema.clone(),
+            fields,
+            candidates,
+            schema_hash: schema.hash(),
+        })
     }
 
     pub fn schema(&self) -> &Schema {

@@ -106,7 +106,10 @@ pub enum SchemaErrorKind {
     #[error("an enum field needs `{key}`: a list of 1–26 string choices")]
     MissingChoices { key: &'static str },
     #[error("`{key}` must be an array, found {found}")]
-    ChoicesNotArray { key: &'static str, found: &'static str },
+    ChoicesNotArray {
+        key: &'static str,
+        found: &'static str,
+    },
     #[error("an enum needs at least 1 choice")]
     NoChoices,
     #[error("{count} choices exceed the limit of 26 single-token codes (A–Z); literal-choice scoring lifts this limit")]
@@ -134,11 +137,17 @@ pub enum SchemaErrorKind {
     #[error("`required` names {name:?}, which is not a property")]
     RequiredUnknown { name: String },
     #[error("{key} must be {expected}")]
-    BadAnnotation { key: &'static str, expected: &'static str },
+    BadAnnotation {
+        key: &'static str,
+        expected: &'static str,
+    },
 }
 
 fn err(path: impl Into<String>, kind: SchemaErrorKind) -> SchemaError {
-    SchemaError { path: path.into(), kind }
+    SchemaError {
+        path: path.into(),
+        kind,
+    }
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -172,9 +181,14 @@ impl Schema {
 
     /// Validate an already parsed JSON value (duplicate keys can no longer be seen here).
     pub fn from_value(value: &Value) -> Result<Schema, SchemaError> {
-        let root = value
-            .as_object()
-            .ok_or_else(|| err("<root>", SchemaErrorKind::NotAnObject { found: type_name(value) }))?;
+        let root = value.as_object().ok_or_else(|| {
+            err(
+                "<root>",
+                SchemaErrorKind::NotAnObject {
+                    found: type_name(value),
+                },
+            )
+        })?;
         let fields = if is_json_schema(root) {
             parse_json_schema(root)?
         } else {
@@ -197,8 +211,14 @@ impl Schema {
         let mut root = Map::new();
         for f in &self.fields {
             let mut spec = Map::new();
-            spec.insert("type".into(), serde_json::to_value(f.kind).unwrap_or(Value::Null));
-            spec.insert("choices".into(), Value::Array(f.choices.iter().map(Choice::to_json).collect()));
+            spec.insert(
+                "type".into(),
+                serde_json::to_value(f.kind).unwrap_or(Value::Null),
+            );
+            spec.insert(
+                "choices".into(),
+                Value::Array(f.choices.iter().map(Choice::to_json).collect()),
+            );
             if let Some(d) = &f.description {
                 spec.insert("description".into(), Value::String(d.clone()));
             }
@@ -228,7 +248,15 @@ fn is_json_schema(root: &Map<String, Value>) -> bool {
 }
 
 fn check_field_name(name: &str, path: &str) -> Result<(), SchemaError> {
-    let bad = |reason| err(path, SchemaErrorKind::InvalidFieldName { name: name.to_string(), reason });
+    let bad = |reason| {
+        err(
+            path,
+            SchemaErrorKind::InvalidFieldName {
+                name: name.to_string(),
+                reason,
+            },
+        )
+    };
     if name.is_empty() {
         return Err(bad("field names must be non-empty"));
     }
@@ -236,7 +264,9 @@ fn check_field_name(name: &str, path: &str) -> Result<(), SchemaError> {
         return Err(bad("field names must not start or end with whitespace"));
     }
     if name.chars().any(char::is_control) {
-        return Err(bad("field names must not contain control characters (newlines, tabs…)"));
+        return Err(bad(
+            "field names must not contain control characters (newlines, tabs…)",
+        ));
     }
     if name.chars().count() > 128 {
         return Err(bad("field names are limited to 128 characters"));
@@ -249,34 +279,46 @@ fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>, SchemaErro
         match key.as_str() {
             "type" => {
                 if v.as_str() != Some("object") {
-                    return Err(err("type", SchemaErrorKind::BadAnnotation {
-                        key: "`type` of a JSON Schema root",
-                        expected: "\"object\"",
-                    }));
+                    return Err(err(
+                        "type",
+                        SchemaErrorKind::BadAnnotation {
+                            key: "`type` of a JSON Schema root",
+                            expected: "\"object\"",
+                        },
+                    ));
                 }
             }
             "properties" | "required" => {}
             "title" | "description" | "$schema" | "$id" => {
                 if !v.is_string() {
-                    return Err(err(key.clone(), SchemaErrorKind::BadAnnotation {
-                        key: "this annotation",
-                        expected: "a string",
-                    }));
+                    return Err(err(
+                        key.clone(),
+                        SchemaErrorKind::BadAnnotation {
+                            key: "this annotation",
+                            expected: "a string",
+                        },
+                    ));
                 }
             }
             "additionalProperties" => {
                 if !v.is_boolean() {
-                    return Err(err(key.clone(), SchemaErrorKind::BadAnnotation {
-                        key: "`additionalProperties`",
-                        expected: "a boolean (nested schemas are not supported)",
-                    }));
+                    return Err(err(
+                        key.clone(),
+                        SchemaErrorKind::BadAnnotation {
+                            key: "`additionalProperties`",
+                            expected: "a boolean (nested schemas are not supported)",
+                        },
+                    ));
                 }
             }
             _ => {
-                return Err(err(key.clone(), SchemaErrorKind::UnknownKey {
-                    key: key.clone(),
-                    allowed: JSON_SCHEMA_ROOT_KEYS,
-                }))
+                return Err(err(
+                    key.clone(),
+                    SchemaErrorKind::UnknownKey {
+                        key: key.clone(),
+                        allowed: JSON_SCHEMA_ROOT_KEYS,
+                    },
+                ))
             }
         }
     }
@@ -284,15 +326,29 @@ fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>, SchemaErro
         None => return Err(err("<root>", SchemaErrorKind::Empty)),
         Some(Value::Object(p)) => p,
         Some(other) => {
-            return Err(err("properties", SchemaErrorKind::PropertiesNotObject { found: type_name(other) }))
+            return Err(err(
+                "properties",
+                SchemaErrorKind::PropertiesNotObject {
+                    found: type_name(other),
+                },
+            ))
         }
     };
     if let Some(req) = root.get("required") {
-        let names = req.as_array().ok_or_else(|| err("required", SchemaErrorKind::RequiredNotNames))?;
+        let names = req
+            .as_array()
+            .ok_or_else(|| err("required", SchemaErrorKind::RequiredNotNames))?;
         for (i, n) in names.iter().enumerate() {
-            let n = n.as_str().ok_or_else(|| err(format!("required[{i}]"), SchemaErrorKind::RequiredNotNames))?;
+            let n = n
+                .as_str()
+                .ok_or_else(|| err(format!("required[{i}]"), SchemaErrorKind::RequiredNotNames))?;
             if !props.contains_key(n) {
-                return Err(err(format!("required[{i}]"), SchemaErrorKind::RequiredUnknown { name: n.to_string() }));
+                return Err(err(
+                    format!("required[{i}]"),
+                    SchemaErrorKind::RequiredUnknown {
+                        name: n.to_string(),
+                    },
+                ));
             }
         }
     }
@@ -304,9 +360,14 @@ fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>, SchemaErro
 
 fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field, SchemaError> {
     check_field_name(name, path)?;
-    let obj = spec
-        .as_object()
-        .ok_or_else(|| err(path, SchemaErrorKind::FieldNotAnObject { found: type_name(spec) }))?;
+    let obj = spec.as_object().ok_or_else(|| {
+        err(
+            path,
+            SchemaErrorKind::FieldNotAnObject {
+                found: type_name(spec),
+            },
+        )
+    })?;
     // An unsupported type is the clearer message than the keys that come with it (`items`, …).
     if let Some(Value::String(t)) = obj.get("type") {
         if !["boolean", "string"].contains(&t.as_str()) {
@@ -314,37 +375,68 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
         }
     }
     for key in obj.keys() {
-        if !["type", "enum", "description", "title", "choice_descriptions"].contains(&key.as_str()) {
-            return Err(err(format!("{path}.{key}"), SchemaErrorKind::UnknownKey {
-                key: key.clone(),
-                allowed: JSON_SCHEMA_FIELD_KEYS,
-            }));
+        if ![
+            "type",
+            "enum",
+            "description",
+            "title",
+            "choice_descriptions",
+        ]
+        .contains(&key.as_str())
+        {
+            return Err(err(
+                format!("{path}.{key}"),
+                SchemaErrorKind::UnknownKey {
+                    key: key.clone(),
+                    allowed: JSON_SCHEMA_FIELD_KEYS,
+                },
+            ));
         }
     }
     if let Some(t) = obj.get("title") {
         if !t.is_string() {
-            return Err(err(format!("{path}.title"), SchemaErrorKind::BadAnnotation {
-                key: "`title`",
-                expected: "a string",
-            }));
+            return Err(err(
+                format!("{path}.title"),
+                SchemaErrorKind::BadAnnotation {
+                    key: "`title`",
+                    expected: "a string",
+                },
+            ));
         }
     }
     let ty = match obj.get("type") {
         None => None,
         Some(Value::String(s)) => Some(s.as_str()),
         Some(other) => {
-            return Err(err(format!("{path}.type"), SchemaErrorKind::TypeNotString { found: type_name(other) }))
+            return Err(err(
+                format!("{path}.type"),
+                SchemaErrorKind::TypeNotString {
+                    found: type_name(other),
+                },
+            ))
         }
     };
     let description = parse_description(obj, path)?;
     let (kind, choices) = match (ty, obj.get("enum")) {
         (Some("boolean"), None) => (FieldKind::Boolean, default_bool_choices()),
-        (Some("boolean"), Some(e)) => (FieldKind::Boolean, parse_bool_choices(e, &format!("{path}.enum"))?),
+        (Some("boolean"), Some(e)) => (
+            FieldKind::Boolean,
+            parse_bool_choices(e, &format!("{path}.enum"))?,
+        ),
         (None | Some("string"), Some(e)) => {
-            if e.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_boolean)) && ty.is_none() {
-                (FieldKind::Boolean, parse_bool_choices(e, &format!("{path}.enum"))?)
+            if e.as_array()
+                .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_boolean))
+                && ty.is_none()
+            {
+                (
+                    FieldKind::Boolean,
+                    parse_bool_choices(e, &format!("{path}.enum"))?,
+                )
             } else {
-                (FieldKind::Enum, parse_enum_choices(e, "enum", &format!("{path}.enum"))?)
+                (
+                    FieldKind::Enum,
+                    parse_enum_choices(e, "enum", &format!("{path}.enum"))?,
+                )
             }
         }
         (Some("string"), None) => return Err(err(path, SchemaErrorKind::StringWithoutEnum)),
@@ -352,47 +444,93 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
         (Some(other), _) => return Err(err(format!("{path}.type"), unsupported_type(other))),
     };
     let choice_descriptions = parse_choice_descriptions(obj, &choices, path)?;
-    Ok(Field { name: name.to_string(), description, kind, choices, choice_descriptions })
+    Ok(Field {
+        name: name.to_string(),
+        description,
+        kind,
+        choices,
+        choice_descriptions,
+    })
 }
 
 fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
     let path = name;
     check_field_name(name, path)?;
-    let obj = spec
-        .as_object()
-        .ok_or_else(|| err(path, SchemaErrorKind::FieldNotAnObject { found: type_name(spec) }))?;
+    let obj = spec.as_object().ok_or_else(|| {
+        err(
+            path,
+            SchemaErrorKind::FieldNotAnObject {
+                found: type_name(spec),
+            },
+        )
+    })?;
     for key in obj.keys() {
         if !["type", "choices", "description", "choice_descriptions"].contains(&key.as_str()) {
-            let hint = if key == "enum" || key == "properties" { FLAT_FIELD_KEYS } else { FLAT_FIELD_KEYS };
-            return Err(err(format!("{path}.{key}"), SchemaErrorKind::UnknownKey { key: key.clone(), allowed: hint }));
+            let hint = if key == "enum" || key == "properties" {
+                FLAT_FIELD_KEYS
+            } else {
+                FLAT_FIELD_KEYS
+            };
+            return Err(err(
+                format!("{path}.{key}"),
+                SchemaErrorKind::UnknownKey {
+                    key: key.clone(),
+                    allowed: hint,
+                },
+            ));
         }
     }
     let ty = match obj.get("type") {
         None => return Err(err(path, SchemaErrorKind::MissingType)),
         Some(Value::String(s)) => s.as_str(),
         Some(other) => {
-            return Err(err(format!("{path}.type"), SchemaErrorKind::TypeNotString { found: type_name(other) }))
+            return Err(err(
+                format!("{path}.type"),
+                SchemaErrorKind::TypeNotString {
+                    found: type_name(other),
+                },
+            ))
         }
     };
     let description = parse_description(obj, path)?;
     let choices_path = format!("{path}.choices");
     let (kind, choices) = match ty {
         "enum" => match obj.get("choices") {
-            None => return Err(err(path, SchemaErrorKind::MissingChoices { key: "choices" })),
-            Some(c) => (FieldKind::Enum, parse_enum_choices(c, "choices", &choices_path)?),
+            None => {
+                return Err(err(
+                    path,
+                    SchemaErrorKind::MissingChoices { key: "choices" },
+                ))
+            }
+            Some(c) => (
+                FieldKind::Enum,
+                parse_enum_choices(c, "choices", &choices_path)?,
+            ),
         },
         "boolean" => match obj.get("choices") {
             None => (FieldKind::Boolean, default_bool_choices()),
             Some(c) => (FieldKind::Boolean, parse_bool_choices(c, &choices_path)?),
         },
-        "string" if obj.contains_key("choices") => {
-            (FieldKind::Enum, parse_enum_choices(&obj["choices"], "choices", &choices_path)?)
+        "string" if obj.contains_key("choices") => (
+            FieldKind::Enum,
+            parse_enum_choices(&obj["choices"], "choices", &choices_path)?,
+        ),
+        "string" => {
+            return Err(err(
+                format!("{path}.type"),
+                SchemaErrorKind::StringWithoutEnum,
+            ))
         }
-        "string" => return Err(err(format!("{path}.type"), SchemaErrorKind::StringWithoutEnum)),
         other => return Err(err(format!("{path}.type"), unsupported_type(other))),
     };
     let choice_descriptions = parse_choice_descriptions(obj, &choices, path)?;
-    Ok(Field { name: name.to_string(), description, kind, choices, choice_descriptions })
+    Ok(Field {
+        name: name.to_string(),
+        description,
+        kind,
+        choices,
+        choice_descriptions,
+    })
 }
 
 fn unsupported_type(ty: &str) -> SchemaErrorKind {
@@ -415,31 +553,58 @@ fn parse_description(obj: &Map<String, Value>, path: &str) -> Result<Option<Stri
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(other) => Err(err(
             format!("{path}.description"),
-            SchemaErrorKind::DescriptionNotString { found: type_name(other) },
+            SchemaErrorKind::DescriptionNotString {
+                found: type_name(other),
+            },
         )),
     }
 }
 
-fn parse_enum_choices(v: &Value, key: &'static str, path: &str) -> Result<Vec<Choice>, SchemaError> {
-    let arr = v
-        .as_array()
-        .ok_or_else(|| err(path, SchemaErrorKind::ChoicesNotArray { key, found: type_name(v) }))?;
+fn parse_enum_choices(
+    v: &Value,
+    key: &'static str,
+    path: &str,
+) -> Result<Vec<Choice>, SchemaError> {
+    let arr = v.as_array().ok_or_else(|| {
+        err(
+            path,
+            SchemaErrorKind::ChoicesNotArray {
+                key,
+                found: type_name(v),
+            },
+        )
+    })?;
     if arr.is_empty() {
         return Err(err(path, SchemaErrorKind::NoChoices));
     }
     if arr.len() > MAX_CHOICES {
-        return Err(err(path, SchemaErrorKind::TooManyChoices { count: arr.len() }));
+        return Err(err(
+            path,
+            SchemaErrorKind::TooManyChoices { count: arr.len() },
+        ));
     }
     let mut out: Vec<Choice> = Vec::with_capacity(arr.len());
     for (i, c) in arr.iter().enumerate() {
         let p = format!("{path}[{i}]");
-        let s = c.as_str().ok_or_else(|| err(&p, SchemaErrorKind::ChoiceNotString { found: type_name(c) }))?;
+        let s = c.as_str().ok_or_else(|| {
+            err(
+                &p,
+                SchemaErrorKind::ChoiceNotString {
+                    found: type_name(c),
+                },
+            )
+        })?;
         if s.trim().is_empty() {
             return Err(err(&p, SchemaErrorKind::EmptyChoice));
         }
         let choice = Choice::Str(s.to_string());
         if out.contains(&choice) {
-            return Err(err(&p, SchemaErrorKind::DuplicateChoice { choice: s.to_string() }));
+            return Err(err(
+                &p,
+                SchemaErrorKind::DuplicateChoice {
+                    choice: s.to_string(),
+                },
+            ));
         }
         out.push(choice);
     }
@@ -448,10 +613,15 @@ fn parse_enum_choices(v: &Value, key: &'static str, path: &str) -> Result<Vec<Ch
 
 fn parse_bool_choices(v: &Value, path: &str) -> Result<Vec<Choice>, SchemaError> {
     match v.as_array().map(Vec::as_slice) {
-        Some([Value::Bool(a), Value::Bool(b)]) if a != b => Ok(vec![Choice::Bool(*a), Choice::Bool(*b)]),
-        Some([Value::Bool(a), Value::Bool(b)]) if a == b => {
-            Err(err(path, SchemaErrorKind::DuplicateChoice { choice: a.to_string() }))
+        Some([Value::Bool(a), Value::Bool(b)]) if a != b => {
+            Ok(vec![Choice::Bool(*a), Choice::Bool(*b)])
         }
+        Some([Value::Bool(a), Value::Bool(b)]) if a == b => Err(err(
+            path,
+            SchemaErrorKind::DuplicateChoice {
+                choice: a.to_string(),
+            },
+        )),
         _ => Err(err(path, SchemaErrorKind::BadBooleanChoices)),
     }
 }
@@ -462,20 +632,38 @@ fn parse_choice_descriptions(
     path: &str,
 ) -> Result<Vec<Option<String>>, SchemaError> {
     let mut out = vec![None; choices.len()];
-    let Some(v) = obj.get("choice_descriptions") else { return Ok(out) };
+    let Some(v) = obj.get("choice_descriptions") else {
+        return Ok(out);
+    };
     let path = format!("{path}.choice_descriptions");
-    let map = v
-        .as_object()
-        .ok_or_else(|| err(&path, SchemaErrorKind::ChoiceDescriptionsNotObject { found: type_name(v) }))?;
+    let map = v.as_object().ok_or_else(|| {
+        err(
+            &path,
+            SchemaErrorKind::ChoiceDescriptionsNotObject {
+                found: type_name(v),
+            },
+        )
+    })?;
     let keys: Vec<String> = choices.iter().map(Choice::key).collect();
     for (k, d) in map {
         let p = format!("{path}.{k}");
         let idx = keys.iter().position(|c| c == k).ok_or_else(|| {
-            err(&p, SchemaErrorKind::ChoiceDescriptionUnknown { key: k.clone(), choices: keys.join(", ") })
+            err(
+                &p,
+                SchemaErrorKind::ChoiceDescriptionUnknown {
+                    key: k.clone(),
+                    choices: keys.join(", "),
+                },
+            )
         })?;
-        let d = d
-            .as_str()
-            .ok_or_else(|| err(&p, SchemaErrorKind::ChoiceDescriptionNotString { found: type_name(d) }))?;
+        let d = d.as_str().ok_or_else(|| {
+            err(
+                &p,
+                SchemaErrorKind::ChoiceDescriptionNotString {
+                    found: type_name(d),
+                },
+            )
+        })?;
         out[idx] = Some(d.to_string());
     }
     Ok(out)

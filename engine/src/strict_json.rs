@@ -17,9 +17,15 @@ pub enum StrictJsonError {
 /// Parse `text` into a [`Value`], rejecting duplicate object keys anywhere.
 pub fn parse_strict(text: &str) -> Result<Value, StrictJsonError> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let seed = StrictSeed { path: String::new() };
-    let value = seed.deserialize(&mut de).map_err(|e| classify(e.to_string()))?;
-    de.end().map_err(|e| StrictJsonError::Syntax { message: e.to_string() })?;
+    let seed = StrictSeed {
+        path: String::new(),
+    };
+    let value = seed
+        .deserialize(&mut de)
+        .map_err(|e| classify(e.to_string()))?;
+    de.end().map_err(|e| StrictJsonError::Syntax {
+        message: e.to_string(),
+    })?;
     Ok(value)
 }
 
@@ -30,7 +36,10 @@ fn classify(message: String) -> StrictJsonError {
         Some((_, rest)) => {
             let rest = rest.split(" at line").next().unwrap_or(rest);
             let (path, key) = rest.split_once(DUP_MARKER).unwrap_or((rest, ""));
-            StrictJsonError::DuplicateKey { path: path.to_string(), key: key.to_string() }
+            StrictJsonError::DuplicateKey {
+                path: path.to_string(),
+                key: key.to_string(),
+            }
         }
         None => StrictJsonError::Syntax { message },
     }
@@ -94,9 +103,9 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(v) =
-            seq.next_element_seed(StrictSeed { path: format!("{}[{}]", self.path, out.len()) })?
-        {
+        while let Some(v) = seq.next_element_seed(StrictSeed {
+            path: format!("{}[{}]", self.path, out.len()),
+        })? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -105,10 +114,18 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if out.contains_key(&key) {
-                let shown = if self.path.is_empty() { "<root>" } else { self.path.as_str() };
-                return Err(de::Error::custom(format!("{DUP_MARKER}{shown}{DUP_MARKER}{key}")));
+                let shown = if self.path.is_empty() {
+                    "<root>"
+                } else {
+                    self.path.as_str()
+                };
+                return Err(de::Error::custom(format!(
+                    "{DUP_MARKER}{shown}{DUP_MARKER}{key}"
+                )));
             }
-            let value = map.next_value_seed(StrictSeed { path: child_path(&self.path, &key) })?;
+            let value = map.next_value_seed(StrictSeed {
+                path: child_path(&self.path, &key),
+            })?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))
@@ -122,16 +139,37 @@ mod tests {
     #[test]
     fn duplicate_keys_are_reported_with_their_path() {
         let err = parse_strict(r#"{"a": {"b": 1, "b": 2}}"#).unwrap_err();
-        assert_eq!(err, StrictJsonError::DuplicateKey { path: "a".into(), key: "b".into() });
+        assert_eq!(
+            err,
+            StrictJsonError::DuplicateKey {
+                path: "a".into(),
+                key: "b".into()
+            }
+        );
         let err = parse_strict(r#"{"x": 1, "x": 1}"#).unwrap_err();
-        assert_eq!(err, StrictJsonError::DuplicateKey { path: "<root>".into(), key: "x".into() });
+        assert_eq!(
+            err,
+            StrictJsonError::DuplicateKey {
+                path: "<root>".into(),
+                key: "x".into()
+            }
+        );
     }
 
     #[test]
     fn ordinary_json_round_trips_in_order() {
         let v = parse_strict(r#"{"z": [1, 2.5, null, true], "a": "s"}"#).unwrap();
-        assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"z":[1,2.5,null,true],"a":"s"}"#);
-        assert!(matches!(parse_strict("{} x"), Err(StrictJsonError::Syntax { .. })));
-        assert!(matches!(parse_strict("{"), Err(StrictJsonError::Syntax { .. })));
+        assert_eq!(
+            serde_json::to_string(&v).unwrap(),
+            r#"{"z":[1,2.5,null,true],"a":"s"}"#
+        );
+        assert!(matches!(
+            parse_strict("{} x"),
+            Err(StrictJsonError::Syntax { .. })
+        ));
+        assert!(matches!(
+            parse_strict("{"),
+            Err(StrictJsonError::Syntax { .. })
+        ));
     }
 }

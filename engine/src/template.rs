@@ -91,17 +91,31 @@ impl ChatTemplate {
     ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<JinjaValue, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<JinjaValue, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_function("strftime_now", |_fmt: String| -> String {
             // Date-stamping templates would make prompts non-reproducible; render a fixed date.
             "01 Jan 2026".to_string()
         });
         let origin_name = format!("{origin:?}");
         env.add_template_owned("chat", source)
-            .map_err(|e| TemplateError::Compile { origin: origin_name, message: e.to_string() })?;
-        Ok(ChatTemplate { env, origin, bos_token, eos_token })
+            .map_err(|e| TemplateError::Compile {
+                origin: origin_name,
+                message: e.to_string(),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            origin,
+            bos_token,
+            eos_token,
+        })
     }
 
     /// The built-in template of `family`.
@@ -121,7 +135,10 @@ impl ChatTemplate {
 
     /// Render `messages` with the generation prompt open and thinking disabled.
     pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
-        let tmpl = self.env.get_template("chat").map_err(|e| self.render_err(e))?;
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| self.render_err(e))?;
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => true,
@@ -139,7 +156,10 @@ impl ChatTemplate {
             message.push_str(&format!(": {s}"));
             src = s.source();
         }
-        TemplateError::Render { origin: format!("{:?}", self.origin), message }
+        TemplateError::Render {
+            origin: format!("{:?}", self.origin),
+            message,
+        }
     }
 }
 
@@ -149,18 +169,33 @@ mod tests {
 
     fn msgs() -> Vec<Message> {
         vec![
-            Message { role: "system", content: "Sys".into() },
-            Message { role: "user", content: " Hello \n".into() },
+            Message {
+                role: "system",
+                content: "Sys".into(),
+            },
+            Message {
+                role: "user",
+                content: " Hello \n".into(),
+            },
         ]
     }
 
     #[test]
     fn built_in_templates_render_the_documented_shapes() {
-        let q2 = ChatTemplate::built_in(TemplateFamily::Qwen2).render(&msgs()).unwrap();
+        let q2 = ChatTemplate::built_in(TemplateFamily::Qwen2)
+            .render(&msgs())
+            .unwrap();
         assert_eq!(q2, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\n Hello \n<|im_end|>\n<|im_start|>assistant\n");
-        let q3 = ChatTemplate::built_in(TemplateFamily::Qwen3).render(&msgs()).unwrap();
-        assert!(q3.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{q3:?}");
-        let q35 = ChatTemplate::built_in(TemplateFamily::Qwen3_5).render(&msgs()).unwrap();
+        let q3 = ChatTemplate::built_in(TemplateFamily::Qwen3)
+            .render(&msgs())
+            .unwrap();
+        assert!(
+            q3.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{q3:?}"
+        );
+        let q35 = ChatTemplate::built_in(TemplateFamily::Qwen3_5)
+            .render(&msgs())
+            .unwrap();
         assert_eq!(q35, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
     }
 
@@ -174,7 +209,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.render(&msgs()).unwrap(), "True");
-        let bad = ChatTemplate::new("{{ raise_exception('nope') }}".into(), TemplateOrigin::Custom, None, None).unwrap();
+        let bad = ChatTemplate::new(
+            "{{ raise_exception('nope') }}".into(),
+            TemplateOrigin::Custom,
+            None,
+            None,
+        )
+        .unwrap();
         let e = bad.render(&msgs()).unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
         assert!(ChatTemplate::new("{% if %}".into(), TemplateOrigin::Custom, None, None).is_err());

@@ -27,30 +27,55 @@ pub enum TokenizerError {
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
+    /// Text of every added token (tokenization segments the input at these first).
+    added: Vec<String>,
 }
 
 impl ChatTokenizer {
     pub fn new(tokenizer: tokenizers::Tokenizer, template: ChatTemplate) -> ChatTokenizer {
-        ChatTokenizer { tokenizer, template }
+        let mut added: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .filter(|c| !c.is_empty())
+            .collect();
+        added.sort();
+        ChatTokenizer {
+            tokenizer,
+            template,
+            added,
+        }
     }
 
     /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (the
     /// backend's family, e.g. `qwen2`) picks the built-in template when the folder has none.
     pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
         let tok_path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tok_path)
-            .map_err(|e| TokenizerError::Read { path: tok_path.clone(), reason: e.to_string() })?;
+        let bytes = std::fs::read(&tok_path).map_err(|e| TokenizerError::Read {
+            path: tok_path.clone(),
+            reason: e.to_string(),
+        })?;
         let cfg_path = dir.join("tokenizer_config.json");
         let config = match std::fs::read_to_string(&cfg_path) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(TokenizerError::Read { path: cfg_path, reason: e.to_string() }),
+            Err(e) => {
+                return Err(TokenizerError::Read {
+                    path: cfg_path,
+                    reason: e.to_string(),
+                })
+            }
         };
         let jinja_path = dir.join("chat_template.jinja");
         let jinja = match std::fs::read_to_string(&jinja_path) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(TokenizerError::Read { path: jinja_path, reason: e.to_string() }),
+            Err(e) => {
+                return Err(TokenizerError::Read {
+                    path: jinja_path,
+                    reason: e.to_string(),
+                })
+            }
         };
         Self::from_parts(&bytes, config.as_deref(), jinja, model_family, dir)
     }
@@ -66,8 +91,12 @@ impl ChatTokenizer {
         origin_dir: &Path,
     ) -> Result<ChatTokenizer, TokenizerError> {
         let tok_path = origin_dir.join("tokenizer.json");
-        let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json)
-            .map_err(|e| TokenizerError::Invalid { path: tok_path, reason: e.to_string() })?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
+            TokenizerError::Invalid {
+                path: tok_path,
+                reason: e.to_string(),
+            }
+        })?;
         let config: Option<Value> = tokenizer_config
             .map(|text| {
                 serde_json::from_str(text).map_err(|e| TokenizerError::Invalid {
@@ -84,18 +113,24 @@ impl ChatTokenizer {
             }
         };
         let (bos, eos) = (token_str("bos_token"), token_str("eos_token"));
-        let from_config = config.as_ref().and_then(|c| c.get("chat_template")).and_then(template_text);
+        let from_config = config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .and_then(template_text);
         let template = if let Some(src) = from_config {
             ChatTemplate::new(src, TemplateOrigin::TokenizerConfig, bos, eos)?
         } else if let Some(src) = chat_template_jinja {
             ChatTemplate::new(src, TemplateOrigin::ChatTemplateFile, bos, eos)?
         } else {
             let family = TemplateFamily::from_model_family(model_family).ok_or_else(|| {
-                TokenizerError::NoTemplate { dir: origin_dir.to_path_buf(), family: model_family.to_string() }
+                TokenizerError::NoTemplate {
+                    dir: origin_dir.to_path_buf(),
+                    family: model_family.to_string(),
+                }
             })?;
             ChatTemplate::built_in(family)
         };
-        Ok(ChatTokenizer { tokenizer, template })
+        Ok(ChatTokenizer::new(tokenizer, template))
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -107,18 +142,40 @@ impl ChatTokenizer {
         self.tokenizer
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizerError::Encode { reason: e.to_string() })
+            .map_err(|e| TokenizerError::Encode {
+                reason: e.to_string(),
+            })
+    }
+
+    /// Byte offset just after the last added token (e.g. `<|im_start|>`) in `text`, if any.
+    /// Tokenization first splits the input at added tokens, so text before that offset
+    /// tokenizes the same whatever follows it (`split` checks this per context anyway).
+    pub fn last_added_token_end(&self, text: &str) -> Option<usize> {
+        self.added
+            .iter()
+            .filter_map(|t| text.rfind(t.as_str()).map(|i| i + t.len()))
+            .max()
     }
 
     /// Text of `ids` (for debugging output).
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        self.tokenizer.decode(ids, false).map_err(|e| TokenizerError::Encode { reason: e.to_string() })
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| TokenizerError::Encode {
+                reason: e.to_string(),
+            })
     }
 
     /// Largest id the tokenizer can produce plus one (vocabulary and added tokens).
     pub fn id_bound(&self) -> usize {
         let base = self.tokenizer.get_vocab_size(true);
-        let added = self.tokenizer.get_added_tokens_decoder().keys().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let added = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .keys()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
         base.max(added)
     }
 }
@@ -129,7 +186,8 @@ fn template_text(v: &Value) -> Option<String> {
         Value::Array(list) => {
             let named = |want: &str| {
                 list.iter().find_map(|t| {
-                    (t.get("name")?.as_str()? == want).then(|| t.get("template")?.as_str().map(str::to_string))?
+                    (t.get("name")?.as_str()? == want)
+                        .then(|| t.get("template")?.as_str().map(str::to_string))?
                 })
             };
             named("default").or_else(|| list.first()?.get("template")?.as_str().map(str::to_string))

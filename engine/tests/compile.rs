@@ -5,13 +5,18 @@ mod support;
 
 use forkscore_engine::rows::CompileError;
 use forkscore_engine::template::{ChatTemplate, TemplateFamily};
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError, Schema};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError, Schema,
+};
 use forkscore_testkit::fake::FakeBackend;
 use forkscore_testkit::tokenizers::Family;
 
 /// GPT-2 byte → printable char map (byte-level BPE alphabet).
 fn byte_chars() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -30,8 +35,11 @@ fn byte_chars() -> Vec<char> {
 
 /// A byte-level BPE without merges: every byte is its own token, so " A" is two tokens.
 fn bytes_only_tokenizer() -> tokenizers::Tokenizer {
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        byte_chars().into_iter().enumerate().map(|(i, c)| (c.to_string(), serde_json::json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = byte_chars()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+        .collect();
     let added: Vec<serde_json::Value> = ["<|im_start|>", "<|im_end|>"]
         .iter()
         .enumerate()
@@ -49,13 +57,26 @@ fn bytes_only_tokenizer() -> tokenizers::Tokenizer {
 
 #[test]
 fn a_tokenizer_without_single_token_codes_fails_clearly() {
-    let tok = ChatTokenizer::new(bytes_only_tokenizer(), ChatTemplate::built_in(TemplateFamily::Qwen2));
-    let engine = Engine::new(FakeBackend::new(1), tok, CheckpointIdentity::default(), CalibrationRegistry::built_in()).unwrap();
-    let schema = Schema::from_json_str(r#"{"risk": {"type": "enum", "choices": ["low", "high"]}}"#).unwrap();
+    let tok = ChatTokenizer::new(
+        bytes_only_tokenizer(),
+        ChatTemplate::built_in(TemplateFamily::Qwen2),
+    );
+    let engine = Engine::new(
+        FakeBackend::new(1),
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .unwrap();
+    let schema =
+        Schema::from_json_str(r#"{"risk": {"type": "enum", "choices": ["low", "high"]}}"#).unwrap();
     match engine.compile(&schema) {
         Err(EngineError::Compile(e @ CompileError::CodeNotSingleToken { .. })) => {
             let msg = e.to_string();
-            assert!(msg.contains("risk") && msg.contains("\" A\"") && msg.contains("2 tokens"), "{msg}");
+            assert!(
+                msg.contains("risk") && msg.contains("\" A\"") && msg.contains("2 tokens"),
+                "{msg}"
+            );
         }
         other => panic!("expected CodeNotSingleToken, got {other:?}"),
     }
@@ -65,7 +86,12 @@ fn a_tokenizer_without_single_token_codes_fails_clearly() {
 fn a_tokenizer_larger_than_the_embedding_is_refused() {
     let tok = support::chat_tokenizer(Family::Qwen25);
     let small = FakeBackend::new(1).with_vocab_size(151_000);
-    match Engine::new(small, tok, CheckpointIdentity::default(), CalibrationRegistry::built_in()) {
+    match Engine::new(
+        small,
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    ) {
         Err(e @ EngineError::TokenizerLargerThanEmbedding { .. }) => {
             assert!(e.to_string().contains("151000"), "{e}");
         }
@@ -84,7 +110,10 @@ fn codes_are_single_tokens_and_the_candidate_union_is_shared() {
         assert_eq!(compiled.candidates().len(), 6, "{fam:?}");
         for f in compiled.fields() {
             for (i, &id) in f.code_ids.iter().enumerate() {
-                assert_eq!(engine.tokenizer().decode(&[id]).unwrap(), format!(" {}", f.codes[i]));
+                assert_eq!(
+                    engine.tokenizer().decode(&[id]).unwrap(),
+                    format!(" {}", f.codes[i])
+                );
                 assert_eq!(compiled.candidates()[f.candidate_index[i]], id);
             }
         }

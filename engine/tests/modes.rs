@@ -8,17 +8,23 @@ use forkscore_engine::render::{render_prefix, selector};
 use forkscore_engine::{Decision, EngineError, Mode, Schema, ScoreOptions};
 use forkscore_testkit::tokenizers::Family;
 use proptest::prelude::*;
-use support::{fake_engine, example};
+use support::{example, fake_engine};
 
 fn logits_of(d: &Decision) -> Vec<Vec<f32>> {
-    d.fields.values().map(|f| f.logits.values().copied().collect()).collect()
+    d.fields
+        .values()
+        .map(|f| f.logits.values().copied().collect())
+        .collect()
 }
 
 fn arb_schema() -> impl Strategy<Value = String> {
     let name = "[a-z][a-z_0-9]{0,10}";
     let choice = "[A-Za-z][A-Za-z0-9 _-]{0,12}";
     let field = prop_oneof![
-        (prop::collection::vec(choice, 1..8), proptest::option::of("[A-Za-z ,.]{0,30}"))
+        (
+            prop::collection::vec(choice, 1..8),
+            proptest::option::of("[A-Za-z ,.]{0,30}")
+        )
             .prop_map(|(choices, d)| {
                 let mut uniq: Vec<String> = Vec::new();
                 for c in choices {
@@ -65,7 +71,11 @@ fn arb_context() -> impl Strategy<Value = String> {
 }
 
 fn families() -> impl Strategy<Value = Family> {
-    prop_oneof![Just(Family::Qwen25), Just(Family::Qwen3), Just(Family::Qwen35)]
+    prop_oneof![
+        Just(Family::Qwen25),
+        Just(Family::Qwen3),
+        Just(Family::Qwen35)
+    ]
 }
 
 proptest! {
@@ -117,7 +127,11 @@ fn suffixes_do_not_depend_on_the_context() {
         let engine = fake_engine(fam);
         let schema = Schema::from_json_str(&example("support_triage.json")).unwrap();
         let compiled = engine.compile(&schema).unwrap();
-        for context in ["short", "A much longer context.\nWith lines.\n\n", "ends in colon:"] {
+        for context in [
+            "short",
+            "A much longer context.\nWith lines.\n\n",
+            "ends in colon:",
+        ] {
             let prep = engine.prepare(context, &compiled, 4096).unwrap();
             for (f, s) in compiled.fields().iter().zip(&prep.split.suffix_ids) {
                 assert_eq!(&f.suffix_ids, s, "{fam:?} field {}", f.name);
@@ -131,30 +145,97 @@ fn over_long_prompts_are_rejected_with_counts_never_truncated() {
     let engine = fake_engine(Family::Qwen25);
     let schema = Schema::from_json_str(&example("parallel_schema.json")).unwrap();
     let compiled = engine.compile(&schema).unwrap();
-    let ok = engine.score("The payment service is down.", &compiled, &ScoreOptions::default()).unwrap();
+    let ok = engine
+        .score(
+            "The payment service is down.",
+            &compiled,
+            &ScoreOptions::default(),
+        )
+        .unwrap();
     let total = ok.telemetry.input_tokens;
-    let opts = ScoreOptions { max_input_tokens: total - 1, ..ScoreOptions::default() };
+    let opts = ScoreOptions {
+        max_input_tokens: total - 1,
+        ..ScoreOptions::default()
+    };
     match engine.score("The payment service is down.", &compiled, &opts) {
-        Err(EngineError::TooManyTokens { prefix, suffix, total: t, max }) => {
+        Err(EngineError::TooManyTokens {
+            prefix,
+            suffix,
+            total: t,
+            max,
+        }) => {
             assert_eq!((prefix + suffix, t, max), (total, total, total - 1));
         }
         other => panic!("expected TooManyTokens, got {other:?}"),
     }
-    let exact = ScoreOptions { max_input_tokens: total, ..ScoreOptions::default() };
-    assert!(engine.score("The payment service is down.", &compiled, &exact).is_ok());
-    assert!(matches!(engine.score("  \n ", &compiled, &ScoreOptions::default()), Err(EngineError::EmptyContext)));
-    let zero = ScoreOptions { field_batch_size: Some(0), ..ScoreOptions::default() };
-    assert!(matches!(engine.score("x", &compiled, &zero), Err(EngineError::ZeroFieldBatch)));
+    let exact = ScoreOptions {
+        max_input_tokens: total,
+        ..ScoreOptions::default()
+    };
+    assert!(engine
+        .score("The payment service is down.", &compiled, &exact)
+        .is_ok());
+    assert!(matches!(
+        engine.score("  \n ", &compiled, &ScoreOptions::default()),
+        Err(EngineError::EmptyContext)
+    ));
+    let zero = ScoreOptions {
+        field_batch_size: Some(0),
+        ..ScoreOptions::default()
+    };
+    assert!(matches!(
+        engine.score("x", &compiled, &zero),
+        Err(EngineError::ZeroFieldBatch)
+    ));
 }
 
 #[test]
 fn booleans_stay_json_booleans_with_string_score_keys() {
     let engine = fake_engine(Family::Qwen3);
-    let schema = Schema::from_json_str(r#"{"flag": {"type": "boolean", "choices": [true, false]}}"#).unwrap();
+    let schema =
+        Schema::from_json_str(r#"{"flag": {"type": "boolean", "choices": [true, false]}}"#)
+            .unwrap();
     let compiled = engine.compile(&schema).unwrap();
-    let d = engine.score("Is the sky blue?", &compiled, &ScoreOptions::default()).unwrap();
+    let d = engine
+        .score("Is the sky blue?", &compiled, &ScoreOptions::default())
+        .unwrap();
     assert!(d.output["flag"].is_boolean());
     let keys: Vec<&String> = d.fields["flag"].scores.keys().collect();
     assert_eq!(keys, ["true", "false"]);
     assert_eq!(d.fields["flag"].codes, ["A", "B"]);
+}
+
+fn arb_context_with_specials() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-zA-Z0-9 ,.!?'\\n]{1,40}",
+        Just("<|im_start|>".to_string()),
+        Just("<|im_end|>\n".to_string()),
+        Just("<think>".to_string()),
+        Just("</think>\n\n".to_string()),
+        Just("<|endoftext|>".to_string()),
+        Just("\u{65}\u{301}".to_string()),
+        Just("  \n\n ".to_string()),
+    ];
+    prop::collection::vec(piece, 1..8)
+        .prop_map(|v| v.concat())
+        .prop_filter("non-empty", |s| !s.trim().is_empty())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The anchored split (head tokenized once) equals tokenizing every full prompt whole,
+    /// also when the context itself contains special-token text.
+    #[test]
+    fn anchored_split_equals_exact_split(schema in arb_schema(), context in arb_context_with_specials(), fam in families()) {
+        use forkscore_engine::split::{split_anchored, split_exact};
+        let engine = fake_engine(fam);
+        let schema = Schema::from_json_str(&schema).unwrap();
+        let compiled = engine.compile(&schema).unwrap();
+        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields()).unwrap();
+        let selectors = compiled.selectors();
+        let exact = split_exact(engine.tokenizer(), &prefix_text, &selectors).unwrap();
+        let anchored = split_anchored(engine.tokenizer(), &prefix_text, &selectors).unwrap();
+        prop_assert_eq!(exact, anchored);
+    }
 }

@@ -17,72 +17,270 @@ fn malformed_schemas_are_rejected_with_their_path_and_rule() {
     let cases: Vec<(&str, &str, fn(&K) -> bool)> = vec![
         // Not JSON / not an object.
         (r#"{"a": "#, "<root>", |k| matches!(k, K::Json(_))),
-        (r#"[1, 2]"#, "<root>", |k| matches!(k, K::NotAnObject { found: "an array" })),
-        (r#""text""#, "<root>", |k| matches!(k, K::NotAnObject { .. })),
-        (r#"null"#, "<root>", |k| matches!(k, K::NotAnObject { found: "null" })),
+        (r#"[1, 2]"#, "<root>", |k| {
+            matches!(k, K::NotAnObject { found: "an array" })
+        }),
+        (r#""text""#, "<root>", |k| {
+            matches!(k, K::NotAnObject { .. })
+        }),
+        (r#"null"#, "<root>", |k| {
+            matches!(k, K::NotAnObject { found: "null" })
+        }),
         (r#"{}"#, "<root>", |k| matches!(k, K::Empty)),
         // Duplicate keys (serde_json would keep the last one silently).
-        (r#"{"a": {"type": "boolean"}, "a": {"type": "boolean"}}"#, "<root>", |k| matches!(k, K::Json(_))),
-        (r#"{"a": {"type": "enum", "type": "boolean"}}"#, "a", |k| matches!(k, K::Json(_))),
-        (r#"{"type": "object", "properties": {"x": {"type": "boolean"}, "x": {"type": "boolean"}}}"#, "properties", |k| matches!(k, K::Json(_))),
+        (
+            r#"{"a": {"type": "boolean"}, "a": {"type": "boolean"}}"#,
+            "<root>",
+            |k| matches!(k, K::Json(_)),
+        ),
+        (r#"{"a": {"type": "enum", "type": "boolean"}}"#, "a", |k| {
+            matches!(k, K::Json(_))
+        }),
+        (
+            r#"{"type": "object", "properties": {"x": {"type": "boolean"}, "x": {"type": "boolean"}}}"#,
+            "properties",
+            |k| matches!(k, K::Json(_)),
+        ),
         // Flat form: field shape.
-        (r#"{"a": 3}"#, "a", |k| matches!(k, K::FieldNotAnObject { found: "a number" })),
-        (r#"{"a": ["x"]}"#, "a", |k| matches!(k, K::FieldNotAnObject { found: "an array" })),
+        (r#"{"a": 3}"#, "a", |k| {
+            matches!(k, K::FieldNotAnObject { found: "a number" })
+        }),
+        (r#"{"a": ["x"]}"#, "a", |k| {
+            matches!(k, K::FieldNotAnObject { found: "an array" })
+        }),
         (r#"{"a": {}}"#, "a", |k| matches!(k, K::MissingType)),
-        (r#"{"a": {"type": 1}}"#, "a.type", |k| matches!(k, K::TypeNotString { .. })),
-        (r#"{"a": {"type": "object"}}"#, "a.type", |k| matches!(k, K::NestedObject)),
-        (r#"{"a": {"type": "array"}}"#, "a.type", |k| matches!(k, K::Array)),
-        (r#"{"a": {"type": "number"}}"#, "a.type", |k| matches!(k, K::Number { .. })),
-        (r#"{"a": {"type": "integer"}}"#, "a.type", |k| matches!(k, K::Number { .. })),
-        (r#"{"a": {"type": "string"}}"#, "a.type", |k| matches!(k, K::StringWithoutEnum)),
-        (r#"{"a": {"type": "null"}}"#, "a.type", |k| matches!(k, K::Null)),
-        (r#"{"a": {"type": "categorical"}}"#, "a.type", |k| matches!(k, K::UnknownType { .. })),
-        (r#"{"a": {"type": "enum"}}"#, "a", |k| matches!(k, K::MissingChoices { .. })),
-        (r#"{"a": {"type": "enum", "choices": "x"}}"#, "a.choices", |k| matches!(k, K::ChoicesNotArray { .. })),
-        (r#"{"a": {"type": "enum", "choices": []}}"#, "a.choices", |k| matches!(k, K::NoChoices)),
-        (r#"{"a": {"type": "enum", "choices": ["x", 2]}}"#, "a.choices[1]", |k| matches!(k, K::ChoiceNotString { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x", null]}}"#, "a.choices[1]", |k| matches!(k, K::ChoiceNotString { found: "null" })),
-        (r#"{"a": {"type": "enum", "choices": [""]}}"#, "a.choices[0]", |k| matches!(k, K::EmptyChoice)),
-        (r#"{"a": {"type": "enum", "choices": ["x", "  "]}}"#, "a.choices[1]", |k| matches!(k, K::EmptyChoice)),
-        (r#"{"a": {"type": "enum", "choices": ["x", "y", "x"]}}"#, "a.choices[2]", |k| matches!(k, K::DuplicateChoice { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "enum": ["y"]}}"#, "a.enum", |k| matches!(k, K::UnknownKey { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "default": "x"}}"#, "a.default", |k| matches!(k, K::UnknownKey { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "description": 5}}"#, "a.description", |k| matches!(k, K::DescriptionNotString { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": ["d"]}}"#, "a.choice_descriptions", |k| matches!(k, K::ChoiceDescriptionsNotObject { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": {"y": "d"}}}"#, "a.choice_descriptions.y", |k| matches!(k, K::ChoiceDescriptionUnknown { .. })),
-        (r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": {"x": 1}}}"#, "a.choice_descriptions.x", |k| matches!(k, K::ChoiceDescriptionNotString { .. })),
-        (r#"{"a": {"type": "boolean", "choices": [true]}}"#, "a.choices", |k| matches!(k, K::BadBooleanChoices)),
-        (r#"{"a": {"type": "boolean", "choices": [true, true]}}"#, "a.choices", |k| matches!(k, K::DuplicateChoice { .. })),
-        (r#"{"a": {"type": "boolean", "choices": ["true", "false"]}}"#, "a.choices", |k| matches!(k, K::BadBooleanChoices)),
-        (r#"{"a": {"type": "boolean", "choices": [false, true, false]}}"#, "a.choices", |k| matches!(k, K::BadBooleanChoices)),
-        (r#"{"a": {"type": "boolean", "choice_descriptions": {"yes": "d"}}}"#, "a.choice_descriptions.yes", |k| matches!(k, K::ChoiceDescriptionUnknown { .. })),
+        (r#"{"a": {"type": 1}}"#, "a.type", |k| {
+            matches!(k, K::TypeNotString { .. })
+        }),
+        (r#"{"a": {"type": "object"}}"#, "a.type", |k| {
+            matches!(k, K::NestedObject)
+        }),
+        (r#"{"a": {"type": "array"}}"#, "a.type", |k| {
+            matches!(k, K::Array)
+        }),
+        (r#"{"a": {"type": "number"}}"#, "a.type", |k| {
+            matches!(k, K::Number { .. })
+        }),
+        (r#"{"a": {"type": "integer"}}"#, "a.type", |k| {
+            matches!(k, K::Number { .. })
+        }),
+        (r#"{"a": {"type": "string"}}"#, "a.type", |k| {
+            matches!(k, K::StringWithoutEnum)
+        }),
+        (r#"{"a": {"type": "null"}}"#, "a.type", |k| {
+            matches!(k, K::Null)
+        }),
+        (r#"{"a": {"type": "categorical"}}"#, "a.type", |k| {
+            matches!(k, K::UnknownType { .. })
+        }),
+        (r#"{"a": {"type": "enum"}}"#, "a", |k| {
+            matches!(k, K::MissingChoices { .. })
+        }),
+        (
+            r#"{"a": {"type": "enum", "choices": "x"}}"#,
+            "a.choices",
+            |k| matches!(k, K::ChoicesNotArray { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": []}}"#,
+            "a.choices",
+            |k| matches!(k, K::NoChoices),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x", 2]}}"#,
+            "a.choices[1]",
+            |k| matches!(k, K::ChoiceNotString { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x", null]}}"#,
+            "a.choices[1]",
+            |k| matches!(k, K::ChoiceNotString { found: "null" }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": [""]}}"#,
+            "a.choices[0]",
+            |k| matches!(k, K::EmptyChoice),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x", "  "]}}"#,
+            "a.choices[1]",
+            |k| matches!(k, K::EmptyChoice),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x", "y", "x"]}}"#,
+            "a.choices[2]",
+            |k| matches!(k, K::DuplicateChoice { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "enum": ["y"]}}"#,
+            "a.enum",
+            |k| matches!(k, K::UnknownKey { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "default": "x"}}"#,
+            "a.default",
+            |k| matches!(k, K::UnknownKey { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "description": 5}}"#,
+            "a.description",
+            |k| matches!(k, K::DescriptionNotString { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": ["d"]}}"#,
+            "a.choice_descriptions",
+            |k| matches!(k, K::ChoiceDescriptionsNotObject { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": {"y": "d"}}}"#,
+            "a.choice_descriptions.y",
+            |k| matches!(k, K::ChoiceDescriptionUnknown { .. }),
+        ),
+        (
+            r#"{"a": {"type": "enum", "choices": ["x"], "choice_descriptions": {"x": 1}}}"#,
+            "a.choice_descriptions.x",
+            |k| matches!(k, K::ChoiceDescriptionNotString { .. }),
+        ),
+        (
+            r#"{"a": {"type": "boolean", "choices": [true]}}"#,
+            "a.choices",
+            |k| matches!(k, K::BadBooleanChoices),
+        ),
+        (
+            r#"{"a": {"type": "boolean", "choices": [true, true]}}"#,
+            "a.choices",
+            |k| matches!(k, K::DuplicateChoice { .. }),
+        ),
+        (
+            r#"{"a": {"type": "boolean", "choices": ["true", "false"]}}"#,
+            "a.choices",
+            |k| matches!(k, K::BadBooleanChoices),
+        ),
+        (
+            r#"{"a": {"type": "boolean", "choices": [false, true, false]}}"#,
+            "a.choices",
+            |k| matches!(k, K::BadBooleanChoices),
+        ),
+        (
+            r#"{"a": {"type": "boolean", "choice_descriptions": {"yes": "d"}}}"#,
+            "a.choice_descriptions.yes",
+            |k| matches!(k, K::ChoiceDescriptionUnknown { .. }),
+        ),
         // Field names.
-        (r#"{"": {"type": "boolean"}}"#, "", |k| matches!(k, K::InvalidFieldName { .. })),
-        (r#"{" a": {"type": "boolean"}}"#, " a", |k| matches!(k, K::InvalidFieldName { .. })),
-        ("{\"a\\nb\": {\"type\": \"boolean\"}}", "a\nb", |k| matches!(k, K::InvalidFieldName { .. })),
+        (r#"{"": {"type": "boolean"}}"#, "", |k| {
+            matches!(k, K::InvalidFieldName { .. })
+        }),
+        (r#"{" a": {"type": "boolean"}}"#, " a", |k| {
+            matches!(k, K::InvalidFieldName { .. })
+        }),
+        ("{\"a\\nb\": {\"type\": \"boolean\"}}", "a\nb", |k| {
+            matches!(k, K::InvalidFieldName { .. })
+        }),
         // JSON Schema form.
         (r#"{"type": "object"}"#, "<root>", |k| matches!(k, K::Empty)),
-        (r#"{"type": "object", "properties": {}}"#, "<root>", |k| matches!(k, K::Empty)),
-        (r#"{"type": "object", "properties": []}"#, "properties", |k| matches!(k, K::PropertiesNotObject { .. })),
-        (r#"{"type": "array", "properties": {"a": {"type": "boolean"}}}"#, "type", |k| matches!(k, K::BadAnnotation { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "patternProperties": {}}"#, "patternProperties", |k| matches!(k, K::UnknownKey { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["b"]}"#, "required[0]", |k| matches!(k, K::RequiredUnknown { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": "a"}"#, "required", |k| matches!(k, K::RequiredNotNames)),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "additionalProperties": {}}"#, "additionalProperties", |k| matches!(k, K::BadAnnotation { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}"#, "properties.a.type", |k| matches!(k, K::NestedObject)),
-        (r#"{"type": "object", "properties": {"a": {"type": "object"}}}"#, "properties.a.type", |k| matches!(k, K::NestedObject)),
-        (r#"{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}"#, "properties.a.type", |k| matches!(k, K::Array)),
-        (r#"{"type": "object", "properties": {"a": {"type": "array"}}}"#, "properties.a.type", |k| matches!(k, K::Array)),
-        (r#"{"type": "object", "properties": {"a": {"type": "number"}}}"#, "properties.a.type", |k| matches!(k, K::Number { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "string"}}}"#, "properties.a", |k| matches!(k, K::StringWithoutEnum)),
-        (r#"{"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}"#, "properties.a.maxLength", |k| matches!(k, K::UnknownKey { .. })),
-        (r#"{"type": "object", "properties": {"a": {}}}"#, "properties.a", |k| matches!(k, K::MissingType)),
-        (r#"{"type": "object", "properties": {"a": {"enum": [1, 2]}}}"#, "properties.a.enum[0]", |k| matches!(k, K::ChoiceNotString { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "string", "enum": ["x", "x"]}}}"#, "properties.a.enum[1]", |k| matches!(k, K::DuplicateChoice { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": "string", "enum": []}}}"#, "properties.a.enum", |k| matches!(k, K::NoChoices)),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean", "enum": [true]}}}"#, "properties.a.enum", |k| matches!(k, K::BadBooleanChoices)),
-        (r#"{"type": "object", "properties": {"a": {"type": "boolean", "title": 3}}}"#, "properties.a.title", |k| matches!(k, K::BadAnnotation { .. })),
-        (r#"{"type": "object", "properties": {"a": {"type": ["string", "null"], "enum": ["x"]}}}"#, "properties.a.type", |k| matches!(k, K::TypeNotString { .. })),
+        (r#"{"type": "object", "properties": {}}"#, "<root>", |k| {
+            matches!(k, K::Empty)
+        }),
+        (
+            r#"{"type": "object", "properties": []}"#,
+            "properties",
+            |k| matches!(k, K::PropertiesNotObject { .. }),
+        ),
+        (
+            r#"{"type": "array", "properties": {"a": {"type": "boolean"}}}"#,
+            "type",
+            |k| matches!(k, K::BadAnnotation { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "patternProperties": {}}"#,
+            "patternProperties",
+            |k| matches!(k, K::UnknownKey { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["b"]}"#,
+            "required[0]",
+            |k| matches!(k, K::RequiredUnknown { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": "a"}"#,
+            "required",
+            |k| matches!(k, K::RequiredNotNames),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean"}}, "additionalProperties": {}}"#,
+            "additionalProperties",
+            |k| matches!(k, K::BadAnnotation { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::NestedObject),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "object"}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::NestedObject),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::Array),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "array"}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::Array),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "number"}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::Number { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "string"}}}"#,
+            "properties.a",
+            |k| matches!(k, K::StringWithoutEnum),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}"#,
+            "properties.a.maxLength",
+            |k| matches!(k, K::UnknownKey { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {}}}"#,
+            "properties.a",
+            |k| matches!(k, K::MissingType),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"enum": [1, 2]}}}"#,
+            "properties.a.enum[0]",
+            |k| matches!(k, K::ChoiceNotString { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "string", "enum": ["x", "x"]}}}"#,
+            "properties.a.enum[1]",
+            |k| matches!(k, K::DuplicateChoice { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "string", "enum": []}}}"#,
+            "properties.a.enum",
+            |k| matches!(k, K::NoChoices),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean", "enum": [true]}}}"#,
+            "properties.a.enum",
+            |k| matches!(k, K::BadBooleanChoices),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean", "title": 3}}}"#,
+            "properties.a.title",
+            |k| matches!(k, K::BadAnnotation { .. }),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": ["string", "null"], "enum": ["x"]}}}"#,
+            "properties.a.type",
+            |k| matches!(k, K::TypeNotString { .. }),
+        ),
     ];
     assert!(cases.len() >= 40, "the table must hold at least 40 cases");
     for (text, path, ok) in cases {
@@ -122,18 +320,38 @@ fn flat_and_json_schema_forms_agree() {
     let f = &flat.fields()[1];
     assert_eq!(f.kind, FieldKind::Boolean);
     assert_eq!(f.choices, vec![Choice::Bool(true), Choice::Bool(false)]);
-    assert_eq!(flat.fields()[0].choice_descriptions, vec![None, Some("bad".to_string())]);
+    assert_eq!(
+        flat.fields()[0].choice_descriptions,
+        vec![None, Some("bad".to_string())]
+    );
 }
 
 #[test]
 fn booleans_default_to_false_true_and_field_order_is_kept() {
-    let s = Schema::from_json_str(r#"{"z": {"type": "boolean"}, "a": {"enum": ["x"], "type": "enum", "choices": ["x"]}}"#);
+    let s = Schema::from_json_str(
+        r#"{"z": {"type": "boolean"}, "a": {"enum": ["x"], "type": "enum", "choices": ["x"]}}"#,
+    );
     assert!(s.is_err(), "flat fields reject `enum`");
-    let s = Schema::from_json_str(r#"{"z": {"type": "boolean"}, "a": {"type": "enum", "choices": ["x"]}}"#).unwrap();
+    let s = Schema::from_json_str(
+        r#"{"z": {"type": "boolean"}, "a": {"type": "enum", "choices": ["x"]}}"#,
+    )
+    .unwrap();
     assert_eq!(s.fields()[0].name, "z");
-    assert_eq!(s.fields()[0].choices, vec![Choice::Bool(false), Choice::Bool(true)]);
-    let s = Schema::from_json_str(r#"{"type":"object","properties":{"b":{"enum":["p","q"]},"a":{"type":"boolean"}}}"#).unwrap();
-    assert_eq!(s.fields().iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+    assert_eq!(
+        s.fields()[0].choices,
+        vec![Choice::Bool(false), Choice::Bool(true)]
+    );
+    let s = Schema::from_json_str(
+        r#"{"type":"object","properties":{"b":{"enum":["p","q"]},"a":{"type":"boolean"}}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        s.fields()
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>(),
+        ["b", "a"]
+    );
 }
 
 #[test]
@@ -154,8 +372,15 @@ fn arb_json() -> impl Strategy<Value = serde_json::Value> {
         Just(serde_json::Value::Null),
         any::<bool>().prop_map(serde_json::Value::Bool),
         any::<i32>().prop_map(|i| serde_json::json!(i)),
-        prop_oneof![Just("enum"), Just("boolean"), Just("object"), Just("string"), Just(""), Just("x")]
-            .prop_map(|s| serde_json::Value::String(s.to_string())),
+        prop_oneof![
+            Just("enum"),
+            Just("boolean"),
+            Just("object"),
+            Just("string"),
+            Just(""),
+            Just("x")
+        ]
+        .prop_map(|s| serde_json::Value::String(s.to_string())),
         "[a-z ]{0,6}".prop_map(serde_json::Value::String),
     ];
     leaf.prop_recursive(4, 64, 8, |inner| {

@@ -12,7 +12,16 @@ fn snapshot(schema_file: &str, family: Family, include_prompt: bool) -> serde_js
     let engine = support::fake_engine(family);
     let schema = Schema::from_json_str(&support::example(schema_file)).unwrap();
     let compiled = engine.compile(&schema).unwrap();
-    let d = engine.score(CONTEXT, &compiled, &ScoreOptions { include_prompt, ..ScoreOptions::default() }).unwrap();
+    let d = engine
+        .score(
+            CONTEXT,
+            &compiled,
+            &ScoreOptions {
+                include_prompt,
+                ..ScoreOptions::default()
+            },
+        )
+        .unwrap();
     forkscore_testkit::snapshot::round_floats(&serde_json::to_value(&d).unwrap())
 }
 
@@ -26,9 +35,39 @@ macro_rules! result_snapshot {
     };
 }
 
-result_snapshot!(parallel_schema_qwen25, "parallel_schema.json", Family::Qwen25, true);
-result_snapshot!(parallel_schema_qwen35, "parallel_schema.json", Family::Qwen35, true);
-result_snapshot!(priority_defined_qwen3, "priority_defined_schema.json", Family::Qwen3, false);
-result_snapshot!(fintech_fraud_qwen25, "fintech_fraud.json", Family::Qwen25, false);
-result_snapshot!(code_security_qwen25, "code_security.json", Family::Qwen25, false);
-result_snapshot!(support_triage_qwen35, "support_triage.json", Family::Qwen35, false);
+result_snapshot!(
+    parallel_schema_qwen25,
+    "parallel_schema.json",
+    Family::Qwen25,
+    true
+);
+result_snapshot!(
+    parallel_schema_qwen35,
+    "parallel_schema.json",
+    Family::Qwen35,
+    true
+);
+result_snapshot!(
+    priority_defined_qwen3,
+    "priority_defined_schema.json",
+    Family::Qwen3,
+    false
+);
+result_snapshot!(
+    fintech_fraud_qwen25,
+    "fintech_fraud.json",
+    Family::Qwen25,
+    false
+);
+result_snapshot!(
+    code_security_qwen25,
+    "code_security.json",
+    Family::Qwen25,
+    false
+);
+result_snapshot!(
+    support_triage_qwen35,
+    "support_triage.json",
+    Family::Qwen35,
+    false
+);

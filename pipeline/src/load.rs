@@ -9,7 +9,9 @@ use forkscore_backends::candle::{CandleBackend, LoadOptions, DEFAULT_PREFILL_CHU
 use forkscore_backends::{Backend, BackendError};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
 use forkscore_engine::tokenizer::TokenizerError;
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError,
+};
 use std::path::PathBuf;
 
 /// How to find and load a model.
@@ -59,13 +61,22 @@ pub struct LoadedModel {
 
 pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
-    let device: DeviceSpec = args.device.parse().map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?;
+    let device: DeviceSpec = args
+        .device
+        .parse()
+        .map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?;
     let dtype: ComputeDType = match &args.dtype {
-        Some(d) => d.parse().map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?,
+        Some(d) => d
+            .parse()
+            .map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?,
         None => device.default_dtype(),
     };
     let checkpoint = ResolvedCheckpoint::resolve(&args.model, revision)?;
-    let options = LoadOptions { device, dtype, prefill_chunk: args.prefill_chunk };
+    let options = LoadOptions {
+        device,
+        dtype,
+        prefill_chunk: args.prefill_chunk,
+    };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     let tokenizer = ChatTokenizer::from_folder(&checkpoint.dir, &backend.facts().family)?;
     let mut registry = CalibrationRegistry::built_in();

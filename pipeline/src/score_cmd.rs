@@ -22,13 +22,16 @@ impl SchemaArgs {
     pub fn load(&self) -> Result<Option<Schema>> {
         let (text, origin) = match (&self.schema_file, &self.schema) {
             (Some(path), _) => (
-                std::fs::read_to_string(path).with_context(|| format!("cannot read schema file {}", path.display()))?,
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read schema file {}", path.display()))?,
                 path.display().to_string(),
             ),
             (None, Some(inline)) => (inline.clone(), "--schema".to_string()),
             (None, None) => return Ok(None),
         };
-        Schema::from_json_str(&text).map(Some).with_context(|| format!("invalid schema ({origin})"))
+        Schema::from_json_str(&text)
+            .map(Some)
+            .with_context(|| format!("invalid schema ({origin})"))
     }
 }
 
@@ -77,7 +80,7 @@ pub struct ScoreArgs {
     /// The context to classify.
     #[arg(long, conflicts_with = "context_file")]
     pub context: Option<String>,
-    /// Read the context from a file (UTF-8).
+    /// Read the context from a file (UTF-8); `-` reads standard input.
     #[arg(long)]
     pub context_file: Option<PathBuf>,
     #[command(flatten)]
@@ -88,11 +91,23 @@ pub struct ScoreArgs {
 }
 
 pub fn run(args: &ScoreArgs) -> Result<()> {
-    let Some(schema) = args.schema.load()? else { bail!("give a schema with --schema-file FILE or --schema JSON") };
+    let Some(schema) = args.schema.load()? else {
+        bail!("give a schema with --schema-file FILE or --schema JSON")
+    };
     let context = match (&args.context, &args.context_file) {
         (Some(c), _) => c.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read context file {} (it must be UTF-8 text)", path.display()))?,
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read the context from stdin (it must be UTF-8 text)")?;
+            text
+        }
+        (None, Some(path)) => std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "cannot read context file {} (it must be UTF-8 text)",
+                path.display()
+            )
+        })?,
         (None, None) => bail!("give a context with --context TEXT or --context-file FILE"),
     };
     let opts = args.scoring.options();
@@ -110,7 +125,8 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     value["provenance"] = serde_json::to_value(&provenance)?;
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &args.output {
-        std::fs::write(path, format!("{text}\n")).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, format!("{text}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{text}");
     Ok(())

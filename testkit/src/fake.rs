@@ -7,7 +7,9 @@
 //! while every correct evaluation order (prefill + suffix, or the full prompt at once) gives
 //! bit-identical logits.
 
-use forkscore_backends::{Backend, BackendError, CandidateLogits, ModelFacts, PrefixState, ScoreRow};
+use forkscore_backends::{
+    Backend, BackendError, CandidateLogits, ModelFacts, PrefixState, ScoreRow,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Embedding rows of the fake model (enough for any Qwen tokenizer id).
@@ -91,7 +93,10 @@ impl FakeBackend {
     fn extend(&self, mut hash: u64, start: usize, ids: &[u32]) -> Result<u64, BackendError> {
         for (j, &id) in ids.iter().enumerate() {
             if id as usize >= self.facts.vocab_size {
-                return Err(BackendError::TokenOutOfRange { id, vocab_size: self.facts.vocab_size });
+                return Err(BackendError::TokenOutOfRange {
+                    id,
+                    vocab_size: self.facts.vocab_size,
+                });
             }
             hash = Self::step(hash, id, start + j);
         }
@@ -126,10 +131,15 @@ impl Backend for FakeBackend {
 
     fn prefill(&self, ids: &[u32]) -> Result<FakeState, BackendError> {
         if ids.is_empty() {
-            return Err(BackendError::InvalidRequest { reason: "prefill of an empty prefix".into() });
+            return Err(BackendError::InvalidRequest {
+                reason: "prefill of an empty prefix".into(),
+            });
         }
         self.calls.prefill.fetch_add(1, Ordering::SeqCst);
-        Ok(FakeState { hash: self.extend(self.start(), 0, ids)?, len: ids.len() })
+        Ok(FakeState {
+            hash: self.extend(self.start(), 0, ids)?,
+            len: ids.len(),
+        })
     }
 
     fn score(
@@ -139,24 +149,36 @@ impl Backend for FakeBackend {
         candidates: &[u32],
     ) -> Result<CandidateLogits, BackendError> {
         self.calls.score.fetch_add(1, Ordering::SeqCst);
-        self.calls.rows_scored.fetch_add(rows.len(), Ordering::SeqCst);
+        self.calls
+            .rows_scored
+            .fetch_add(rows.len(), Ordering::SeqCst);
         let mut data = Vec::with_capacity(rows.len() * candidates.len());
         for (i, row) in rows.iter().enumerate() {
-            let state = states.get(row.state).ok_or_else(|| BackendError::InvalidRequest {
-                reason: format!("row {i} names state {} of {}", row.state, states.len()),
-            })?;
+            let state = states
+                .get(row.state)
+                .ok_or_else(|| BackendError::InvalidRequest {
+                    reason: format!("row {i} names state {} of {}", row.state, states.len()),
+                })?;
             if row.suffix.is_empty() {
-                return Err(BackendError::InvalidRequest { reason: format!("row {i} has an empty suffix") });
+                return Err(BackendError::InvalidRequest {
+                    reason: format!("row {i} has an empty suffix"),
+                });
             }
             let hash = self.extend(state.hash, state.len, row.suffix)?;
             data.extend(Self::logits(hash, candidates));
         }
-        Ok(CandidateLogits { rows: rows.len(), candidates: candidates.len(), data })
+        Ok(CandidateLogits {
+            rows: rows.len(),
+            candidates: candidates.len(),
+            data,
+        })
     }
 
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
         if ids.is_empty() {
-            return Err(BackendError::InvalidRequest { reason: "forward of an empty prompt".into() });
+            return Err(BackendError::InvalidRequest {
+                reason: "forward of an empty prompt".into(),
+            });
         }
         self.calls.forward_full.fetch_add(1, Ordering::SeqCst);
         Ok(Self::logits(self.extend(self.start(), 0, ids)?, candidates))
@@ -172,11 +194,38 @@ mod tests {
         let b = FakeBackend::new(7);
         let s = b.prefill(&[1, 2, 3]).unwrap();
         let cands = [10, 11, 12];
-        let scored = b.score(&[&s], &[ScoreRow { state: 0, suffix: &[4, 5] }], &cands).unwrap();
-        assert_eq!(scored.row(0), b.forward_full(&[1, 2, 3, 4, 5], &cands).unwrap().as_slice());
-        assert_ne!(scored.row(0), b.forward_full(&[1, 2, 3, 5, 4], &cands).unwrap().as_slice());
-        assert_ne!(scored.row(0), b.forward_full(&[2, 3, 4, 5], &cands).unwrap().as_slice());
-        assert!(b.score(&[&s], &[ScoreRow { state: 1, suffix: &[4] }], &cands).is_err());
+        let scored = b
+            .score(
+                &[&s],
+                &[ScoreRow {
+                    state: 0,
+                    suffix: &[4, 5],
+                }],
+                &cands,
+            )
+            .unwrap();
+        assert_eq!(
+            scored.row(0),
+            b.forward_full(&[1, 2, 3, 4, 5], &cands).unwrap().as_slice()
+        );
+        assert_ne!(
+            scored.row(0),
+            b.forward_full(&[1, 2, 3, 5, 4], &cands).unwrap().as_slice()
+        );
+        assert_ne!(
+            scored.row(0),
+            b.forward_full(&[2, 3, 4, 5], &cands).unwrap().as_slice()
+        );
+        assert!(b
+            .score(
+                &[&s],
+                &[ScoreRow {
+                    state: 1,
+                    suffix: &[4]
+                }],
+                &cands
+            )
+            .is_err());
         assert!(b.prefill(&[FAKE_VOCAB as u32]).is_err());
     }
 }

@@ -19,7 +19,11 @@ pub fn round_floats(v: &Value) -> Value {
             serde_json::Number::from_f64(r).map_or(Value::Null, Value::Number)
         }
         Value::Array(a) => Value::Array(a.iter().map(round_floats).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), round_floats(v))).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), round_floats(v)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -30,7 +34,11 @@ mod tests {
 
     #[test]
     fn rounds_to_significant_digits_and_keeps_integers() {
-        let v = serde_json::json!({"p": 0.0000022435932135682548, "n": 12, "l": [6.961575984954834]});
-        assert_eq!(round_floats(&v), serde_json::json!({"p": 0.00000224359321, "n": 12, "l": [6.96157598]}));
+        let v =
+            serde_json::json!({"p": 0.0000022435932135682548, "n": 12, "l": [6.961575984954834]});
+        assert_eq!(
+            round_floats(&v),
+            serde_json::json!({"p": 0.00000224359321, "n": 12, "l": [6.96157598]})
+        );
     }
 }

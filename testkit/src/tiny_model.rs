@@ -38,13 +38,19 @@ pub enum TinyModelError {
     #[error("invalid tiny model spec: {0}")]
     Spec(String),
     #[error("I/O error on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("safetensors: {0}")]
     Safetensors(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TinyModelError + '_ {
-    move |source| TinyModelError::Io { path: path.to_path_buf(), source }
+    move |source| TinyModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Which transformers architecture to write.
@@ -136,8 +142,16 @@ impl TinySpec {
 
     pub fn validate(&self) -> Result<(), TinyModelError> {
         let bad = |m: &str| Err(TinyModelError::Spec(m.to_string()));
-        if [self.hidden, self.layers, self.heads, self.kv_heads, self.head_dim, self.intermediate, self.vocab]
-            .contains(&0)
+        if [
+            self.hidden,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.intermediate,
+            self.vocab,
+        ]
+        .contains(&0)
         {
             return bad("sizes must be positive");
         }
@@ -148,7 +162,9 @@ impl TinySpec {
             return bad("head_dim must be even");
         }
         if self.arch == TinyArch::Qwen25 && self.heads * self.head_dim != self.hidden {
-            return bad("Qwen2 derives head_dim = hidden / heads: heads * head_dim must equal hidden");
+            return bad(
+                "Qwen2 derives head_dim = hidden / heads: heads * head_dim must equal hidden",
+            );
         }
         Ok(())
     }
@@ -179,22 +195,39 @@ struct Draw {
 impl Draw {
     /// Zero-mean with standard deviation `std` (uniform: half-width `std * sqrt(3)`).
     fn std(std: f32) -> Self {
-        Draw { center: 0.0, half: std * 3f32.sqrt() }
+        Draw {
+            center: 0.0,
+            half: std * 3f32.sqrt(),
+        }
     }
 }
 
 /// Tensor names, shapes and draws of `spec`, in a stable order.
 fn parameters(spec: &TinySpec) -> Vec<(String, Vec<usize>, Draw)> {
-    let (d, h, kv, hd, f, v) = (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab);
+    let (d, h, kv, hd, f, v) = (
+        spec.hidden,
+        spec.heads,
+        spec.kv_heads,
+        spec.head_dim,
+        spec.intermediate,
+        spec.vocab,
+    );
     let lin = |fan_in: usize, gain: f32| Draw::std(gain / (fan_in as f32).sqrt());
-    let norm = Draw { center: 1.0, half: 0.5 };
-    let bias = Draw { center: 0.0, half: 0.5 };
+    let norm = Draw {
+        center: 1.0,
+        half: 0.5,
+    };
+    let bias = Draw {
+        center: 0.0,
+        half: 0.5,
+    };
     // head rows so that logit std ~ 12 with unit-rms hidden states: max over 150k rows ~ 50
     let head = Draw::std(12.0 / (d as f32).sqrt());
     let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, d], head)];
     for i in 0..spec.layers {
         let p = format!("model.layers.{i}");
-        let mut push = |n: &str, shape: Vec<usize>, draw| out.push((format!("{p}.{n}"), shape, draw));
+        let mut push =
+            |n: &str, shape: Vec<usize>, draw| out.push((format!("{p}.{n}"), shape, draw));
         push("input_layernorm.weight", vec![d], norm);
         push("self_attn.q_proj.weight", vec![h * hd, d], lin(d, 1.6));
         push("self_attn.k_proj.weight", vec![kv * hd, d], lin(d, 1.6));
@@ -207,8 +240,22 @@ fn parameters(spec: &TinySpec) -> Vec<(String, Vec<usize>, Draw)> {
                 push("self_attn.v_proj.bias", vec![kv * hd], bias);
             }
             TinyArch::Qwen3 => {
-                push("self_attn.q_norm.weight", vec![hd], Draw { center: 1.4, half: 0.6 });
-                push("self_attn.k_norm.weight", vec![hd], Draw { center: 1.4, half: 0.6 });
+                push(
+                    "self_attn.q_norm.weight",
+                    vec![hd],
+                    Draw {
+                        center: 1.4,
+                        half: 0.6,
+                    },
+                );
+                push(
+                    "self_attn.k_norm.weight",
+                    vec![hd],
+                    Draw {
+                        center: 1.4,
+                        half: 0.6,
+                    },
+                );
             }
         }
         push("post_attention_layernorm.weight", vec![d], norm);
@@ -255,12 +302,24 @@ pub fn tiny_tensors(spec: &TinySpec) -> Result<Vec<TinyTensor>, TinyModelError> 
         .map(|(name, shape, draw)| {
             let values = draw_values(spec.seed, &name, shape.iter().product(), draw);
             let (dtype, bytes) = match spec.dtype {
-                WeightDtype::F32 => (Dtype::F32, values.iter().flat_map(|x| x.to_le_bytes()).collect()),
-                WeightDtype::Bf16 => {
-                    (Dtype::BF16, values.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())
-                }
+                WeightDtype::F32 => (
+                    Dtype::F32,
+                    values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+                WeightDtype::Bf16 => (
+                    Dtype::BF16,
+                    values
+                        .iter()
+                        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                        .collect(),
+                ),
             };
-            TinyTensor { name, shape, dtype, bytes }
+            TinyTensor {
+                name,
+                shape,
+                dtype,
+                bytes,
+            }
         })
         .collect())
 }
@@ -276,7 +335,8 @@ pub fn write_safetensors(path: &Path, tensors: &[&TinyTensor]) -> Result<(), Tin
         })
         .collect::<Result<Vec<_>, _>>()?;
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| TinyModelError::Safetensors(e.to_string()))
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| TinyModelError::Safetensors(e.to_string()))
 }
 
 fn sorted(v: Value) -> Value {
@@ -332,9 +392,15 @@ pub fn config_json(spec: &TinySpec) -> Value {
             o.insert("transformers_version".into(), json!("4.51.0"));
         }
         ConfigStyle::Transformers5 => {
-            o.insert("rope_parameters".into(), json!({"rope_theta": spec.rope_theta, "rope_type": "default"}));
+            o.insert(
+                "rope_parameters".into(),
+                json!({"rope_theta": spec.rope_theta, "rope_type": "default"}),
+            );
             o.insert("dtype".into(), json!(dtype));
-            o.insert("layer_types".into(), json!(vec!["full_attention"; spec.layers]));
+            o.insert(
+                "layer_types".into(),
+                json!(vec!["full_attention"; spec.layers]),
+            );
             o.insert("transformers_version".into(), json!("5.0.0"));
         }
     }
@@ -349,7 +415,9 @@ fn write_json(path: &Path, v: &Value) -> Result<(), TinyModelError> {
 
 fn write_tokenizer(dir: &Path, spec: &TinySpec) -> Result<(), TinyModelError> {
     let family = spec.tokenizer_family();
-    let json = family.tokenizer_json().map_err(|e| TinyModelError::Spec(format!("tokenizer fixture: {e}")))?;
+    let json = family
+        .tokenizer_json()
+        .map_err(|e| TinyModelError::Spec(format!("tokenizer fixture: {e}")))?;
     let out = dir.join("tokenizer.json");
     std::fs::write(&out, json).map_err(io(&out))?;
     let out = dir.join("tokenizer_config.json");
@@ -364,7 +432,9 @@ pub fn write_hf_folder(dir: &Path, spec: &TinySpec) -> Result<(), TinyModelError
     write_json(&dir.join("config.json"), &config_json(spec))?;
     write_json(
         &dir.join("generation_config.json"),
-        &sorted(json!({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "transformers_version": "4.51.0"})),
+        &sorted(
+            json!({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "transformers_version": "4.51.0"}),
+        ),
     )?;
     if spec.sharded {
         // shard 1: embedding and the first half of the layers; shard 2: the rest
@@ -377,8 +447,12 @@ pub fn write_hf_folder(dir: &Path, spec: &TinySpec) -> Result<(), TinyModelError
                     .and_then(|i| i.parse::<usize>().ok())
                     .is_some_and(|i| i < split_layer)
         };
-        let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
-        let (a, b): (Vec<&TinyTensor>, Vec<&TinyTensor>) = tensors.iter().partition(|t| first(&t.name));
+        let names = [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ];
+        let (a, b): (Vec<&TinyTensor>, Vec<&TinyTensor>) =
+            tensors.iter().partition(|t| first(&t.name));
         write_safetensors(&dir.join(names[0]), &a)?;
         write_safetensors(&dir.join(names[1]), &b)?;
         let weight_map: BTreeMap<&str, &str> = a
@@ -403,7 +477,12 @@ pub fn write_hf_folder(dir: &Path, spec: &TinySpec) -> Result<(), TinyModelError
 
 /// Write `spec` as the Hugging Face cache snapshot `models--ORG--NAME/snapshots/REV/` under
 /// `root` (with `refs/main` naming `revision`). Returns the snapshot folder.
-pub fn write_hf_cache(root: &Path, model_id: &str, revision: &str, spec: &TinySpec) -> Result<PathBuf, TinyModelError> {
+pub fn write_hf_cache(
+    root: &Path,
+    model_id: &str,
+    revision: &str,
+    spec: &TinySpec,
+) -> Result<PathBuf, TinyModelError> {
     let (org, name) = model_id
         .split_once('/')
         .ok_or_else(|| TinyModelError::Spec(format!("model id `{model_id}` is not ORG/NAME")))?;
@@ -461,9 +540,39 @@ mod tests {
 
     #[test]
     fn draws_are_deterministic_and_in_range() {
-        let a = draw_values(7, "x", 1000, Draw { center: 1.0, half: 0.5 });
-        assert_eq!(a, draw_values(7, "x", 1000, Draw { center: 1.0, half: 0.5 }));
-        assert_ne!(a, draw_values(7, "y", 1000, Draw { center: 1.0, half: 0.5 }));
+        let a = draw_values(
+            7,
+            "x",
+            1000,
+            Draw {
+                center: 1.0,
+                half: 0.5,
+            },
+        );
+        assert_eq!(
+            a,
+            draw_values(
+                7,
+                "x",
+                1000,
+                Draw {
+                    center: 1.0,
+                    half: 0.5
+                }
+            )
+        );
+        assert_ne!(
+            a,
+            draw_values(
+                7,
+                "y",
+                1000,
+                Draw {
+                    center: 1.0,
+                    half: 0.5
+                }
+            )
+        );
         assert!(a.iter().all(|x| (0.5..1.5).contains(x)));
     }
 
@@ -480,13 +589,19 @@ mod tests {
             hex::encode(h.finalize())
         };
         let small = |s: TinySpec| TinySpec { vocab: 1000, ..s };
-        let got = [digest(&small(TinySpec::qwen25())), digest(&small(TinySpec::qwen3()))];
+        let got = [
+            digest(&small(TinySpec::qwen25())),
+            digest(&small(TinySpec::qwen3())),
+        ];
         assert_eq!(got, PINNED_DIGESTS);
     }
 
     #[test]
     fn qwen25_spec_rejects_inconsistent_head_dim() {
-        let spec = TinySpec { head_dim: 16, ..TinySpec::qwen25() };
+        let spec = TinySpec {
+            head_dim: 16,
+            ..TinySpec::qwen25()
+        };
         assert!(spec.validate().is_err());
         assert!(TinySpec::qwen3().validate().is_ok());
     }
@@ -506,7 +621,11 @@ mod tests {
     #[test]
     fn folder_is_complete_with_real_tokenizer() {
         let dir = std::env::temp_dir().join(format!("forkscore-tiny-test-{}", std::process::id()));
-        let spec = TinySpec { vocab: 1000, sharded: true, ..TinySpec::qwen3() };
+        let spec = TinySpec {
+            vocab: 1000,
+            sharded: true,
+            ..TinySpec::qwen3()
+        };
         write_hf_folder(&dir, &spec).expect("write");
         for f in [
             "config.json",
@@ -520,11 +639,19 @@ mod tests {
             assert!(dir.join(f).is_file(), "{f}");
         }
         let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer");
-        let ids = tok.encode("<|im_start|>user", false).expect("encode").get_ids().to_vec();
+        let ids = tok
+            .encode("<|im_start|>user", false)
+            .expect("encode")
+            .get_ids()
+            .to_vec();
         assert_eq!(ids, vec![151644, 872]);
-        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read"))
-            .expect("json");
-        assert!(cfg["chat_template"].as_str().is_some_and(|t| t.contains("<|im_start|>")));
+        let cfg: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read"),
+        )
+        .expect("json");
+        assert!(cfg["chat_template"]
+            .as_str()
+            .is_some_and(|t| t.contains("<|im_start|>")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

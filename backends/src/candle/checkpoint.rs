@@ -67,7 +67,11 @@ impl ResolvedCheckpoint {
 
     /// A snapshot `ORG/NAME` at a 40-hex `revision` in the Hugging Face cache under
     /// `cache_root` (or [`hf_cache_root`] when `None`). Never touches the network.
-    pub fn from_hf_cache(model_id: &str, revision: &str, cache_root: Option<&Path>) -> Result<Self, BackendError> {
+    pub fn from_hf_cache(
+        model_id: &str,
+        revision: &str,
+        cache_root: Option<&Path>,
+    ) -> Result<Self, BackendError> {
         let (org, name) = parse_model_id(model_id)?;
         validate_revision(revision)?;
         let root = match cache_root {
@@ -82,7 +86,9 @@ impl ResolvedCheckpoint {
             let reason = if repo.is_dir() {
                 format!("{model_id} is in the cache but revision {revision} is not downloaded")
             } else {
-                format!("{model_id} is not in the Hugging Face cache (offline: nothing is downloaded)")
+                format!(
+                    "{model_id} is not in the Hugging Face cache (offline: nothing is downloaded)"
+                )
             };
             return Err(BackendError::MissingFile { path: dir, reason });
         }
@@ -110,7 +116,11 @@ impl ResolvedCheckpoint {
 /// The Hugging Face hub cache directory from the environment: `HF_HUB_CACHE`, else
 /// `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
 pub fn hf_cache_root() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     var("HF_HUB_CACHE")
         .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
@@ -121,19 +131,26 @@ fn parse_model_id(model_id: &str) -> Result<(&str, &str), BackendError> {
         !p.is_empty()
             && p != "."
             && p != ".."
-            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     match model_id.split_once('/') {
         Some((org, name)) if ok_part(org) && ok_part(name) => Ok((org, name)),
         _ => Err(BackendError::InvalidModelRef {
-            reason: format!("`{model_id}` is neither an existing folder nor a hub id of the form ORG/NAME"),
+            reason: format!(
+                "`{model_id}` is neither an existing folder nor a hub id of the form ORG/NAME"
+            ),
         }),
     }
 }
 
 /// A hub revision must be a full 40-hex commit id.
 pub fn validate_revision(revision: &str) -> Result<(), BackendError> {
-    if revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+    if revision.len() == 40
+        && revision
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    {
         return Ok(());
     }
     Err(BackendError::InvalidModelRef {
@@ -152,10 +169,14 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    let read = |p: PathBuf| std::fs::read(&p).map_err(|source| BackendError::Io { path: p, source });
+    let read =
+        |p: PathBuf| std::fs::read(&p).map_err(|source| BackendError::Io { path: p, source });
     let config = dir.join("config.json");
     if !config.is_file() {
-        return Err(BackendError::MissingFile { path: config, reason: "the checkpoint has no config.json".into() });
+        return Err(BackendError::MissingFile {
+            path: config,
+            reason: "the checkpoint has no config.json".into(),
+        });
     }
     part("config.json", &read(config)?);
     let files = WeightFiles::discover(dir)?;
@@ -164,7 +185,10 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
     }
     for shard in &files.shards {
         let (header, size) = header_and_size(shard)?;
-        let name = shard.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = shard
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         part(name, &header);
         part("size", &size.to_le_bytes());
     }
@@ -182,8 +206,17 @@ mod tests {
     #[test]
     fn revisions_must_be_full_commits() {
         assert!(validate_revision(&"a".repeat(40)).is_ok());
-        for bad in ["main", "abc1234", &"A".repeat(40), &"g".repeat(40), &"a".repeat(41)] {
-            let msg = validate_revision(bad).err().map(|e| e.to_string()).unwrap_or_default();
+        for bad in [
+            "main",
+            "abc1234",
+            &"A".repeat(40),
+            &"g".repeat(40),
+            &"a".repeat(41),
+        ] {
+            let msg = validate_revision(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(msg.contains("not reproducible"), "{bad}: {msg}");
         }
     }

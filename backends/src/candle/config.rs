@@ -35,7 +35,11 @@ pub enum Architecture {
 }
 
 impl Architecture {
-    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3, Architecture::Qwen3_5];
+    pub const ALL: &'static [Architecture] = &[
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3_5,
+    ];
 
     /// `(architectures[0] names, model_type names)` that select this architecture.
     pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {
@@ -85,7 +89,9 @@ impl Architecture {
                 .find(|a| a.hf_names().1.contains(&mt))
                 .ok_or_else(|| unsupported(mt));
         }
-        Err(unsupported("<none: config.json has neither architectures nor model_type>"))
+        Err(unsupported(
+            "<none: config.json has neither architectures nor model_type>",
+        ))
     }
 }
 
@@ -198,18 +204,25 @@ impl ModelConfig {
                 path: path.to_path_buf(),
                 reason: "the checkpoint has no config.json".into(),
             },
-            _ => BackendError::Io { path: path.to_path_buf(), source },
+            _ => BackendError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
-        let root: Value = serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
-            path: path.to_path_buf(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
+        let root: Value =
+            serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
+                path: path.to_path_buf(),
+                reason: format!("not valid JSON: {e}"),
+            })?;
         Self::from_json(path, &root)
     }
 
     /// Validate an already-read `config.json` value (`path` is only used in messages).
     pub fn from_json(path: &Path, root: &Value) -> Result<Self, BackendError> {
-        let invalid = |reason: String| BackendError::InvalidConfig { path: path.to_path_buf(), reason };
+        let invalid = |reason: String| BackendError::InvalidConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
         let arch_name = root
             .get("architectures")
             .and_then(Value::as_array)
@@ -252,19 +265,32 @@ fn validate_text(
     }
     if let Some(act) = &raw.hidden_act {
         if act != "silu" {
-            return Err(invalid(format!("hidden_act `{act}` is not supported (only silu)")));
+            return Err(invalid(format!(
+                "hidden_act `{act}` is not supported (only silu)"
+            )));
         }
     }
-    for (name, rope) in [("rope_parameters", &raw.rope_parameters), ("rope_scaling", &raw.rope_scaling)] {
+    for (name, rope) in [
+        ("rope_parameters", &raw.rope_parameters),
+        ("rope_scaling", &raw.rope_scaling),
+    ] {
         if let Some(r) = rope {
-            let kind = r.rope_type.as_deref().or(r.legacy_type.as_deref()).unwrap_or("default");
+            let kind = r
+                .rope_type
+                .as_deref()
+                .or(r.legacy_type.as_deref())
+                .unwrap_or("default");
             if kind != "default" {
-                return Err(invalid(format!("{name}: rope type `{kind}` is not supported (only default)")));
+                return Err(invalid(format!(
+                    "{name}: rope type `{kind}` is not supported (only default)"
+                )));
             }
         }
     }
     let param = |f: fn(&RawRope) -> Option<f64>| raw.rope_parameters.as_ref().and_then(f);
-    let theta = param(|r| r.rope_theta).or(raw.rope_theta).unwrap_or(10_000.0);
+    let theta = param(|r| r.rope_theta)
+        .or(raw.rope_theta)
+        .unwrap_or(10_000.0);
     let partial = param(|r| r.partial_rotary_factor)
         .or(raw.partial_rotary_factor)
         .unwrap_or(1.0);
@@ -291,12 +317,20 @@ fn validate_text(
         None if raw.hidden_size % raw.num_attention_heads == 0 => {
             raw.hidden_size / raw.num_attention_heads
         }
-        None => return Err(invalid("hidden_size is not a multiple of num_attention_heads".into())),
+        None => {
+            return Err(invalid(
+                "hidden_size is not a multiple of num_attention_heads".into(),
+            ))
+        }
     };
     if head_dim == 0 || head_dim % 2 != 0 {
-        return Err(invalid(format!("head_dim {head_dim} must be positive and even")));
+        return Err(invalid(format!(
+            "head_dim {head_dim} must be positive and even"
+        )));
     }
-    if !(theta > 0.0) || !(partial > 0.0 && partial <= 1.0) || !(raw.rms_norm_eps > 0.0) {
+    // written so that NaN fails every check
+    let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && raw.rms_norm_eps > 0.0;
+    if !in_range {
         return Err(invalid(format!(
             "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {} out of range",
             raw.rms_norm_eps
@@ -312,7 +346,10 @@ fn validate_text(
         intermediate_size: raw.intermediate_size,
         vocab_size: raw.vocab_size,
         rms_norm_eps: raw.rms_norm_eps,
-        rope: RopeConfig { theta, partial_rotary_factor: partial },
+        rope: RopeConfig {
+            theta,
+            partial_rotary_factor: partial,
+        },
         attention_bias: raw.attention_bias,
         layer_kinds,
         tie_word_embeddings: raw.tie_word_embeddings,
@@ -372,24 +409,34 @@ mod tests {
     #[test]
     fn reads_old_and_new_rope_keys() {
         let c = ModelConfig::from_json(Path::new("c"), &base()).ok();
-        let c = c.as_ref().map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
+        let c = c
+            .as_ref()
+            .map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
         assert_eq!(c, Some((1e6, 16, Some("bfloat16".into()))));
         let mut v = base();
-        v.as_object_mut().map(|o| {
+        if let Some(o) = v.as_object_mut() {
             o.remove("rope_theta");
             o.remove("torch_dtype");
-            o.insert("rope_parameters".into(), json!({"rope_theta": 5e6, "rope_type": "default"}));
+            o.insert(
+                "rope_parameters".into(),
+                json!({"rope_theta": 5e6, "rope_type": "default"}),
+            );
             o.insert("dtype".into(), json!("float32"));
-        });
+        }
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
-        assert_eq!(c.map(|c| (c.text.rope.theta, c.stored_dtype)), Some((5e6, Some("float32".into()))));
+        assert_eq!(
+            c.map(|c| (c.text.rope.theta, c.stored_dtype)),
+            Some((5e6, Some("float32".into())))
+        );
     }
 
     #[test]
     fn rejects_unknown_architecture_by_name() {
         let mut v = base();
         v["architectures"] = json!(["LlamaForCausalLM"]);
-        let err = ModelConfig::from_json(Path::new("c"), &v).err().map(|e| e.to_string());
+        let err = ModelConfig::from_json(Path::new("c"), &v)
+            .err()
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("LlamaForCausalLM"));
     }
 
@@ -399,7 +446,9 @@ mod tests {
         v["text_config"] = base();
         v["text_config"]["head_dim"] = json!(32);
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
-        assert_eq!(c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
-            Some((Architecture::Qwen3, 32, Some(false))));
+        assert_eq!(
+            c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
+            Some((Architecture::Qwen3, 32, Some(false)))
+        );
     }
 }

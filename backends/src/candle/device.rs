@@ -76,7 +76,9 @@ impl FromStr for DeviceSpec {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |why: &str| BackendError::Device {
-            reason: format!("cannot parse device `{s}` ({why}); expected cpu, cuda[:N] or metal[:N]"),
+            reason: format!(
+                "cannot parse device `{s}` ({why}); expected cpu, cuda[:N] or metal[:N]"
+            ),
         };
         let lower = s.trim().to_ascii_lowercase();
         let (kind, ordinal) = match lower.split_once(':') {
@@ -149,12 +151,21 @@ mod tests {
     fn parses_devices_and_dtypes() {
         assert_eq!("cpu".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cpu));
         assert_eq!("cuda".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cuda(0)));
-        assert_eq!("CUDA:3".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cuda(3)));
-        assert_eq!("metal:1".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Metal(1)));
+        assert_eq!(
+            "CUDA:3".parse::<DeviceSpec>().ok(),
+            Some(DeviceSpec::Cuda(3))
+        );
+        assert_eq!(
+            "metal:1".parse::<DeviceSpec>().ok(),
+            Some(DeviceSpec::Metal(1))
+        );
         assert!("cpu:0".parse::<DeviceSpec>().is_err());
         assert!("tpu".parse::<DeviceSpec>().is_err());
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
-        assert_eq!("bf16".parse::<ComputeDType>().ok(), Some(ComputeDType::Bf16));
+        assert_eq!(
+            "bf16".parse::<ComputeDType>().ok(),
+            Some(ComputeDType::Bf16)
+        );
         assert!("f64".parse::<ComputeDType>().is_err());
         assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
     }
@@ -162,7 +173,11 @@ mod tests {
     #[test]
     fn missing_feature_is_a_clear_error() {
         if !cfg!(feature = "cuda") {
-            let err = DeviceSpec::Cuda(0).open().err().map(|e| e.to_string()).unwrap_or_default();
+            let err = DeviceSpec::Cuda(0)
+                .open()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(err.contains("`cuda` feature"), "{err}");
         }
     }

@@ -24,11 +24,20 @@ impl CandidateHead {
     }
 
     /// `(N, D) -> (N, C)` f32 logits for `candidates` (each `< V`, checked by the caller).
-    pub fn project(&self, hidden: &Tensor, candidates: &[u32], device: &Device) -> Result<Tensor, BackendError> {
+    pub fn project(
+        &self,
+        hidden: &Tensor,
+        candidates: &[u32],
+        device: &Device,
+    ) -> Result<Tensor, BackendError> {
         let op = BackendError::tensor("candidate head");
         let ids = Tensor::new(candidates, device).map_err(BackendError::tensor("candidate ids"))?;
         // (V, D) -> (C, D) -> f32
-        let rows = self.weight.index_select(&ids, 0).and_then(|w| w.to_dtype(DType::F32)).map_err(op)?;
+        let rows = self
+            .weight
+            .index_select(&ids, 0)
+            .and_then(|w| w.to_dtype(DType::F32))
+            .map_err(op)?;
         // (N, D) x (D, C) -> (N, C)
         hidden
             .to_dtype(DType::F32)

@@ -7,14 +7,28 @@ use super::weights::Weights;
 use crate::BackendError;
 
 /// Load `name.weight` `(out, in)` and, when `bias`, `name.bias` `(out,)`.
-pub(crate) fn linear(w: &Weights<'_>, name: &str, in_dim: usize, out_dim: usize, bias: bool) -> Result<Linear, BackendError> {
+pub(crate) fn linear(
+    w: &Weights<'_>,
+    name: &str,
+    in_dim: usize,
+    out_dim: usize,
+    bias: bool,
+) -> Result<Linear, BackendError> {
     let weight = w.get(&format!("{name}.weight"), &[out_dim, in_dim])?;
-    let bias = if bias { Some(w.get(&format!("{name}.bias"), &[out_dim])?) } else { None };
+    let bias = if bias {
+        Some(w.get(&format!("{name}.bias"), &[out_dim])?)
+    } else {
+        None
+    };
     Ok(Linear::new(weight, bias))
 }
 
 /// `(.., in) -> (.., out)`.
-pub(crate) fn apply(layer: &Linear, x: &Tensor, name: &'static str) -> Result<Tensor, BackendError> {
+pub(crate) fn apply(
+    layer: &Linear,
+    x: &Tensor,
+    name: &'static str,
+) -> Result<Tensor, BackendError> {
     layer.forward(x).map_err(BackendError::tensor(name))
 }
 
@@ -26,11 +40,28 @@ pub(crate) struct Mlp {
 
 impl Mlp {
     /// `prefix.{gate,up,down}_proj`, no biases.
-    pub fn load(w: &Weights<'_>, prefix: &str, hidden: usize, intermediate: usize) -> Result<Self, BackendError> {
+    pub fn load(
+        w: &Weights<'_>,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+    ) -> Result<Self, BackendError> {
         Ok(Mlp {
-            gate: linear(w, &format!("{prefix}.gate_proj"), hidden, intermediate, false)?,
+            gate: linear(
+                w,
+                &format!("{prefix}.gate_proj"),
+                hidden,
+                intermediate,
+                false,
+            )?,
             up: linear(w, &format!("{prefix}.up_proj"), hidden, intermediate, false)?,
-            down: linear(w, &format!("{prefix}.down_proj"), intermediate, hidden, false)?,
+            down: linear(
+                w,
+                &format!("{prefix}.down_proj"),
+                intermediate,
+                hidden,
+                false,
+            )?,
         })
     }
 
@@ -38,7 +69,9 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, BackendError> {
         let gate = apply(&self.gate, x, "mlp gate")?; // (B, L, F)
         let up = apply(&self.up, x, "mlp up")?; // (B, L, F)
-        let h = candle_nn::ops::silu(&gate).and_then(|g| g * up).map_err(BackendError::tensor("mlp swiglu"))?;
+        let h = candle_nn::ops::silu(&gate)
+            .and_then(|g| g * up)
+            .map_err(BackendError::tensor("mlp swiglu"))?;
         apply(&self.down, &h, "mlp down") // (B, L, D)
     }
 }

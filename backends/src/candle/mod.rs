@@ -60,14 +60,22 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: DeviceSpec::Cpu, dtype: ComputeDType::F32, prefill_chunk: DEFAULT_PREFILL_CHUNK }
+        LoadOptions {
+            device: DeviceSpec::Cpu,
+            dtype: ComputeDType::F32,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+        }
     }
 }
 
 impl LoadOptions {
     /// `device` with its default dtype (f32 on CPU, bf16 on accelerators).
     pub fn for_device(device: DeviceSpec) -> Self {
-        LoadOptions { device, dtype: device.default_dtype(), ..Self::default() }
+        LoadOptions {
+            device,
+            dtype: device.default_dtype(),
+            ..Self::default()
+        }
     }
 }
 
@@ -83,11 +91,16 @@ pub struct CandleBackend {
 }
 
 fn invalid(reason: impl Into<String>) -> BackendError {
-    BackendError::InvalidRequest { reason: reason.into() }
+    BackendError::InvalidRequest {
+        reason: reason.into(),
+    }
 }
 
 impl CandleBackend {
-    pub fn load(checkpoint: &ResolvedCheckpoint, options: &LoadOptions) -> Result<Self, BackendError> {
+    pub fn load(
+        checkpoint: &ResolvedCheckpoint,
+        options: &LoadOptions,
+    ) -> Result<Self, BackendError> {
         if options.prefill_chunk == 0 {
             return Err(invalid("prefill_chunk must be positive"));
         }
@@ -166,17 +179,35 @@ impl CandleBackend {
         let mut layers: Vec<LayerState> = Vec::new();
         let mut offset = 0;
         for part in ids.chunks(chunk) {
-            let step = Step::new(&b.rope, &[offset], &[part.len()], part.len(), None, b.dtype, &b.device)?;
+            let step = Step::new(
+                &b.rope,
+                &[offset],
+                &[part.len()],
+                part.len(),
+                None,
+                b.dtype,
+                &b.device,
+            )?;
             let pasts: Vec<LayerPast> = if layers.is_empty() {
                 b.layers.iter().map(|_| LayerPast::Empty).collect()
             } else {
-                layers.iter().map(LayerPast::whole).collect()
+                layers
+                    .iter()
+                    .map(LayerPast::whole)
+                    .collect::<Result<_, _>>()?
             };
             let (_, updates) = b.forward(part, &pasts, &step)?;
             layers = if layers.is_empty() {
-                updates.into_iter().map(|u| LayerState::extend(None, u)).collect::<Result<_, _>>()?
+                updates
+                    .into_iter()
+                    .map(|u| LayerState::extend(None, u))
+                    .collect::<Result<_, _>>()?
             } else {
-                layers.iter().zip(updates).map(|(l, u)| LayerState::extend(Some(l), u)).collect::<Result<_, _>>()?
+                layers
+                    .iter()
+                    .zip(updates)
+                    .map(|(l, u)| LayerState::extend(Some(l), u))
+                    .collect::<Result<_, _>>()?
             };
             offset += part.len();
         }
@@ -184,9 +215,15 @@ impl CandleBackend {
     }
 
     /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec.
-    fn project(&self, hidden: &Tensor, flat_index: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+    fn project(
+        &self,
+        hidden: &Tensor,
+        flat_index: &[u32],
+        candidates: &[u32],
+    ) -> Result<Vec<f32>, BackendError> {
         let b = &self.backbone;
-        let idx = Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
+        let idx =
+            Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
         // (B, L, D) -> (B*L, D) -> (N, D)
         let last = hidden
             .flatten_to(1)
@@ -237,7 +274,11 @@ impl SlotLayout {
                 }
             }
         }
-        SlotLayout { slots, batch, position }
+        SlotLayout {
+            slots,
+            batch,
+            position,
+        }
     }
 
     /// The caller's row a batch row computes (a filler computes its slot's first row again).
@@ -283,7 +324,11 @@ impl Backend for CandleBackend {
         }
         for (i, r) in rows.iter().enumerate() {
             if r.state >= states.len() {
-                return Err(invalid(format!("row {i} names state {} of {}", r.state, states.len())));
+                return Err(invalid(format!(
+                    "row {i} names state {} of {}",
+                    r.state,
+                    states.len()
+                )));
             }
             if r.suffix.is_empty() {
                 return Err(invalid(format!("row {i} has an empty suffix")));
@@ -293,7 +338,9 @@ impl Backend for CandleBackend {
         let layout = SlotLayout::new(rows);
         let batch_slot: Vec<u32> = layout.batch.iter().map(|&(_, slot)| slot).collect();
         let (pasts, p) = merge_slots(states, &layout.slots, &batch_slot)?;
-        let sources: Vec<&ScoreRow> = (0..layout.batch.len()).map(|b| &rows[layout.source(b, rows)]).collect();
+        let sources: Vec<&ScoreRow> = (0..layout.batch.len())
+            .map(|b| &rows[layout.source(b, rows)])
+            .collect();
         let past_lens: Vec<usize> = sources.iter().map(|r| states[r.state].len()).collect();
         let valid: Vec<usize> = sources.iter().map(|r| r.suffix.len()).collect();
         let len = valid.iter().copied().max().unwrap_or(1);
@@ -302,7 +349,11 @@ impl Backend for CandleBackend {
         for (b, row) in sources.iter().enumerate() {
             ids[b * len..b * len + row.suffix.len()].copy_from_slice(row.suffix);
         }
-        let merged = if layout.slots.len() > 1 { Some(p) } else { None };
+        let merged = if layout.slots.len() > 1 {
+            Some(p)
+        } else {
+            None
+        };
         let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
         let (hidden, _branch) = b.forward(&ids, &pasts, &step)?;
         // each caller row's last real position, in the caller's order
@@ -312,7 +363,11 @@ impl Backend for CandleBackend {
             .map(|&pos| (pos * len + valid[pos] - 1) as u32)
             .collect();
         let data = self.project(&hidden, &last, candidates)?;
-        Ok(CandidateLogits { rows: rows.len(), candidates: candidates.len(), data })
+        Ok(CandidateLogits {
+            rows: rows.len(),
+            candidates: candidates.len(),
+            data,
+        })
     }
 
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
@@ -336,4 +391,3 @@ const _: fn() = || {
     assert_send_sync::<CandleBackend>();
     assert_send_sync::<CandleState>();
 };
-

@@ -19,7 +19,10 @@ pub(crate) struct RmsNorm {
 impl RmsNorm {
     /// Plain convention: the stored weight multiplies the normalised input.
     pub fn plain(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, BackendError> {
-        Ok(RmsNorm { weight: w.get(name, &[dim])?, eps: eps as f32 })
+        Ok(RmsNorm {
+            weight: w.get(name, &[dim])?,
+            eps: eps as f32,
+        })
     }
 
     /// Offset convention: `1 + stored weight` multiplies the normalised input.
@@ -27,16 +30,23 @@ impl RmsNorm {
         let weight = (w.get_f32(name, &[dim])? + 1.0)
             .and_then(|t| t.to_dtype(w.dtype()))
             .map_err(BackendError::tensor("rms_norm offset weight"))?;
-        Ok(RmsNorm { weight, eps: eps as f32 })
+        Ok(RmsNorm {
+            weight,
+            eps: eps as f32,
+        })
     }
 
     /// `(.., dim) -> (.., dim)`, same dtype as `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, BackendError> {
-        let x = x.contiguous().map_err(BackendError::tensor("rms_norm contiguous"))?;
+        let x = x
+            .contiguous()
+            .map_err(BackendError::tensor("rms_norm contiguous"))?;
         let w = if x.dtype() == self.weight.dtype() {
             self.weight.clone()
         } else {
-            self.weight.to_dtype(x.dtype()).map_err(BackendError::tensor("rms_norm weight dtype"))?
+            self.weight
+                .to_dtype(x.dtype())
+                .map_err(BackendError::tensor("rms_norm weight dtype"))?
         };
         candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(BackendError::tensor("rms_norm"))
     }

@@ -66,10 +66,17 @@ impl RopeTables {
     /// `(B, H, L, hd) -> (B, H, L, hd)`, rotating the first `R` dims (`R = 2 * cos.dim(2)`).
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, BackendError> {
         let op = BackendError::tensor("rope");
-        let r = 2 * self.cos.dim(D::Minus1).map_err(BackendError::tensor("rope dims"))?;
-        let head_dim = x.dim(D::Minus1).map_err(BackendError::tensor("rope dims"))?;
+        let r = 2 * self
+            .cos
+            .dim(D::Minus1)
+            .map_err(BackendError::tensor("rope dims"))?;
+        let head_dim = x
+            .dim(D::Minus1)
+            .map_err(BackendError::tensor("rope dims"))?;
         if r == head_dim {
-            let x = x.contiguous().map_err(BackendError::tensor("rope contiguous"))?;
+            let x = x
+                .contiguous()
+                .map_err(BackendError::tensor("rope contiguous"))?;
             return candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin).map_err(op);
         }
         let rot = x.narrow(D::Minus1, 0, r).and_then(|v| v.contiguous());
@@ -91,18 +98,30 @@ mod tests {
         let dev = Device::Cpu;
         let q = Tensor::arange(0f32, 12.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
         let k = Tensor::arange(3f32, 15.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
-        let (q, k) = (q.map_err(BackendError::tensor("t"))?, k.map_err(BackendError::tensor("t"))?);
+        let (q, k) = (
+            q.map_err(BackendError::tensor("t"))?,
+            k.map_err(BackendError::tensor("t"))?,
+        );
         let dot = |pq: u32, pk: u32| -> Result<f32, BackendError> {
             let a = rope.tables(&[pq], 1, 1, DType::F32, &dev)?.apply(&q)?;
             let b = rope.tables(&[pk], 1, 1, DType::F32, &dev)?.apply(&k)?;
-            (a * b).and_then(|t| t.sum_all()).and_then(|t| t.to_scalar::<f32>()).map_err(BackendError::tensor("dot"))
+            (a * b)
+                .and_then(|t| t.sum_all())
+                .and_then(|t| t.to_scalar::<f32>())
+                .map_err(BackendError::tensor("dot"))
         };
         let (d1, d2) = (dot(3, 5)?, dot(10, 12)?);
         assert!((d1 - d2).abs() < 1e-3, "{d1} vs {d2}");
         // pass-through dims stay untouched
         let a = rope.tables(&[7], 1, 1, DType::F32, &dev)?.apply(&q)?;
-        let tail = a.narrow(D::Minus1, 8, 4).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
-        assert_eq!(tail.map_err(BackendError::tensor("tail"))?, vec![8.0, 9.0, 10.0, 11.0]);
+        let tail = a
+            .narrow(D::Minus1, 8, 4)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>());
+        assert_eq!(
+            tail.map_err(BackendError::tensor("tail"))?,
+            vec![8.0, 9.0, 10.0, 11.0]
+        );
         Ok(())
     }
 }

@@ -7,9 +7,9 @@
 //! asks for that tensor, so vision / MTP tensors of multimodal checkpoints are never read.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -65,15 +65,19 @@ impl WeightFiles {
     pub fn discover(dir: &Path) -> Result<Self, BackendError> {
         let index = dir.join(INDEX_FILE);
         if index.is_file() {
-            let bytes = std::fs::read(&index).map_err(|source| BackendError::Io { path: index.clone(), source })?;
+            let bytes = std::fs::read(&index).map_err(|source| BackendError::Io {
+                path: index.clone(),
+                source,
+            })?;
             #[derive(serde::Deserialize)]
             struct Index {
                 weight_map: BTreeMap<String, String>,
             }
-            let parsed: Index = serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidCheckpoint {
-                path: index.clone(),
-                reason: format!("not a safetensors index (needs a `weight_map` object): {e}"),
-            })?;
+            let parsed: Index =
+                serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidCheckpoint {
+                    path: index.clone(),
+                    reason: format!("not a safetensors index (needs a `weight_map` object): {e}"),
+                })?;
             let mut files: Vec<&String> = parsed.weight_map.values().collect();
             files.sort();
             files.dedup();
@@ -94,11 +98,19 @@ impl WeightFiles {
                 }
                 shards.push(p);
             }
-            return Ok(WeightFiles { index: Some(index), shards, weight_map: parsed.weight_map });
+            return Ok(WeightFiles {
+                index: Some(index),
+                shards,
+                weight_map: parsed.weight_map,
+            });
         }
         let single = dir.join(SINGLE_FILE);
         if single.is_file() {
-            return Ok(WeightFiles { index: None, shards: vec![single], weight_map: BTreeMap::new() });
+            return Ok(WeightFiles {
+                index: None,
+                shards: vec![single],
+                weight_map: BTreeMap::new(),
+            });
         }
         Err(BackendError::MissingFile {
             path: single,
@@ -108,11 +120,17 @@ impl WeightFiles {
 }
 
 fn map_file(path: &Path) -> Result<Mmap, BackendError> {
-    let file = File::open(path).map_err(|source| BackendError::Io { path: path.to_path_buf(), source })?;
+    let file = File::open(path).map_err(|source| BackendError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     // SAFETY: the map is read-only and private to this process. Checkpoint files are not expected
     // to change while loaded; if one is truncated underneath us the process may fault, which is the
     // documented limit of every memory-mapped safetensors loader.
-    unsafe { Mmap::map(&file) }.map_err(|source| BackendError::Io { path: path.to_path_buf(), source })
+    unsafe { Mmap::map(&file) }.map_err(|source| BackendError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn corrupt(path: &Path, e: impl std::fmt::Display) -> BackendError {
@@ -130,14 +148,20 @@ impl ShardSet {
         let mut by_name = HashMap::new();
         for (i, path) in files.shards.iter().enumerate() {
             let mmap = map_file(path)?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| corrupt(path, format!("{e:?}")))?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| corrupt(path, format!("{e:?}")))?;
             let base = 8 + header_len;
             let mut entries = HashMap::new();
             for (name, info) in metadata.tensors() {
                 let (s, e) = info.data_offsets;
                 entries.insert(
                     name.clone(),
-                    Entry { dtype: info.dtype, shape: info.shape.clone(), start: base + s, end: base + e },
+                    Entry {
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start: base + s,
+                        end: base + e,
+                    },
                 );
                 if by_name.insert(name.clone(), i).is_some() {
                     return Err(BackendError::InvalidCheckpoint {
@@ -146,24 +170,41 @@ impl ShardSet {
                     });
                 }
             }
-            shards.push(Shard { path: path.clone(), mmap, entries });
+            shards.push(Shard {
+                path: path.clone(),
+                mmap,
+                entries,
+            });
         }
         for (name, file) in &files.weight_map {
             let found = by_name.get(name).map(|&i| &shards[i].path);
             if found.and_then(|p| p.file_name()).and_then(|f| f.to_str()) != Some(file.as_str()) {
                 return Err(BackendError::InvalidCheckpoint {
                     path: files.index.clone().unwrap_or_default(),
-                    reason: format!("index maps `{name}` to `{file}` but that file does not hold it"),
+                    reason: format!(
+                        "index maps `{name}` to `{file}` but that file does not hold it"
+                    ),
                 });
             }
         }
-        let describe = files.index.clone().unwrap_or_else(|| files.shards[0].clone());
-        Ok(ShardSet { shards, by_name, describe, read: Mutex::new(BTreeSet::new()) })
+        let describe = files
+            .index
+            .clone()
+            .unwrap_or_else(|| files.shards[0].clone());
+        Ok(ShardSet {
+            shards,
+            by_name,
+            describe,
+            read: Mutex::new(BTreeSet::new()),
+        })
     }
 
     /// Every tensor name [`ShardSet::get`] returned bytes for so far, sorted.
     pub fn names_read(&self) -> Vec<String> {
-        self.read.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default()
+        self.read
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -176,13 +217,24 @@ impl ShardSet {
             .by_name
             .get(name)
             .map(|&i| &self.shards[i])
-            .ok_or_else(|| BackendError::MissingTensor { name: name.to_string(), path: self.describe.clone() })?;
+            .ok_or_else(|| BackendError::MissingTensor {
+                name: name.to_string(),
+                path: self.describe.clone(),
+            })?;
         let entry = &shard.entries[name];
         if let Ok(mut read) = self.read.lock() {
             read.insert(name.to_string());
         }
-        let data = shard.mmap.get(entry.start..entry.end).ok_or_else(|| corrupt(&shard.path, "data range"))?;
-        Ok(RawTensor { dtype: entry.dtype, shape: &entry.shape, data, path: &shard.path })
+        let data = shard
+            .mmap
+            .get(entry.start..entry.end)
+            .ok_or_else(|| corrupt(&shard.path, "data range"))?;
+        Ok(RawTensor {
+            dtype: entry.dtype,
+            shape: &entry.shape,
+            data,
+            path: &shard.path,
+        })
     }
 }
 
@@ -190,7 +242,10 @@ impl ShardSet {
 /// (used by the checkpoint fingerprint).
 pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), BackendError> {
     use std::io::Read;
-    let io = |source| BackendError::Io { path: path.to_path_buf(), source };
+    let io = |source| BackendError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = File::open(path).map_err(io)?;
     let size = f.metadata().map_err(io)?.len();
     let mut len = [0u8; 8];

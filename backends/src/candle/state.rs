@@ -35,22 +35,35 @@ impl LayerState {
 
     /// Bytes held by the layer's tensors.
     pub fn nbytes(&self) -> usize {
-        self.tensors().iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+        self.tensors()
+            .iter()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
     }
 
     /// The state after `update`: K/V appended along T; linear states replaced.
-    pub(crate) fn extend(prev: Option<&LayerState>, update: LayerUpdate) -> Result<LayerState, BackendError> {
+    pub(crate) fn extend(
+        prev: Option<&LayerState>,
+        update: LayerUpdate,
+    ) -> Result<LayerState, BackendError> {
         match (prev, update) {
             (None, LayerUpdate::Attention { k, v }) => Ok(LayerState::Attention { k, v }),
             (Some(LayerState::Attention { k: pk, v: pv }), LayerUpdate::Attention { k, v }) => {
                 // (1, Hkv, T, hd) ++ (1, Hkv, L, hd) -> (1, Hkv, T + L, hd)
-                let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 2).map_err(BackendError::tensor("state append"));
-                Ok(LayerState::Attention { k: cat(pk, &k)?, v: cat(pv, &v)? })
+                let cat = |a: &Tensor, b: &Tensor| {
+                    Tensor::cat(&[a, b], 2).map_err(BackendError::tensor("state append"))
+                };
+                Ok(LayerState::Attention {
+                    k: cat(pk, &k)?,
+                    v: cat(pv, &v)?,
+                })
             }
             (None | Some(LayerState::Linear { .. }), LayerUpdate::Linear { conv, recurrent }) => {
                 Ok(LayerState::Linear { conv, recurrent })
             }
-            _ => Err(BackendError::InvalidRequest { reason: "layer update does not match the layer's state kind".into() }),
+            _ => Err(BackendError::InvalidRequest {
+                reason: "layer update does not match the layer's state kind".into(),
+            }),
         }
     }
 }
@@ -68,25 +81,49 @@ pub(crate) enum LayerUpdate {
 pub(crate) enum LayerPast {
     /// No prefix (plain forward, or the first prefill chunk).
     Empty,
-    /// K/V `(S, Hkv, P, hd)` of `S` slots (left-padded to `P`); `S` divides the row count and
-    /// rows are slot-major: row `b` continues slot `b / (B / S)`. `S == 1`: one shared prefix.
+    /// K/V `(Hkv, S, P, hd)` (KV-head-major) of `S` slots (left-padded to `P`); `S` divides the
+    /// row count and rows are slot-major: row `b` continues slot `b / (B / S)`. `S == 1`: one
+    /// shared prefix.
     Attention { k: Tensor, v: Tensor },
     /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
     /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
     #[allow(dead_code)]
-    Linear { conv: Tensor, recurrent: Tensor, shared: bool },
+    Linear {
+        conv: Tensor,
+        recurrent: Tensor,
+        shared: bool,
+    },
 }
 
 impl LayerPast {
     /// The whole of one retained state, shared by every row of the call.
-    pub(crate) fn whole(state: &LayerState) -> LayerPast {
-        match state {
-            LayerState::Attention { k, v } => LayerPast::Attention { k: k.clone(), v: v.clone() },
-            LayerState::Linear { conv, recurrent } => {
-                LayerPast::Linear { conv: conv.clone(), recurrent: recurrent.clone(), shared: true }
-            }
-        }
+    pub(crate) fn whole(state: &LayerState) -> Result<LayerPast, BackendError> {
+        Ok(match state {
+            LayerState::Attention { k, v } => LayerPast::Attention {
+                k: head_major(k)?,
+                v: head_major(v)?,
+            },
+            LayerState::Linear { conv, recurrent } => LayerPast::Linear {
+                conv: conv.clone(),
+                recurrent: recurrent.clone(),
+                shared: true,
+            },
+        })
     }
+}
+
+/// `(1, Hkv, T, hd) -> (Hkv, 1, T, hd)`: the same memory (a reshape of a size-1 axis).
+fn head_major(t: &Tensor) -> Result<Tensor, BackendError> {
+    let op = BackendError::tensor("head-major past");
+    let (one, hkv, len, hd) = t.dims4().map_err(BackendError::tensor("past dims"))?;
+    if one != 1 {
+        return Err(BackendError::InvalidRequest {
+            reason: format!("a retained K/V has {one} rows, expected 1"),
+        });
+    }
+    t.contiguous()
+        .and_then(|t| t.reshape((hkv, one, len, hd)))
+        .map_err(op)
 }
 
 /// The retained state of one prefix: one [`LayerState`] per decoder layer.
@@ -130,17 +167,35 @@ pub(crate) fn merge_slots(
     slots: &[usize],
     batch_slot: &[u32],
 ) -> Result<(Vec<LayerPast>, usize), BackendError> {
-    let op = |e| BackendError::Tensor { op: "merge slots", source: e };
+    let op = |e| BackendError::Tensor {
+        op: "merge slots",
+        source: e,
+    };
     let p = slots.iter().map(|&s| states[s].len).max().unwrap_or(0);
     if let [only] = slots {
-        return Ok((states[*only].layers.iter().map(LayerPast::whole).collect(), p));
+        return Ok((
+            states[*only]
+                .layers
+                .iter()
+                .map(LayerPast::whole)
+                .collect::<Result<_, _>>()?,
+            p,
+        ));
     }
-    let Some(first) = slots.first().map(|&s| states[s]) else { return Ok((Vec::new(), p)) };
-    let Some(device) = first.layers.first().map(|l| l.tensors()[0].device().clone()) else {
+    let Some(first) = slots.first().map(|&s| states[s]) else {
+        return Ok((Vec::new(), p));
+    };
+    let Some(device) = first
+        .layers
+        .first()
+        .map(|l| l.tensors()[0].device().clone())
+    else {
         return Ok((Vec::new(), p));
     };
     let batch_slot = Tensor::new(batch_slot, &device).map_err(BackendError::tensor("row slots"))?;
-    let mismatch = || BackendError::InvalidRequest { reason: "states disagree on layer kinds".into() };
+    let mismatch = || BackendError::InvalidRequest {
+        reason: "states disagree on layer kinds".into(),
+    };
     let mut views = Vec::with_capacity(first.layers.len());
     for layer in 0..first.layers.len() {
         let per_slot: Vec<&LayerState> = slots.iter().map(|&s| &states[s].layers[layer]).collect();
@@ -149,26 +204,39 @@ pub(crate) fn merge_slots(
                 let mut ks = Vec::with_capacity(per_slot.len());
                 let mut vs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
-                    let LayerState::Attention { k, v } = l else { return Err(mismatch()) };
-                    // (1, Hkv, T, hd) -> (1, Hkv, P, hd), zeros on the left
+                    let LayerState::Attention { k, v } = l else {
+                        return Err(mismatch());
+                    };
+                    // (1, Hkv, T, hd) -> (Hkv, 1, P, hd), zeros on the left
                     let pad = p - k.dim(2).map_err(op)?;
-                    ks.push(k.pad_with_zeros(2, pad, 0).map_err(op)?);
-                    vs.push(v.pad_with_zeros(2, pad, 0).map_err(op)?);
+                    ks.push(head_major(k)?.pad_with_zeros(2, pad, 0).map_err(op)?);
+                    vs.push(head_major(v)?.pad_with_zeros(2, pad, 0).map_err(op)?);
                 }
-                // S x (1, Hkv, P, hd) -> (S, Hkv, P, hd)
-                LayerPast::Attention { k: Tensor::cat(&ks, 0).map_err(op)?, v: Tensor::cat(&vs, 0).map_err(op)? }
+                // S x (Hkv, 1, P, hd) -> (Hkv, S, P, hd)
+                LayerPast::Attention {
+                    k: Tensor::cat(&ks, 1).map_err(op)?,
+                    v: Tensor::cat(&vs, 1).map_err(op)?,
+                }
             }
             LayerState::Linear { .. } => {
                 let mut cs = Vec::with_capacity(per_slot.len());
                 let mut rs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
-                    let LayerState::Linear { conv, recurrent } = l else { return Err(mismatch()) };
+                    let LayerState::Linear { conv, recurrent } = l else {
+                        return Err(mismatch());
+                    };
                     cs.push(conv.clone());
                     rs.push(recurrent.clone());
                 }
                 // S x (1, ..) -> (S, ..) -> (B, ..)
-                let gather = |parts: Vec<Tensor>| Tensor::cat(&parts, 0).and_then(|t| t.index_select(&batch_slot, 0));
-                LayerPast::Linear { conv: gather(cs).map_err(op)?, recurrent: gather(rs).map_err(op)?, shared: false }
+                let gather = |parts: Vec<Tensor>| {
+                    Tensor::cat(&parts, 0).and_then(|t| t.index_select(&batch_slot, 0))
+                };
+                LayerPast::Linear {
+                    conv: gather(cs).map_err(op)?,
+                    recurrent: gather(rs).map_err(op)?,
+                    shared: false,
+                }
             }
         };
         views.push(view);

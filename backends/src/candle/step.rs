@@ -20,7 +20,7 @@ pub(crate) struct Step {
     pub rope: RopeTables,
     /// `(1, 1, 1, L, L)`, `None` when `L == 1`.
     pub causal: Option<Tensor>,
-    /// `(B, 1, 1, 1, P)`, `None` when no row has left padding.
+    /// `(1, B, 1, 1, P)`, `None` when no row has left padding.
     pub past_mask: Option<Tensor>,
     /// Per row: number of real new tokens (`<= len`); later ones are right padding.
     /// (Attention needs no padding mask for them; linear-attention mixers must not let pads
@@ -49,9 +49,15 @@ impl Step {
             .flat_map(|&p| (0..len).map(move |t| (p + t) as u32))
             .collect();
         let tables = rope.tables(&positions, rows, len, dtype, device)?;
-        let causal = if len > 1 { Some(mask::causal(len, device)?) } else { None };
+        let causal = if len > 1 {
+            Some(mask::causal(len, device)?)
+        } else {
+            None
+        };
         let past_mask = match merged_past {
-            Some(p) if past_lens.iter().any(|&l| l < p) => Some(mask::left_padding(past_lens, p, device)?),
+            Some(p) if past_lens.iter().any(|&l| l < p) => {
+                Some(mask::left_padding(past_lens, p, device)?)
+            }
             _ => None,
         };
         Ok(Step {
@@ -66,6 +72,9 @@ impl Step {
     }
 
     pub fn masks(&self) -> AttnMasks<'_> {
-        AttnMasks { causal: self.causal.as_ref(), past: self.past_mask.as_ref() }
+        AttnMasks {
+            causal: self.causal.as_ref(),
+            past: self.past_mask.as_ref(),
+        }
     }
 }

@@ -24,7 +24,12 @@ const ACCEPTED: &str = "F32, BF16, F16";
 
 impl<'a> Weights<'a> {
     pub fn new(shards: &'a ShardSet, prefix: &'a str, dtype: DType, device: &'a Device) -> Self {
-        Weights { shards, prefix, dtype, device }
+        Weights {
+            shards,
+            prefix,
+            dtype,
+            device,
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -63,7 +68,11 @@ impl<'a> Weights<'a> {
         let full = self.full_name(name);
         let raw = self.shards.get(&full)?;
         if raw.shape != shape {
-            return Err(BackendError::WrongShape { name: full, expected: shape.to_vec(), actual: raw.shape.to_vec() });
+            return Err(BackendError::WrongShape {
+                name: full,
+                expected: shape.to_vec(),
+                actual: raw.shape.to_vec(),
+            });
         }
         let stored = match raw.dtype {
             Dtype::F32 => DType::F32,

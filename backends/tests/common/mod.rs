@@ -10,7 +10,10 @@ use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 pub fn models() -> &'static [(&'static str, CandleBackend)] {
     static MODELS: OnceLock<Vec<(&'static str, CandleBackend)>> = OnceLock::new();
     MODELS.get_or_init(|| {
-        vec![("qwen2.5", load(&TinySpec::qwen25())), ("qwen3", load(&TinySpec::qwen3()))]
+        vec![
+            ("qwen2.5", load(&TinySpec::qwen25())),
+            ("qwen3", load(&TinySpec::qwen3())),
+        ]
     })
 }
 

@@ -17,12 +17,24 @@ pub fn model_family(f: Family) -> &'static str {
 
 pub fn chat_tokenizer(f: Family) -> ChatTokenizer {
     let json = f.tokenizer_json().expect("tokenizer fixture");
-    ChatTokenizer::from_parts(&json, Some(f.tokenizer_config_json()), None, model_family(f), Path::new("fixtures"))
-        .expect("fixture tokenizer loads")
+    ChatTokenizer::from_parts(
+        &json,
+        Some(f.tokenizer_config_json()),
+        None,
+        model_family(f),
+        Path::new("fixtures"),
+    )
+    .expect("fixture tokenizer loads")
 }
 
 pub fn fake_engine_with(f: Family, id: CheckpointIdentity, seed: u64) -> Engine<FakeBackend> {
-    Engine::new(FakeBackend::new(seed), chat_tokenizer(f), id, CalibrationRegistry::built_in()).expect("engine")
+    Engine::new(
+        FakeBackend::new(seed),
+        chat_tokenizer(f),
+        id,
+        CalibrationRegistry::built_in(),
+    )
+    .expect("engine")
 }
 
 /// One shared engine per family (tokenizers take ~0.5 s to load).
@@ -39,6 +51,10 @@ pub fn fake_engine(f: Family) -> &'static Engine<FakeBackend> {
 }
 
 pub fn example(name: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/examples").join(name))
-        .expect("example schema")
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/examples")
+            .join(name),
+    )
+    .expect("example schema")
 }

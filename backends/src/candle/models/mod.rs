@@ -25,6 +25,7 @@ use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
 use super::weights::Weights;
 use crate::BackendError;
+use self_attn::{SelfAttention, SelfAttentionSpec};
 
 /// The token mixer of one decoder layer.
 pub(crate) trait Mixer: Send + Sync {
@@ -32,7 +33,12 @@ pub(crate) trait Mixer: Send + Sync {
     fn kind(&self) -> LayerKind;
 
     /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError>;
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError>;
 }
 
 /// One pre-norm decoder layer.
@@ -45,9 +51,16 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     /// `(B, L, D) -> (B, L, D)`.
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let add = BackendError::tensor("residual add");
-        let (m, update) = self.mixer.forward(&self.input_norm.forward(x)?, past, step)?;
+        let (m, update) = self
+            .mixer
+            .forward(&self.input_norm.forward(x)?, past, step)?;
         let x = (x + m).map_err(add)?;
         let m = self.mlp.forward(&self.post_norm.forward(&x)?)?;
         let x = (x + m).map_err(BackendError::tensor("residual add"))?;
@@ -86,7 +99,11 @@ impl Backbone {
     ) -> Result<(Tensor, Vec<LayerUpdate>), BackendError> {
         if pasts.len() != self.layers.len() {
             return Err(BackendError::InvalidRequest {
-                reason: format!("{} layer states for a model of {} layers", pasts.len(), self.layers.len()),
+                reason: format!(
+                    "{} layer states for a model of {} layers",
+                    pasts.len(),
+                    self.layers.len()
+                ),
             });
         }
         let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
@@ -120,11 +137,16 @@ pub(crate) fn output_head(
     root: &Weights<'_>,
     embed: &Tensor,
 ) -> Result<CandidateHead, BackendError> {
-    let tied = cfg.tie_word_embeddings.unwrap_or_else(|| !root.contains("lm_head.weight"));
+    let tied = cfg
+        .tie_word_embeddings
+        .unwrap_or_else(|| !root.contains("lm_head.weight"));
     if tied {
         return Ok(CandidateHead::new(embed.clone(), true));
     }
-    let w = root.get("lm_head.weight", &[cfg.text.vocab_size, cfg.text.hidden_size])?;
+    let w = root.get(
+        "lm_head.weight",
+        &[cfg.text.vocab_size, cfg.text.hidden_size],
+    )?;
     Ok(CandidateHead::new(w, false))
 }
 
@@ -137,12 +159,53 @@ pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone,
     }
 }
 
+/// An attention-only decoder (Qwen2, Qwen3): under `model.`, every layer a [`SelfAttention`]
+/// built from `spec`, plain RMSNorms, SwiGLU MLPs, full RoPE; the head per [`output_head`].
+pub(crate) fn dense_backbone(
+    cfg: &ModelConfig,
+    root: &Weights<'_>,
+    spec: SelfAttentionSpec,
+) -> Result<Backbone, BackendError> {
+    require_full_attention(cfg)?;
+    let t = &cfg.text;
+    let w = root.with_prefix("model.");
+    let norm = |name: &str| RmsNorm::plain(&w, name, t.hidden_size, t.rms_norm_eps);
+    let mut layers = Vec::with_capacity(t.num_layers);
+    for i in 0..t.num_layers {
+        let p = format!("layers.{i}");
+        layers.push(DecoderLayer {
+            input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+            mixer: Box::new(SelfAttention::load(&w, &format!("{p}.self_attn"), spec)?),
+            post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
+        });
+    }
+    let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+    Ok(Backbone {
+        head: output_head(cfg, root, &embed)?,
+        embed,
+        layers,
+        final_norm: norm("norm.weight")?,
+        rope: Rope::new(t.rope.theta, t.rotary_dim()),
+        dtype: w.dtype(),
+        device: w.device().clone(),
+    })
+}
+
 /// Reject `layer_types` other than full attention for attention-only architectures.
 pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), BackendError> {
-    if let Some(i) = cfg.text.layer_kinds.iter().position(|k| *k != LayerKind::FullAttention) {
+    if let Some(i) = cfg
+        .text
+        .layer_kinds
+        .iter()
+        .position(|k| *k != LayerKind::FullAttention)
+    {
         return Err(BackendError::InvalidConfig {
             path: cfg.path.clone(),
-            reason: format!("{} has only full-attention layers, but layer {i} is {:?}", cfg.architecture_name, cfg.text.layer_kinds[i]),
+            reason: format!(
+                "{} has only full-attention layers, but layer {i} is {:?}",
+                cfg.architecture_name, cfg.text.layer_kinds[i]
+            ),
         });
     }
     Ok(())

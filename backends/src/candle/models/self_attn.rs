@@ -57,7 +57,11 @@ fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
 
 impl SelfAttention {
     /// Load `prefix.{q,k,v,o}_proj` (and `prefix.{q,k}_norm`).
-    pub fn load(w: &Weights<'_>, prefix: &str, spec: SelfAttentionSpec) -> Result<Self, BackendError> {
+    pub fn load(
+        w: &Weights<'_>,
+        prefix: &str,
+        spec: SelfAttentionSpec,
+    ) -> Result<Self, BackendError> {
         let s = &spec;
         let q_out = s.heads * s.head_dim * if s.output_gate { 2 } else { 1 };
         let kv_out = s.kv_heads * s.head_dim;
@@ -65,8 +69,12 @@ impl SelfAttention {
             None => None,
             Some(conv) => {
                 let load = |n: &str| match conv {
-                    NormConvention::Plain => RmsNorm::plain(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps),
-                    NormConvention::Offset => RmsNorm::offset(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps),
+                    NormConvention::Plain => {
+                        RmsNorm::plain(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps)
+                    }
+                    NormConvention::Offset => {
+                        RmsNorm::offset(w, &format!("{prefix}.{n}.weight"), s.head_dim, s.eps)
+                    }
                 };
                 Some((load("q_norm")?, load("k_norm")?))
             }
@@ -75,20 +83,36 @@ impl SelfAttention {
             q_proj: linear(w, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
             k_proj: linear(w, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
             v_proj: linear(w, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
-            o_proj: linear(w, &format!("{prefix}.o_proj"), s.heads * s.head_dim, s.hidden, s.o_bias)?,
+            o_proj: linear(
+                w,
+                &format!("{prefix}.o_proj"),
+                s.heads * s.head_dim,
+                s.hidden,
+                s.o_bias,
+            )?,
             qk_norm,
             spec,
         })
     }
 
     /// `(B, L, n*hd) -> (B, n, L, hd)`, normed with `norm` per head when given.
-    fn heads(&self, t: Tensor, n: usize, norm: Option<&RmsNorm>, step: &Step) -> Result<Tensor, BackendError> {
-        let t = t.reshape((step.rows, step.len, n, self.spec.head_dim)).map_err(op("split heads"))?;
+    fn heads(
+        &self,
+        t: Tensor,
+        n: usize,
+        norm: Option<&RmsNorm>,
+        step: &Step,
+    ) -> Result<Tensor, BackendError> {
+        let t = t
+            .reshape((step.rows, step.len, n, self.spec.head_dim))
+            .map_err(op("split heads"))?;
         let t = match norm {
             Some(norm) => norm.forward(&t)?,
             None => t,
         };
-        t.transpose(1, 2).and_then(|t| t.contiguous()).map_err(op("heads transpose"))
+        t.transpose(1, 2)
+            .and_then(|t| t.contiguous())
+            .map_err(op("heads transpose"))
     }
 }
 
@@ -97,15 +121,26 @@ impl Mixer for SelfAttention {
         LayerKind::FullAttention
     }
 
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let s = &self.spec;
         let (b, l) = (step.rows, step.len);
         let q = apply(&self.q_proj, x, "q_proj")?; // (B, L, H*hd) or (B, L, H*2hd)
         let (q, gate) = if s.output_gate {
             // (B, L, H, 2hd): per head [query | gate]
-            let qg = q.reshape((b, l, s.heads, 2 * s.head_dim)).map_err(op("split gate"))?;
-            let query = qg.narrow(D::Minus1, 0, s.head_dim).and_then(|t| t.contiguous());
-            let gate = qg.narrow(D::Minus1, s.head_dim, s.head_dim).and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
+            let qg = q
+                .reshape((b, l, s.heads, 2 * s.head_dim))
+                .map_err(op("split gate"))?;
+            let query = qg
+                .narrow(D::Minus1, 0, s.head_dim)
+                .and_then(|t| t.contiguous());
+            let gate = qg
+                .narrow(D::Minus1, s.head_dim, s.head_dim)
+                .and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
             (query.map_err(op("query"))?, Some(gate.map_err(op("gate"))?))
         } else {
             (q, None)
@@ -129,14 +164,11 @@ impl Mixer for SelfAttention {
                 })
             }
         };
-        let o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, H, L, hd)
-        // (B, H, L, hd) -> (B, L, H*hd)
-        let mut o = o
-            .transpose(1, 2)
-            .and_then(|o| o.reshape((b, l, s.heads * s.head_dim)))
-            .map_err(op("merge heads"))?;
+        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
         if let Some(gate) = gate {
-            o = candle_nn::ops::sigmoid(&gate).and_then(|g| o * g).map_err(op("output gate"))?;
+            o = candle_nn::ops::sigmoid(&gate)
+                .and_then(|g| o * g)
+                .map_err(op("output gate"))?;
         }
         let out = apply(&self.o_proj, &o, "o_proj")?; // (B, L, D)
         Ok((out, LayerUpdate::Attention { k, v }))

@@ -1,0 +1,148 @@
+//! The engine on tiny real-architecture checkpoints (CPU f32, candle backend): every mode and
+//! every field_batch_size agree within the strict CPU tolerance, the selections are identical,
+//! and scoring a context twice gives identical results (no state leaks between calls).
+
+use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
+use forkscore_backends::candle::{CandleBackend, LoadOptions};
+use forkscore_backends::Backend;
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Decision, Engine, Mode, Schema,
+    ScoreOptions,
+};
+use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+use forkscore_testkit::tolerance::Tolerance;
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+fn engine_for(dir: &std::path::Path) -> Engine<CandleBackend> {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "test").unwrap();
+    let backend = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            prefill_chunk: 48,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let tok = ChatTokenizer::from_folder(dir, &backend.facts().family).unwrap();
+    Engine::new(
+        backend,
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .unwrap()
+}
+
+fn engines() -> &'static [(&'static str, Engine<CandleBackend>)] {
+    static E: OnceLock<Vec<(&'static str, Engine<CandleBackend>)>> = OnceLock::new();
+    E.get_or_init(|| {
+        vec![
+            ("qwen2.5", engine_for(&TinySpec::qwen25())),
+            ("qwen3", engine_for(&TinySpec::qwen3())),
+        ]
+    })
+}
+
+fn logits(d: &Decision) -> Vec<f32> {
+    d.fields
+        .values()
+        .flat_map(|f| f.logits.values().copied())
+        .collect()
+}
+
+fn probs(d: &Decision) -> Vec<f32> {
+    d.fields
+        .values()
+        .flat_map(|f| f.scores.values().map(|&p| p as f32))
+        .collect()
+}
+
+fn check_modes(
+    engine: &Engine<CandleBackend>,
+    name: &str,
+    schema: &Schema,
+    context: &str,
+    fbs: usize,
+) {
+    let compiled = engine.compile(schema).unwrap();
+    let run = |mode, field_batch_size| {
+        engine
+            .score(
+                context,
+                &compiled,
+                &ScoreOptions {
+                    mode,
+                    field_batch_size,
+                    ..ScoreOptions::default()
+                },
+            )
+            .unwrap()
+    };
+    let reference = run(Mode::Independent, None);
+    for (label, d) in [
+        ("parallel", run(Mode::Parallel, None)),
+        ("cached-serial", run(Mode::CachedSerial, None)),
+        ("field-batch", run(Mode::Parallel, Some(fbs))),
+    ] {
+        Tolerance::CPU_F32_LOGITS.assert_close(
+            &format!("{name} {label} logits vs independent"),
+            &logits(&d),
+            &logits(&reference),
+        );
+        Tolerance::CPU_F32_STRICT.assert_close(
+            &format!("{name} {label} probabilities vs independent"),
+            &probs(&d),
+            &probs(&reference),
+        );
+        assert_eq!(
+            d.output, reference.output,
+            "{name} {label}: selections differ"
+        );
+    }
+    // Scoring again reuses nothing stale.
+    let again = run(Mode::Parallel, None);
+    assert_eq!(logits(&again), logits(&run(Mode::Parallel, None)));
+}
+
+#[test]
+fn example_schemas_agree_across_modes_on_tiny_models() {
+    // Long enough (> 64 tokens of prefix) to cross the Gated DeltaNet chunk size.
+    let context = "Our production payment service is completely down for every customer, and no one can complete a purchase. \
+                   The on-call engineer has been paged twice; status page still says operational.";
+    for (name, engine) in engines() {
+        for file in [
+            "parallel_schema.json",
+            "fintech_fraud.json",
+            "support_triage.json",
+        ] {
+            let text = std::fs::read_to_string(format!(
+                "{}/../fixtures/examples/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap();
+            check_modes(
+                engine,
+                name,
+                &Schema::from_json_str(&text).unwrap(),
+                context,
+                5,
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn generated_contexts_agree_across_modes(context in "[a-zA-Z0-9 ,.!?\\n]{1,300}", fbs in 1usize..4, which in 0usize..3) {
+        prop_assume!(!context.trim().is_empty());
+        let (name, engine) = &engines()[which];
+        let schema = Schema::from_json_str(
+            r#"{"a": {"type": "enum", "choices": ["x", "y", "z"]}, "b": {"type": "boolean"}, "c": {"type": "enum", "choices": ["one", "two"]}}"#,
+        ).unwrap();
+        check_modes(engine, name, &schema, &context, fbs);
+    }
+}

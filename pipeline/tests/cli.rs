@@ -1,0 +1,364 @@
+//! The `forkscore` binary end to end on tiny real checkpoints: demo-model + score, the Hugging
+//! Face cache layout, --output / --include-prompt, and clear errors with a non-zero exit.
+
+use forkscore_testkit::tiny_model::{ensure_tiny_model, write_hf_cache, TinySpec};
+use std::process::{Command, Output};
+
+const CONTEXT: &str = "Our production payment service is completely down for every customer.";
+
+fn forkscore(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkscore"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("forkscore runs")
+}
+
+fn example(name: &str) -> String {
+    format!("{}/../fixtures/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn ok_json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "forkscore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+fn failure(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected failure, got: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(out.stdout.is_empty(), "nothing on stdout on failure");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn demo_model_then_score_runs_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let d = dir.to_str().unwrap();
+    for arch in ["qwen2.5", "qwen2.5"] {
+        // Writing the demo model twice into the same folder is fine (it is marked as a demo).
+        let out = forkscore(&["demo-model", d, "--arch", arch], &[]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let result_file = tmp.path().join("result.json");
+    let out = forkscore(
+        &[
+            "score",
+            "--model",
+            d,
+            "--revision",
+            "demo",
+            "--schema-file",
+            &example("parallel_schema.json"),
+            "--context",
+            CONTEXT,
+            "--output",
+            result_file.to_str().unwrap(),
+            "--include-prompt",
+        ],
+        &[],
+    );
+    let v = ok_json(&out);
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&result_file).unwrap()).unwrap();
+    assert_eq!(v, saved, "--output holds the same JSON as stdout");
+    assert_eq!(
+        v["output"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["risk_level", "requires_review", "impact_scope"]
+    );
+    assert!(v["output"]["requires_review"].is_boolean());
+    let p = &v["provenance"];
+    assert_eq!(p["architecture"], "Qwen2ForCausalLM");
+    assert_eq!(p["revision"], "demo");
+    assert_eq!(p["source"], "folder");
+    assert!(p["fingerprint"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(p["temperature_source"]["kind"], "default");
+    assert_eq!(v["prompt"]["rows"].as_array().unwrap().len(), 3);
+    assert_eq!(v["telemetry"]["prefill_calls"], 1);
+    // The Qwen3.5 hybrid demo (multimodal layout with vision and mtp tensors) scores too.
+    let d35 = tmp.path().join("demo35");
+    let out = forkscore(&["demo-model", d35.to_str().unwrap(), "--arch", "qwen3.5"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v35 = ok_json(&forkscore(
+        &["score", "--model", d35.to_str().unwrap(), "--revision", "demo", "--schema-file", &example("support_triage.json"),
+          "--context", CONTEXT],
+        &[],
+    ));
+    assert_eq!(v35["provenance"]["architecture"], "Qwen3_5ForConditionalGeneration");
+    assert_eq!(v35["output"].as_object().unwrap().len(), 28);
+    // Not a demo folder: refused.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    let err = failure(&forkscore(&["demo-model", other.to_str().unwrap()], &[]));
+    assert!(err.contains("not an earlier demo model"), "{err}");
+}
+
+#[test]
+fn hf_cache_layout_resolves_offline_by_id_and_full_revision() {
+    let cache = tempfile::tempdir().unwrap();
+    let rev = "0123456789abcdef0123456789abcdef01234567";
+    write_hf_cache(cache.path(), "tiny-org/tiny-qwen3", rev, &TinySpec::qwen3()).unwrap();
+    let env = [("HF_HUB_CACHE", cache.path().to_str().unwrap())];
+    let schema = example("fintech_fraud.json");
+    let v = ok_json(&forkscore(
+        &[
+            "score",
+            "--model",
+            "tiny-org/tiny-qwen3",
+            "--revision",
+            rev,
+            "--schema-file",
+            &schema,
+            "--context",
+            CONTEXT,
+        ],
+        &env,
+    ));
+    assert_eq!(v["provenance"]["source"], "hf_cache");
+    assert_eq!(v["provenance"]["revision"], rev);
+    assert_eq!(v["provenance"]["architecture"], "Qwen3ForCausalLM");
+    let err = failure(&forkscore(
+        &[
+            "score",
+            "--model",
+            "tiny-org/tiny-qwen3",
+            "--revision",
+            "0123456",
+            "--schema-file",
+            &schema,
+            "--context",
+            CONTEXT,
+        ],
+        &env,
+    ));
+    assert!(err.contains("40"), "{err}");
+    let err = failure(&forkscore(
+        &[
+            "score",
+            "--model",
+            "tiny-org/absent",
+            "--revision",
+            rev,
+            "--schema-file",
+            &schema,
+            "--context",
+            CONTEXT,
+        ],
+        &env,
+    ));
+    assert!(err.contains("absent"), "{err}");
+}
+
+#[test]
+fn bad_inputs_fail_with_clear_messages() {
+    let model = ensure_tiny_model(&TinySpec::qwen25());
+    let m = model.to_str().unwrap();
+    let schema = example("parallel_schema.json");
+    let big = example("high_cardinality_255.json");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+            ],
+            "--revision is required",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema",
+                r#"{"a": {"type": "number"}}"#,
+                "--context",
+                CONTEXT,
+            ],
+            "a.type",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema",
+                r#"{"a": {"type": "boolean"}, "a": {"type": "boolean"}}"#,
+                "--context",
+                CONTEXT,
+            ],
+            "duplicate key `a`",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+            ],
+            "--context",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--context",
+                CONTEXT,
+            ],
+            "--schema",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                "   ",
+            ],
+            "context is empty",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+                "--max-input-tokens",
+                "50",
+            ],
+            "max_input_tokens = 50",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+                "--temperature",
+                "0",
+            ],
+            "temperature",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+                "--device",
+                "tpu",
+            ],
+            "tpu",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+                "--mode",
+                "fast",
+            ],
+            "fast",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                "/nonexistent/folder",
+                "--revision",
+                "r",
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+            ],
+            "nonexistent",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                "/nonexistent/schema.json",
+                "--context",
+                CONTEXT,
+            ],
+            "schema.json",
+        ),
+        (
+            vec![
+                "score",
+                "--model",
+                m,
+                "--revision",
+                "r",
+                "--schema-file",
+                &big,
+                "--context",
+                CONTEXT,
+            ],
+            "literal-choice",
+        ),
+    ];
+    for (args, needle) in cases {
+        let err = failure(&forkscore(&args, &[]));
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in: {err}"
+        );
+    }
+}
