@@ -48,7 +48,14 @@ struct CoreInputs {
     s0: Tensor,
 }
 
-fn core_inputs(rng: &mut Rng, b: usize, hv: usize, l: usize, dk: usize, dv: usize) -> Result<CoreInputs> {
+fn core_inputs(
+    rng: &mut Rng,
+    b: usize,
+    hv: usize,
+    l: usize,
+    dk: usize,
+    dv: usize,
+) -> Result<CoreInputs> {
     let q = (l2(&rng.tensor(&[b, hv, l, dk], -1.0, 1.0)?)? * (dk as f64).powf(-0.5))?;
     let k = l2(&rng.tensor(&[b, hv, l, dk], -1.0, 1.0)?)?;
     let v = rng.tensor(&[b, hv, l, dv], -2.0, 2.0)?;
@@ -58,19 +65,38 @@ fn core_inputs(rng: &mut Rng, b: usize, hv: usize, l: usize, dk: usize, dv: usiz
     let fast = rng.tensor(&[b, 1, l], -6.0, -2.0)?;
     let g = Tensor::cat(&[&fast, &g.narrow(1, 1, hv - 1)?], 1)?;
     let s0 = rng.tensor(&[b, hv, dk, dv], -1.0, 1.0)?;
-    Ok(CoreInputs { q, k, v, beta, g, s0 })
+    Ok(CoreInputs {
+        q,
+        k,
+        v,
+        beta,
+        g,
+        s0,
+    })
 }
 
 #[test]
 fn chunked_core_equals_recurrence_across_chunks_with_start_state() -> Result<()> {
     let mut rng = Rng(7);
     let mut worst = 0f32;
-    for &(l, chunk) in &[(1, 64), (5, 64), (64, 64), (65, 64), (150, 64), (200, 64), (150, 16), (37, 8)] {
+    for &(l, chunk) in &[
+        (1, 64),
+        (5, 64),
+        (64, 64),
+        (65, 64),
+        (150, 64),
+        (200, 64),
+        (150, 16),
+        (37, 8),
+    ] {
         let x = core_inputs(&mut rng, 2, 3, l, 16, 8)?;
         let (o_r, s_r) = recurrent_gated_delta_rule(&x.q, &x.k, &x.v, &x.beta, &x.g, &x.s0)?;
         let (o_c, s_c) = chunked_gated_delta_rule(&x.q, &x.k, &x.v, &x.beta, &x.g, &x.s0, chunk)?;
         let (eo, es) = (max_abs_diff(&o_r, &o_c)?, max_abs_diff(&s_r, &s_c)?);
-        assert!(eo <= TOL && es <= TOL, "L={l} C={chunk}: output {eo:e}, state {es:e}");
+        assert!(
+            eo <= TOL && es <= TOL,
+            "L={l} C={chunk}: output {eo:e}, state {es:e}"
+        );
         worst = worst.max(eo).max(es);
     }
     println!("chunked vs recurrent core, max |diff| = {worst:e}");
@@ -108,7 +134,12 @@ fn tiny_layer(rng: &mut Rng) -> Result<GdnLayer> {
         conv_kernel: 4,
         rms_norm_eps: 1e-6,
     };
-    let (d, cc, cv, hv) = (dims.hidden, dims.conv_channels(), dims.value_channels(), dims.value_heads);
+    let (d, cc, cv, hv) = (
+        dims.hidden,
+        dims.conv_channels(),
+        dims.value_channels(),
+        dims.value_heads,
+    );
     let s = 1.0 / (d as f32).sqrt();
     let w = GdnWeights {
         in_proj_qkv: rng.tensor(&[cc, d], -s, s)?,
@@ -191,8 +222,12 @@ fn right_padding_leaves_each_row_as_if_alone() -> Result<()> {
             let want_state = if len == 0 {
                 s_row.clone()
             } else {
-                let (y_alone, st_alone) =
-                    layer.forward_with(&x.narrow(0, row, 1)?.narrow(1, 0, len)?, &s_row, None, rule)?;
+                let (y_alone, st_alone) = layer.forward_with(
+                    &x.narrow(0, row, 1)?.narrow(1, 0, len)?,
+                    &s_row,
+                    None,
+                    rule,
+                )?;
                 let e = max_abs_diff(&y.narrow(0, row, 1)?.narrow(1, 0, len)?, &y_alone)?;
                 assert!(e <= TOL, "{rule:?} row {row} (len {len}): output {e:e}");
                 worst = worst.max(e);
@@ -212,7 +247,10 @@ fn source_state_is_not_mutated_and_fork_broadcasts() -> Result<()> {
     let mut rng = Rng(45);
     let layer = tiny_layer(&mut rng)?;
     let prefix = random_state(&mut rng, &layer, 1)?;
-    let before = (prefix.conv.to_vec3::<f32>()?, prefix.recurrent.flatten_all()?.to_vec1::<f32>()?);
+    let before = (
+        prefix.conv.to_vec3::<f32>()?,
+        prefix.recurrent.flatten_all()?.to_vec1::<f32>()?,
+    );
     let rows = prefix.select_rows(&[0, 0, 0])?;
     let x = rng.tensor(&[3, 9, 32], -2.0, 2.0)?;
     let (_, after) = layer.forward(&x, &rows, None)?;

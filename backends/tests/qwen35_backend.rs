@@ -5,7 +5,9 @@
 //! checkpoint layouts load to the same model; vision / MTP tensors are never read.
 
 use anyhow::Result;
-use forkscore_backends::candle::{CandleBackend, CandleState, LayerState, LoadOptions, ResolvedCheckpoint};
+use forkscore_backends::candle::{
+    CandleBackend, CandleState, LayerState, LoadOptions, ResolvedCheckpoint,
+};
 use forkscore_backends::{Backend, PrefixState, ScoreRow};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use forkscore_testkit::tolerance::Tolerance;
@@ -23,10 +25,14 @@ fn load(seed: u64, layout: Qwen35Layout) -> Result<(std::path::PathBuf, CandleBa
 
 /// `n` deterministic token ids below the real vocabulary, starting with `<|im_start|>`.
 fn ids(seed: u64, n: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|i| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             if i == 0 {
                 248_045
             } else {
@@ -57,8 +63,14 @@ fn state_values(s: &CandleState) -> Result<Vec<Vec<f32>>> {
 fn config_and_facts() -> Result<()> {
     let (_dir, b) = load(1, Qwen35Layout::Multimodal)?;
     let f = b.facts();
-    assert_eq!((f.family.as_str(), f.architecture.as_str()), ("qwen3_5", "Qwen3_5ForConditionalGeneration"));
-    assert_eq!((f.vocab_size, f.num_layers, f.hidden_size), (248_320, 4, 32));
+    assert_eq!(
+        (f.family.as_str(), f.architecture.as_str()),
+        ("qwen3_5", "Qwen3_5ForConditionalGeneration")
+    );
+    assert_eq!(
+        (f.vocab_size, f.num_layers, f.hidden_size),
+        (248_320, 4, 32)
+    );
     assert!(b.tied_head());
     assert_eq!(b.config().text.rotary_dim(), 4);
     Ok(())
@@ -69,12 +81,19 @@ fn vision_and_mtp_tensors_are_never_read() -> Result<()> {
     let (dir, b) = load(2, Qwen35Layout::Multimodal)?;
     let read = b.tensors_read();
     assert!(!read.is_empty());
-    assert!(read.iter().all(|n| n.starts_with("model.language_model.")), "{read:?}");
+    assert!(
+        read.iter().all(|n| n.starts_with("model.language_model.")),
+        "{read:?}"
+    );
     // Every text tensor of the file was read, nothing else.
     let bytes = std::fs::read(dir.join("model.safetensors"))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)?;
-    let mut text: Vec<String> =
-        st.names().into_iter().filter(|n| n.starts_with("model.language_model.")).map(str::to_string).collect();
+    let mut text: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("model.language_model."))
+        .map(str::to_string)
+        .collect();
     text.sort();
     assert_eq!(read, text.as_slice());
     assert!(st.names().iter().any(|n| n.starts_with("model.visual.")));
@@ -100,14 +119,24 @@ fn both_layouts_load_the_same_model() -> Result<()> {
 #[test]
 fn score_equals_forward_full_and_parallel_equals_one_at_a_time() -> Result<()> {
     let (_dir, b) = load(4, Qwen35Layout::Multimodal)?;
-    let suffixes: Vec<Vec<u32>> = [1usize, 3, 9, 66].iter().enumerate().map(|(i, &n)| ids(100 + i as u64, n)).collect();
+    let suffixes: Vec<Vec<u32>> = [1usize, 3, 9, 66]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ids(100 + i as u64, n))
+        .collect();
     let mut worst = 0f32;
     for (pi, &plen) in [1usize, 5, 70, 150].iter().enumerate() {
         let prefix = ids(pi as u64, plen);
         let state = b.prefill(&prefix)?;
         assert_eq!(state.len(), plen);
         let before = state_values(&state)?;
-        let rows: Vec<ScoreRow<'_>> = suffixes.iter().map(|s| ScoreRow { state: 0, suffix: s }).collect();
+        let rows: Vec<ScoreRow<'_>> = suffixes
+            .iter()
+            .map(|s| ScoreRow {
+                state: 0,
+                suffix: s,
+            })
+            .collect();
         let all = b.score(&[&state], &rows, &CANDIDATES)?;
         for (r, s) in suffixes.iter().enumerate() {
             let full = b.forward_full(&cat(&prefix, s), &CANDIDATES)?;
@@ -118,7 +147,11 @@ fn score_equals_forward_full_and_parallel_equals_one_at_a_time() -> Result<()> {
             let what = format!("prefix {plen}, suffix {}: parallel vs alone", s.len());
             TOL.assert_close(&what, all.row(r), alone.row(0));
         }
-        assert_eq!(state_values(&state)?, before, "scoring mutated the prefix state");
+        assert_eq!(
+            state_values(&state)?,
+            before,
+            "scoring mutated the prefix state"
+        );
     }
     println!("score vs forward_full: max |diff| = {worst:e}");
     Ok(())
@@ -128,19 +161,39 @@ fn score_equals_forward_full_and_parallel_equals_one_at_a_time() -> Result<()> {
 fn slot_merge_of_prefixes_with_different_lengths() -> Result<()> {
     let (_dir, b) = load(5, Qwen35Layout::Multimodal)?;
     let prefixes = [ids(50, 23), ids(51, 97), ids(52, 2)];
-    let states: Vec<CandleState> = prefixes.iter().map(|p| b.prefill(p)).collect::<Result<_, _>>()?;
+    let states: Vec<CandleState> = prefixes
+        .iter()
+        .map(|p| b.prefill(p))
+        .collect::<Result<_, _>>()?;
     let refs: Vec<&CandleState> = states.iter().collect();
     let suffixes = [ids(60, 4), ids(61, 1), ids(62, 70), ids(63, 7), ids(64, 2)];
     let plan = [(1usize, 0usize), (0, 1), (2, 2), (1, 3), (0, 4), (2, 0)];
-    let rows: Vec<ScoreRow<'_>> = plan.iter().map(|&(s, x)| ScoreRow { state: s, suffix: &suffixes[x] }).collect();
+    let rows: Vec<ScoreRow<'_>> = plan
+        .iter()
+        .map(|&(s, x)| ScoreRow {
+            state: s,
+            suffix: &suffixes[x],
+        })
+        .collect();
     let merged = b.score(&refs, &rows, &CANDIDATES)?;
     let mut worst = 0f32;
     for (r, &(s, x)) in plan.iter().enumerate() {
         let full = b.forward_full(&cat(&prefixes[s], &suffixes[x]), &CANDIDATES)?;
         TOL.assert_close(&format!("merged row {r}"), merged.row(r), &full);
         worst = worst.max(Tolerance::max_abs_diff(merged.row(r), &full));
-        let alone = b.score(&refs[s..s + 1], &[ScoreRow { state: 0, suffix: &suffixes[x] }], &CANDIDATES)?;
-        TOL.assert_close(&format!("merged row {r} vs its slot alone"), merged.row(r), alone.row(0));
+        let alone = b.score(
+            &refs[s..s + 1],
+            &[ScoreRow {
+                state: 0,
+                suffix: &suffixes[x],
+            }],
+            &CANDIDATES,
+        )?;
+        TOL.assert_close(
+            &format!("merged row {r} vs its slot alone"),
+            merged.row(r),
+            alone.row(0),
+        );
     }
     println!("slot merge vs forward_full: max |diff| = {worst:e}");
     Ok(())
@@ -152,7 +205,13 @@ fn chunked_prefill_equals_one_shot() -> Result<()> {
     let prefix = ids(70, 150);
     let one = b.prefill_chunked(&prefix, 1000)?;
     let suffixes = [ids(71, 3), ids(72, 1)];
-    let rows: Vec<ScoreRow<'_>> = suffixes.iter().map(|s| ScoreRow { state: 0, suffix: s }).collect();
+    let rows: Vec<ScoreRow<'_>> = suffixes
+        .iter()
+        .map(|s| ScoreRow {
+            state: 0,
+            suffix: s,
+        })
+        .collect();
     let want = b.score(&[&one], &rows, &CANDIDATES)?;
     let one_vals = state_values(&one)?;
     let mut worst = 0f32;
@@ -178,12 +237,25 @@ fn bf16_compute_tracks_f32() -> Result<()> {
     let dir = TinyQwen35::new(8, Qwen35Layout::Multimodal).ensure()?;
     let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-qwen35")?;
     let f32m = CandleBackend::load(&ckpt, &LoadOptions::default())?;
-    let bf16 = CandleBackend::load(&ckpt, &LoadOptions { dtype: ComputeDType::Bf16, ..LoadOptions::default() })?;
+    let bf16 = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            dtype: ComputeDType::Bf16,
+            ..LoadOptions::default()
+        },
+    )?;
     let prompt = ids(80, 120);
     let a = f32m.forward_full(&prompt, &CANDIDATES)?;
     let b = bf16.forward_full(&prompt, &CANDIDATES)?;
     let st = bf16.prefill(&prompt[..90])?;
-    let c = bf16.score(&[&st], &[ScoreRow { state: 0, suffix: &prompt[90..] }], &CANDIDATES)?;
+    let c = bf16.score(
+        &[&st],
+        &[ScoreRow {
+            state: 0,
+            suffix: &prompt[90..],
+        }],
+        &CANDIDATES,
+    )?;
     println!(
         "bf16 vs f32: {:e}; bf16 fork vs bf16 full: {:e}",
         Tolerance::max_abs_diff(&a, &b),
@@ -195,7 +267,10 @@ fn bf16_compute_tracks_f32() -> Result<()> {
 }
 
 /// bf16 weights and activations vs f32 on this model's logits (|logit| up to ~10).
-const BF16_VS_F32: Tolerance = Tolerance { name: "cpu-bf16-vs-f32-qwen35-logits", abs: 0.25 };
+const BF16_VS_F32: Tolerance = Tolerance {
+    name: "cpu-bf16-vs-f32-qwen35-logits",
+    abs: 0.25,
+};
 
 mod props {
     use super::*;

@@ -27,7 +27,9 @@ fn prompts() -> Vec<Vec<u32>> {
             let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ p as u64;
             (0..n)
                 .map(|i| {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     if i == 0 {
                         248_045
                     } else {
@@ -53,7 +55,9 @@ fn backend_in(dir: &std::path::Path, layout: Qwen35Layout) -> Result<CandleBacke
 #[test]
 #[ignore = "generator step: run by hand with FORKSCORE_HF_EXPORT set"]
 fn export_for_transformers() -> Result<()> {
-    let out = std::path::PathBuf::from(std::env::var("FORKSCORE_HF_EXPORT").context("FORKSCORE_HF_EXPORT")?);
+    let out = std::path::PathBuf::from(
+        std::env::var("FORKSCORE_HF_EXPORT").context("FORKSCORE_HF_EXPORT")?,
+    );
     let model_dir = out.join("model");
     let b = backend(&model_dir)?;
     // transformers does not need the tokenizer to run ids; keep the export small.
@@ -63,29 +67,51 @@ fn export_for_transformers() -> Result<()> {
     let mm_dir = out.join("model_multimodal");
     TinyQwen35::new(SEED, Qwen35Layout::Multimodal).write(&mm_dir)?;
     std::fs::remove_file(mm_dir.join("tokenizer.json"))?;
-    let rust: Vec<Vec<f32>> =
-        prompts().iter().map(|p| b.forward_full(p, &CANDIDATES)).collect::<Result<_, _>>()?;
-    let spec = json!({"seed": SEED, "candidates": CANDIDATES, "prompts": prompts(), "rust_logits": rust});
+    let rust: Vec<Vec<f32>> = prompts()
+        .iter()
+        .map(|p| b.forward_full(p, &CANDIDATES))
+        .collect::<Result<_, _>>()?;
+    let spec =
+        json!({"seed": SEED, "candidates": CANDIDATES, "prompts": prompts(), "rust_logits": rust});
     std::fs::write(out.join("prompts.json"), serde_json::to_vec_pretty(&spec)?)?;
     Ok(())
 }
 
 #[test]
 fn matches_transformers_float32_reference() -> Result<()> {
-    let reference: Value = serde_json::from_str(include_str!("data/qwen35_tiny_hf_reference.json"))?;
+    let reference: Value =
+        serde_json::from_str(include_str!("data/qwen35_tiny_hf_reference.json"))?;
     assert_eq!(reference["seed"].as_u64(), Some(SEED));
     let want_prompts: Vec<Vec<u32>> = serde_json::from_value(reference["prompts"].clone())?;
-    assert_eq!(want_prompts, prompts(), "reference was made for other prompts");
+    assert_eq!(
+        want_prompts,
+        prompts(),
+        "reference was made for other prompts"
+    );
     let logits: Vec<Vec<f32>> = serde_json::from_value(reference["logits"].clone())?;
     // transformers' Qwen3_5ForConditionalGeneration on the composite layout of the same seed.
     let mm = &reference["multimodal"];
-    assert_eq!(mm["model_class"].as_str(), Some("Qwen3_5ForConditionalGeneration"));
-    let unexpected = mm["loading_info"]["unexpected_keys"].as_array().map(Vec::len);
-    let mismatched = mm["loading_info"]["mismatched_keys"].as_array().map(Vec::len);
-    assert_eq!((unexpected, mismatched), (Some(0), Some(0)), "transformers did not load the layout cleanly");
+    assert_eq!(
+        mm["model_class"].as_str(),
+        Some("Qwen3_5ForConditionalGeneration")
+    );
+    let unexpected = mm["loading_info"]["unexpected_keys"]
+        .as_array()
+        .map(Vec::len);
+    let mismatched = mm["loading_info"]["mismatched_keys"]
+        .as_array()
+        .map(Vec::len);
+    assert_eq!(
+        (unexpected, mismatched),
+        (Some(0), Some(0)),
+        "transformers did not load the layout cleanly"
+    );
     let mm_logits: Vec<Vec<f32>> = serde_json::from_value(mm["logits"].clone())?;
     let mut worst = 0f32;
-    for (layout, want_all) in [(Qwen35Layout::TextOnly, &logits), (Qwen35Layout::Multimodal, &mm_logits)] {
+    for (layout, want_all) in [
+        (Qwen35Layout::TextOnly, &logits),
+        (Qwen35Layout::Multimodal, &mm_logits),
+    ] {
         let dir = tempfile::tempdir()?;
         let b = backend_in(dir.path(), layout)?;
         for (p, want) in prompts().iter().zip(want_all) {
@@ -95,6 +121,9 @@ fn matches_transformers_float32_reference() -> Result<()> {
             worst = worst.max(Tolerance::max_abs_diff(&got, want));
         }
     }
-    println!("vs transformers {}: max |diff| = {worst:e}", reference["transformers"]);
+    println!(
+        "vs transformers {}: max |diff| = {worst:e}",
+        reference["transformers"]
+    );
     Ok(())
 }

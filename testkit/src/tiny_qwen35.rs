@@ -96,7 +96,9 @@ impl Params {
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -112,7 +114,12 @@ impl TinyQwen35 {
             seed,
             layout,
             hidden: 32,
-            layer_types: vec!["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            layer_types: vec![
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "full_attention",
+            ],
             heads: 4,
             kv_heads: 2,
             head_dim: 16,
@@ -204,48 +211,174 @@ impl TinyQwen35 {
         let pre = self.text_prefix();
         let d = self.hidden;
         let mut put = |name: String, shape: Vec<usize>, values: Vec<f32>, f32_store: bool| {
-            let (dtype, bytes) =
-                if f32_store { (Dtype::F32, f32_bytes(&values)) } else { (Dtype::BF16, bf16_bytes(&values)) };
-            out.insert(name.clone(), TinyTensor { name, shape, dtype, bytes });
+            let (dtype, bytes) = if f32_store {
+                (Dtype::F32, f32_bytes(&values))
+            } else {
+                (Dtype::BF16, bf16_bytes(&values))
+            };
+            out.insert(
+                name.clone(),
+                TinyTensor {
+                    name,
+                    shape,
+                    dtype,
+                    bytes,
+                },
+            );
         };
         let lin = |p: &mut Params, rows: usize, cols: usize| {
             let s = 1.0 / (cols as f64).sqrt();
             p.uniform(rows * cols, -s, s)
         };
-        put(format!("{pre}embed_tokens.weight"), vec![self.vocab, d], p.uniform(self.vocab * d, -1.0, 1.0), false);
-        let (hk, hv, dk, dv, kc) =
-            (self.linear_key_heads, self.linear_value_heads, self.linear_key_dim, self.linear_value_dim, self.conv_kernel);
+        put(
+            format!("{pre}embed_tokens.weight"),
+            vec![self.vocab, d],
+            p.uniform(self.vocab * d, -1.0, 1.0),
+            false,
+        );
+        let (hk, hv, dk, dv, kc) = (
+            self.linear_key_heads,
+            self.linear_value_heads,
+            self.linear_key_dim,
+            self.linear_value_dim,
+            self.conv_kernel,
+        );
         let (cc, cv) = (2 * hk * dk + hv * dv, hv * dv);
         for (i, kind) in self.layer_types.iter().enumerate() {
             let l = format!("{pre}layers.{i}.");
-            put(format!("{l}input_layernorm.weight"), vec![d], p.uniform(d, -0.3, 0.3), false);
+            put(
+                format!("{l}input_layernorm.weight"),
+                vec![d],
+                p.uniform(d, -0.3, 0.3),
+                false,
+            );
             if *kind == "full_attention" {
                 let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-                put(format!("{l}self_attn.q_proj.weight"), vec![2 * h * hd, d], lin(&mut p, 2 * h * hd, d), false);
-                put(format!("{l}self_attn.k_proj.weight"), vec![kvh * hd, d], lin(&mut p, kvh * hd, d), false);
-                put(format!("{l}self_attn.v_proj.weight"), vec![kvh * hd, d], lin(&mut p, kvh * hd, d), false);
-                put(format!("{l}self_attn.o_proj.weight"), vec![d, h * hd], lin(&mut p, d, h * hd), false);
-                put(format!("{l}self_attn.q_norm.weight"), vec![hd], p.uniform(hd, -0.3, 0.3), false);
-                put(format!("{l}self_attn.k_norm.weight"), vec![hd], p.uniform(hd, -0.3, 0.3), false);
+                put(
+                    format!("{l}self_attn.q_proj.weight"),
+                    vec![2 * h * hd, d],
+                    lin(&mut p, 2 * h * hd, d),
+                    false,
+                );
+                put(
+                    format!("{l}self_attn.k_proj.weight"),
+                    vec![kvh * hd, d],
+                    lin(&mut p, kvh * hd, d),
+                    false,
+                );
+                put(
+                    format!("{l}self_attn.v_proj.weight"),
+                    vec![kvh * hd, d],
+                    lin(&mut p, kvh * hd, d),
+                    false,
+                );
+                put(
+                    format!("{l}self_attn.o_proj.weight"),
+                    vec![d, h * hd],
+                    lin(&mut p, d, h * hd),
+                    false,
+                );
+                put(
+                    format!("{l}self_attn.q_norm.weight"),
+                    vec![hd],
+                    p.uniform(hd, -0.3, 0.3),
+                    false,
+                );
+                put(
+                    format!("{l}self_attn.k_norm.weight"),
+                    vec![hd],
+                    p.uniform(hd, -0.3, 0.3),
+                    false,
+                );
             } else {
                 let a = format!("{l}linear_attn.");
-                put(format!("{a}in_proj_qkv.weight"), vec![cc, d], lin(&mut p, cc, d), false);
-                put(format!("{a}in_proj_z.weight"), vec![cv, d], lin(&mut p, cv, d), false);
-                put(format!("{a}in_proj_b.weight"), vec![hv, d], lin(&mut p, hv, d), false);
-                put(format!("{a}in_proj_a.weight"), vec![hv, d], lin(&mut p, hv, d), false);
-                put(format!("{a}conv1d.weight"), vec![cc, 1, kc], p.uniform(cc * kc, -0.6, 0.6), false);
-                put(format!("{a}A_log"), vec![hv], p.uniform(hv, -1.5, 1.5), true);
-                put(format!("{a}dt_bias"), vec![hv], p.uniform(hv, -2.0, 1.0), false);
-                put(format!("{a}norm.weight"), vec![dv], p.uniform(dv, 0.6, 1.4), true);
-                put(format!("{a}out_proj.weight"), vec![d, cv], lin(&mut p, d, cv), false);
+                put(
+                    format!("{a}in_proj_qkv.weight"),
+                    vec![cc, d],
+                    lin(&mut p, cc, d),
+                    false,
+                );
+                put(
+                    format!("{a}in_proj_z.weight"),
+                    vec![cv, d],
+                    lin(&mut p, cv, d),
+                    false,
+                );
+                put(
+                    format!("{a}in_proj_b.weight"),
+                    vec![hv, d],
+                    lin(&mut p, hv, d),
+                    false,
+                );
+                put(
+                    format!("{a}in_proj_a.weight"),
+                    vec![hv, d],
+                    lin(&mut p, hv, d),
+                    false,
+                );
+                put(
+                    format!("{a}conv1d.weight"),
+                    vec![cc, 1, kc],
+                    p.uniform(cc * kc, -0.6, 0.6),
+                    false,
+                );
+                put(
+                    format!("{a}A_log"),
+                    vec![hv],
+                    p.uniform(hv, -1.5, 1.5),
+                    true,
+                );
+                put(
+                    format!("{a}dt_bias"),
+                    vec![hv],
+                    p.uniform(hv, -2.0, 1.0),
+                    false,
+                );
+                put(
+                    format!("{a}norm.weight"),
+                    vec![dv],
+                    p.uniform(dv, 0.6, 1.4),
+                    true,
+                );
+                put(
+                    format!("{a}out_proj.weight"),
+                    vec![d, cv],
+                    lin(&mut p, d, cv),
+                    false,
+                );
             }
-            put(format!("{l}post_attention_layernorm.weight"), vec![d], p.uniform(d, -0.3, 0.3), false);
+            put(
+                format!("{l}post_attention_layernorm.weight"),
+                vec![d],
+                p.uniform(d, -0.3, 0.3),
+                false,
+            );
             let f = self.intermediate;
-            put(format!("{l}mlp.gate_proj.weight"), vec![f, d], lin(&mut p, f, d), false);
-            put(format!("{l}mlp.up_proj.weight"), vec![f, d], lin(&mut p, f, d), false);
-            put(format!("{l}mlp.down_proj.weight"), vec![d, f], lin(&mut p, d, f), false);
+            put(
+                format!("{l}mlp.gate_proj.weight"),
+                vec![f, d],
+                lin(&mut p, f, d),
+                false,
+            );
+            put(
+                format!("{l}mlp.up_proj.weight"),
+                vec![f, d],
+                lin(&mut p, f, d),
+                false,
+            );
+            put(
+                format!("{l}mlp.down_proj.weight"),
+                vec![d, f],
+                lin(&mut p, d, f),
+                false,
+            );
         }
-        put(format!("{pre}norm.weight"), vec![d], p.uniform(d, -0.3, 0.3), false);
+        put(
+            format!("{pre}norm.weight"),
+            vec![d],
+            p.uniform(d, -0.3, 0.3),
+            false,
+        );
         if self.layout == Qwen35Layout::Multimodal {
             let mut x = Params(ChaCha8Rng::seed_from_u64(self.seed ^ 0x5649_5349_4f4e));
             for (name, shape) in [
@@ -271,12 +404,21 @@ impl TinyQwen35 {
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let tensors = self.tensors();
-        write_safetensors(&dir.join("model.safetensors"), &tensors.iter().collect::<Vec<_>>())?;
+        write_safetensors(
+            &dir.join("model.safetensors"),
+            &tensors.iter().collect::<Vec<_>>(),
+        )?;
         let files: [(&str, Vec<u8>); 4] = [
             ("config.json", pretty(&self.config())),
             ("tokenizer.json", Family::Qwen35.tokenizer_json()?),
-            ("tokenizer_config.json", Family::Qwen35.tokenizer_config_json().as_bytes().to_vec()),
-            ("chat_template.jinja", Family::Qwen35.chat_template().as_bytes().to_vec()),
+            (
+                "tokenizer_config.json",
+                Family::Qwen35.tokenizer_config_json().as_bytes().to_vec(),
+            ),
+            (
+                "chat_template.jinja",
+                Family::Qwen35.chat_template().as_bytes().to_vec(),
+            ),
         ];
         for (name, data) in files {
             let path = dir.join(name);
@@ -335,8 +477,16 @@ mod tests {
     /// or runs (a change means every recorded reference for the tiny model is stale).
     #[test]
     fn files_are_byte_identical_for_a_seed() -> Result<(), TinyQwen35Error> {
-        let dir = std::env::temp_dir().join(format!("forkscore-tiny-qwen35-golden-{}", std::process::id()));
-        let read = |p: &Path| std::fs::read(p).map_err(|source| TinyQwen35Error::Io { path: p.to_path_buf(), source });
+        let dir = std::env::temp_dir().join(format!(
+            "forkscore-tiny-qwen35-golden-{}",
+            std::process::id()
+        ));
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| TinyQwen35Error::Io {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
         let mut digests = Vec::new();
         for layout in [Qwen35Layout::Multimodal, Qwen35Layout::TextOnly] {
             TinyQwen35::new(35, layout).write(&dir)?;
@@ -350,7 +500,10 @@ mod tests {
         Ok(())
     }
 
-    const GOLDEN_MULTIMODAL: &str = "d0587b5b20e2e3d5d9a780221b1a1ad8c62849aed494adea0d84c05981d22088";
-    const GOLDEN_TEXT_ONLY: &str = "dff92e9696072dc165e4c63db5b9f6089431ab21bf3d55ba9b0cfb290894710c";
-    const GOLDEN_TEXT_ONLY_CONFIG: &str = "95b7b3ff1c838dac2a9cbb6ca5175e25fe159e83c5229b3f3b1457ca82102ea1";
+    const GOLDEN_MULTIMODAL: &str =
+        "d0587b5b20e2e3d5d9a780221b1a1ad8c62849aed494adea0d84c05981d22088";
+    const GOLDEN_TEXT_ONLY: &str =
+        "dff92e9696072dc165e4c63db5b9f6089431ab21bf3d55ba9b0cfb290894710c";
+    const GOLDEN_TEXT_ONLY_CONFIG: &str =
+        "95b7b3ff1c838dac2a9cbb6ca5175e25fe159e83c5229b3f3b1457ca82102ea1";
 }

@@ -65,8 +65,8 @@ pub(crate) fn extend(
     if !has_partial_factor(text_json) {
         text.rope.partial_rotary_factor = DEFAULT_PARTIAL_ROTARY_FACTOR;
     }
-    let explicit_kinds =
-        text_json.get("layer_types").is_some() || text_json.get("full_attention_interval").is_some();
+    let explicit_kinds = text_json.get("layer_types").is_some()
+        || text_json.get("full_attention_interval").is_some();
     if !explicit_kinds {
         text.layer_kinds = (0..text.num_layers)
             .map(|i| {
@@ -142,8 +142,18 @@ mod tests {
         assert_eq!(c.text.rope.theta, 1e7);
         assert_eq!(c.text.layer_kinds[3], LayerKind::FullAttention);
         assert_eq!(c.tie_word_embeddings, Some(true));
-        let la = c.linear_attention.ok_or_else(|| invalid_err("no linear config"))?;
-        assert_eq!((la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim), (2, 4, 16, 8));
+        let la = c
+            .linear_attention
+            .ok_or_else(|| invalid_err("no linear config"))?;
+        assert_eq!(
+            (
+                la.num_key_heads,
+                la.num_value_heads,
+                la.key_head_dim,
+                la.value_head_dim
+            ),
+            (2, 4, 16, 8)
+        );
         Ok(())
     }
 
@@ -157,12 +167,23 @@ mod tests {
         t["architectures"] = json!(["Qwen3_5ForCausalLM"]);
         let o = t.as_object_mut().ok_or_else(|| invalid_err("object"))?;
         o.remove("layer_types");
-        o.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 1e7}));
+        o.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "default", "rope_theta": 1e7}),
+        );
         let c = ModelConfig::from_json(Path::new("c"), &t)?;
         // partial_rotary_factor defaults to 0.25 (head_dim 32 -> 8 rotary dims)
         assert_eq!(c.text.rotary_dim(), 8);
         use LayerKind::*;
-        assert_eq!(c.text.layer_kinds, vec![LinearAttention, LinearAttention, LinearAttention, FullAttention]);
+        assert_eq!(
+            c.text.layer_kinds,
+            vec![
+                LinearAttention,
+                LinearAttention,
+                LinearAttention,
+                FullAttention
+            ]
+        );
         Ok(())
     }
 
@@ -173,7 +194,9 @@ mod tests {
         if let Some(o) = t.as_object_mut() {
             o.remove("linear_conv_kernel_dim");
         }
-        let err = ModelConfig::from_json(Path::new("c"), &t).err().map(|e| e.to_string());
+        let err = ModelConfig::from_json(Path::new("c"), &t)
+            .err()
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("linear_conv_kernel_dim"));
     }
 }

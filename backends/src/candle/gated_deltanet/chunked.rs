@@ -79,11 +79,14 @@ pub fn chunked_gated_delta_rule(
     // Cumulative log-decay restarted per chunk: (BH, n, C)
     let gc = g.cumsum(D::Minus1)?;
     // G_i − G_j: (BH, n, C, 1) − (BH, n, 1, C) -> (BH, n, C, C), clamped before exp
-    let diff = gc.unsqueeze(3)?.broadcast_sub(&gc.unsqueeze(2)?)?.minimum(0f32)?;
+    let diff = gc
+        .unsqueeze(3)?
+        .broadcast_sub(&gc.unsqueeze(2)?)?
+        .minimum(0f32)?;
     let decay = diff.exp()?.broadcast_mul(&tril_incl)?; // M, diagonal = 1
 
     let kt = k.transpose(2, 3)?.contiguous()?; // (BH, n, dk, C)
-    // A = tril₋₁(β_i · (K Kᵀ) ⊙ M): (BH, n, C, C)
+                                               // A = tril₋₁(β_i · (K Kᵀ) ⊙ M): (BH, n, C, C)
     let a = k
         .matmul(&kt)?
         .mul(&decay)?
@@ -92,7 +95,7 @@ pub fn chunked_gated_delta_rule(
     let t = unit_lower_inverse(&a)?;
 
     let gamma = gc.exp()?; // Γ: (BH, n, C)
-    // U = T·diag(β)·V: (BH, n, C, dv); W = T·diag(βΓ)·K: (BH, n, C, dk)
+                           // U = T·diag(β)·V: (BH, n, C, dv); W = T·diag(βΓ)·K: (BH, n, C, dk)
     let u = t.matmul(&v.broadcast_mul(&beta.unsqueeze(3)?)?)?;
     let w = t.matmul(&k.broadcast_mul(&beta.mul(&gamma)?.unsqueeze(3)?)?)?;
     // P = (Q Kᵀ) ⊙ M: (BH, n, C, C)
@@ -122,7 +125,9 @@ pub fn chunked_gated_delta_rule(
             .add(&at(&kd_t, i)?.matmul(&delta)?)?;
     }
     // n × (BH, C, dv) -> (BH, n·C, dv) -> (B, Hv, L, dv)
-    let o = Tensor::cat(&outs, 1)?.narrow(1, 0, l)?.reshape((b, hv, l, dv))?;
+    let o = Tensor::cat(&outs, 1)?
+        .narrow(1, 0, l)?
+        .reshape((b, hv, l, dv))?;
     Ok((o, s.reshape((b, hv, dk, dv))?))
 }
 

@@ -29,7 +29,10 @@ impl RightPadding {
         if lengths.iter().any(|l| *l > padded_len) {
             return None;
         }
-        Some(Self { lengths, padded_len })
+        Some(Self {
+            lengths,
+            padded_len,
+        })
     }
 
     pub fn lengths(&self) -> &[usize] {
@@ -123,9 +126,15 @@ mod tests {
     fn matches_scalar_loop_and_keeps_last_rows() -> Result<()> {
         let dev = Device::Cpu;
         let (l, cc, kc) = (5usize, 3usize, 4usize);
-        let p: Vec<f32> = (0..l * cc).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
-        let st: Vec<f32> = (0..(kc - 1) * cc).map(|i| ((i * 13 % 7) as f32 - 3.0) / 3.0).collect();
-        let w: Vec<f32> = (0..cc * kc).map(|i| ((i * 29 % 9) as f32 - 4.0) / 5.0).collect();
+        let p: Vec<f32> = (0..l * cc)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let st: Vec<f32> = (0..(kc - 1) * cc)
+            .map(|i| ((i * 13 % 7) as f32 - 3.0) / 3.0)
+            .collect();
+        let w: Vec<f32> = (0..cc * kc)
+            .map(|i| ((i * 29 % 9) as f32 - 4.0) / 5.0)
+            .collect();
         let pt = Tensor::from_slice(&p, (1, l, cc), &dev)?;
         let stt = Tensor::from_slice(&st, (1, kc - 1, cc), &dev)?;
         let wt = Tensor::from_slice(&w, (cc, kc), &dev)?;
@@ -153,7 +162,10 @@ mod tests {
         let ns = ns.to_vec3::<f32>()?;
         // Row 0 (full): the last 3 inputs. Row 1 (ℓ = 1): two old-state rows, then its 1st input.
         assert_eq!(ns[0], vec![vec![3.0, 4.0], vec![5.0, 6.0], vec![7.0, 8.0]]);
-        assert_eq!(ns[1], vec![vec![-9.0, -10.0], vec![-11.0, -12.0], vec![9.0, 10.0]]);
+        assert_eq!(
+            ns[1],
+            vec![vec![-9.0, -10.0], vec![-11.0, -12.0], vec![9.0, 10.0]]
+        );
         Ok(())
     }
 }

@@ -52,7 +52,10 @@ mod tests {
             let x64 = *x as f64;
             let want = if x64 > 20.0 { x64 } else { x64.exp().ln_1p() };
             let tol = 1e-6 * want.abs().max(1e-7);
-            assert!((y as f64 - want).abs() <= tol.max(1e-12), "softplus({x}) = {y}, want {want}");
+            assert!(
+                (y as f64 - want).abs() <= tol.max(1e-12),
+                "softplus({x}) = {y}, want {want}"
+            );
         }
         Ok(())
     }

@@ -77,7 +77,9 @@ impl GdnDims {
             self.conv_kernel,
         ];
         if positive.contains(&0) {
-            return Err(format!("every linear-attention dimension must be positive: {self:?}"));
+            return Err(format!(
+                "every linear-attention dimension must be positive: {self:?}"
+            ));
         }
         if self.value_heads % self.key_heads != 0 {
             return Err(format!(
@@ -102,7 +104,11 @@ impl GdnState {
     /// The state of `batch` fresh sequences (all zeros).
     pub fn zeros(dims: &GdnDims, batch: usize, device: &Device) -> candle_core::Result<Self> {
         Ok(Self {
-            conv: Tensor::zeros((batch, dims.conv_state_len(), dims.conv_channels()), DType::F32, device)?,
+            conv: Tensor::zeros(
+                (batch, dims.conv_state_len(), dims.conv_channels()),
+                DType::F32,
+                device,
+            )?,
             recurrent: Tensor::zeros(
                 (batch, dims.value_heads, dims.key_dim, dims.value_dim),
                 DType::F32,
@@ -125,7 +131,10 @@ impl GdnState {
     pub fn cat(states: &[&GdnState]) -> candle_core::Result<Self> {
         let convs: Vec<&Tensor> = states.iter().map(|s| &s.conv).collect();
         let recs: Vec<&Tensor> = states.iter().map(|s| &s.recurrent).collect();
-        Ok(Self { conv: Tensor::cat(&convs, 0)?, recurrent: Tensor::cat(&recs, 0)? })
+        Ok(Self {
+            conv: Tensor::cat(&convs, 0)?,
+            recurrent: Tensor::cat(&recs, 0)?,
+        })
     }
 
     /// A new batch whose row `i` is a copy of row `rows[i]` of `self` (fork: rows start from
@@ -217,9 +226,14 @@ impl GdnLayer {
     /// Check shapes and cast: projections to `dtype` (the activation dtype), conv weight,
     /// `A_log`, `dt_bias` and the norm weight to f32.
     pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, BackendError> {
-        dims.validate().map_err(|reason| BackendError::InvalidRequest { reason })?;
-        let (d, cc, cv, hv) =
-            (dims.hidden, dims.conv_channels(), dims.value_channels(), dims.value_heads);
+        dims.validate()
+            .map_err(|reason| BackendError::InvalidRequest { reason })?;
+        let (d, cc, cv, hv) = (
+            dims.hidden,
+            dims.conv_channels(),
+            dims.value_channels(),
+            dims.value_heads,
+        );
         check_shape("linear_attn.in_proj_qkv.weight", &w.in_proj_qkv, &[cc, d])?;
         check_shape("linear_attn.in_proj_z.weight", &w.in_proj_z, &[cv, d])?;
         check_shape("linear_attn.in_proj_b.weight", &w.in_proj_b, &[hv, d])?;
@@ -229,18 +243,30 @@ impl GdnLayer {
         check_shape("linear_attn.norm.weight", &w.norm, &[dims.value_dim])?;
         check_shape("linear_attn.out_proj.weight", &w.out_proj, &[d, cv])?;
         let conv = match w.conv1d.dims() {
-            [c, 1, k] if *c == cc && *k == dims.conv_kernel => {
-                w.conv1d.squeeze(1).map_err(BackendError::tensor("gdn.load.conv"))?
-            }
+            [c, 1, k] if *c == cc && *k == dims.conv_kernel => w
+                .conv1d
+                .squeeze(1)
+                .map_err(BackendError::tensor("gdn.load.conv"))?,
             _ => {
-                check_shape("linear_attn.conv1d.weight", &w.conv1d, &[cc, dims.conv_kernel])?;
+                check_shape(
+                    "linear_attn.conv1d.weight",
+                    &w.conv1d,
+                    &[cc, dims.conv_kernel],
+                )?;
                 w.conv1d
             }
         };
         let lin = |t: Tensor| -> Result<Linear, BackendError> {
-            Ok(Linear::new(t.to_dtype(dtype).map_err(BackendError::tensor("gdn.load.cast"))?, None))
+            Ok(Linear::new(
+                t.to_dtype(dtype)
+                    .map_err(BackendError::tensor("gdn.load.cast"))?,
+                None,
+            ))
         };
-        let f32 = |t: Tensor| t.to_dtype(DType::F32).map_err(BackendError::tensor("gdn.load.cast"));
+        let f32 = |t: Tensor| {
+            t.to_dtype(DType::F32)
+                .map_err(BackendError::tensor("gdn.load.cast"))
+        };
         Ok(Self {
             dims,
             in_proj_qkv: lin(w.in_proj_qkv)?,
@@ -295,7 +321,8 @@ impl GdnLayer {
                 });
             }
         }
-        self.run(x, state, padding, rule).map_err(BackendError::tensor("gdn.forward"))
+        self.run(x, state, padding, rule)
+            .map_err(BackendError::tensor("gdn.forward"))
     }
 
     fn run(
@@ -305,14 +332,24 @@ impl GdnLayer {
         padding: Option<&RightPadding>,
         rule: DeltaRule,
     ) -> candle_core::Result<(Tensor, GdnState)> {
-        let GdnDims { key_heads: hk, value_heads: hv, key_dim: dk, value_dim: dv, .. } = self.dims;
+        let GdnDims {
+            key_heads: hk,
+            value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            ..
+        } = self.dims;
         let (b, l, _) = x.dims3()?;
         let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
         let act = x.dtype();
 
         // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
         let p = self.in_proj_qkv.forward(x)?.to_dtype(DType::F32)?;
-        let z = self.in_proj_z.forward(x)?.to_dtype(DType::F32)?.reshape((b, l, hv, dv))?;
+        let z = self
+            .in_proj_z
+            .forward(x)?
+            .to_dtype(DType::F32)?
+            .reshape((b, l, hv, dv))?;
         let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
         let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
 
@@ -330,7 +367,9 @@ impl GdnLayer {
             if r == 1 {
                 Ok(t)
             } else {
-                t.unsqueeze(3)?.broadcast_as((b, l, hk, r, dk))?.reshape((b, l, hv, dk))
+                t.unsqueeze(3)?
+                    .broadcast_as((b, l, hk, r, dk))?
+                    .reshape((b, l, hv, dk))
             }
         };
         // (B, L, Hv, d) -> (B, Hv, L, d)
@@ -354,15 +393,9 @@ impl GdnLayer {
             DeltaRule::Recurrent => {
                 recurrence::recurrent_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent)?
             }
-            DeltaRule::Chunked(chunk) => chunked::chunked_gated_delta_rule(
-                &q,
-                &k,
-                &v,
-                &beta,
-                &g,
-                &state.recurrent,
-                chunk,
-            )?,
+            DeltaRule::Chunked(chunk) => {
+                chunked::chunked_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent, chunk)?
+            }
         };
 
         // (B, Hv, L, dv) -> (B, L, Hv, dv)
@@ -371,6 +404,12 @@ impl GdnLayer {
         // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
         let y = y.reshape((b, l, cv))?.to_dtype(act)?;
         let out = self.out_proj.forward(&y)?;
-        Ok((out, GdnState { conv: conv_state, recurrent }))
+        Ok((
+            out,
+            GdnState {
+                conv: conv_state,
+                recurrent,
+            },
+        ))
     }
 }

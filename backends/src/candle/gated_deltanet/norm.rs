@@ -47,7 +47,11 @@ mod tests {
         let sum_sq: f64 = vals.iter().map(|v| (*v as f64) * (*v as f64)).sum();
         let inv = 1.0 / (sum_sq + 1e-6).sqrt();
         for (a, v) in y.iter().zip(&vals) {
-            assert!((*a as f64 - *v as f64 * inv).abs() < 1e-6, "{a} vs {}", *v as f64 * inv);
+            assert!(
+                (*a as f64 - *v as f64 * inv).abs() < 1e-6,
+                "{a} vs {}",
+                *v as f64 * inv
+            );
         }
         Ok(())
     }
@@ -67,7 +71,11 @@ mod tests {
         for i in 0..4 {
             let silu = zs[i] / (1.0 + (-zs[i]).exp());
             let want = ws[i] * xs[i] * inv * silu;
-            assert!((got[i] as f64 - want).abs() < 1e-6, "{i}: {} vs {want}", got[i]);
+            assert!(
+                (got[i] as f64 - want).abs() < 1e-6,
+                "{i}: {} vs {want}",
+                got[i]
+            );
         }
         Ok(())
     }

@@ -37,7 +37,10 @@ pub fn recurrent_gated_delta_rule(
         // (B, Hv, 1, dk) x (B, Hv, dk, dv) -> (B, Hv, 1, dv)
         let err = vt.sub(&kt.matmul(&s)?)?;
         // (B, Hv, dk, 1) x (B, Hv, 1, dv) -> (B, Hv, dk, dv)
-        let write = kt.transpose(2, 3)?.contiguous()?.matmul(&err.broadcast_mul(&bt)?)?;
+        let write = kt
+            .transpose(2, 3)?
+            .contiguous()?
+            .matmul(&err.broadcast_mul(&bt)?)?;
         s = s.add(&write)?;
         outs.push(qt.matmul(&s)?);
     }

@@ -2,8 +2,8 @@
 //! gated full-attention layers, in the order of `layer_types`.
 //!
 //! In: the parsed [`ModelConfig`] and the checkpoint rooted at its top level. The text model is
-//! found under `model.language_model.` (multimodal `Qwen3_5ForConditionalGeneration`), `model.`
-//! (text-only) or `language_model.model.` (mlx-style), whichever holds `embed_tokens.weight`;
+//! found under `model.language_model.` (multimodal `Qwen3_5ForConditionalGeneration`) or
+//! `model.` (text-only), whichever holds `embed_tokens.weight`;
 //! nothing under `model.visual.` or `mtp.` is ever requested. Out: a [`Backbone`].
 //!
 //! Conventions kept: layer / final / q / k norms use `1 + w` (offset); the GDN output norm uses
@@ -31,8 +31,11 @@ use crate::candle::step::Step;
 use crate::candle::weights::Weights;
 use crate::BackendError;
 
-/// Where the text model may live, in the order tried.
-pub(crate) const TEXT_PREFIXES: [&str; 3] = ["model.language_model.", "model.", "language_model.model."];
+/// Where the text model may live, in the order tried. mlx-style conversions
+/// (`language_model.model.*`) are deliberately not accepted: they also store the conv weight as
+/// `[Cc, Kc, 1]` and the offset norms already shifted by `+1`, so reading them as HF tensors
+/// would silently double-shift the norms (QWEN35_SPEC §2.2).
+pub(crate) const TEXT_PREFIXES: [&str; 2] = ["model.language_model.", "model."];
 
 /// The first of [`TEXT_PREFIXES`] under which `embed_tokens.weight` is stored.
 fn text_prefix(root: &Weights<'_>, cfg: &ModelConfig) -> Result<&'static str, BackendError> {
@@ -42,7 +45,11 @@ fn text_prefix(root: &Weights<'_>, cfg: &ModelConfig) -> Result<&'static str, Ba
         .find(|p| root.contains(&format!("{p}embed_tokens.weight")))
         .ok_or_else(|| BackendError::MissingTensor {
             name: format!("embed_tokens.weight (under any of {TEXT_PREFIXES:?})"),
-            path: cfg.path.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+            path: cfg
+                .path
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_default(),
         })
 }
 
@@ -55,7 +62,12 @@ impl LinearAttention {
     /// Load `prefix.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, A_log, dt_bias,
     /// norm, out_proj}`.
     fn load(w: &Weights<'_>, prefix: &str, dims: GdnDims) -> Result<Self, BackendError> {
-        let (d, cc, cv, hv) = (dims.hidden, dims.conv_channels(), dims.value_channels(), dims.value_heads);
+        let (d, cc, cv, hv) = (
+            dims.hidden,
+            dims.conv_channels(),
+            dims.value_channels(),
+            dims.value_heads,
+        );
         let name = |n: &str| format!("{prefix}.{n}");
         let weights = GdnWeights {
             in_proj_qkv: w.get(&name("in_proj_qkv.weight"), &[cc, d])?,
@@ -68,17 +80,31 @@ impl LinearAttention {
             norm: w.get_f32(&name("norm.weight"), &[dims.value_dim])?,
             out_proj: w.get(&name("out_proj.weight"), &[d, cv])?,
         };
-        Ok(LinearAttention { layer: GdnLayer::new(dims, weights, w.dtype())? })
+        Ok(LinearAttention {
+            layer: GdnLayer::new(dims, weights, w.dtype())?,
+        })
     }
 
     /// The state the `rows` of this call start from: zeros, the shared prefix state broadcast
     /// to every row (copied, the source is untouched), or the per-row stacked states.
-    fn start_state(&self, past: &LayerPast, rows: usize, device: &Device) -> Result<GdnState, BackendError> {
+    fn start_state(
+        &self,
+        past: &LayerPast,
+        rows: usize,
+        device: &Device,
+    ) -> Result<GdnState, BackendError> {
         let op = BackendError::tensor("gdn start state");
         match past {
             LayerPast::Empty => GdnState::zeros(self.layer.dims(), rows, device).map_err(op),
-            LayerPast::Linear { conv, recurrent, shared } => {
-                let state = GdnState { conv: conv.clone(), recurrent: recurrent.clone() };
+            LayerPast::Linear {
+                conv,
+                recurrent,
+                shared,
+            } => {
+                let state = GdnState {
+                    conv: conv.clone(),
+                    recurrent: recurrent.clone(),
+                };
                 if *shared && rows != state.batch() {
                     // (1, ...) -> (B, ...)
                     state.select_rows(&vec![0u32; rows]).map_err(op)
@@ -98,18 +124,31 @@ impl Mixer for LinearAttention {
         LayerKind::LinearAttention
     }
 
-    fn forward(&self, x: &Tensor, past: &LayerPast, step: &Step) -> Result<(Tensor, LayerUpdate), BackendError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let state = self.start_state(past, step.rows, x.device())?;
         let padding = if step.valid.iter().any(|&v| v < step.len) {
             let pad = RightPadding::new(step.valid.clone(), step.len).ok_or_else(|| {
-                BackendError::InvalidRequest { reason: "a row has more valid tokens than the call".into() }
+                BackendError::InvalidRequest {
+                    reason: "a row has more valid tokens than the call".into(),
+                }
             })?;
             Some(pad)
         } else {
             None
         };
         let (y, next) = self.layer.forward(x, &state, padding.as_ref())?;
-        Ok((y, LayerUpdate::Linear { conv: next.conv, recurrent: next.recurrent }))
+        Ok((
+            y,
+            LayerUpdate::Linear {
+                conv: next.conv,
+                recurrent: next.recurrent,
+            },
+        ))
     }
 }
 
@@ -146,21 +185,37 @@ pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, Ba
     for (i, kind) in t.layer_kinds.iter().enumerate() {
         let p = format!("layers.{i}");
         let mixer: Box<dyn Mixer> = match (kind, gdn) {
-            (LayerKind::FullAttention, _) => Box::new(SelfAttention::load(&w, &format!("{p}.self_attn"), spec)?),
-            (LayerKind::LinearAttention, Some(dims)) => {
-                Box::new(LinearAttention::load(&w, &format!("{p}.linear_attn"), dims)?)
+            (LayerKind::FullAttention, _) => {
+                Box::new(SelfAttention::load(&w, &format!("{p}.self_attn"), spec)?)
             }
+            (LayerKind::LinearAttention, Some(dims)) => Box::new(LinearAttention::load(
+                &w,
+                &format!("{p}.linear_attn"),
+                dims,
+            )?),
             (LayerKind::LinearAttention, None) => {
                 return Err(BackendError::InvalidConfig {
                     path: cfg.path.clone(),
-                    reason: format!("layer {i} is linear attention but the config has no linear_* fields"),
+                    reason: format!(
+                        "layer {i} is linear attention but the config has no linear_* fields"
+                    ),
                 })
             }
         };
         layers.push(DecoderLayer {
-            input_norm: RmsNorm::offset(&w, &format!("{p}.input_layernorm.weight"), t.hidden_size, eps)?,
+            input_norm: RmsNorm::offset(
+                &w,
+                &format!("{p}.input_layernorm.weight"),
+                t.hidden_size,
+                eps,
+            )?,
             mixer,
-            post_norm: RmsNorm::offset(&w, &format!("{p}.post_attention_layernorm.weight"), t.hidden_size, eps)?,
+            post_norm: RmsNorm::offset(
+                &w,
+                &format!("{p}.post_attention_layernorm.weight"),
+                t.hidden_size,
+                eps,
+            )?,
             mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
         });
     }
