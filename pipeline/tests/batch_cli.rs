@@ -81,7 +81,7 @@ fn the_binary_scores_the_example_file_on_a_tiny_model() {
 
     // not a terminal: no progress bar on stderr, only the one-line summary
     let loud = dir.path().join("loud.jsonl");
-    let mut c = forkscore(&model, &input, &loud, &["--schema-file", schema, "--window", "4"]);
+    let c = forkscore(&model, &input, &loud, &["--schema-file", schema, "--window", "4"]);
     let args: Vec<_> = c.get_args().filter(|a| *a != "--quiet").map(|a| a.to_os_string()).collect();
     let out = Command::new(c.get_program()).args(args).stderr(Stdio::piped()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
