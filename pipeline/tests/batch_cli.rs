@@ -79,6 +79,15 @@ fn the_binary_scores_the_example_file_on_a_tiny_model() {
     assert!(out.status.success());
     assert_same_results(&records(&direct), &recs, Tolerance::CPU_F32_STRICT, "direct vs grouped");
 
+    // not a terminal: no progress bar on stderr, only the one-line summary
+    let loud = dir.path().join("loud.jsonl");
+    let c = forkscore(&model, &input, &loud, &["--schema-file", schema, "--window", "4"]);
+    let args: Vec<_> = c.get_args().filter(|a| *a != "--quiet").map(|a| a.to_os_string()).collect();
+    let out = Command::new(c.get_program()).args(args).stderr(Stdio::piped()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("ETA") && !stderr.contains('\r'), "{stderr}");
+    assert!(stderr.contains("35 lines written (12 errors)"), "{stderr}");
+
     // --fail-fast exits non-zero after writing the first error record
     let ff = dir.path().join("ff.jsonl");
     let out = forkscore(&model, &input, &ff, &["--schema-file", schema, "--fail-fast"]).output().unwrap();

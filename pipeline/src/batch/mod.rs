@@ -141,7 +141,7 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
     let temperature = engine.check_request(&job.options)?;
     let input = std::fs::File::open(&job.input).with_context(|| format!("cannot open input {}", job.input.display()))?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = if job.quiet { None } else { reader::count_lines(&job.input).ok() };
+    let total = if writer::progress_shown(job.quiet) { reader::count_lines(&job.input).ok() } else { None };
 
     let mut base = match serde_json::to_value(model)? {
         serde_json::Value::Object(m) => m,

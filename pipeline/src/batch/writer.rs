@@ -17,9 +17,14 @@ pub struct Written {
     pub rows: u64,
 }
 
-/// A progress bar on stderr, hidden when `quiet` or stderr is not a terminal.
+/// True when a progress bar would be drawn: not `quiet` and stderr is a terminal.
+pub fn progress_shown(quiet: bool) -> bool {
+    !quiet && std::io::stderr().is_terminal()
+}
+
+/// A progress bar on stderr, hidden unless [`progress_shown`].
 pub fn progress_bar(quiet: bool, total: Option<u64>, already: u64) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
+    if !progress_shown(quiet) {
         return ProgressBar::hidden();
     }
     let bar = match total {
