@@ -480,3 +480,45 @@ const BF16_VS_F32: Tolerance = Tolerance {
     name: "cpu-bf16-vs-f32-logits",
     abs: 1.5,
 };
+
+#[test]
+fn prefill_chunk_option_drives_prefill() {
+    let dir = forkscore_testkit::tiny_model::ensure_tiny_model(&TinySpec::qwen3());
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "t").expect("resolve");
+    let chunked = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            prefill_chunk: 4,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(chunked.prefill_chunk(), 4);
+    let plain = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load");
+    let ids = common::ids(3, 19, 151_643);
+    let suffix = common::ids(4, 3, 151_643);
+    let cands = common::candidates();
+    let score = |m: &CandleBackend| {
+        let st = m.prefill(&ids).expect("prefill");
+        m.score(
+            &[&st],
+            &[ScoreRow {
+                state: 0,
+                suffix: &suffix,
+            }],
+            &cands,
+        )
+        .expect("score")
+        .data
+    };
+    Tolerance::CPU_F32_LOGITS.assert_close("chunk 4 vs one shot", &score(&chunked), &score(&plain));
+    let zero = CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            prefill_chunk: 0,
+            ..LoadOptions::default()
+        },
+    )
+    .err();
+    assert!(matches!(zero, Some(BackendError::InvalidRequest { .. })));
+}

@@ -51,6 +51,9 @@ pub struct Telemetry {
     pub forward_calls: usize,
     pub state_bytes: usize,
     pub timings_ms: StageTimings,
+    /// The context group this decision was scored in (decide_many and batch jobs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::group::GroupTelemetry>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -158,11 +161,8 @@ pub fn telemetry(
         score_calls: stats.score_calls,
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
-        timings_ms: StageTimings {
-            prefill: stats.prefill_ms,
-            score: stats.score_ms,
-            ..StageTimings::default()
-        },
+        timings_ms: StageTimings { prefill: stats.prefill_ms, score: stats.score_ms, ..StageTimings::default() },
+        group: None,
     }
 }
 

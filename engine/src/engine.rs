@@ -10,7 +10,7 @@ use crate::modes::{run_group, Mode};
 use crate::render::render_prefix;
 use crate::rows::{CompileError, CompiledSchema};
 use crate::schema::Schema;
-use crate::split::{split_exact, SplitError, SplitPrompt};
+use crate::split::{split_anchored, SplitError, SplitPrompt};
 use crate::template::TemplateError;
 use crate::tokenizer::ChatTokenizer;
 use forkscore_backends::{Backend, BackendError};
@@ -158,7 +158,7 @@ impl<B: Backend> Engine<B> {
             render_prefix(self.tokenizer.template(), context, compiled.schema_fields())?;
         let render_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let split = split_exact(&self.tokenizer, &prefix_text, &compiled.selectors())?;
+        let split = split_anchored(&self.tokenizer, &prefix_text, &compiled.selectors())?;
         let split_ms = t.elapsed().as_secs_f64() * 1e3;
         if split.input_tokens() > max_input_tokens {
             return Err(EngineError::TooManyTokens {
@@ -175,7 +175,7 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+    pub(crate) fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }

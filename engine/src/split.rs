@@ -5,6 +5,14 @@
 //! The parts cannot be tokenized separately (BPE merges across the text boundary), so every full
 //! prompt is tokenized and the longest common token prefix of all of them (and of the prefix
 //! text alone) is the shared prefix; each suffix keeps at least one token.
+//!
+//! [`split_exact`] tokenizes every full prompt whole: the plain reference path, R long
+//! tokenizations per context. [`split_anchored`] (what the engine uses) tokenizes the text up to
+//! the last added token of the prefix (e.g. the assistant header's `<|im_start|>`) once, and only
+//! the short tail after it once per row: tokenizers segment their input at added tokens before
+//! anything else, so `tokenize(head ++ tail) == tokenize(head) ++ tokenize(tail)`. That premise is
+//! checked on every context by tokenizing one full prompt whole (the row with the longest
+//! selector); a mismatch falls back to [`split_exact`]. Both give identical results (tested).
 
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
@@ -47,7 +55,7 @@ fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Split `prefix_text ++ selectors[i]` for every `i` (tokenized in parallel).
+/// Split `prefix_text ++ selectors[i]` for every `i`, tokenizing every full prompt whole.
 pub fn split_exact(
     tok: &ChatTokenizer,
     prefix_text: &str,
@@ -61,6 +69,45 @@ pub fn split_exact(
         .par_iter()
         .map(|s| tok.encode(&format!("{prefix_text}{s}")))
         .collect::<Result<_, _>>()?;
+    split_from_tokenizations(prefix_text, prefix_only, fulls)
+}
+
+/// Same result as [`split_exact`], tokenizing the long head once (see the module docs).
+pub fn split_anchored(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    selectors: &[String],
+) -> Result<SplitPrompt, SplitError> {
+    if let Some(index) = selectors.iter().position(String::is_empty) {
+        return Err(SplitError::EmptySelector { index });
+    }
+    let Some(anchor) = tok.last_added_token_end(prefix_text) else {
+        return split_exact(tok, prefix_text, selectors);
+    };
+    let (head_text, tail_text) = prefix_text.split_at(anchor);
+    let head = tok.encode(head_text)?;
+    let join = |tail: Vec<u32>| [head.as_slice(), tail.as_slice()].concat();
+    let prefix_only = join(tok.encode(tail_text)?);
+    let fulls: Vec<Vec<u32>> = selectors
+        .par_iter()
+        .map(|s| tok.encode(&format!("{tail_text}{s}")).map(join))
+        .collect::<Result<_, _>>()?;
+    // Check the premise on this context: one full prompt tokenized whole.
+    let probe = (0..selectors.len())
+        .max_by_key(|&i| selectors[i].len())
+        .unwrap_or(0);
+    if tok.encode(&format!("{prefix_text}{}", selectors[probe]))? != fulls[probe] {
+        return split_exact(tok, prefix_text, selectors);
+    }
+    split_from_tokenizations(prefix_text, prefix_only, fulls)
+}
+
+/// The longest common token prefix of all rows (and of the prefix alone), each suffix ≥ 1 token.
+fn split_from_tokenizations(
+    prefix_text: &str,
+    prefix_only: Vec<u32>,
+    fulls: Vec<Vec<u32>>,
+) -> Result<SplitPrompt, SplitError> {
     let mut common = prefix_only.len();
     for f in &fulls {
         common = common

@@ -27,13 +27,23 @@ pub enum TokenizerError {
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
+    /// Text of every added token (tokenization segments the input at these first).
+    added: Vec<String>,
 }
 
 impl ChatTokenizer {
     pub fn new(tokenizer: tokenizers::Tokenizer, template: ChatTemplate) -> ChatTokenizer {
+        let mut added: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .filter(|c| !c.is_empty())
+            .collect();
+        added.sort();
         ChatTokenizer {
             tokenizer,
             template,
+            added,
         }
     }
 
@@ -120,10 +130,7 @@ impl ChatTokenizer {
             })?;
             ChatTemplate::built_in(family)
         };
-        Ok(ChatTokenizer {
-            tokenizer,
-            template,
-        })
+        Ok(ChatTokenizer::new(tokenizer, template))
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -138,6 +145,16 @@ impl ChatTokenizer {
             .map_err(|e| TokenizerError::Encode {
                 reason: e.to_string(),
             })
+    }
+
+    /// Byte offset just after the last added token (e.g. `<|im_start|>`) in `text`, if any.
+    /// Tokenization first splits the input at added tokens, so text before that offset
+    /// tokenizes the same whatever follows it (`split` checks this per context anyway).
+    pub fn last_added_token_end(&self, text: &str) -> Option<usize> {
+        self.added
+            .iter()
+            .filter_map(|t| text.rfind(t.as_str()).map(|i| i + t.len()))
+            .max()
     }
 
     /// Text of `ids` (for debugging output).

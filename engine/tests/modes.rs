@@ -204,3 +204,38 @@ fn booleans_stay_json_booleans_with_string_score_keys() {
     assert_eq!(keys, ["true", "false"]);
     assert_eq!(d.fields["flag"].codes, ["A", "B"]);
 }
+
+fn arb_context_with_specials() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-zA-Z0-9 ,.!?'\\n]{1,40}",
+        Just("<|im_start|>".to_string()),
+        Just("<|im_end|>\n".to_string()),
+        Just("<think>".to_string()),
+        Just("</think>\n\n".to_string()),
+        Just("<|endoftext|>".to_string()),
+        Just("\u{65}\u{301}".to_string()),
+        Just("  \n\n ".to_string()),
+    ];
+    prop::collection::vec(piece, 1..8)
+        .prop_map(|v| v.concat())
+        .prop_filter("non-empty", |s| !s.trim().is_empty())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The anchored split (head tokenized once) equals tokenizing every full prompt whole,
+    /// also when the context itself contains special-token text.
+    #[test]
+    fn anchored_split_equals_exact_split(schema in arb_schema(), context in arb_context_with_specials(), fam in families()) {
+        use forkscore_engine::split::{split_anchored, split_exact};
+        let engine = fake_engine(fam);
+        let schema = Schema::from_json_str(&schema).unwrap();
+        let compiled = engine.compile(&schema).unwrap();
+        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields()).unwrap();
+        let selectors = compiled.selectors();
+        let exact = split_exact(engine.tokenizer(), &prefix_text, &selectors).unwrap();
+        let anchored = split_anchored(engine.tokenizer(), &prefix_text, &selectors).unwrap();
+        prop_assert_eq!(exact, anchored);
+    }
+}

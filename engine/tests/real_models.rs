@@ -10,13 +10,13 @@ use forkscore_engine::{
     ScoreOptions,
 };
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use forkscore_testkit::tolerance::Tolerance;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
-fn engine_for(spec: &TinySpec) -> Engine<CandleBackend> {
-    let dir = ensure_tiny_model(spec);
-    let ckpt = ResolvedCheckpoint::from_folder(&dir, "test").unwrap();
+fn engine_for(dir: &std::path::Path) -> Engine<CandleBackend> {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "test").unwrap();
     let backend = CandleBackend::load(
         &ckpt,
         &LoadOptions {
@@ -25,7 +25,7 @@ fn engine_for(spec: &TinySpec) -> Engine<CandleBackend> {
         },
     )
     .unwrap();
-    let tok = ChatTokenizer::from_folder(&dir, &backend.facts().family).unwrap();
+    let tok = ChatTokenizer::from_folder(dir, &backend.facts().family).unwrap();
     Engine::new(
         backend,
         tok,
@@ -38,9 +38,11 @@ fn engine_for(spec: &TinySpec) -> Engine<CandleBackend> {
 fn engines() -> &'static [(&'static str, Engine<CandleBackend>)] {
     static E: OnceLock<Vec<(&'static str, Engine<CandleBackend>)>> = OnceLock::new();
     E.get_or_init(|| {
+        let q35 = TinyQwen35::new(35, Qwen35Layout::Multimodal).ensure().unwrap();
         vec![
-            ("qwen2.5", engine_for(&TinySpec::qwen25())),
-            ("qwen3", engine_for(&TinySpec::qwen3())),
+            ("qwen2.5", engine_for(&ensure_tiny_model(&TinySpec::qwen25()))),
+            ("qwen3", engine_for(&ensure_tiny_model(&TinySpec::qwen3()))),
+            ("qwen3.5", engine_for(&q35)),
         ]
     })
 }
@@ -108,6 +110,7 @@ fn check_modes(
 
 #[test]
 fn example_schemas_agree_across_modes_on_tiny_models() {
+    // Long enough (> 64 tokens of prefix) to cross the Gated DeltaNet chunk size.
     let context = "Our production payment service is completely down for every customer, and no one can complete a purchase. \
                    The on-call engineer has been paged twice; status page still says operational.";
     for (name, engine) in engines() {
@@ -136,7 +139,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
 
     #[test]
-    fn generated_contexts_agree_across_modes(context in "[a-zA-Z0-9 ,.!?\\n]{1,300}", fbs in 1usize..4, which in 0usize..2) {
+    fn generated_contexts_agree_across_modes(context in "[a-zA-Z0-9 ,.!?\\n]{1,300}", fbs in 1usize..4, which in 0usize..3) {
         prop_assume!(!context.trim().is_empty());
         let (name, engine) = &engines()[which];
         let schema = Schema::from_json_str(

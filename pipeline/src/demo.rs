@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use std::path::PathBuf;
 
 /// Marks a folder as a demo model, so writing it again (same command) may replace it.
@@ -16,6 +17,9 @@ pub enum DemoArch {
     Qwen25,
     #[value(name = "qwen3")]
     Qwen3,
+    /// Qwen3.5 hybrid (Gated DeltaNet + gated attention), multimodal checkpoint layout.
+    #[value(name = "qwen3.5")]
+    Qwen35,
 }
 
 #[derive(Debug, clap::Args)]
@@ -38,12 +42,15 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             args.dir.display()
         );
     }
-    let spec = match args.arch {
-        DemoArch::Qwen25 => TinySpec::qwen25(),
-        DemoArch::Qwen3 => TinySpec::qwen3(),
+    let written = match args.arch {
+        DemoArch::Qwen25 => write_hf_folder(&args.dir, &TinySpec::qwen25()).map_err(anyhow::Error::from),
+        DemoArch::Qwen3 => write_hf_folder(&args.dir, &TinySpec::qwen3()).map_err(anyhow::Error::from),
+        DemoArch::Qwen35 => TinyQwen35::new(35, Qwen35Layout::Multimodal)
+            .write(&args.dir)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
     };
-    write_hf_folder(&args.dir, &spec)
-        .with_context(|| format!("cannot write the demo model to {}", args.dir.display()))?;
+    written.with_context(|| format!("cannot write the demo model to {}", args.dir.display()))?;
     std::fs::write(
         &marker,
         "written by `forkscore demo-model`: random weights, scores carry no meaning\n",

@@ -1,6 +1,7 @@
 //! forkscore pipeline: the `forkscore` command line (score one context, write a demo model,
 //! run batch JSONL jobs) and the provenance every result carries.
 
+pub mod batch;
 pub mod demo;
 pub mod load;
 pub mod provenance;

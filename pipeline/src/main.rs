@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{demo, score_cmd};
+use forkscore_pipeline::{batch, demo, score_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +21,8 @@ enum Command {
     Score(score_cmd::ScoreArgs),
     /// Write a tiny random-weight demo checkpoint (Hugging Face layout, real tokenizer).
     DemoModel(demo::DemoArgs),
+    /// Score a JSONL file of decisions into a JSONL file of results (resumable).
+    Batch(batch::BatchArgs),
 }
 
 fn main() {
@@ -35,5 +37,6 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Score(args) => score_cmd::run(&args),
         Command::DemoModel(args) => demo::run(&args),
+        Command::Batch(args) => batch::run(&args),
     }
 }

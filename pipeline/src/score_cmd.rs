@@ -80,7 +80,7 @@ pub struct ScoreArgs {
     /// The context to classify.
     #[arg(long, conflicts_with = "context_file")]
     pub context: Option<String>,
-    /// Read the context from a file (UTF-8).
+    /// Read the context from a file (UTF-8); `-` reads standard input.
     #[arg(long)]
     pub context_file: Option<PathBuf>,
     #[command(flatten)]
@@ -96,6 +96,12 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     };
     let context = match (&args.context, &args.context_file) {
         (Some(c), _) => c.clone(),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read the context from stdin (it must be UTF-8 text)")?;
+            text
+        }
         (None, Some(path)) => std::fs::read_to_string(path).with_context(|| {
             format!(
                 "cannot read context file {} (it must be UTF-8 text)",

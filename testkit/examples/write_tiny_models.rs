@@ -1,8 +1,8 @@
 //! Write every tiny model preset that `fixtures/reference/` covers, as Hugging Face folders.
 //!
 //! In: one argument, an output folder. Out: `OUTDIR/<preset>/` per preset (config.json,
-//! generation_config.json, model.safetensors, the family's real tokenizer.json and
-//! tokenizer_config.json), exactly the bytes `backends/tests/reference_transformers.rs`
+//! generation_config.json for the dense ones, model.safetensors, the family's real tokenizer.json,
+//! tokenizer_config.json, and chat_template.jinja for Qwen3.5), exactly the bytes `backends/tests/reference_transformers.rs`
 //! regenerates. Feed OUTDIR to `fixtures/scripts/make_reference.py`.
 //!
 //! ```sh
@@ -13,10 +13,31 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 
-/// Preset name (= folder name = reference file stem) and its spec.
-fn presets() -> Vec<(&'static str, TinySpec)> {
-    vec![("qwen25", TinySpec::qwen25()), ("qwen3", TinySpec::qwen3())]
+/// Seed of the tiny Qwen3.5 presets (both layouts hold the same text parameters).
+const QWEN35_SEED: u64 = 35;
+
+/// One preset: a dense spec or a Qwen3.5 description.
+enum Preset {
+    Dense(TinySpec),
+    Qwen35(TinyQwen35),
+}
+
+/// Preset name (= folder name = reference file stem) and what to write.
+fn presets() -> Vec<(&'static str, Preset)> {
+    vec![
+        ("qwen25", Preset::Dense(TinySpec::qwen25())),
+        ("qwen3", Preset::Dense(TinySpec::qwen3())),
+        (
+            "qwen35",
+            Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::Multimodal)),
+        ),
+        (
+            "qwen35_text",
+            Preset::Qwen35(TinyQwen35::new(QWEN35_SEED, Qwen35Layout::TextOnly)),
+        ),
+    ]
 }
 
 fn main() -> ExitCode {
@@ -26,9 +47,13 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let out = PathBuf::from(out);
-    for (name, spec) in presets() {
+    for (name, preset) in presets() {
         let dir = out.join(name);
-        if let Err(e) = write_hf_folder(&dir, &spec) {
+        let written = match preset {
+            Preset::Dense(spec) => write_hf_folder(&dir, &spec).map_err(|e| e.to_string()),
+            Preset::Qwen35(tiny) => tiny.write(&dir).map(|_| ()).map_err(|e| e.to_string()),
+        };
+        if let Err(e) = written {
             eprintln!("{name}: {e}");
             return ExitCode::FAILURE;
         }

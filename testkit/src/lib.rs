@@ -4,5 +4,6 @@
 pub mod fake;
 pub mod snapshot;
 pub mod tiny_model;
+pub mod tiny_qwen35;
 pub mod tokenizers;
 pub mod tolerance;

@@ -1,40 +1,34 @@
 //! Grouped-query scaled dot-product attention of new tokens over a retained past plus
 //! themselves, with the softmax in f32.
 //!
-//! In: queries `(B, H, L, hd)`, the new keys/values `(B, Hkv, L, hd)`, and the past as a
-//! [`PastKv`]: none, one prefix shared by every row (`(1, Hkv, P, hd)`, never copied per row:
-//! the rows are folded into the query axis for the past half of the product), or one past per
-//! row (`(B, Hkv, P, hd)`, left-padded and masked). Out: `(B, H, L, hd)` in the input dtype.
+//! In: queries `(B, H, L, hd)`, the new keys/values `(B, Hkv, L, hd)`, and optionally the past
+//! K/V of `S` slots in KV-head-major layout `(Hkv, S, P, hd)`, where `S` divides `B` and rows are
+//! slot-major (row `b` continues slot `b / (B/S)`). `S == 1` is one prefix shared by every row;
+//! `S == B` one past per row. Out: `(B, L, H*hd)` in the input dtype, ready for `o_proj`.
 //!
-//! Query head `h` reads KV head `h / (H / Hkv)` (transformers' `repeat_interleave`); the group
-//! axis `G = H / Hkv` is carried in the score layout `(B, Hkv, G, L, keys)` so K/V are never
-//! repeated. Scores over past and new keys are concatenated before one softmax, so the result
-//! equals attention over `past ++ new` in one sequence.
+//! Layout: everything is computed KV-head-major, `(Hkv, B, G, L, keys)` with `G = H / Hkv`
+//! (query head `h` reads KV head `h / G`, transformers' `repeat_interleave`), so K/V are never
+//! repeated per query head, and the `R = B/S` rows of a slot fold into the query axis of one
+//! matmul against that slot's past `(Hkv, S, R*G*L, hd) x (Hkv, S, hd, P)` — the past is never
+//! copied per row. Scores over past and new keys are concatenated before one softmax, so the
+//! result equals attention over `past ++ new` in one sequence. Queries are pre-scaled by
+//! `hd^-1/2` (as transformers' SDPA math path does) so no pass over the scores is spent on it.
 
 use candle_core::{DType, Tensor, D};
 
 use crate::BackendError;
 
-/// The retained keys/values the new tokens attend to.
-pub(crate) enum PastKv<'a> {
-    None,
-    /// `(1, Hkv, P, hd)` shared by all rows.
-    Shared {
-        k: &'a Tensor,
-        v: &'a Tensor,
-    },
-    /// `(B, Hkv, P, hd)`, one (left-padded) past per row.
-    PerRow {
-        k: &'a Tensor,
-        v: &'a Tensor,
-    },
+/// The retained keys/values of `S` slots, each `(Hkv, S, P, hd)`.
+pub(crate) struct PastKv<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
 }
 
 /// Masks for one call, see [`super::mask`].
 pub(crate) struct AttnMasks<'a> {
     /// `(1, 1, 1, L, L)`; `None` when `L == 1`.
     pub causal: Option<&'a Tensor>,
-    /// `(B, 1, 1, 1, P)`; `None` when every row sees its whole past.
+    /// `(1, B, 1, 1, P)`; `None` when every row sees its whole past.
     pub past: Option<&'a Tensor>,
 }
 
@@ -42,26 +36,12 @@ fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
     BackendError::tensor(name)
 }
 
-/// Fold rows into the query axis: `(B, Hkv, M, X) -> (1, Hkv, B*M, X)`.
-fn fold_rows(t: &Tensor) -> candle_core::Result<Tensor> {
-    let (b, hkv, m, x) = t.dims4()?;
-    t.transpose(0, 1)?.contiguous()?.reshape((1, hkv, b * m, x))
-}
-
-/// Inverse of [`fold_rows`]: `(1, Hkv, B*M, X) -> (B, Hkv, M, X)`.
-fn unfold_rows(t: &Tensor, b: usize) -> candle_core::Result<Tensor> {
-    let (_, hkv, bm, x) = t.dims4()?;
-    t.reshape((hkv, b, bm / b, x))?
-        .transpose(0, 1)?
-        .contiguous()
-}
-
-/// Attention output `(B, H, L, hd)`.
+/// Attention output `(B, L, H*hd)`.
 pub(crate) fn attend(
     q: &Tensor,
     k_new: &Tensor,
     v_new: &Tensor,
-    past: PastKv<'_>,
+    past: Option<PastKv<'_>>,
     masks: &AttnMasks<'_>,
 ) -> Result<Tensor, BackendError> {
     let (b, h, l, hd) = q.dims4().map_err(op("attention q dims"))?;
@@ -69,18 +49,25 @@ pub(crate) fn attend(
     let g = h / hkv;
     let dtype = q.dtype();
     let scale = 1.0 / (hd as f64).sqrt();
-    // (B, H, L, hd) -> (B, Hkv, G*L, hd): heads of one KV group are adjacent.
-    let q4 = q
-        .contiguous()
+    // (B, H, L, hd) = (B, Hkv, G*L, hd) -> (Hkv, B, G*L, hd), pre-scaled
+    let q = (q * scale)
         .and_then(|q| q.reshape((b, hkv, g * l, hd)))
-        .map_err(op("attention q group"))?;
+        .and_then(|q| q.transpose(0, 1))
+        .and_then(|q| q.contiguous())
+        .map_err(op("attention q layout"))?;
+    // (B, Hkv, L, hd) -> (Hkv, B, L, hd)
+    let kv_major = |t: &Tensor| t.transpose(0, 1).and_then(|t| t.contiguous());
+    let (k_new, v_new) = (kv_major(k_new), kv_major(v_new));
+    let (k_new, v_new) = (
+        k_new.map_err(op("attention k layout"))?,
+        v_new.map_err(op("attention v layout"))?,
+    );
 
-    // new part: (B, Hkv, G*L, hd) x (B, Hkv, hd, L) -> (B, Hkv, G, L, L) f32
-    let s_new = q4
+    // new part: (Hkv, B, G*L, hd) x (Hkv, B, hd, L) -> (Hkv, B, G, L, L) f32
+    let s_new = q
         .matmul(&k_new.t().map_err(op("k^T"))?)
         .and_then(|s| s.to_dtype(DType::F32))
-        .and_then(|s| s * scale)
-        .and_then(|s| s.reshape((b, hkv, g, l, l)))
+        .and_then(|s| s.reshape((hkv, b, g, l, l)))
         .map_err(op("attention scores new"))?;
     let s_new = match masks.causal {
         Some(m) => s_new
@@ -89,82 +76,67 @@ pub(crate) fn attend(
         None => s_new,
     };
 
-    // past part: (B, Hkv, G, L, P) f32
-    let (s_past, p) = match &past {
-        PastKv::None => (None, 0),
-        PastKv::Shared { k, .. } => {
-            let p = k.dim(2).map_err(op("past dims"))?;
-            // (1, Hkv, B*G*L, hd) x (1, Hkv, hd, P) -> (1, Hkv, B*G*L, P) -> (B, Hkv, G*L, P)
-            let s = fold_rows(&q4)
-                .and_then(|qf| qf.matmul(&k.t()?))
-                .and_then(|s| unfold_rows(&s, b))
-                .map_err(op("attention scores shared past"))?;
-            (Some(s), p)
-        }
-        PastKv::PerRow { k, .. } => {
-            let p = k.dim(2).map_err(op("past dims"))?;
-            // (B, Hkv, G*L, hd) x (B, Hkv, hd, P) -> (B, Hkv, G*L, P)
-            let s = q4
-                .matmul(&k.t().map_err(op("k^T"))?)
-                .map_err(op("attention scores row past"))?;
-            (Some(s), p)
-        }
-    };
-    let s_past = match s_past {
-        None => None,
-        Some(s) => {
-            let s = s
-                .to_dtype(DType::F32)
-                .and_then(|s| s * scale)
-                .and_then(|s| s.reshape((b, hkv, g, l, p)))
-                .map_err(op("attention scores past"))?;
-            Some(match masks.past {
-                Some(m) => s.broadcast_add(m).map_err(op("attention padding mask"))?,
-                None => s,
-            })
-        }
-    };
-
-    // one softmax over past ++ new keys: (B, Hkv, G, L, P + L)
-    let scores = match &s_past {
-        Some(sp) => Tensor::cat(&[sp, &s_new], D::Minus1).map_err(op("attention cat scores"))?,
+    // past part: (Hkv, S, R*G*L, hd) x (Hkv, S, hd, P) -> (Hkv, S, R*G*L, P) = (Hkv, B, G, L, P)
+    let mut slots_p = None;
+    let scores = match &past {
         None => s_new,
+        Some(PastKv { k, .. }) => {
+            let (slots, p) = (
+                k.dim(1).map_err(op("past dims"))?,
+                k.dim(2).map_err(op("past dims"))?,
+            );
+            if slots == 0 || b % slots != 0 {
+                return Err(BackendError::InvalidRequest {
+                    reason: format!("{b} rows cannot be split evenly over {slots} past slots"),
+                });
+            }
+            slots_p = Some((slots, p));
+            let s_past = q
+                .reshape((hkv, slots, (b / slots) * g * l, hd))
+                .and_then(|qs| qs.matmul(&k.t()?))
+                .and_then(|s| s.to_dtype(DType::F32))
+                .and_then(|s| s.reshape((hkv, b, g, l, p)))
+                .map_err(op("attention scores past"))?;
+            let s_past = match masks.past {
+                Some(m) => s_past
+                    .broadcast_add(m)
+                    .map_err(op("attention padding mask"))?,
+                None => s_past,
+            };
+            // one softmax over past ++ new keys: (Hkv, B, G, L, P + L)
+            Tensor::cat(&[&s_past, &s_new], D::Minus1).map_err(op("attention cat scores"))?
+        }
     };
     let probs = candle_nn::ops::softmax_last_dim(&scores)
         .and_then(|p| p.to_dtype(dtype))
         .map_err(op("attention softmax"))?;
 
-    // (B, Hkv, G*L, L) x (B, Hkv, L, hd) -> (B, Hkv, G*L, hd)
-    let out = probs
-        .narrow(D::Minus1, p, l)
-        .and_then(|pn| pn.contiguous())
-        .and_then(|pn| pn.reshape((b, hkv, g * l, l)))
-        .and_then(|pn| pn.matmul(&v_new.contiguous()?))
-        .map_err(op("attention new values"))?;
-    let out = match past {
-        PastKv::None => out,
-        PastKv::Shared { v, .. } => {
-            // (1, Hkv, B*G*L, P) x (1, Hkv, P, hd) -> (B, Hkv, G*L, hd)
-            let pp = probs
-                .narrow(D::Minus1, 0, p)
-                .and_then(|pp| pp.contiguous())
-                .and_then(|pp| pp.reshape((b, hkv, g * l, p)))
-                .and_then(|pp| fold_rows(&pp))
-                .and_then(|pf| pf.matmul(v))
-                .and_then(|o| unfold_rows(&o, b))
-                .map_err(op("attention shared past values"))?;
-            (out + pp).map_err(op("attention sum"))?
-        }
-        PastKv::PerRow { v, .. } => {
-            let pp = probs
-                .narrow(D::Minus1, 0, p)
-                .and_then(|pp| pp.contiguous())
-                .and_then(|pp| pp.reshape((b, hkv, g * l, p)))
-                .and_then(|pp| pp.matmul(v))
-                .map_err(op("attention row past values"))?;
-            (out + pp).map_err(op("attention sum"))?
-        }
+    let p = slots_p.map(|(_, p)| p).unwrap_or(0);
+    // (Hkv, B, G*L, L) x (Hkv, B, L, hd) -> (Hkv, B, G*L, hd)
+    let probs_new = if p == 0 {
+        Ok(probs.clone())
+    } else {
+        probs.narrow(D::Minus1, p, l).and_then(|t| t.contiguous())
     };
-    // (B, Hkv, G*L, hd) -> (B, H, L, hd)
-    out.reshape((b, h, l, hd)).map_err(op("attention out"))
+    let mut out = probs_new
+        .and_then(|pn| pn.reshape((hkv, b, g * l, l)))
+        .and_then(|pn| pn.matmul(&v_new))
+        .map_err(op("attention new values"))?;
+    if let (Some(PastKv { v, .. }), Some((slots, p))) = (&past, slots_p) {
+        // (Hkv, S, R*G*L, P) x (Hkv, S, P, hd) -> (Hkv, S, R*G*L, hd) = (Hkv, B, G*L, hd)
+        let pp = probs
+            .narrow(D::Minus1, 0, p)
+            .and_then(|pp| pp.contiguous())
+            .and_then(|pp| pp.reshape((hkv, slots, (b / slots) * g * l, p)))
+            .and_then(|pp| pp.matmul(v))
+            .and_then(|o| o.reshape((hkv, b, g * l, hd)))
+            .map_err(op("attention past values"))?;
+        out = (out + pp).map_err(op("attention sum"))?;
+    }
+    // (Hkv, B, G, L, hd) -> (B, L, Hkv, G, hd) -> (B, L, H*hd)
+    out.reshape((hkv, b, g, l, hd))
+        .and_then(|o| o.permute((1, 3, 0, 2, 4)))
+        .and_then(|o| o.contiguous())
+        .and_then(|o| o.reshape((b, l, h * hd)))
+        .map_err(op("attention out"))
 }

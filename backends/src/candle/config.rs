@@ -17,6 +17,10 @@ use serde_json::Value;
 
 use crate::BackendError;
 
+pub mod qwen3_5;
+
+pub use qwen3_5::LinearAttentionConfig;
+
 /// A model architecture this backend implements. Adding one: a variant here, its names in
 /// [`Architecture::hf_names`], and a loader in `models/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,16 +29,27 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 dense (`Qwen3ForCausalLM`, `model_type: qwen3`).
     Qwen3,
+    /// Qwen3.5 hybrid text backbone (Gated DeltaNet + gated attention), multimodal
+    /// (`Qwen3_5ForConditionalGeneration`, text under `text_config`) or text-only.
+    Qwen3_5,
 }
 
 impl Architecture {
-    pub const ALL: &'static [Architecture] = &[Architecture::Qwen2, Architecture::Qwen3];
+    pub const ALL: &'static [Architecture] = &[
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3_5,
+    ];
 
     /// `(architectures[0] names, model_type names)` that select this architecture.
     pub fn hf_names(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
             Architecture::Qwen2 => (&["Qwen2ForCausalLM"], &["qwen2"]),
             Architecture::Qwen3 => (&["Qwen3ForCausalLM"], &["qwen3"]),
+            Architecture::Qwen3_5 => (
+                &["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"],
+                &["qwen3_5", "qwen3_5_text"],
+            ),
         }
     }
 
@@ -43,6 +58,7 @@ impl Architecture {
         match self {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3_5 => "qwen3_5",
         }
     }
 
@@ -137,6 +153,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: Option<bool>,
     /// `dtype` (transformers 5) or `torch_dtype` (older) when present.
     pub stored_dtype: Option<String>,
+    /// Gated DeltaNet dimensions (`linear_*` fields); `Some` for Qwen3.5 with linear layers.
+    pub linear_attention: Option<LinearAttentionConfig>,
 }
 
 /// The object holding the text model's fields: `text_config` when present, else the root.
@@ -216,7 +234,8 @@ impl ModelConfig {
 
         let raw: RawText = serde_json::from_value(text_root(root).clone())
             .map_err(|e| invalid(format!("text fields: {e}")))?;
-        let text = validate_text(raw, &invalid)?;
+        let mut text = validate_text(raw, &invalid)?;
+        let linear_attention = qwen3_5::extend(architecture, text_root(root), &mut text, &invalid)?;
         let tie_word_embeddings = root
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -232,6 +251,7 @@ impl ModelConfig {
             text,
             tie_word_embeddings,
             stored_dtype,
+            linear_attention,
         })
     }
 }
@@ -308,7 +328,9 @@ fn validate_text(
             "head_dim {head_dim} must be positive and even"
         )));
     }
-    if !(theta > 0.0) || !(partial > 0.0 && partial <= 1.0) || !(raw.rms_norm_eps > 0.0) {
+    // written so that NaN fails every check
+    let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && raw.rms_norm_eps > 0.0;
+    if !in_range {
         return Err(invalid(format!(
             "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {} out of range",
             raw.rms_norm_eps
@@ -392,7 +414,7 @@ mod tests {
             .map(|c| (c.text.rope.theta, c.text.head_dim, c.stored_dtype.clone()));
         assert_eq!(c, Some((1e6, 16, Some("bfloat16".into()))));
         let mut v = base();
-        v.as_object_mut().map(|o| {
+        if let Some(o) = v.as_object_mut() {
             o.remove("rope_theta");
             o.remove("torch_dtype");
             o.insert(
@@ -400,7 +422,7 @@ mod tests {
                 json!({"rope_theta": 5e6, "rope_type": "default"}),
             );
             o.insert("dtype".into(), json!("float32"));
-        });
+        }
         let c = ModelConfig::from_json(Path::new("c"), &v).ok();
         assert_eq!(
             c.map(|c| (c.text.rope.theta, c.stored_dtype)),

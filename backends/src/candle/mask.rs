@@ -1,5 +1,5 @@
 //! Additive f32 attention masks (0 = visible, -inf = hidden), shaped to broadcast over the
-//! 5-D score layout `(B, Hkv, G, L, keys)` used by [`super::attention`].
+//! 5-D score layout `(Hkv, B, G, L, keys)` used by [`super::attention`].
 //!
 //! - causal: within the new tokens of one call, query `i` sees new keys `j <= i`. Right padding
 //!   needs no extra mask: pad tokens sit after a row's last valid token, so no valid query sees
@@ -19,7 +19,7 @@ pub(crate) fn causal(len: usize, device: &Device) -> Result<Tensor, BackendError
     Tensor::from_vec(data, (1, 1, 1, len, len), device).map_err(BackendError::tensor("causal mask"))
 }
 
-/// `(B, 1, 1, 1, P)` mask hiding each row's left padding in a merged past of length `p`.
+/// `(1, B, 1, 1, P)` mask hiding each row's left padding in a merged past of length `p`.
 /// `past_lens[r] <= p` is row `r`'s own prefix length.
 pub(crate) fn left_padding(
     past_lens: &[usize],
@@ -30,6 +30,6 @@ pub(crate) fn left_padding(
         .iter()
         .flat_map(|&len| (0..p).map(move |j| if j + len >= p { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
-    Tensor::from_vec(data, (past_lens.len(), 1, 1, 1, p), device)
+    Tensor::from_vec(data, (1, past_lens.len(), 1, 1, p), device)
         .map_err(BackendError::tensor("padding mask"))
 }

@@ -5,15 +5,18 @@
 //! device. Then:
 //! - `prefill(ids)` runs the prefix in chunks of `prefill_chunk` tokens, appending each chunk's
 //!   K/V to the retained [`CandleState`] (no vocabulary projection);
-//! - `score(states, rows, candidates)` forks: rows continuing one shared state read its K/V by
-//!   broadcast; rows continuing several states see them merged into left-padded, masked slots.
-//!   Suffixes are right-padded to the longest, each row's last real position is gathered, and
-//!   only the candidate rows of the head are projected (f32). Branch K/V are discarded;
+//! - `score(states, rows, candidates)` forks: rows are laid out slot-major (one slot per state
+//!   used, equal rows per slot, short slots filled with dropped copies); rows continuing one
+//!   shared state read its K/V directly; several states are merged once per slot, left-padded to
+//!   the longest prefix and masked. Suffixes are right-padded to the longest, each row's last
+//!   real position is gathered, and only the candidate rows of the head are projected (f32).
+//!   Branch K/V are discarded;
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call.
 
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod gated_deltanet;
 pub mod state;
 
 mod attention;
@@ -83,6 +86,8 @@ pub struct CandleBackend {
     config: ModelConfig,
     checkpoint: ResolvedCheckpoint,
     prefill_chunk: usize,
+    /// Names of the checkpoint tensors read at load, sorted (vision / MTP tensors never are).
+    tensors_read: Vec<String>,
 }
 
 fn invalid(reason: impl Into<String>) -> BackendError {
@@ -113,12 +118,14 @@ impl CandleBackend {
             dtype: options.dtype.to_string(),
             device: options.device.to_string(),
         };
+        let tensors_read = shards.names_read();
         Ok(CandleBackend {
             backbone,
             facts,
             config,
             checkpoint: checkpoint.clone(),
             prefill_chunk: options.prefill_chunk,
+            tensors_read,
         })
     }
 
@@ -132,6 +139,11 @@ impl CandleBackend {
 
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
+    }
+
+    /// Names of the checkpoint tensors whose bytes were read at load, sorted.
+    pub fn tensors_read(&self) -> &[String] {
+        &self.tensors_read
     }
 
     /// Whether the output head is the tied embedding.
@@ -179,7 +191,10 @@ impl CandleBackend {
             let pasts: Vec<LayerPast> = if layers.is_empty() {
                 b.layers.iter().map(|_| LayerPast::Empty).collect()
             } else {
-                layers.iter().map(shared_view).collect()
+                layers
+                    .iter()
+                    .map(LayerPast::whole)
+                    .collect::<Result<_, _>>()?
             };
             let (_, updates) = b.forward(part, &pasts, &step)?;
             layers = if layers.is_empty() {
@@ -221,18 +236,58 @@ impl CandleBackend {
     }
 }
 
-fn shared_view(l: &LayerState) -> LayerPast {
-    match l {
-        LayerState::Attention { k, v } => LayerPast::Attention {
-            k: k.clone(),
-            v: v.clone(),
-            shared: true,
-        },
-        LayerState::Linear { conv, recurrent } => LayerPast::Linear {
-            conv: conv.clone(),
-            recurrent: recurrent.clone(),
-            shared: true,
-        },
+/// Rows of one scoring call laid out slot-major: slot `i` (state `slots[i]`) owns batch rows
+/// `i*R .. (i+1)*R`. Slots with fewer than `R` rows are filled with copies of their first row,
+/// whose results are dropped.
+struct SlotLayout {
+    slots: Vec<usize>,
+    /// For each batch row: the caller's row it computes (`None` for a filler copy) and its slot.
+    batch: Vec<(Option<usize>, u32)>,
+    /// For each caller row: its batch row.
+    position: Vec<usize>,
+}
+
+impl SlotLayout {
+    fn new(rows: &[ScoreRow<'_>]) -> Self {
+        let mut slots: Vec<usize> = Vec::new();
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            match slots.iter().position(|&s| s == r.state) {
+                Some(k) => members[k].push(i),
+                None => {
+                    slots.push(r.state);
+                    members.push(vec![i]);
+                }
+            }
+        }
+        let per_slot = members.iter().map(Vec::len).max().unwrap_or(0);
+        let mut batch = Vec::with_capacity(slots.len() * per_slot);
+        let mut position = vec![0; rows.len()];
+        for (k, m) in members.iter().enumerate() {
+            for j in 0..per_slot {
+                match m.get(j) {
+                    Some(&i) => {
+                        position[i] = batch.len();
+                        batch.push((Some(i), k as u32));
+                    }
+                    None => batch.push((None, k as u32)),
+                }
+            }
+        }
+        SlotLayout {
+            slots,
+            batch,
+            position,
+        }
+    }
+
+    /// The caller's row a batch row computes (a filler computes its slot's first row again).
+    fn source(&self, batch_row: usize, rows: &[ScoreRow<'_>]) -> usize {
+        let (own, slot) = self.batch[batch_row];
+        own.unwrap_or_else(|| {
+            let state = self.slots[slot as usize];
+            rows.iter().position(|r| r.state == state).unwrap_or(0)
+        })
     }
 }
 
@@ -280,24 +335,32 @@ impl Backend for CandleBackend {
             }
             self.check_ids(r.suffix)?;
         }
-        let row_states: Vec<usize> = rows.iter().map(|r| r.state).collect();
-        let shared = row_states.iter().all(|&s| s == row_states[0]);
-        let (pasts, p) = merge_slots(states, &row_states)?;
-        let past_lens: Vec<usize> = rows.iter().map(|r| states[r.state].len()).collect();
-        let valid: Vec<usize> = rows.iter().map(|r| r.suffix.len()).collect();
+        let layout = SlotLayout::new(rows);
+        let batch_slot: Vec<u32> = layout.batch.iter().map(|&(_, slot)| slot).collect();
+        let (pasts, p) = merge_slots(states, &layout.slots, &batch_slot)?;
+        let sources: Vec<&ScoreRow> = (0..layout.batch.len())
+            .map(|b| &rows[layout.source(b, rows)])
+            .collect();
+        let past_lens: Vec<usize> = sources.iter().map(|r| states[r.state].len()).collect();
+        let valid: Vec<usize> = sources.iter().map(|r| r.suffix.len()).collect();
         let len = valid.iter().copied().max().unwrap_or(1);
         // (B, L) right-padded with id 0; pads sit after each row's last real token
-        let mut ids = vec![0u32; rows.len() * len];
-        for (r, row) in rows.iter().enumerate() {
-            ids[r * len..r * len + row.suffix.len()].copy_from_slice(row.suffix);
+        let mut ids = vec![0u32; sources.len() * len];
+        for (b, row) in sources.iter().enumerate() {
+            ids[b * len..b * len + row.suffix.len()].copy_from_slice(row.suffix);
         }
-        let merged = if shared { None } else { Some(p) };
+        let merged = if layout.slots.len() > 1 {
+            Some(p)
+        } else {
+            None
+        };
         let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
         let (hidden, _branch) = b.forward(&ids, &pasts, &step)?;
-        let last: Vec<u32> = valid
+        // each caller row's last real position, in the caller's order
+        let last: Vec<u32> = layout
+            .position
             .iter()
-            .enumerate()
-            .map(|(r, &v)| (r * len + v - 1) as u32)
+            .map(|&pos| (pos * len + valid[pos] - 1) as u32)
             .collect();
         let data = self.project(&hidden, &last, candidates)?;
         Ok(CandidateLogits {

@@ -6,9 +6,10 @@
 //! or corrupt file fails here, naming the file); tensor bytes are only touched when a caller
 //! asks for that tensor, so vision / MTP tensors of multimodal checkpoints are never read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -47,6 +48,8 @@ pub(crate) struct ShardSet {
     by_name: HashMap<String, usize>,
     /// What to name in a "missing tensor" error.
     describe: PathBuf,
+    /// Names of the tensors whose bytes were handed out by [`ShardSet::get`] (load audit).
+    read: Mutex<BTreeSet<String>>,
 }
 
 /// The weight files of a checkpoint folder, in a stable order: the index file (when sharded)
@@ -192,7 +195,16 @@ impl ShardSet {
             shards,
             by_name,
             describe,
+            read: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// Every tensor name [`ShardSet::get`] returned bytes for so far, sorted.
+    pub fn names_read(&self) -> Vec<String> {
+        self.read
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -210,6 +222,9 @@ impl ShardSet {
                 path: self.describe.clone(),
             })?;
         let entry = &shard.entries[name];
+        if let Ok(mut read) = self.read.lock() {
+            read.insert(name.to_string());
+        }
         let data = shard
             .mmap
             .get(entry.start..entry.end)

@@ -2,15 +2,14 @@
 //!
 //! [`CandleState`] holds one [`LayerState`] per decoder layer after a prefix: attention layers
 //! keep K (after q/k norm and RoPE) and V `(1, Hkv, T, hd)` in the compute dtype; linear-attention
-//! layers keep a conv state `(1, C, Kc)` and a recurrent state `(1, Hv, dk, dv)` in f32. A state is
+//! layers keep a conv state `(1, Kc−1, C)` and a recurrent state `(1, Hv, dk, dv)` in f32. A state is
 //! built by prefill and never mutated afterwards: scoring reads it through [`LayerPast`] views and
 //! discards whatever the branch computes.
 //!
 //! [`merge_slots`] turns the states a scoring call uses into per-layer [`LayerPast`] views:
-//! one state used by every row is passed as is (leading dim 1, broadcast, no per-row copy);
-//! several states are merged into slots — attention K/V left-padded with zeros to the longest
-//! prefix `P` (hidden by the left-padding mask), linear states stacked — then gathered per row
-//! (leading dim `B`).
+//! one state used by every row is passed as is (leading dim 1, no per-row copy); several states
+//! are merged into slots — attention K/V left-padded with zeros to the longest prefix `P` (hidden
+//! by the left-padding mask) and stacked once per slot; linear states gathered per row.
 
 use candle_core::Tensor;
 
@@ -22,7 +21,7 @@ use crate::BackendError;
 pub enum LayerState {
     /// K and V, each `(1, Hkv, T, hd)`.
     Attention { k: Tensor, v: Tensor },
-    /// Linear-attention conv state `(1, C, Kc)` and recurrent state `(1, Hv, dk, dv)`, f32.
+    /// Linear-attention conv state `(1, Kc−1, C)` and recurrent state `(1, Hv, dk, dv)`, f32.
     Linear { conv: Tensor, recurrent: Tensor },
 }
 
@@ -82,10 +81,11 @@ pub(crate) enum LayerUpdate {
 pub(crate) enum LayerPast {
     /// No prefix (plain forward, or the first prefill chunk).
     Empty,
-    /// K/V `(S, Hkv, P, hd)`: `S == 1` shared by all rows when `shared`, else `S == B` (one
-    /// left-padded past per row).
-    Attention { k: Tensor, v: Tensor, shared: bool },
-    /// conv `(S, C, Kc)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
+    /// K/V `(Hkv, S, P, hd)` (KV-head-major) of `S` slots (left-padded to `P`); `S` divides the
+    /// row count and rows are slot-major: row `b` continues slot `b / (B / S)`. `S == 1`: one
+    /// shared prefix.
+    Attention { k: Tensor, v: Tensor },
+    /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
     /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
     #[allow(dead_code)]
     Linear {
@@ -93,6 +93,37 @@ pub(crate) enum LayerPast {
         recurrent: Tensor,
         shared: bool,
     },
+}
+
+impl LayerPast {
+    /// The whole of one retained state, shared by every row of the call.
+    pub(crate) fn whole(state: &LayerState) -> Result<LayerPast, BackendError> {
+        Ok(match state {
+            LayerState::Attention { k, v } => LayerPast::Attention {
+                k: head_major(k)?,
+                v: head_major(v)?,
+            },
+            LayerState::Linear { conv, recurrent } => LayerPast::Linear {
+                conv: conv.clone(),
+                recurrent: recurrent.clone(),
+                shared: true,
+            },
+        })
+    }
+}
+
+/// `(1, Hkv, T, hd) -> (Hkv, 1, T, hd)`: the same memory (a reshape of a size-1 axis).
+fn head_major(t: &Tensor) -> Result<Tensor, BackendError> {
+    let op = BackendError::tensor("head-major past");
+    let (one, hkv, len, hd) = t.dims4().map_err(BackendError::tensor("past dims"))?;
+    if one != 1 {
+        return Err(BackendError::InvalidRequest {
+            reason: format!("a retained K/V has {one} rows, expected 1"),
+        });
+    }
+    t.contiguous()
+        .and_then(|t| t.reshape((hkv, one, len, hd)))
+        .map_err(op)
 }
 
 /// The retained state of one prefix: one [`LayerState`] per decoder layer.
@@ -123,86 +154,68 @@ impl PrefixState for CandleState {
     }
 }
 
-/// Per-layer views of `states` for rows whose state indices are `row_states` (each indexes
-/// `states`). Returns the views and the merged past length `P` (the longest used prefix).
+/// Per-layer views of the states a scoring call uses.
+///
+/// `slots[i]` is the index into `states` of slot `i` (distinct); `batch_slot[b]` is the slot of
+/// batch row `b`, slot-major (the rows of one slot are contiguous and every slot has the same
+/// number of rows). Returns the views and the merged past length `P` (the longest used prefix).
+/// One slot: every view is the state itself (leading dim 1). Several: attention K/V are stacked
+/// into `(S, Hkv, P, hd)`, each left-padded with zeros (hidden by the padding mask) — one copy
+/// per slot, never per row; linear states are gathered per row (`(B, ..)`, `shared: false`).
 pub(crate) fn merge_slots(
     states: &[&CandleState],
-    row_states: &[usize],
+    slots: &[usize],
+    batch_slot: &[u32],
 ) -> Result<(Vec<LayerPast>, usize), BackendError> {
     let op = |e| BackendError::Tensor {
         op: "merge slots",
         source: e,
     };
-    // distinct used states, in first-use order = slots
-    let mut slots: Vec<usize> = Vec::new();
-    for &s in row_states {
-        if !slots.contains(&s) {
-            slots.push(s);
-        }
-    }
     let p = slots.iter().map(|&s| states[s].len).max().unwrap_or(0);
-    let num_layers = states.first().map(|s| s.layers.len()).unwrap_or(0);
-    if let [only] = slots.as_slice() {
-        let views = states[*only]
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Attention { k, v } => LayerPast::Attention {
-                    k: k.clone(),
-                    v: v.clone(),
-                    shared: true,
-                },
-                LayerState::Linear { conv, recurrent } => LayerPast::Linear {
-                    conv: conv.clone(),
-                    recurrent: recurrent.clone(),
-                    shared: true,
-                },
-            })
-            .collect();
-        return Ok((views, p));
+    if let [only] = slots {
+        return Ok((
+            states[*only]
+                .layers
+                .iter()
+                .map(LayerPast::whole)
+                .collect::<Result<_, _>>()?,
+            p,
+        ));
     }
-    let device = states[slots[0]]
-        .layers
-        .first()
-        .map(|l| l.tensors()[0].device().clone());
-    let Some(device) = device else {
+    let Some(first) = slots.first().map(|&s| states[s]) else {
         return Ok((Vec::new(), p));
     };
-    // row -> slot index
-    let row_slot: Vec<u32> = row_states
-        .iter()
-        .map(|s| slots.iter().position(|x| x == s).unwrap_or(0) as u32)
-        .collect();
-    let row_slot =
-        Tensor::new(row_slot.as_slice(), &device).map_err(BackendError::tensor("row slots"))?;
-    let mut views = Vec::with_capacity(num_layers);
-    for layer in 0..num_layers {
+    let Some(device) = first
+        .layers
+        .first()
+        .map(|l| l.tensors()[0].device().clone())
+    else {
+        return Ok((Vec::new(), p));
+    };
+    let batch_slot = Tensor::new(batch_slot, &device).map_err(BackendError::tensor("row slots"))?;
+    let mismatch = || BackendError::InvalidRequest {
+        reason: "states disagree on layer kinds".into(),
+    };
+    let mut views = Vec::with_capacity(first.layers.len());
+    for layer in 0..first.layers.len() {
         let per_slot: Vec<&LayerState> = slots.iter().map(|&s| &states[s].layers[layer]).collect();
-        let gather = |parts: Vec<Tensor>| -> Result<Tensor, BackendError> {
-            // (S, ...) -> (B, ...)
-            Tensor::cat(&parts, 0)
-                .and_then(|t| t.index_select(&row_slot, 0))
-                .map_err(op)
-        };
         let view = match per_slot[0] {
             LayerState::Attention { .. } => {
                 let mut ks = Vec::with_capacity(per_slot.len());
                 let mut vs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
                     let LayerState::Attention { k, v } = l else {
-                        return Err(BackendError::InvalidRequest {
-                            reason: "states disagree on layer kinds".into(),
-                        });
+                        return Err(mismatch());
                     };
-                    // (1, Hkv, T, hd) -> (1, Hkv, P, hd), zeros on the left
+                    // (1, Hkv, T, hd) -> (Hkv, 1, P, hd), zeros on the left
                     let pad = p - k.dim(2).map_err(op)?;
-                    ks.push(k.pad_with_zeros(2, pad, 0).map_err(op)?);
-                    vs.push(v.pad_with_zeros(2, pad, 0).map_err(op)?);
+                    ks.push(head_major(k)?.pad_with_zeros(2, pad, 0).map_err(op)?);
+                    vs.push(head_major(v)?.pad_with_zeros(2, pad, 0).map_err(op)?);
                 }
+                // S x (Hkv, 1, P, hd) -> (Hkv, S, P, hd)
                 LayerPast::Attention {
-                    k: gather(ks)?,
-                    v: gather(vs)?,
-                    shared: false,
+                    k: Tensor::cat(&ks, 1).map_err(op)?,
+                    v: Tensor::cat(&vs, 1).map_err(op)?,
                 }
             }
             LayerState::Linear { .. } => {
@@ -210,16 +223,18 @@ pub(crate) fn merge_slots(
                 let mut rs = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
                     let LayerState::Linear { conv, recurrent } = l else {
-                        return Err(BackendError::InvalidRequest {
-                            reason: "states disagree on layer kinds".into(),
-                        });
+                        return Err(mismatch());
                     };
                     cs.push(conv.clone());
                     rs.push(recurrent.clone());
                 }
+                // S x (1, ..) -> (S, ..) -> (B, ..)
+                let gather = |parts: Vec<Tensor>| {
+                    Tensor::cat(&parts, 0).and_then(|t| t.index_select(&batch_slot, 0))
+                };
                 LayerPast::Linear {
-                    conv: gather(cs)?,
-                    recurrent: gather(rs)?,
+                    conv: gather(cs).map_err(op)?,
+                    recurrent: gather(rs).map_err(op)?,
                     shared: false,
                 }
             }

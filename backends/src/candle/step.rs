@@ -20,7 +20,7 @@ pub(crate) struct Step {
     pub rope: RopeTables,
     /// `(1, 1, 1, L, L)`, `None` when `L == 1`.
     pub causal: Option<Tensor>,
-    /// `(B, 1, 1, 1, P)`, `None` when no row has left padding.
+    /// `(1, B, 1, 1, P)`, `None` when no row has left padding.
     pub past_mask: Option<Tensor>,
     /// Per row: number of real new tokens (`<= len`); later ones are right padding.
     /// (Attention needs no padding mask for them; linear-attention mixers must not let pads

@@ -11,6 +11,7 @@
 
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
+pub(crate) mod qwen3_5;
 pub(crate) mod self_attn;
 
 use candle_core::{DType, Device, Tensor};
@@ -24,6 +25,7 @@ use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
 use super::weights::Weights;
 use crate::BackendError;
+use self_attn::{SelfAttention, SelfAttentionSpec};
 
 /// The token mixer of one decoder layer.
 pub(crate) trait Mixer: Send + Sync {
@@ -153,7 +155,41 @@ pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone,
     match cfg.architecture {
         Architecture::Qwen2 => qwen2::load(cfg, weights),
         Architecture::Qwen3 => qwen3::load(cfg, weights),
+        Architecture::Qwen3_5 => qwen3_5::load(cfg, weights),
     }
+}
+
+/// An attention-only decoder (Qwen2, Qwen3): under `model.`, every layer a [`SelfAttention`]
+/// built from `spec`, plain RMSNorms, SwiGLU MLPs, full RoPE; the head per [`output_head`].
+pub(crate) fn dense_backbone(
+    cfg: &ModelConfig,
+    root: &Weights<'_>,
+    spec: SelfAttentionSpec,
+) -> Result<Backbone, BackendError> {
+    require_full_attention(cfg)?;
+    let t = &cfg.text;
+    let w = root.with_prefix("model.");
+    let norm = |name: &str| RmsNorm::plain(&w, name, t.hidden_size, t.rms_norm_eps);
+    let mut layers = Vec::with_capacity(t.num_layers);
+    for i in 0..t.num_layers {
+        let p = format!("layers.{i}");
+        layers.push(DecoderLayer {
+            input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+            mixer: Box::new(SelfAttention::load(&w, &format!("{p}.self_attn"), spec)?),
+            post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
+        });
+    }
+    let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+    Ok(Backbone {
+        head: output_head(cfg, root, &embed)?,
+        embed,
+        layers,
+        final_norm: norm("norm.weight")?,
+        rope: Rope::new(t.rope.theta, t.rotary_dim()),
+        dtype: w.dtype(),
+        device: w.device().clone(),
+    })
 }
 
 /// Reject `layer_types` other than full attention for attention-only architectures.

@@ -156,25 +156,15 @@ impl Mixer for SelfAttention {
         let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
 
         let past_kv = match past {
-            LayerPast::Empty => PastKv::None,
-            LayerPast::Attention { k, v, shared: true } => PastKv::Shared { k, v },
-            LayerPast::Attention {
-                k,
-                v,
-                shared: false,
-            } => PastKv::PerRow { k, v },
+            LayerPast::Empty => None,
+            LayerPast::Attention { k, v } => Some(PastKv { k, v }),
             LayerPast::Linear { .. } => {
                 return Err(BackendError::InvalidRequest {
                     reason: "attention layer given a linear-attention state".into(),
                 })
             }
         };
-        let o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, H, L, hd)
-                                                             // (B, H, L, hd) -> (B, L, H*hd)
-        let mut o = o
-            .transpose(1, 2)
-            .and_then(|o| o.reshape((b, l, s.heads * s.head_dim)))
-            .map_err(op("merge heads"))?;
+        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
         if let Some(gate) = gate {
             o = candle_nn::ops::sigmoid(&gate)
                 .and_then(|g| o * g)

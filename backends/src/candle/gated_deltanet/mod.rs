@@ -1,0 +1,415 @@
+//! Gated DeltaNet linear attention, the recurrent half of the Qwen3.5 hybrid backbone
+//! (QWEN35_SPEC §5, §6, §7, §9).
+//!
+//! In: the `input_layernorm`-ed residual `(B, L, D)` in the activation dtype, the layer's
+//! [`GdnState`] (conv + recurrent, both f32) and optionally the [`RightPadding`] of a ragged batch.
+//! Out: the layer output `(B, L, D)` in the activation dtype and the **new** state; the input
+//! state is never mutated (forking a prefix = sharing its state and running rows from it).
+//!
+//! Flow: `p = x W_qkvᵀ`, `z`, `b`, `a` projections → causal conv + SiLU on `p` only
+//! ([`conv`]) → split `[q | k | v]` → L2-normalise q, k (eps 1e-6 on the sum), scale q by `dk^−½`
+//! ([`norm`]) → `β = σ(b)`, `g = −exp(A_log)·softplus(a + dt_bias)` ([`gates`]) → value head `h`
+//! reads key head `⌊h / r⌋` → delta rule: token by token for one-token calls
+//! ([`recurrence`]), chunked (C = 64) otherwise ([`chunked`]) → gated RMSNorm with the plain
+//! weight → `W_out`.
+//!
+//! Padding rule: at right-padded positions β = 0 and g = 0, so the recurrent state passes through
+//! exactly, and each row's conv state is gathered at its own last valid token. Outputs at padded
+//! positions are garbage and must be ignored by the caller.
+
+pub mod chunked;
+pub mod conv;
+pub mod gates;
+pub mod norm;
+pub mod recurrence;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::Linear;
+
+pub use conv::RightPadding;
+
+use crate::BackendError;
+
+/// Shapes of one Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GdnDims {
+    /// Residual width `D`.
+    pub hidden: usize,
+    /// `Hk`, `linear_num_key_heads`.
+    pub key_heads: usize,
+    /// `Hv`, `linear_num_value_heads` (a multiple of `Hk`).
+    pub value_heads: usize,
+    /// `dk`, `linear_key_head_dim`.
+    pub key_dim: usize,
+    /// `dv`, `linear_value_head_dim`.
+    pub value_dim: usize,
+    /// `Kc`, `linear_conv_kernel_dim` (≥ 1).
+    pub conv_kernel: usize,
+    /// `rms_norm_eps`, used by the gated output norm.
+    pub rms_norm_eps: f64,
+}
+
+impl GdnDims {
+    /// `Ck = Hk·dk`.
+    pub fn key_channels(&self) -> usize {
+        self.key_heads * self.key_dim
+    }
+    /// `Cv = Hv·dv`.
+    pub fn value_channels(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+    /// `Cc = 2·Ck + Cv`, the conv channels.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_channels() + self.value_channels()
+    }
+    /// Rows of conv state kept per sequence: `Kc − 1`.
+    pub fn conv_state_len(&self) -> usize {
+        self.conv_kernel.saturating_sub(1)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let positive = [
+            self.hidden,
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+            self.conv_kernel,
+        ];
+        if positive.contains(&0) {
+            return Err(format!(
+                "every linear-attention dimension must be positive: {self:?}"
+            ));
+        }
+        if self.value_heads % self.key_heads != 0 {
+            return Err(format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                self.value_heads, self.key_heads
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// State of one Gated DeltaNet layer for a batch of `B` sequences. Both tensors are f32.
+#[derive(Debug, Clone)]
+pub struct GdnState {
+    /// Last `Kc−1` pre-conv `p` rows: `(B, Kc−1, Cc)`.
+    pub conv: Tensor,
+    /// Recurrent state `S`: `(B, Hv, dk, dv)` (HF/FLA layout).
+    pub recurrent: Tensor,
+}
+
+impl GdnState {
+    /// The state of `batch` fresh sequences (all zeros).
+    pub fn zeros(dims: &GdnDims, batch: usize, device: &Device) -> candle_core::Result<Self> {
+        Ok(Self {
+            conv: Tensor::zeros(
+                (batch, dims.conv_state_len(), dims.conv_channels()),
+                DType::F32,
+                device,
+            )?,
+            recurrent: Tensor::zeros(
+                (batch, dims.value_heads, dims.key_dim, dims.value_dim),
+                DType::F32,
+                device,
+            )?,
+        })
+    }
+
+    /// Number of sequences `B`.
+    pub fn batch(&self) -> usize {
+        self.recurrent.dims().first().copied().unwrap_or(0)
+    }
+
+    /// Bytes held (both tensors).
+    pub fn nbytes(&self) -> usize {
+        (self.conv.elem_count() + self.recurrent.elem_count()) * DType::F32.size_in_bytes()
+    }
+
+    /// Stack the states of several batches along the batch dim (slot merge).
+    pub fn cat(states: &[&GdnState]) -> candle_core::Result<Self> {
+        let convs: Vec<&Tensor> = states.iter().map(|s| &s.conv).collect();
+        let recs: Vec<&Tensor> = states.iter().map(|s| &s.recurrent).collect();
+        Ok(Self {
+            conv: Tensor::cat(&convs, 0)?,
+            recurrent: Tensor::cat(&recs, 0)?,
+        })
+    }
+
+    /// A new batch whose row `i` is a copy of row `rows[i]` of `self` (fork: rows start from
+    /// their slot's state; `self` is untouched).
+    pub fn select_rows(&self, rows: &[u32]) -> candle_core::Result<Self> {
+        let idx = Tensor::new(rows, self.recurrent.device())?;
+        Ok(Self {
+            conv: self.conv.index_select(&idx, 0)?,
+            recurrent: self.recurrent.index_select(&idx, 0)?,
+        })
+    }
+}
+
+/// Raw tensors of one layer, as stored in an HF checkpoint (any float dtype; shapes are checked
+/// by [`GdnLayer::new`]).
+#[derive(Debug, Clone)]
+pub struct GdnWeights {
+    /// `in_proj_qkv.weight`: `(Cc, D)`.
+    pub in_proj_qkv: Tensor,
+    /// `in_proj_z.weight`: `(Cv, D)`.
+    pub in_proj_z: Tensor,
+    /// `in_proj_b.weight`: `(Hv, D)`.
+    pub in_proj_b: Tensor,
+    /// `in_proj_a.weight`: `(Hv, D)`.
+    pub in_proj_a: Tensor,
+    /// `conv1d.weight`: `(Cc, 1, Kc)` or `(Cc, Kc)`.
+    pub conv1d: Tensor,
+    /// `A_log`: `(Hv,)`.
+    pub a_log: Tensor,
+    /// `dt_bias`: `(Hv,)`.
+    pub dt_bias: Tensor,
+    /// `norm.weight`: `(dv,)`, plain convention.
+    pub norm: Tensor,
+    /// `out_proj.weight`: `(D, Cv)`.
+    pub out_proj: Tensor,
+}
+
+/// Which form of the delta rule a call uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaRule {
+    /// Token by token (§5.6).
+    Recurrent,
+    /// Chunk-parallel with the given chunk length (§6).
+    Chunked(usize),
+}
+
+impl DeltaRule {
+    /// HF's choice: recurrent for a one-token call, chunked (64) otherwise.
+    pub fn for_len(len: usize) -> Self {
+        if len == 1 {
+            DeltaRule::Recurrent
+        } else {
+            DeltaRule::Chunked(chunked::CHUNK)
+        }
+    }
+}
+
+/// One Gated DeltaNet layer, ready to run.
+#[derive(Debug, Clone)]
+pub struct GdnLayer {
+    dims: GdnDims,
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
+    out_proj: Linear,
+    /// `(Cc, Kc)` f32.
+    conv: Tensor,
+    /// `(Hv,)` f32.
+    a_log: Tensor,
+    /// `(Hv,)` f32.
+    dt_bias: Tensor,
+    /// `(dv,)` f32.
+    norm: Tensor,
+}
+
+fn check_shape(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), BackendError> {
+    if t.dims() != expected {
+        return Err(BackendError::WrongShape {
+            name: name.to_string(),
+            expected: expected.to_vec(),
+            actual: t.dims().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+impl GdnLayer {
+    /// Check shapes and cast: projections to `dtype` (the activation dtype), conv weight,
+    /// `A_log`, `dt_bias` and the norm weight to f32.
+    pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, BackendError> {
+        dims.validate()
+            .map_err(|reason| BackendError::InvalidRequest { reason })?;
+        let (d, cc, cv, hv) = (
+            dims.hidden,
+            dims.conv_channels(),
+            dims.value_channels(),
+            dims.value_heads,
+        );
+        check_shape("linear_attn.in_proj_qkv.weight", &w.in_proj_qkv, &[cc, d])?;
+        check_shape("linear_attn.in_proj_z.weight", &w.in_proj_z, &[cv, d])?;
+        check_shape("linear_attn.in_proj_b.weight", &w.in_proj_b, &[hv, d])?;
+        check_shape("linear_attn.in_proj_a.weight", &w.in_proj_a, &[hv, d])?;
+        check_shape("linear_attn.A_log", &w.a_log, &[hv])?;
+        check_shape("linear_attn.dt_bias", &w.dt_bias, &[hv])?;
+        check_shape("linear_attn.norm.weight", &w.norm, &[dims.value_dim])?;
+        check_shape("linear_attn.out_proj.weight", &w.out_proj, &[d, cv])?;
+        let conv = match w.conv1d.dims() {
+            [c, 1, k] if *c == cc && *k == dims.conv_kernel => w
+                .conv1d
+                .squeeze(1)
+                .map_err(BackendError::tensor("gdn.load.conv"))?,
+            _ => {
+                check_shape(
+                    "linear_attn.conv1d.weight",
+                    &w.conv1d,
+                    &[cc, dims.conv_kernel],
+                )?;
+                w.conv1d
+            }
+        };
+        let lin = |t: Tensor| -> Result<Linear, BackendError> {
+            Ok(Linear::new(
+                t.to_dtype(dtype)
+                    .map_err(BackendError::tensor("gdn.load.cast"))?,
+                None,
+            ))
+        };
+        let f32 = |t: Tensor| {
+            t.to_dtype(DType::F32)
+                .map_err(BackendError::tensor("gdn.load.cast"))
+        };
+        Ok(Self {
+            dims,
+            in_proj_qkv: lin(w.in_proj_qkv)?,
+            in_proj_z: lin(w.in_proj_z)?,
+            in_proj_b: lin(w.in_proj_b)?,
+            in_proj_a: lin(w.in_proj_a)?,
+            out_proj: lin(w.out_proj)?,
+            conv: f32(conv)?,
+            a_log: f32(w.a_log)?,
+            dt_bias: f32(w.dt_bias)?,
+            norm: f32(w.norm)?,
+        })
+    }
+
+    pub fn dims(&self) -> &GdnDims {
+        &self.dims
+    }
+
+    /// Run the layer with HF's algorithm choice ([`DeltaRule::for_len`]).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        padding: Option<&RightPadding>,
+    ) -> Result<(Tensor, GdnState), BackendError> {
+        let rule = DeltaRule::for_len(x.dims().get(1).copied().unwrap_or(0));
+        self.forward_with(x, state, padding, rule)
+    }
+
+    /// Run the layer with an explicit delta-rule form (tests compare the two forms).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        padding: Option<&RightPadding>,
+        rule: DeltaRule,
+    ) -> Result<(Tensor, GdnState), BackendError> {
+        let (b, l, _) = x.dims3().map_err(BackendError::tensor("gdn.input"))?;
+        if state.batch() != b {
+            return Err(BackendError::InvalidRequest {
+                reason: format!("GDN state holds {} rows, input has {b}", state.batch()),
+            });
+        }
+        if let Some(pad) = padding {
+            if pad.lengths().len() != b || pad.padded_len() != l {
+                return Err(BackendError::InvalidRequest {
+                    reason: format!(
+                        "padding describes {} rows of length {}, input is ({b}, {l})",
+                        pad.lengths().len(),
+                        pad.padded_len()
+                    ),
+                });
+            }
+        }
+        self.run(x, state, padding, rule)
+            .map_err(BackendError::tensor("gdn.forward"))
+    }
+
+    fn run(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        padding: Option<&RightPadding>,
+        rule: DeltaRule,
+    ) -> candle_core::Result<(Tensor, GdnState)> {
+        let GdnDims {
+            key_heads: hk,
+            value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            ..
+        } = self.dims;
+        let (b, l, _) = x.dims3()?;
+        let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
+        let act = x.dtype();
+
+        // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
+        let p = self.in_proj_qkv.forward(x)?.to_dtype(DType::F32)?;
+        let z = self
+            .in_proj_z
+            .forward(x)?
+            .to_dtype(DType::F32)?
+            .reshape((b, l, hv, dv))?;
+        let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
+        let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
+
+        let (c, conv_state) = conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)?;
+
+        // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
+        let q = c.narrow(2, 0, ck)?.reshape((b, l, hk, dk))?;
+        let k = c.narrow(2, ck, ck)?.reshape((b, l, hk, dk))?;
+        let v = c.narrow(2, 2 * ck, cv)?.reshape((b, l, hv, dv))?;
+        let q = (norm::l2_normalize(&q)? * (dk as f64).powf(-0.5))?;
+        let k = norm::l2_normalize(&k)?;
+        // Value head h reads key head ⌊h / r⌋: (B, L, Hk, dk) -> (B, L, Hk, r, dk) -> (B, L, Hv, dk)
+        let r = hv / hk;
+        let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
+            if r == 1 {
+                Ok(t)
+            } else {
+                t.unsqueeze(3)?
+                    .broadcast_as((b, l, hk, r, dk))?
+                    .reshape((b, l, hv, dk))
+            }
+        };
+        // (B, L, Hv, d) -> (B, Hv, L, d)
+        let heads_first = |t: Tensor| t.transpose(1, 2)?.contiguous();
+        let q = heads_first(repeat(q)?)?;
+        let k = heads_first(repeat(k)?)?;
+        let v = heads_first(v)?;
+
+        let mut beta = gates::beta(&b_logits)?;
+        let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
+        if let Some(pad) = padding.filter(|p| !p.is_full()) {
+            let mask = pad.mask(x.device())?;
+            beta = gates::apply_mask(&beta, &mask)?;
+            g = gates::apply_mask(&g, &mask)?;
+        }
+        // (B, L, Hv) -> (B, Hv, L)
+        let beta = beta.transpose(1, 2)?.contiguous()?;
+        let g = g.transpose(1, 2)?.contiguous()?;
+
+        let (o, recurrent) = match rule {
+            DeltaRule::Recurrent => {
+                recurrence::recurrent_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent)?
+            }
+            DeltaRule::Chunked(chunk) => {
+                chunked::chunked_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent, chunk)?
+            }
+        };
+
+        // (B, Hv, L, dv) -> (B, L, Hv, dv)
+        let o = o.transpose(1, 2)?.contiguous()?;
+        let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
+        // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
+        let y = y.reshape((b, l, cv))?.to_dtype(act)?;
+        let out = self.out_proj.forward(&y)?;
+        Ok((
+            out,
+            GdnState {
+                conv: conv_state,
+                recurrent,
+            },
+        ))
+    }
+}

@@ -1,0 +1,166 @@
+//! Many contexts, one schema: `Engine::decide_many` and the per-group step batch jobs drive.
+//!
+//! In: contexts (any number, input order), one compiled schema, options and a [`GroupBudget`].
+//! Out: one `Result<Decision, EngineError>` per context, in input order.
+//!
+//! Flow: render + split + tokenize every context in parallel (rayon, through
+//! [`Engine::prepare`]) → bounded groups ([`plan_groups`]) over the contexts that prepared →
+//! per group, N prefills then ONE slot-merged scoring pass over all N × R rows
+//! ([`run_group`] with the request's mode; `field_batch_size` still splits that pass) →
+//! assemble each decision ([`Engine::finish`]) and attach its group telemetry.
+//!
+//! Invariants:
+//! - decisions equal separate [`Engine::score`] calls (bit-identical on deterministic backends;
+//!   within f32 summation order on real ones): rows, prompts and candidates are the same,
+//!   only the batching differs;
+//! - a context that fails to prepare (empty, over the token limit) yields an `Err` entry for
+//!   that context only; a group whose backend call fails is retried member by member, so one
+//!   failing context never takes its group down with it;
+//! - for a grouped decision, the call counts, `state_bytes` and prefill/score timings in its
+//!   telemetry are those of its whole group, and `telemetry.group` says the group's size.
+
+use crate::assemble::Decision;
+use crate::calibration::Temperature;
+use crate::engine::{Engine, EngineError, PreparedContext, ScoreOptions};
+use crate::group::{plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel};
+use crate::modes::run_group;
+use crate::rows::CompiledSchema;
+use crate::split::SplitPrompt;
+use forkscore_backends::Backend;
+use rayon::prelude::*;
+use std::time::Instant;
+
+impl<B: Backend> Engine<B> {
+    /// The memory model of this engine's backend (for sizing groups).
+    pub fn memory_model(&self) -> MemoryModel {
+        MemoryModel::from_facts(self.backend().facts())
+    }
+
+    /// Validate `opts` once for a run of many decisions: the temperature every decision uses.
+    pub fn check_request(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+        self.check_options(opts)
+    }
+
+    /// Decide every context against `compiled`, in bounded groups. Results are in input order;
+    /// an empty input gives an empty output.
+    pub fn decide_many<S: AsRef<str> + Sync>(
+        &self,
+        contexts: &[S],
+        compiled: &CompiledSchema,
+        opts: &ScoreOptions,
+        budget: &GroupBudget,
+    ) -> Vec<Result<Decision, EngineError>> {
+        let start = Instant::now();
+        if contexts.is_empty() {
+            return Vec::new();
+        }
+        let temperature = match self.check_options(opts) {
+            Ok(t) => t,
+            Err(e) => {
+                let mut out: Vec<Result<Decision, EngineError>> =
+                    (1..contexts.len()).map(|_| Err(repeat_option_error(&e))).collect();
+                out.insert(0, Err(e));
+                return out;
+            }
+        };
+        let prepared: Vec<Result<PreparedContext, EngineError>> =
+            contexts.par_iter().map(|c| self.prepare(c.as_ref(), compiled, opts.max_input_tokens)).collect();
+        let items = prepared
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.as_ref().ok().map(|p| GroupItem::of(i, &p.split)));
+        let groups = plan_groups(items, budget, &self.memory_model());
+
+        let mut slots: Vec<Option<Result<Decision, EngineError>>> = Vec::with_capacity(contexts.len());
+        let mut ready: Vec<Option<PreparedContext>> = Vec::with_capacity(contexts.len());
+        for p in prepared {
+            match p {
+                Ok(p) => {
+                    slots.push(None);
+                    ready.push(Some(p));
+                }
+                Err(e) => {
+                    slots.push(Some(Err(e)));
+                    ready.push(None);
+                }
+            }
+        }
+        for group in &groups {
+            let members: Vec<&PreparedContext> = group.members().iter().filter_map(|&i| ready[i].as_ref()).collect();
+            let decided = self.decide_group(compiled, group, &members, opts, &temperature, start);
+            for (&i, d) in group.members().iter().zip(decided) {
+                slots[i] = Some(d);
+            }
+        }
+        slots
+            .into_iter()
+            .map(|s| s.expect("plan_groups puts every prepared context in exactly one group"))
+            .collect()
+    }
+
+    /// Stages 4–6 for one group: prefill each member, score all rows in one slot-merged pass
+    /// (per `opts.mode`), assemble each decision. `members[i]` is the prepared context of
+    /// `group.members()[i]`. Results are in member order. `start` is when the decisions'
+    /// `timings_ms.total` starts counting.
+    pub fn decide_group(
+        &self,
+        compiled: &CompiledSchema,
+        group: &ContextGroup,
+        members: &[&PreparedContext],
+        opts: &ScoreOptions,
+        temperature: &Temperature,
+        start: Instant,
+    ) -> Vec<Result<Decision, EngineError>> {
+        let cost = group.cost();
+        let tel = |slot: usize| GroupTelemetry {
+            size: members.len(),
+            slot,
+            rows: cost.rows,
+            prefix_tokens: cost.prefix_tokens,
+            estimated_bytes: cost.estimated_bytes,
+        };
+        self.run_members(compiled, members, opts, temperature, start)
+            .into_iter()
+            .enumerate()
+            .map(|(slot, d)| {
+                d.map(|mut d| {
+                    d.telemetry.group = Some(tel(slot));
+                    d
+                })
+            })
+            .collect()
+    }
+
+    /// Prefill + score + assemble `members` together; on a backend error, each member alone.
+    fn run_members(
+        &self,
+        compiled: &CompiledSchema,
+        members: &[&PreparedContext],
+        opts: &ScoreOptions,
+        temperature: &Temperature,
+        start: Instant,
+    ) -> Vec<Result<Decision, EngineError>> {
+        let splits: Vec<&SplitPrompt> = members.iter().map(|p| &p.split).collect();
+        match run_group(self.backend(), &splits, compiled.candidates(), opts.mode, opts.field_batch_size) {
+            Ok((logits, stats)) => logits
+                .into_iter()
+                .zip(members)
+                .map(|(rows, p)| Ok(self.finish(compiled, p, rows, &stats, temperature.clone(), opts, start)))
+                .collect(),
+            Err(e) if members.len() == 1 => vec![Err(e.into())],
+            Err(_) => members
+                .iter()
+                .flat_map(|p| self.run_members(compiled, std::slice::from_ref(p), opts, temperature, start))
+                .collect(),
+        }
+    }
+}
+
+/// The same option error for every entry (engine errors are not `Clone`; `check_options` only
+/// returns a calibration error or `ZeroFieldBatch`).
+fn repeat_option_error(e: &EngineError) -> EngineError {
+    match e {
+        EngineError::Calibration(c) => EngineError::Calibration(c.clone()),
+        _ => EngineError::ZeroFieldBatch,
+    }
+}

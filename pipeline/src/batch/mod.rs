@@ -1,0 +1,298 @@
+//! `forkscore batch`: a JSONL file of decisions in, a JSONL file of results out (one line per
+//! input line, same id, input order). See pipeline/BATCH.md for the formats.
+//!
+//! The job is a pipeline of threads on bounded crossbeam channels, so memory stays bounded for
+//! any input size and the accelerator never waits on the CPU:
+//!
+//! ```text
+//! reader ──chunks of raw lines──► prepare (rayon: parse, ids, schemas, render+split+tokenize)
+//!        ──chunks of items──► score (group → N prefills → one slot-merged pass → assemble)
+//!        ──output lines per group──► writer (append, flush per group, progress)
+//! ```
+//!
+//! Prefill and scoring share one stage: they use the same device one after the other, and
+//! `Engine::decide_group` runs them back to back over a group's retained states.
+//! Module map: [`records`] (line formats), [`reader`], [`stages`], [`writer`], [`resume`].
+
+pub mod reader;
+pub mod records;
+pub mod resume;
+pub mod stages;
+pub mod writer;
+
+use crate::load::{self, ModelArgs};
+use crate::provenance::ModelProvenance;
+use crate::score_cmd::{SchemaArgs, ScoringArgs};
+use anyhow::{bail, Context, Result};
+use forkscore_backends::Backend;
+use forkscore_engine::{Engine, GroupBudget, Schema, ScoreOptions};
+use resume::{open_output, OutputPolicy, ResumePoint};
+use stages::{OutLine, Preparer, ProvenanceBase, ResumeCheck, SchemaCache, Scorer};
+use std::collections::HashSet;
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How lines are batched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchMode {
+    /// Contexts that share a schema go through bounded groups: N prefills + one scoring pass.
+    Grouped,
+    /// Every line on its own (one prefill + one scoring pass per line).
+    Direct,
+    /// Consecutive lines with the same context and schema share one prefill and scoring pass.
+    Serial,
+    /// One job-wide context (--context/--context-file); each line brings its schema or question.
+    Shared,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BatchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output JSONL (append-only; refused if it exists, unless --resume or --force).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// The default schema for lines without one.
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+    #[arg(long, value_enum, default_value = "grouped")]
+    pub batch_mode: BatchMode,
+    /// The shared context of --batch-mode shared.
+    #[arg(long, conflicts_with = "context_file")]
+    pub context: Option<String>,
+    /// The shared context of --batch-mode shared, from a UTF-8 file.
+    #[arg(long)]
+    pub context_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
+    /// Continue an interrupted job after the output's last complete record.
+    #[arg(long)]
+    pub resume: bool,
+    /// Overwrite an existing output.
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
+    /// Stop at the first line that fails (after writing its error record); exit non-zero.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Lines read, prepared and grouped together (groups never span two windows).
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
+    /// Group budget: most rows (fields × contexts) in one scoring pass.
+    #[arg(long)]
+    pub group_max_rows: Option<usize>,
+    /// Group budget: most prefix tokens (summed over the group's contexts).
+    #[arg(long)]
+    pub group_max_prefix_tokens: Option<usize>,
+    /// Group budget: most estimated state + activation MiB.
+    #[arg(long)]
+    pub group_max_mib: Option<usize>,
+    /// Accelerator memory to derive the default group budget from (default: asked from
+    /// nvidia-smi on cuda; on cpu and metal the fixed CPU budget).
+    #[arg(long)]
+    pub device_memory_gib: Option<f64>,
+}
+
+/// A validated batch job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub batch_mode: BatchMode,
+    pub options: ScoreOptions,
+    pub budget: GroupBudget,
+    pub default_schema: Option<Schema>,
+    pub shared_context: Option<String>,
+    pub policy: OutputPolicy,
+    pub fail_fast: bool,
+    pub quiet: bool,
+    pub window: usize,
+}
+
+/// What a job did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSummary {
+    pub written: writer::Written,
+    pub resumed: Option<ResumePoint>,
+    /// True when --fail-fast stopped the job at an error record.
+    pub stopped_at_error: bool,
+    pub seconds: f64,
+}
+
+/// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
+/// batch pipeline; the CLI only loads the model and builds the [`Job`].
+pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Job) -> Result<JobSummary> {
+    let start = std::time::Instant::now();
+    if job.window == 0 {
+        bail!("--window must be at least 1");
+    }
+    match (job.batch_mode, &job.shared_context) {
+        (BatchMode::Shared, None) => bail!("--batch-mode shared needs --context or --context-file"),
+        (m, Some(_)) if m != BatchMode::Shared => bail!("--context/--context-file is for --batch-mode shared"),
+        _ => {}
+    }
+    let temperature = engine.check_request(&job.options)?;
+    let input = std::fs::File::open(&job.input).with_context(|| format!("cannot open input {}", job.input.display()))?;
+    let (out_file, resumed) = open_output(&job.output, job.policy)?;
+    let total = if writer::progress_shown(job.quiet) { reader::count_lines(&job.input).ok() } else { None };
+
+    let mut base = match serde_json::to_value(model)? {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    base.insert("mode".into(), serde_json::to_value(job.options.mode)?);
+    base.insert("batch_mode".into(), serde_json::to_value(job.batch_mode)?);
+    base.insert("temperature".into(), temperature.value.into());
+    base.insert("temperature_source".into(), serde_json::to_value(&temperature.source)?);
+    let provenance = ProvenanceBase { base };
+
+    let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
+    let schemas = SchemaCache::new(engine, job.default_schema.as_ref(), &base_dir);
+    let done_through = resumed.as_ref().map_or(0, |r| r.last_line);
+    let mut preparer = Preparer {
+        engine,
+        schemas: &schemas,
+        options: &job.options,
+        shared_context: job.shared_context.as_deref(),
+        seen_ids: HashSet::new(),
+        resume: resumed.as_ref().map(|r| ResumeCheck { last_line: r.last_line, last_id: r.last_id.clone(), seen: false }),
+    };
+    let mut scorer = Scorer::new(engine, &job.options, &temperature, job.budget, job.batch_mode, &provenance);
+    let bar = writer::progress_bar(job.quiet, total, resumed.as_ref().map_or(0, |r| r.records));
+    let stopped = AtomicBool::new(false);
+
+    let (raw_tx, raw_rx) = crossbeam_channel::bounded::<Vec<reader::RawLine>>(2);
+    let (item_tx, item_rx) = crossbeam_channel::bounded::<Vec<stages::Item>>(2);
+    let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<OutLine>>(8);
+
+    let (read, prepared, written) = std::thread::scope(|s| {
+        let read = s.spawn(move || reader::read_lines(BufReader::with_capacity(1 << 20, input), job.window, done_through, &raw_tx));
+        let prepare = s.spawn(move || -> Result<Option<ResumeCheck>, stages::StageError> {
+            for chunk in raw_rx {
+                let items = preparer.prepare_chunk(chunk)?;
+                if !items.is_empty() && item_tx.send(items).is_err() {
+                    break;
+                }
+            }
+            Ok(preparer.resume)
+        });
+        let write = s.spawn(move || {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, out_file);
+            writer::write_all(&out_rx, &mut out, &bar)
+        });
+        let stopped = &stopped;
+        let mut emit = |mut lines: Vec<OutLine>| -> bool {
+            if job.fail_fast {
+                if let Some(i) = lines.iter().position(|l| l.is_error) {
+                    lines.truncate(i + 1);
+                    stopped.store(true, Ordering::SeqCst);
+                    let _ = out_tx.send(lines);
+                    return false;
+                }
+            }
+            out_tx.send(lines).is_ok()
+        };
+        for items in item_rx {
+            if !scorer.score_chunk(items, &mut emit) {
+                break;
+            }
+        }
+        drop(out_tx);
+        (read.join(), prepare.join(), write.join())
+    });
+    let written = written.map_err(|_| anyhow::anyhow!("the writer thread panicked"))?
+        .with_context(|| format!("cannot write {}", job.output.display()))?;
+    let check = prepared.map_err(|_| anyhow::anyhow!("the prepare thread panicked"))??;
+    read.map_err(|_| anyhow::anyhow!("the reader thread panicked"))?
+        .with_context(|| format!("cannot read {}", job.input.display()))?;
+    if let Some(c) = check.filter(|c| !c.seen) {
+        bail!("--resume: the output ends at input line {} but the input has no such line; the output belongs to another input", c.last_line);
+    }
+    Ok(JobSummary { written, resumed, stopped_at_error: stopped.load(Ordering::SeqCst), seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Total memory of a CUDA device from nvidia-smi (None when unavailable).
+fn cuda_memory_bytes(device: &str) -> Option<u64> {
+    let ordinal = device.strip_prefix("cuda")?.trim_start_matches(':');
+    let ordinal = if ordinal.is_empty() { "0" } else { ordinal };
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", ordinal])
+        .output()
+        .ok()?;
+    let mib: u64 = String::from_utf8(out.stdout).ok()?.trim().parse().ok()?;
+    Some(mib << 20)
+}
+
+impl BatchArgs {
+    /// The job these arguments describe, for an engine whose memory model is `model`.
+    pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
+        let shared_context = match (&self.context, &self.context_file) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(p)) => Some(
+                std::fs::read_to_string(p).with_context(|| format!("cannot read context file {} (it must be UTF-8 text)", p.display()))?,
+            ),
+            (None, None) => None,
+        };
+        let device_bytes = match self.device_memory_gib {
+            Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
+            Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
+            None => cuda_memory_bytes(&self.model.device),
+        };
+        let mut budget = GroupBudget::for_device(device_bytes, memory);
+        if let Some(r) = self.group_max_rows {
+            budget.max_rows = r;
+        }
+        if let Some(t) = self.group_max_prefix_tokens {
+            budget.max_prefix_tokens = t;
+        }
+        if let Some(m) = self.group_max_mib {
+            budget.max_state_bytes = m << 20;
+        }
+        Ok(Job {
+            input: self.input.clone(),
+            output: self.output.clone(),
+            batch_mode: self.batch_mode,
+            options: self.scoring.options(),
+            budget,
+            default_schema: self.schema.load()?,
+            shared_context,
+            policy: match (self.resume, self.force) {
+                (true, _) => OutputPolicy::Resume,
+                (false, true) => OutputPolicy::Force,
+                (false, false) => OutputPolicy::Fresh,
+            },
+            fail_fast: self.fail_fast,
+            quiet: self.quiet,
+            window: self.window,
+        })
+    }
+}
+
+/// `forkscore batch`.
+pub fn run(args: &BatchArgs) -> Result<()> {
+    let loaded = load::open(&args.model)?;
+    let job = args.job(&loaded.engine.memory_model())?;
+    let summary = run_job(&loaded.engine, &loaded.provenance, &job)?;
+    if !job.quiet {
+        let w = summary.written;
+        eprintln!(
+            "forkscore batch: {} lines written ({} errors), {} rows in {:.1} s{}",
+            w.lines,
+            w.errors,
+            w.rows,
+            summary.seconds,
+            summary.resumed.as_ref().map_or(String::new(), |r| format!(", resumed after line {}", r.last_line)),
+        );
+    }
+    if summary.stopped_at_error {
+        bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");
+    }
+    Ok(())
+}

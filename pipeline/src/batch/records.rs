@@ -1,0 +1,232 @@
+//! Batch records: one raw input line in, a validated [`Request`] (or a [`LineError`]) out; one
+//! decision (or error) in, one output JSON line out.
+//!
+//! Input line (strict JSON, duplicate keys rejected), keys:
+//! - `id` (required): a string or an integer, unique within the file;
+//! - `context`: the text to classify (required unless the job has a shared `--context`, and
+//!   refused when it has one);
+//! - at most one of `schema` (an inline schema object), `schema_file` (a path, relative to the
+//!   input file's folder) or `question` (a yes/no question, scored as the one boolean field
+//!   `answer`); none → the job's default `--schema-file`.
+//!
+//! Output line: `{"id", "line", "output", "fields", "temperature", "telemetry", "provenance"}`
+//! for a decision, `{"id", "line", "error": {"kind", "message"}, "provenance"}` for an error.
+//! `line` is the 1-based input line number; output lines come in input order.
+
+use forkscore_engine::strict_json::parse_strict;
+use forkscore_engine::{Decision, EngineError};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+
+/// Keys an input line may have.
+pub const INPUT_KEYS: &str = "id, context, schema, schema_file, question";
+
+/// Where a line's schema comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SchemaRef {
+    Inline(Value),
+    File(PathBuf),
+    Question(String),
+    Default,
+}
+
+/// A validated input line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub line: u64,
+    pub id: Value,
+    pub context: Option<String>,
+    pub schema: SchemaRef,
+}
+
+/// What went wrong with one line (the `error.kind` of its output record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    InvalidUtf8,
+    InvalidJson,
+    NotAnObject,
+    MissingId,
+    InvalidId,
+    DuplicateId,
+    UnknownKey,
+    InvalidField,
+    MissingContext,
+    UnexpectedContext,
+    ConflictingSchema,
+    MissingSchema,
+    InvalidSchema,
+    SchemaFile,
+    EmptyContext,
+    TooManyTokens,
+    Compile,
+    Template,
+    Split,
+    Backend,
+    Options,
+}
+
+/// A line's error: kind + human message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl LineError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> LineError {
+        LineError { kind, message: message.into() }
+    }
+
+    /// The error record kind of an engine error.
+    pub fn from_engine(e: &EngineError) -> LineError {
+        let kind = match e {
+            EngineError::Compile(_) | EngineError::ForeignSchema => ErrorKind::Compile,
+            EngineError::Template(_) => ErrorKind::Template,
+            EngineError::Split(_) => ErrorKind::Split,
+            EngineError::Backend(_) => ErrorKind::Backend,
+            EngineError::Calibration(_)
+            | EngineError::ZeroFieldBatch
+            | EngineError::ZeroMaxInputTokens
+            | EngineError::TokenizerLargerThanEmbedding { .. } => ErrorKind::Options,
+            EngineError::EmptyContext => ErrorKind::EmptyContext,
+            EngineError::TooManyTokens { .. } => ErrorKind::TooManyTokens,
+        };
+        LineError::new(kind, e.to_string())
+    }
+}
+
+/// A line that failed before (or during) scoring: its number and, when it had one, its id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failed {
+    pub line: u64,
+    pub id: Option<Value>,
+    pub error: LineError,
+}
+
+/// The schema of a yes/no question.
+pub fn question_schema(question: &str) -> Value {
+    json!({"answer": {"type": "boolean", "description": question}})
+}
+
+/// Parse one input line (without its newline). `shared_context`: the job supplies the context.
+pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Request, Failed> {
+    let fail = |id: Option<Value>, kind, message: String| Failed { line, id, error: LineError::new(kind, message) };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        fail(None, ErrorKind::InvalidUtf8, format!("line is not valid UTF-8 ({e})"))
+    })?;
+    let value = parse_strict(text).map_err(|e| fail(None, ErrorKind::InvalidJson, format!("line is not valid JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(fail(None, ErrorKind::NotAnObject, "line must be a JSON object".into()));
+    };
+    let id = match obj.remove("id") {
+        None | Some(Value::Null) => return Err(fail(None, ErrorKind::MissingId, "line has no \"id\"".into())),
+        Some(v @ Value::String(_)) => v,
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n),
+        Some(other) => {
+            return Err(fail(None, ErrorKind::InvalidId, format!("\"id\" must be a string or an integer, got {other}")))
+        }
+    };
+    let fail = |kind, message: String| fail(Some(id.clone()), kind, message);
+    if let Some(key) = obj.keys().find(|k| !matches!(k.as_str(), "context" | "schema" | "schema_file" | "question")) {
+        return Err(fail(ErrorKind::UnknownKey, format!("unknown key {key:?} (allowed: {INPUT_KEYS})")));
+    }
+    let string = |obj: &mut Map<String, Value>, key: &str| match obj.remove(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(fail(ErrorKind::InvalidField, format!("{key:?} must be a string, got {other}"))),
+    };
+    let context = string(&mut obj, "context")?;
+    match (&context, shared_context) {
+        (Some(_), true) => {
+            return Err(fail(
+                ErrorKind::UnexpectedContext,
+                "this job has a shared --context/--context-file; lines must not bring their own".into(),
+            ))
+        }
+        (None, false) => return Err(fail(ErrorKind::MissingContext, "line has no \"context\"".into())),
+        _ => {}
+    }
+    let schema_file = string(&mut obj, "schema_file")?;
+    let question = string(&mut obj, "question")?;
+    let inline = obj.remove("schema");
+    let schema = match (inline, schema_file, question) {
+        (None, None, None) => SchemaRef::Default,
+        (Some(v @ Value::Object(_)), None, None) => SchemaRef::Inline(v),
+        (Some(other), None, None) => {
+            return Err(fail(ErrorKind::InvalidField, format!("\"schema\" must be an object, got {other}")))
+        }
+        (None, Some(f), None) => SchemaRef::File(PathBuf::from(f)),
+        (None, None, Some(q)) if q.trim().is_empty() => {
+            return Err(fail(ErrorKind::InvalidField, "\"question\" is empty".into()))
+        }
+        (None, None, Some(q)) => SchemaRef::Question(q),
+        _ => {
+            return Err(fail(
+                ErrorKind::ConflictingSchema,
+                "give at most one of \"schema\", \"schema_file\" and \"question\"".into(),
+            ))
+        }
+    };
+    Ok(Request { line, id, context, schema })
+}
+
+/// The output line of a decision. `extra` holds batch-level facts (e.g. a reused prefix).
+pub fn decision_record(id: &Value, line: u64, decision: &Decision, provenance: Value, extra: Option<(&str, Value)>) -> String {
+    let mut rec = Map::new();
+    rec.insert("id".into(), id.clone());
+    rec.insert("line".into(), json!(line));
+    match serde_json::to_value(decision) {
+        Ok(Value::Object(d)) => rec.extend(d),
+        Ok(other) => {
+            rec.insert("decision".into(), other);
+        }
+        Err(e) => {
+            rec.insert("error".into(), json!({"kind": "serialize", "message": e.to_string()}));
+        }
+    }
+    if let Some((k, v)) = extra {
+        rec.insert(k.into(), v);
+    }
+    rec.insert("provenance".into(), provenance);
+    Value::Object(rec).to_string()
+}
+
+/// The output line of an error.
+pub fn error_record(failed: &Failed, provenance: Value) -> String {
+    json!({
+        "id": failed.id.clone().unwrap_or(Value::Null),
+        "line": failed.line,
+        "error": {"kind": failed.error.kind, "message": failed.error.message},
+        "provenance": provenance,
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(bytes: &[u8], shared: bool) -> ErrorKind {
+        parse_line(1, bytes, shared).unwrap_err().error.kind
+    }
+
+    #[test]
+    fn lines_parse_into_requests_or_typed_errors() {
+        let r = parse_line(3, br#"{"id": 7, "context": "x", "question": "Is it?"}"#, false).unwrap();
+        assert_eq!((r.line, r.id, r.schema), (3, json!(7), SchemaRef::Question("Is it?".into())));
+        assert_eq!(parse_line(1, br#"{"id": "a", "context": "x"}"#, false).unwrap().schema, SchemaRef::Default);
+        assert_eq!(kind(b"\xff\xfe", false), ErrorKind::InvalidUtf8);
+        assert_eq!(kind(b"{\"id\": 1,", false), ErrorKind::InvalidJson);
+        assert_eq!(kind(br#"{"id": 1, "id": 2, "context": "x"}"#, false), ErrorKind::InvalidJson);
+        assert_eq!(kind(b"[1]", false), ErrorKind::NotAnObject);
+        assert_eq!(kind(br#"{"context": "x"}"#, false), ErrorKind::MissingId);
+        assert_eq!(kind(br#"{"id": 1.5, "context": "x"}"#, false), ErrorKind::InvalidId);
+        assert_eq!(kind(br#"{"id": 1, "context": "x", "extra": 1}"#, false), ErrorKind::UnknownKey);
+        assert_eq!(kind(br#"{"id": 1}"#, false), ErrorKind::MissingContext);
+        assert_eq!(kind(br#"{"id": 1, "context": "x"}"#, true), ErrorKind::UnexpectedContext);
+        assert_eq!(kind(br#"{"id": 1, "context": "x", "schema": {}, "question": "q"}"#, false), ErrorKind::ConflictingSchema);
+        assert_eq!(kind(br#"{"id": 1, "context": 5}"#, false), ErrorKind::InvalidField);
+        assert_eq!(parse_line(9, br#"{"id": "k", "context": 5}"#, false).unwrap_err().id, Some(json!("k")));
+    }
+}
