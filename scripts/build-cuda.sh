@@ -11,7 +11,10 @@
 #      parallel_schema.json
 #      run.sh sets LD_LIBRARY_PATH for the lent H200 (driver libcuda.so.1 in
 #      /usr/local/nvidia/lib64, cuBLAS/cuRAND/cudart 13 in the torch venv).
-# Steps can be limited: build-cuda.sh [pipeline] [bench] [tests] (default all).
+# All three targets are built by ONE cargo invocation in the release profile: separate
+# `cargo build -p …` / `cargo bench` / `cargo test --release` runs resolve features for
+# different package sets and profiles, which changes candle-kernels' hash and recompiles
+# the CUDA kernels (~25 minutes on 2 cores) once per combination.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,10 +26,6 @@ export CUDARC_CUDA_VERSION=13000
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/cuda-target}"
 CARRY_DIR="${CARRY_DIR:-$REPO/carry}"
 NICE="${NICE:-10}"
-
-steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(pipeline bench tests)
-want() { local s; for s in "${steps[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
 
 mkdir -p "$CARRY_DIR"
 cd "$REPO"
@@ -50,18 +49,14 @@ stage() { # src name
   echo "staged $CARRY_DIR/$2.xz ($(du -h "$CARRY_DIR/$2.xz" | cut -f1))" >&2
 }
 
-if want pipeline; then
-  exe="$(cargo_exes build --release -p forkscore-pipeline --features cuda | awk '$2 == "forkscore" {print $3}')"
-  stage "$exe" forkscore
-fi
-if want bench; then
-  exe="$(cargo_exes bench -p forkscore-benches --features cuda --no-run | awk '$2 == "modes" {print $3}')"
-  stage "$exe" modes-bench
-fi
-if want tests; then
-  exe="$(cargo_exes test --release -p forkscore-backends --features cuda --test gpu --no-run | awk '$2 == "gpu" {print $3}')"
-  stage "$exe" gpu-tests
-fi
+# bin forkscore, bench modes (harness = false: a plain main) and the GPU test binary.
+exes="$(cargo_exes build --profile release \
+  -p forkscore-pipeline -p forkscore-benches -p forkscore-backends \
+  --features forkscore-backends/cuda --bin forkscore --bench modes --test gpu)"
+pick() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n {print $3}' <<<"$exes"; }
+stage "$(pick bin forkscore)" forkscore
+stage "$(pick bench modes)" modes-bench
+stage "$(pick test gpu)" gpu-tests
 
 cat > "$CARRY_DIR/run.sh" <<'WRAP'
 #!/usr/bin/env bash

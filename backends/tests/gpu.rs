@@ -1,5 +1,6 @@
 //! GPU conformance: the candle backend on CUDA (f32 and bf16) against CPU f32, on the tiny
-//! real-architecture Qwen2.5 (tied, q/k/v biases) and Qwen3 (untied, q/k norm) models.
+//! real-architecture Qwen2.5 (tied, q/k/v biases), Qwen3 (untied, q/k norm) and Qwen3.5
+//! (hybrid: gated-delta-net linear attention + gated full attention) models.
 //!
 //! Compiled only with `--features cuda`; every test prints a skip message and passes when no
 //! CUDA device opens (so the binary is harmless on a CPU-only machine). Build it here and run it
@@ -20,19 +21,28 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{candidates, ids, load};
+use std::path::{Path, PathBuf};
+
+use common::{candidates, ids};
 use forkscore_backends::{
     Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
 };
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use forkscore_testkit::tolerance::Tolerance;
 
-/// Vocabulary range for random ids (real token ids, specials excluded).
-const VOCAB: usize = 151_643;
+/// Qwen2.5 / Qwen3 regular vocabulary (random ids stay below it: no special tokens).
+const DENSE_VOCAB: usize = 151_643;
+/// Qwen3.5 regular vocabulary.
+const QWEN35_VOCAB: usize = 248_044;
 
-/// One architecture loaded three ways: the CPU f32 reference and the two CUDA dtypes.
+/// One architecture loaded several ways: the CPU f32 reference and the CUDA variants.
 struct Trio {
     name: &'static str,
+    /// Random prompt ids are drawn below this.
+    vocab: usize,
+    /// Embedding rows (candidate ids are spread below this).
+    rows: usize,
     cpu: CandleBackend,
     gpu_f32: CandleBackend,
     gpu_bf16: CandleBackend,
@@ -59,7 +69,7 @@ fn load_on(
             prefill_chunk: chunk,
         },
     )
-    .expect("load tiny model on the GPU")
+    .expect("load tiny model")
 }
 
 /// The models, or `None` (after printing why) when no CUDA device opens.
@@ -73,19 +83,32 @@ fn trios() -> Option<&'static [Trio]> {
                 return None;
             }
             let chunk = LoadOptions::default().prefill_chunk;
-            let specs = [
-                ("qwen2.5", TinySpec::qwen25()),
-                ("qwen3", TinySpec::qwen3()),
+            let qwen35: PathBuf = TinyQwen35::new(8, Qwen35Layout::Multimodal)
+                .ensure()
+                .expect("write tiny qwen3.5");
+            let models = [
+                (
+                    "qwen2.5",
+                    ensure_tiny_model(&TinySpec::qwen25()),
+                    DENSE_VOCAB,
+                ),
+                ("qwen3", ensure_tiny_model(&TinySpec::qwen3()), DENSE_VOCAB),
+                ("qwen3.5", qwen35, QWEN35_VOCAB),
             ];
             Some(
-                specs
+                models
                     .into_iter()
-                    .map(|(name, spec)| Trio {
-                        name,
-                        cpu: load(&spec),
-                        gpu_f32: load_on(&spec, gpu, ComputeDType::F32, chunk),
-                        gpu_bf16: load_on(&spec, gpu, ComputeDType::Bf16, chunk),
-                        gpu_f32_chunked: load_on(&spec, gpu, ComputeDType::F32, SMALL_CHUNK),
+                    .map(|(name, dir, vocab)| {
+                        let cpu = load_on(&dir, DeviceSpec::Cpu, ComputeDType::F32, chunk);
+                        Trio {
+                            name,
+                            vocab,
+                            rows: cpu.facts().vocab_size,
+                            cpu,
+                            gpu_f32: load_on(&dir, gpu, ComputeDType::F32, chunk),
+                            gpu_bf16: load_on(&dir, gpu, ComputeDType::Bf16, chunk),
+                            gpu_f32_chunked: load_on(&dir, gpu, ComputeDType::F32, SMALL_CHUNK),
+                        }
                     })
                     .collect(),
             )
@@ -93,9 +116,10 @@ fn trios() -> Option<&'static [Trio]> {
         .as_deref()
 }
 
-/// 4,096 candidate ids spread over the whole embedding (0 .. 151,515), for argmax checks.
-fn wide_candidates() -> Vec<u32> {
-    (0..4096u32).map(|i| i * 37).collect()
+/// 4,096 candidate ids spread evenly over the whole embedding of `rows` rows, for argmax checks.
+fn wide_candidates(rows: usize) -> Vec<u32> {
+    let step = (rows / 4096) as u32;
+    (0..4096u32).map(|i| i * step).collect()
 }
 
 fn argmax(x: &[f32]) -> usize {
@@ -174,10 +198,10 @@ fn concat(a: &[u32], b: &[u32]) -> Vec<u32> {
 #[test]
 fn cuda_forward_full_tracks_cpu_f32() {
     let Some(trios) = trios() else { return };
-    let cands = wide_candidates();
     for t in trios {
+        let cands = wide_candidates(t.rows);
         for (seed, len) in [(1u64, 1usize), (2, 24), (3, 97), (4, 300)] {
-            let prompt = ids(seed, len, VOCAB);
+            let prompt = ids(seed, len, t.vocab);
             let want = t.cpu.forward_full(&prompt, &cands).expect("cpu forward");
             for (dtype, gpu) in [
                 (ComputeDType::F32, &t.gpu_f32),
@@ -203,11 +227,11 @@ fn cuda_forward_full_tracks_cpu_f32() {
 #[test]
 fn cuda_prefill_score_tracks_cpu_f32() {
     let Some(trios) = trios() else { return };
-    for cands in [candidates(), wide_candidates()] {
-        for t in trios {
-            let prefixes = [ids(20, 45, VOCAB), ids(21, 19, VOCAB)];
+    for t in trios {
+        for cands in [candidates(), wide_candidates(t.rows)] {
+            let prefixes = [ids(20, 45, t.vocab), ids(21, 19, t.vocab)];
             let suffixes: Vec<Vec<u32>> = (0..6)
-                .map(|i| ids(30 + i, 1 + i as usize * 3, VOCAB))
+                .map(|i| ids(30 + i, 1 + i as usize * 3, t.vocab))
                 .collect();
             let rows: Vec<ScoreRow> = suffixes
                 .iter()
@@ -254,11 +278,11 @@ fn cuda_prefill_score_tracks_cpu_f32() {
 #[test]
 fn cuda_score_equals_cuda_forward_full() {
     let Some(trios) = trios() else { return };
-    let cands = wide_candidates();
     for t in trios {
-        let prefix = ids(40, 33, VOCAB);
+        let cands = wide_candidates(t.rows);
+        let prefix = ids(40, 33, t.vocab);
         let suffixes: Vec<Vec<u32>> = (0..3)
-            .map(|i| ids(41 + i, 2 + i as usize * 4, VOCAB))
+            .map(|i| ids(41 + i, 2 + i as usize * 4, t.vocab))
             .collect();
         let rows: Vec<ScoreRow> = suffixes
             .iter()
