@@ -53,14 +53,8 @@ struct Trio {
 /// Chunk size of `gpu_f32_chunked` (prefixes below are longer, so several chunks run).
 const SMALL_CHUNK: usize = 7;
 
-fn load_on(
-    spec: &TinySpec,
-    device: DeviceSpec,
-    dtype: ComputeDType,
-    chunk: usize,
-) -> CandleBackend {
-    let dir = ensure_tiny_model(spec);
-    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-gpu").expect("resolve tiny model");
+fn load_on(dir: &Path, device: DeviceSpec, dtype: ComputeDType, chunk: usize) -> CandleBackend {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-gpu").expect("resolve tiny model");
     CandleBackend::load(
         &ckpt,
         &LoadOptions {
