@@ -51,6 +51,14 @@ impl Tolerance {
         name: "gpu-bf16-logits",
         abs: 0.25,
     };
+    /// GPU bf16 vs CPU f32 (and GPU bf16 fork vs full) on the tiny models' raw logits, which
+    /// spread to |x| ~ 50 on purpose: bf16 keeps 8 mantissa bits (one ulp at 32-64 is 0.25), so
+    /// a logit near 50 is off by ~0.1-0.5 from rounding the weights, activations and K/V alone.
+    /// See docs/GPU.md for the measured figures.
+    pub const GPU_BF16_TINY_LOGITS: Tolerance = Tolerance {
+        name: "gpu-bf16-tiny-logits",
+        abs: 1.5,
+    };
 
     /// Largest absolute difference between two equally long slices (NaN counts as infinite).
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
