@@ -5,7 +5,7 @@
 #   1. the GPU conformance tests (CUDA f32/bf16 vs CPU f32 on tiny models);
 #   2. forkscore demo-model + score on cpu, cuda f32, cuda bf16 (JSON results to $OUT);
 #   3. the modes bench on a bench-size seeded model on cuda (bf16, then f32).
-# Env: OUT (results folder), BENCH_HIDDEN/LAYERS/HEADS/KV_HEADS (default 1024/8/16/4),
+# Env: OUT (results folder), TESTS_TIMEOUT (240 s), BENCH_TIMEOUT (150 s per dtype), BENCH_HIDDEN/LAYERS/HEADS/KV_HEADS (default 1024/8/16/4),
 #      BENCH_REPEATS (default 7), SKIP_BENCH=1 to skip step 3.
 # Output: $OUT/{run.log,gpu-tests.log,score-cpu.json,score-cuda-f32.json,
 #              score-cuda-bf16.json,modes-cuda-bf16.json,modes-cuda-f32.json}
@@ -29,13 +29,14 @@ C="$B"
 
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
+nproc; grep -m1 "model name" /proc/cpuinfo
 ldd "$C/forkscore" | grep -E "cuda|cublas|curand|nvrtc|not found" || true
 
 echo "== 1. GPU conformance tests"
 t0=$(date +%s)
-"$C/run.sh" "$C/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+timeout "${TESTS_TIMEOUT:-240}" "$C/run.sh" "$C/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
 echo "gpu-tests exit $? in $(( $(date +%s) - t0 ))s"
-grep -E "^test |test result|ARGMAX|SKIPPED|panicked" "$OUT/gpu-tests.log"
+grep -E "^test |test result|ARGMAX|SKIPPED|panicked|SUMMARY" "$OUT/gpu-tests.log"
 
 echo "== 2. demo model scored on cpu / cuda f32 / cuda bf16"
 DEMO=/tmp/forkscore-demo
@@ -59,7 +60,7 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
     FORKSCORE_BENCH_HIDDEN="${BENCH_HIDDEN:-1024}" FORKSCORE_BENCH_LAYERS="${BENCH_LAYERS:-8}" \
     FORKSCORE_BENCH_HEADS="${BENCH_HEADS:-16}" FORKSCORE_BENCH_KV_HEADS="${BENCH_KV_HEADS:-4}" \
     FORKSCORE_BENCH_REPEATS="${BENCH_REPEATS:-7}" FORKSCORE_BENCH_OUT="/tmp/bench-$dtype" \
-      "$C/run.sh" "$C/modes-bench" \
+      timeout "${BENCH_TIMEOUT:-150}" "$C/run.sh" "$C/modes-bench" \
       && cp "/tmp/bench-$dtype/modes.json" "$OUT/modes-cuda-$dtype.json" \
       || echo "bench $dtype FAILED"
     echo "bench $dtype took $(( $(date +%s) - t0 ))s"
