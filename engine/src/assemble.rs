@@ -161,7 +161,11 @@ pub fn telemetry(
         score_calls: stats.score_calls,
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
-        timings_ms: StageTimings { prefill: stats.prefill_ms, score: stats.score_ms, ..StageTimings::default() },
+        timings_ms: StageTimings {
+            prefill: stats.prefill_ms,
+            score: stats.score_ms,
+            ..StageTimings::default()
+        },
         group: None,
     }
 }

@@ -129,9 +129,14 @@ impl MemoryModel {
 
     /// Estimated bytes of a group with these token counts (`estimated_bytes` is ignored).
     pub fn group_bytes(&self, c: &GroupCost) -> usize {
-        let state = self.state_bytes_per_token.saturating_mul(c.prefix_tokens.saturating_add(c.contexts.saturating_mul(c.longest_prefix)));
+        let state = self.state_bytes_per_token.saturating_mul(
+            c.prefix_tokens
+                .saturating_add(c.contexts.saturating_mul(c.longest_prefix)),
+        );
         let scored_tokens = c.rows.saturating_mul(c.longest_suffix);
-        let act = self.activation_bytes_per_token.saturating_mul(c.longest_prefix.saturating_add(scored_tokens));
+        let act = self
+            .activation_bytes_per_token
+            .saturating_mul(c.longest_prefix.saturating_add(scored_tokens));
         let scores = scored_tokens
             .saturating_mul(c.longest_prefix.saturating_add(c.longest_suffix))
             .saturating_mul(self.heads)
@@ -158,7 +163,14 @@ pub struct GroupCost {
 
 impl GroupCost {
     fn single(prefix: usize, rows: usize, longest_suffix: usize) -> GroupCost {
-        GroupCost { contexts: 1, prefix_tokens: prefix, longest_prefix: prefix, rows, longest_suffix, estimated_bytes: 0 }
+        GroupCost {
+            contexts: 1,
+            prefix_tokens: prefix,
+            longest_prefix: prefix,
+            rows,
+            longest_suffix,
+            estimated_bytes: 0,
+        }
     }
 
     /// This cost with one more member.
@@ -236,7 +248,11 @@ pub struct GroupPlanner {
 
 impl GroupPlanner {
     pub fn new(budget: GroupBudget, model: MemoryModel) -> GroupPlanner {
-        GroupPlanner { budget, model, open: None }
+        GroupPlanner {
+            budget,
+            model,
+            open: None,
+        }
     }
 
     /// Add the next item. Returns the group it closed, if it did not fit into the open one.
@@ -250,7 +266,10 @@ impl GroupPlanner {
             }
         }
         let cost = GroupCost::default().with(&item, &self.model);
-        self.open.replace(ContextGroup { members: vec![item.index], cost })
+        self.open.replace(ContextGroup {
+            members: vec![item.index],
+            cost,
+        })
     }
 
     /// True when no group is open.
@@ -295,18 +314,41 @@ mod tests {
     use super::*;
 
     fn item(index: usize, prefix_tokens: usize, rows: usize) -> GroupItem {
-        GroupItem { index, prefix_tokens, rows, longest_suffix: 3 }
+        GroupItem {
+            index,
+            prefix_tokens,
+            rows,
+            longest_suffix: 3,
+        }
     }
 
     #[test]
     fn oversized_items_run_alone_and_order_is_kept() {
-        let budget = GroupBudget { max_prefix_tokens: 100, max_rows: 10, max_state_bytes: usize::MAX };
-        let model = MemoryModel { state_bytes_per_token: 0, activation_bytes_per_token: 0, heads: 1 };
-        let items = [item(0, 40, 2), item(1, 40, 2), item(2, 500, 2), item(3, 10, 2), item(4, 10, 20)];
+        let budget = GroupBudget {
+            max_prefix_tokens: 100,
+            max_rows: 10,
+            max_state_bytes: usize::MAX,
+        };
+        let model = MemoryModel {
+            state_bytes_per_token: 0,
+            activation_bytes_per_token: 0,
+            heads: 1,
+        };
+        let items = [
+            item(0, 40, 2),
+            item(1, 40, 2),
+            item(2, 500, 2),
+            item(3, 10, 2),
+            item(4, 10, 20),
+        ];
         let groups = plan_groups(items, &budget, &model);
         let members: Vec<&[usize]> = groups.iter().map(ContextGroup::members).collect();
         assert_eq!(members, vec![&[0, 1][..], &[2], &[3], &[4]]);
-        assert!(groups[1].oversized(&budget) && groups[3].oversized(&budget) && !groups[0].oversized(&budget));
+        assert!(
+            groups[1].oversized(&budget)
+                && groups[3].oversized(&budget)
+                && !groups[0].oversized(&budget)
+        );
     }
 
     #[test]
@@ -323,7 +365,14 @@ mod tests {
         let m = MemoryModel::from_facts(&facts);
         assert_eq!(m.state_bytes_per_token, 2 * 2 * 128 * 2);
         let one = GroupCost::single(100, 1, 1);
-        let two = GroupCost { contexts: 2, prefix_tokens: 110, longest_prefix: 100, rows: 2, longest_suffix: 1, estimated_bytes: 0 };
+        let two = GroupCost {
+            contexts: 2,
+            prefix_tokens: 110,
+            longest_prefix: 100,
+            rows: 2,
+            longest_suffix: 1,
+            estimated_bytes: 0,
+        };
         // the short member is padded to 100 in the merged copy
         assert!(m.group_bytes(&two) - m.group_bytes(&one) >= m.state_bytes_per_token * (10 + 100));
         let gpu = GroupBudget::from_device_memory(80 << 30, &m);

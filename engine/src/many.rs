@@ -22,7 +22,9 @@
 use crate::assemble::Decision;
 use crate::calibration::Temperature;
 use crate::engine::{Engine, EngineError, PreparedContext, ScoreOptions};
-use crate::group::{plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel};
+use crate::group::{
+    plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel,
+};
 use crate::modes::run_group;
 use crate::rows::CompiledSchema;
 use crate::split::SplitPrompt;
@@ -57,21 +59,25 @@ impl<B: Backend> Engine<B> {
         let temperature = match self.check_options(opts) {
             Ok(t) => t,
             Err(e) => {
-                let mut out: Vec<Result<Decision, EngineError>> =
-                    (1..contexts.len()).map(|_| Err(repeat_option_error(&e))).collect();
+                let mut out: Vec<Result<Decision, EngineError>> = (1..contexts.len())
+                    .map(|_| Err(repeat_option_error(&e)))
+                    .collect();
                 out.insert(0, Err(e));
                 return out;
             }
         };
-        let prepared: Vec<Result<PreparedContext, EngineError>> =
-            contexts.par_iter().map(|c| self.prepare(c.as_ref(), compiled, opts.max_input_tokens)).collect();
+        let prepared: Vec<Result<PreparedContext, EngineError>> = contexts
+            .par_iter()
+            .map(|c| self.prepare(c.as_ref(), compiled, opts.max_input_tokens))
+            .collect();
         let items = prepared
             .iter()
             .enumerate()
             .filter_map(|(i, p)| p.as_ref().ok().map(|p| GroupItem::of(i, &p.split)));
         let groups = plan_groups(items, budget, &self.memory_model());
 
-        let mut slots: Vec<Option<Result<Decision, EngineError>>> = Vec::with_capacity(contexts.len());
+        let mut slots: Vec<Option<Result<Decision, EngineError>>> =
+            Vec::with_capacity(contexts.len());
         let mut ready: Vec<Option<PreparedContext>> = Vec::with_capacity(contexts.len());
         for p in prepared {
             match p {
@@ -86,7 +92,11 @@ impl<B: Backend> Engine<B> {
             }
         }
         for group in &groups {
-            let members: Vec<&PreparedContext> = group.members().iter().filter_map(|&i| ready[i].as_ref()).collect();
+            let members: Vec<&PreparedContext> = group
+                .members()
+                .iter()
+                .filter_map(|&i| ready[i].as_ref())
+                .collect();
             let decided = self.decide_group(compiled, group, &members, opts, &temperature, start);
             for (&i, d) in group.members().iter().zip(decided) {
                 slots[i] = Some(d);
@@ -141,16 +151,26 @@ impl<B: Backend> Engine<B> {
         start: Instant,
     ) -> Vec<Result<Decision, EngineError>> {
         let splits: Vec<&SplitPrompt> = members.iter().map(|p| &p.split).collect();
-        match run_group(self.backend(), &splits, compiled.candidates(), opts.mode, opts.field_batch_size) {
+        match run_group(
+            self.backend(),
+            &splits,
+            compiled.candidates(),
+            opts.mode,
+            opts.field_batch_size,
+        ) {
             Ok((logits, stats)) => logits
                 .into_iter()
                 .zip(members)
-                .map(|(rows, p)| Ok(self.finish(compiled, p, rows, &stats, temperature.clone(), opts, start)))
+                .map(|(rows, p)| {
+                    Ok(self.finish(compiled, p, rows, &stats, temperature.clone(), opts, start))
+                })
                 .collect(),
             Err(e) if members.len() == 1 => vec![Err(e.into())],
             Err(_) => members
                 .iter()
-                .flat_map(|p| self.run_members(compiled, std::slice::from_ref(p), opts, temperature, start))
+                .flat_map(|p| {
+                    self.run_members(compiled, std::slice::from_ref(p), opts, temperature, start)
+                })
                 .collect(),
         }
     }

@@ -374,25 +374,18 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
             return Err(err(format!("{path}.type"), unsupported_type(t)));
         }
     }
-    for key in obj.keys() {
-        if ![
+    check_keys(
+        obj,
+        path,
+        &[
             "type",
             "enum",
             "description",
             "title",
             "choice_descriptions",
-        ]
-        .contains(&key.as_str())
-        {
-            return Err(err(
-                format!("{path}.{key}"),
-                SchemaErrorKind::UnknownKey {
-                    key: key.clone(),
-                    allowed: JSON_SCHEMA_FIELD_KEYS,
-                },
-            ));
-        }
-    }
+        ],
+        JSON_SCHEMA_FIELD_KEYS,
+    )?;
     if let Some(t) = obj.get("title") {
         if !t.is_string() {
             return Err(err(
@@ -404,18 +397,7 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
             ));
         }
     }
-    let ty = match obj.get("type") {
-        None => None,
-        Some(Value::String(s)) => Some(s.as_str()),
-        Some(other) => {
-            return Err(err(
-                format!("{path}.type"),
-                SchemaErrorKind::TypeNotString {
-                    found: type_name(other),
-                },
-            ))
-        }
-    };
+    let ty = field_type(obj, path)?;
     let description = parse_description(obj, path)?;
     let (kind, choices) = match (ty, obj.get("enum")) {
         (Some("boolean"), None) => (FieldKind::Boolean, default_bool_choices()),
@@ -464,34 +446,13 @@ fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
             },
         )
     })?;
-    for key in obj.keys() {
-        if !["type", "choices", "description", "choice_descriptions"].contains(&key.as_str()) {
-            let hint = if key == "enum" || key == "properties" {
-                FLAT_FIELD_KEYS
-            } else {
-                FLAT_FIELD_KEYS
-            };
-            return Err(err(
-                format!("{path}.{key}"),
-                SchemaErrorKind::UnknownKey {
-                    key: key.clone(),
-                    allowed: hint,
-                },
-            ));
-        }
-    }
-    let ty = match obj.get("type") {
-        None => return Err(err(path, SchemaErrorKind::MissingType)),
-        Some(Value::String(s)) => s.as_str(),
-        Some(other) => {
-            return Err(err(
-                format!("{path}.type"),
-                SchemaErrorKind::TypeNotString {
-                    found: type_name(other),
-                },
-            ))
-        }
-    };
+    check_keys(
+        obj,
+        path,
+        &["type", "choices", "description", "choice_descriptions"],
+        FLAT_FIELD_KEYS,
+    )?;
+    let ty = field_type(obj, path)?.ok_or_else(|| err(path, SchemaErrorKind::MissingType))?;
     let description = parse_description(obj, path)?;
     let choices_path = format!("{path}.choices");
     let (kind, choices) = match ty {
@@ -531,6 +492,39 @@ fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
         choices,
         choice_descriptions,
     })
+}
+
+/// Reject any key of a field object outside `allowed`.
+fn check_keys(
+    obj: &Map<String, Value>,
+    path: &str,
+    allowed: &[&str],
+    allowed_text: &'static str,
+) -> Result<(), SchemaError> {
+    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(key) => Err(err(
+            format!("{path}.{key}"),
+            SchemaErrorKind::UnknownKey {
+                key: key.clone(),
+                allowed: allowed_text,
+            },
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The field's `type`, if present (it must be a string).
+fn field_type<'a>(obj: &'a Map<String, Value>, path: &str) -> Result<Option<&'a str>, SchemaError> {
+    match obj.get("type") {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(other) => Err(err(
+            format!("{path}.type"),
+            SchemaErrorKind::TypeNotString {
+                found: type_name(other),
+            },
+        )),
+    }
 }
 
 fn unsupported_type(ty: &str) -> SchemaErrorKind {

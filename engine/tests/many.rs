@@ -13,8 +13,8 @@ mod support;
 use forkscore_backends::{Backend, CandleBackend, LoadOptions, ResolvedCheckpoint};
 use forkscore_engine::group::{plan_groups, GroupItem};
 use forkscore_engine::{
-    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Decision, Engine, EngineError, GroupBudget, MemoryModel,
-    Mode, Schema, ScoreOptions,
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Decision, Engine, EngineError,
+    GroupBudget, MemoryModel, Mode, Schema, ScoreOptions,
 };
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
@@ -24,11 +24,17 @@ use proptest::prelude::*;
 use support::{example, fake_engine, fake_engine_with};
 
 fn logits_of(d: &Decision) -> Vec<Vec<f32>> {
-    d.fields.values().map(|f| f.logits.values().copied().collect()).collect()
+    d.fields
+        .values()
+        .map(|f| f.logits.values().copied().collect())
+        .collect()
 }
 
 fn scores_of(d: &Decision) -> Vec<f64> {
-    d.fields.values().flat_map(|f| f.scores.values().copied()).collect()
+    d.fields
+        .values()
+        .flat_map(|f| f.scores.values().copied())
+        .collect()
 }
 
 const CONTEXTS: [&str; 8] = [
@@ -43,8 +49,16 @@ const CONTEXTS: [&str; 8] = [
 ];
 
 fn arb_budget() -> impl Strategy<Value = GroupBudget> {
-    (1usize..600, 1usize..40, prop_oneof![Just(usize::MAX), 0usize..10])
-        .prop_map(|(t, r, b)| GroupBudget { max_prefix_tokens: t, max_rows: r, max_state_bytes: b })
+    (
+        1usize..600,
+        1usize..40,
+        prop_oneof![Just(usize::MAX), 0usize..10],
+    )
+        .prop_map(|(t, r, b)| GroupBudget {
+            max_prefix_tokens: t,
+            max_rows: r,
+            max_state_bytes: b,
+        })
 }
 
 proptest! {
@@ -116,22 +130,45 @@ proptest! {
 #[test]
 fn empty_input_gives_empty_output() {
     let engine = fake_engine(Family::Qwen3);
-    let compiled = engine.compile(&Schema::from_json_str(&example("fintech_fraud.json")).unwrap()).unwrap();
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("fintech_fraud.json")).unwrap())
+        .unwrap();
     let none: [&str; 0] = [];
-    assert!(engine.decide_many(&none, &compiled, &ScoreOptions::default(), &GroupBudget::default()).is_empty());
+    assert!(engine
+        .decide_many(
+            &none,
+            &compiled,
+            &ScoreOptions::default(),
+            &GroupBudget::default()
+        )
+        .is_empty());
     let none: Vec<String> = Vec::new();
-    assert!(engine.decide_many(&none, &compiled, &ScoreOptions::default(), &GroupBudget::default()).is_empty());
+    assert!(engine
+        .decide_many(
+            &none,
+            &compiled,
+            &ScoreOptions::default(),
+            &GroupBudget::default()
+        )
+        .is_empty());
 }
 
 #[test]
 fn a_bad_context_is_an_error_entry_for_itself_only() {
     let engine = fake_engine(Family::Qwen25);
-    let compiled = engine.compile(&Schema::from_json_str(&example("parallel_schema.json")).unwrap()).unwrap();
-    let fine = engine.score(CONTEXTS[0], &compiled, &ScoreOptions::default()).unwrap();
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("parallel_schema.json")).unwrap())
+        .unwrap();
+    let fine = engine
+        .score(CONTEXTS[0], &compiled, &ScoreOptions::default())
+        .unwrap();
     let limit = fine.telemetry.input_tokens + 5;
     let long = "word ".repeat(200);
     let contexts = [CONTEXTS[0], long.as_str(), "", CONTEXTS[1], "\n\t "];
-    let opts = ScoreOptions { max_input_tokens: limit, ..ScoreOptions::default() };
+    let opts = ScoreOptions {
+        max_input_tokens: limit,
+        ..ScoreOptions::default()
+    };
     let many = engine.decide_many(&contexts, &compiled, &opts, &GroupBudget::default());
     assert_eq!(many.len(), 5);
     assert_eq!(logits_of(many[0].as_ref().unwrap()), logits_of(&fine));
@@ -140,22 +177,44 @@ fn a_bad_context_is_an_error_entry_for_itself_only() {
     assert!(many[3].is_ok());
     assert!(matches!(many[4], Err(EngineError::EmptyContext)));
     // the two good contexts were scored together
-    assert_eq!(many[0].as_ref().unwrap().telemetry.group.as_ref().unwrap().size, 2);
+    assert_eq!(
+        many[0]
+            .as_ref()
+            .unwrap()
+            .telemetry
+            .group
+            .as_ref()
+            .unwrap()
+            .size,
+        2
+    );
 
     // an option error is every entry's error
-    let zero = ScoreOptions { field_batch_size: Some(0), ..ScoreOptions::default() };
+    let zero = ScoreOptions {
+        field_batch_size: Some(0),
+        ..ScoreOptions::default()
+    };
     let many = engine.decide_many(&contexts, &compiled, &zero, &GroupBudget::default());
-    assert!(many.iter().all(|r| matches!(r, Err(EngineError::ZeroFieldBatch))));
+    assert!(many
+        .iter()
+        .all(|r| matches!(r, Err(EngineError::ZeroFieldBatch))));
 }
 
 #[test]
 fn one_prefill_per_context_and_one_scoring_pass_per_group() {
     let engine = fake_engine_with(Family::Qwen25, CheckpointIdentity::default(), 3);
-    let compiled = engine.compile(&Schema::from_json_str(&example("code_security.json")).unwrap()).unwrap();
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("code_security.json")).unwrap())
+        .unwrap();
     let rows = compiled.fields().len();
     let contexts = &CONTEXTS[..7];
     let before = engine.backend().calls.snapshot();
-    let many = engine.decide_many(contexts, &compiled, &ScoreOptions::default(), &GroupBudget::default());
+    let many = engine.decide_many(
+        contexts,
+        &compiled,
+        &ScoreOptions::default(),
+        &GroupBudget::default(),
+    );
     let after = engine.backend().calls.snapshot();
     assert_eq!(after[0] - before[0], 7, "prefills");
     assert_eq!(after[1] - before[1], 1, "score calls");
@@ -164,25 +223,40 @@ fn one_prefill_per_context_and_one_scoring_pass_per_group() {
     assert_eq!((g.size, g.slot, g.rows), (7, 3, 7 * rows));
 
     // a budget of 2 contexts' rows: ceil(7 / 2) groups, one pass each
-    let budget = GroupBudget { max_rows: 2 * rows, ..GroupBudget::default() };
+    let budget = GroupBudget {
+        max_rows: 2 * rows,
+        ..GroupBudget::default()
+    };
     let before = engine.backend().calls.snapshot();
     let many = engine.decide_many(contexts, &compiled, &ScoreOptions::default(), &budget);
     let after = engine.backend().calls.snapshot();
     assert_eq!(after[1] - before[1], 4);
-    let sizes: Vec<usize> = many.iter().map(|d| d.as_ref().unwrap().telemetry.group.as_ref().unwrap().size).collect();
+    let sizes: Vec<usize> = many
+        .iter()
+        .map(|d| d.as_ref().unwrap().telemetry.group.as_ref().unwrap().size)
+        .collect();
     assert_eq!(sizes, [2, 2, 2, 2, 2, 2, 1]);
 }
 
 #[test]
 fn every_mode_through_decide_many_matches_score() {
     let engine = fake_engine(Family::Qwen35);
-    let compiled = engine.compile(&Schema::from_json_str(&example("support_triage.json")).unwrap()).unwrap();
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("support_triage.json")).unwrap())
+        .unwrap();
     for mode in [Mode::Parallel, Mode::CachedSerial, Mode::Independent] {
-        let opts = ScoreOptions { mode, ..ScoreOptions::default() };
+        let opts = ScoreOptions {
+            mode,
+            ..ScoreOptions::default()
+        };
         let many = engine.decide_many(&CONTEXTS[..4], &compiled, &opts, &GroupBudget::default());
         for (c, got) in CONTEXTS[..4].iter().zip(&many) {
             let want = engine.score(c, &compiled, &opts).unwrap();
-            assert_eq!(logits_of(&want), logits_of(got.as_ref().unwrap()), "{mode:?}");
+            assert_eq!(
+                logits_of(&want),
+                logits_of(got.as_ref().unwrap()),
+                "{mode:?}"
+            );
         }
     }
 }
@@ -192,7 +266,13 @@ fn tiny_engine(dir: &std::path::Path) -> Engine<CandleBackend> {
     let backend = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load tiny model");
     let family = backend.facts().family.clone();
     let tok = ChatTokenizer::from_folder(dir, &family).expect("tiny model tokenizer");
-    Engine::new(backend, tok, CheckpointIdentity::default(), CalibrationRegistry::built_in()).expect("engine")
+    Engine::new(
+        backend,
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .expect("engine")
 }
 
 /// CPU f32 real models: grouped, slot-merged (left-padded to the longest prefix) scoring gives
@@ -209,19 +289,39 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
     let models = [
         ("qwen2.5", ensure_tiny_model(&TinySpec::qwen25())),
         ("qwen3", ensure_tiny_model(&TinySpec::qwen3())),
-        ("qwen3.5", TinyQwen35::new(35, Qwen35Layout::TextOnly).ensure().expect("tiny Qwen3.5")),
+        (
+            "qwen3.5",
+            TinyQwen35::new(35, Qwen35Layout::TextOnly)
+                .ensure()
+                .expect("tiny Qwen3.5"),
+        ),
     ];
     for (arch, dir) in &models {
         let engine = tiny_engine(dir);
         // the 28-field schema on 3 contexts, one budget (keeps the test short on 2 cores)
-        let cases = [("parallel_schema.json", 6, 2), ("code_security.json", 6, 2), ("support_triage.json", 3, 1)];
+        let cases = [
+            ("parallel_schema.json", 6, 2),
+            ("code_security.json", 6, 2),
+            ("support_triage.json", 3, 1),
+        ];
         for (schema, n, budgets) in cases {
-            let compiled = engine.compile(&Schema::from_json_str(&example(schema)).unwrap()).unwrap();
+            let compiled = engine
+                .compile(&Schema::from_json_str(&example(schema)).unwrap())
+                .unwrap();
             let contexts = &CONTEXTS[..n];
-            let alone: Vec<Decision> =
-                contexts.iter().map(|c| engine.score(c, &compiled, &ScoreOptions::default()).unwrap()).collect();
+            let alone: Vec<Decision> = contexts
+                .iter()
+                .map(|c| {
+                    engine
+                        .score(c, &compiled, &ScoreOptions::default())
+                        .unwrap()
+                })
+                .collect();
             // the backend's own row-batching noise on the same contexts (one row per call vs all)
-            let serial = ScoreOptions { mode: Mode::CachedSerial, ..ScoreOptions::default() };
+            let serial = ScoreOptions {
+                mode: Mode::CachedSerial,
+                ..ScoreOptions::default()
+            };
             let mut base = 0.0f64;
             for (c, a) in contexts.iter().zip(&alone) {
                 let b = engine.score(c, &compiled, &serial).unwrap();
@@ -229,9 +329,13 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
                     base = base.max((x - y).abs());
                 }
             }
-            let pairs = GroupBudget { max_rows: 2 * compiled.fields().len(), ..GroupBudget::default() };
+            let pairs = GroupBudget {
+                max_rows: 2 * compiled.fields().len(),
+                ..GroupBudget::default()
+            };
             for budget in [GroupBudget::default(), pairs].into_iter().take(budgets) {
-                let many = engine.decide_many(contexts, &compiled, &ScoreOptions::default(), &budget);
+                let many =
+                    engine.decide_many(contexts, &compiled, &ScoreOptions::default(), &budget);
                 let (mut worst, mut worst_logit) = (0.0f64, 0.0f32);
                 for ((c, want), got) in contexts.iter().zip(&alone).zip(&many) {
                     let got = got.as_ref().unwrap();

@@ -38,9 +38,14 @@ fn engine_for(dir: &std::path::Path) -> Engine<CandleBackend> {
 fn engines() -> &'static [(&'static str, Engine<CandleBackend>)] {
     static E: OnceLock<Vec<(&'static str, Engine<CandleBackend>)>> = OnceLock::new();
     E.get_or_init(|| {
-        let q35 = TinyQwen35::new(35, Qwen35Layout::Multimodal).ensure().unwrap();
+        let q35 = TinyQwen35::new(35, Qwen35Layout::Multimodal)
+            .ensure()
+            .unwrap();
         vec![
-            ("qwen2.5", engine_for(&ensure_tiny_model(&TinySpec::qwen25()))),
+            (
+                "qwen2.5",
+                engine_for(&ensure_tiny_model(&TinySpec::qwen25())),
+            ),
             ("qwen3", engine_for(&ensure_tiny_model(&TinySpec::qwen3()))),
             ("qwen3.5", engine_for(&q35)),
         ]

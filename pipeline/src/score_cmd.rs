@@ -35,6 +35,36 @@ impl SchemaArgs {
     }
 }
 
+/// Context source: inline text or a file (`-` = standard input).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ContextArgs {
+    /// The context to classify.
+    #[arg(long, conflicts_with = "context_file")]
+    pub context: Option<String>,
+    /// Read the context from a file (UTF-8); `-` reads standard input.
+    #[arg(long)]
+    pub context_file: Option<PathBuf>,
+}
+
+impl ContextArgs {
+    /// The context text, if one was given.
+    pub fn read(&self) -> Result<Option<String>> {
+        Ok(match (&self.context, &self.context_file) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(path)) if path.as_os_str() == "-" => {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .context("cannot read the context from stdin (it must be UTF-8 text)")?;
+                Some(text)
+            }
+            (None, Some(path)) => Some(std::fs::read_to_string(path).with_context(|| {
+                format!("cannot read context file {} (it must be UTF-8 text)", path.display())
+            })?),
+            (None, None) => None,
+        })
+    }
+}
+
 /// Request-side options shared by `score` and `batch`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScoringArgs {
@@ -77,12 +107,8 @@ pub struct ScoreArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub schema: SchemaArgs,
-    /// The context to classify.
-    #[arg(long, conflicts_with = "context_file")]
-    pub context: Option<String>,
-    /// Read the context from a file (UTF-8); `-` reads standard input.
-    #[arg(long)]
-    pub context_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub context: ContextArgs,
     #[command(flatten)]
     pub scoring: ScoringArgs,
     /// Also write the result JSON to this file.
@@ -94,21 +120,8 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let Some(schema) = args.schema.load()? else {
         bail!("give a schema with --schema-file FILE or --schema JSON")
     };
-    let context = match (&args.context, &args.context_file) {
-        (Some(c), _) => c.clone(),
-        (None, Some(path)) if path.as_os_str() == "-" => {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .context("cannot read the context from stdin (it must be UTF-8 text)")?;
-            text
-        }
-        (None, Some(path)) => std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read context file {} (it must be UTF-8 text)",
-                path.display()
-            )
-        })?,
-        (None, None) => bail!("give a context with --context TEXT or --context-file FILE"),
+    let Some(context) = args.context.read()? else {
+        bail!("give a context with --context TEXT or --context-file FILE")
     };
     let opts = args.scoring.options();
     let loaded = load::open(&args.model)?;

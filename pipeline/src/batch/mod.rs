@@ -1,5 +1,5 @@
 //! `forkscore batch`: a JSONL file of decisions in, a JSONL file of results out (one line per
-//! input line, same id, input order). See pipeline/BATCH.md for the formats.
+//! input line, same id, input order). See README.md ("Batch jobs") for the formats.
 //!
 //! The job is a pipeline of threads on bounded crossbeam channels, so memory stays bounded for
 //! any input size and the accelerator never waits on the CPU:
@@ -22,7 +22,7 @@ pub mod writer;
 
 use crate::load::{self, ModelArgs};
 use crate::provenance::ModelProvenance;
-use crate::score_cmd::{SchemaArgs, ScoringArgs};
+use crate::score_cmd::{ContextArgs, SchemaArgs, ScoringArgs};
 use anyhow::{bail, Context, Result};
 use forkscore_backends::Backend;
 use forkscore_engine::{Engine, GroupBudget, Schema, ScoreOptions};
@@ -62,12 +62,9 @@ pub struct BatchArgs {
     pub schema: SchemaArgs,
     #[arg(long, value_enum, default_value = "grouped")]
     pub batch_mode: BatchMode,
-    /// The shared context of --batch-mode shared.
-    #[arg(long, conflicts_with = "context_file")]
-    pub context: Option<String>,
-    /// The shared context of --batch-mode shared, from a UTF-8 file.
-    #[arg(long)]
-    pub context_file: Option<PathBuf>,
+    /// The shared context of --batch-mode shared (--context TEXT or --context-file FILE).
+    #[command(flatten)]
+    pub context: ContextArgs,
     #[command(flatten)]
     pub scoring: ScoringArgs,
     /// Continue an interrupted job after the output's last complete record.
@@ -233,13 +230,7 @@ fn cuda_memory_bytes(device: &str) -> Option<u64> {
 impl BatchArgs {
     /// The job these arguments describe, for an engine whose memory model is `model`.
     pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
-        let shared_context = match (&self.context, &self.context_file) {
-            (Some(c), _) => Some(c.clone()),
-            (None, Some(p)) => Some(
-                std::fs::read_to_string(p).with_context(|| format!("cannot read context file {} (it must be UTF-8 text)", p.display()))?,
-            ),
-            (None, None) => None,
-        };
+        let shared_context = self.context.read()?;
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
