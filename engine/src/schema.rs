@@ -243,8 +243,17 @@ impl Schema {
     }
 }
 
+/// The JSON Schema form has `"type": "object"` at the root, or a `properties` object of field
+/// specs. A flat field that happens to be named `properties` has a string `type` of its own.
 fn is_json_schema(root: &Map<String, Value>) -> bool {
-    root.get("type").and_then(Value::as_str) == Some("object") || root.contains_key("properties")
+    if let Some(t) = root.get("type") {
+        return t.as_str() == Some("object") || !t.is_object();
+    }
+    match root.get("properties") {
+        Some(Value::Object(p)) => !p.get("type").is_some_and(Value::is_string),
+        Some(_) => true,
+        None => false,
+    }
 }
 
 fn check_field_name(name: &str, path: &str) -> Result<(), SchemaError> {
@@ -446,6 +455,12 @@ fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
             },
         )
     })?;
+    // As in the JSON Schema form: an unsupported type is the clearer message than its keys.
+    if let Some(Value::String(t)) = obj.get("type") {
+        if !["enum", "boolean", "string"].contains(&t.as_str()) {
+            return Err(err(format!("{path}.type"), unsupported_type(t)));
+        }
+    }
     check_keys(
         obj,
         path,

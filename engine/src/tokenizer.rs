@@ -32,7 +32,11 @@ pub struct ChatTokenizer {
 }
 
 impl ChatTokenizer {
-    pub fn new(tokenizer: tokenizers::Tokenizer, template: ChatTemplate) -> ChatTokenizer {
+    pub fn new(mut tokenizer: tokenizers::Tokenizer, template: ChatTemplate) -> ChatTokenizer {
+        // A tokenizer.json may carry truncation or padding settings (fine-tuning leftovers);
+        // forkscore never truncates or pads a prompt, so both are switched off here.
+        tokenizer.with_padding(None);
+        let _ = tokenizer.with_truncation(None);
         let mut added: Vec<String> = tokenizer
             .get_added_tokens_decoder()
             .into_values()

@@ -49,3 +49,18 @@ fn no_template_and_unknown_family_is_a_clear_error() {
     let err = ChatTokenizer::from_folder(empty.path(), "qwen3").unwrap_err();
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
 }
+
+#[test]
+fn truncation_and_padding_in_tokenizer_json_are_ignored() {
+    let mut json: serde_json::Value = serde_json::from_slice(&Family::Qwen25.tokenizer_json().unwrap()).unwrap();
+    json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0});
+    json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+                                         "pad_id": 151643, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::write(dir.path().join("tokenizer_config.json"), Family::Qwen25.tokenizer_config_json()).unwrap();
+    let tok = ChatTokenizer::from_folder(dir.path(), "qwen2").unwrap();
+    let text = "one two three four five six seven eight nine ten eleven twelve";
+    let ids = tok.encode(text).unwrap();
+    assert_eq!(ids.len(), 12, "neither truncated to 8 nor padded to 64: {ids:?}");
+}
