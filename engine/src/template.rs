@@ -90,6 +90,9 @@ impl ChatTemplate {
         eos_token: Option<String>,
     ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
+        // transformers renders chat templates with trim_blocks and lstrip_blocks on.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
