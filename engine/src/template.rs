@@ -138,18 +138,30 @@ impl ChatTemplate {
 
     /// Render `messages` with the generation prompt open and thinking disabled.
     pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        self.render_with(&serde_json::json!(messages), true, &kwargs)
+    }
+
+    /// Render any message list (JSON, as transformers' `apply_chat_template` takes it) with
+    /// explicit template arguments (`enable_thinking`, …; absent ones stay undefined).
+    pub fn render_with(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| self.render_err(e))?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => true,
-            enable_thinking => false,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-        })
-        .map_err(|e| self.render_err(e))
+        let mut ctx = kwargs.clone();
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos_token.clone().unwrap_or_default().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().unwrap_or_default().into());
+        tmpl.render(JinjaValue::from_serialize(&ctx))
+            .map_err(|e| self.render_err(e))
     }
 
     fn render_err(&self, e: minijinja::Error) -> TemplateError {
