@@ -26,6 +26,10 @@ pub struct ModelFacts {
     pub vocab_size: usize,
     pub num_layers: usize,
     pub hidden_size: usize,
+    /// Bytes of state one sequence holds whatever its length: the f32 conv + recurrent states of
+    /// linear-attention (Gated DeltaNet) layers; 0 for attention-only models. A scoring call
+    /// holds this per row (each row's branch state), so memory budgets must count it.
+    pub fixed_state_bytes: usize,
     /// Compute dtype of the backbone, e.g. `f32`, `bf16`.
     pub dtype: String,
     /// Device, e.g. `cpu`, `cuda:0`, `metal:0`.

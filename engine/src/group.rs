@@ -107,6 +107,8 @@ pub struct MemoryModel {
     pub activation_bytes_per_token: usize,
     /// Attention heads assumed for the score matrix of the scoring pass.
     pub heads: usize,
+    /// Length-independent state per sequence (Gated DeltaNet conv + recurrent, f32).
+    pub fixed_state_bytes: usize,
 }
 
 /// Bytes per element of a dtype name (`f32`, `bf16`, `f16`; anything else counts as 4).
@@ -124,6 +126,7 @@ impl MemoryModel {
             state_bytes_per_token: 2 * facts.num_layers * facts.hidden_size * d,
             activation_bytes_per_token: 8 * facts.hidden_size * d,
             heads: (facts.hidden_size / 128).max(1),
+            fixed_state_bytes: facts.fixed_state_bytes,
         }
     }
 
@@ -145,7 +148,12 @@ impl MemoryModel {
         if self.state_bytes_per_token == 0 && self.activation_bytes_per_token == 0 {
             return 0;
         }
-        state.saturating_add(act).saturating_add(scores)
+        // Fixed-size (linear-attention) state: one retained copy per context, and per row of the
+        // scoring pass its branch copy plus the next state it computes.
+        let fixed = self
+            .fixed_state_bytes
+            .saturating_mul(c.contexts.saturating_add(c.rows.saturating_mul(2)));
+        state.saturating_add(act).saturating_add(scores).saturating_add(fixed)
     }
 }
 
@@ -333,6 +341,7 @@ mod tests {
             state_bytes_per_token: 0,
             activation_bytes_per_token: 0,
             heads: 1,
+            fixed_state_bytes: 0,
         };
         let items = [
             item(0, 40, 2),
@@ -359,6 +368,7 @@ mod tests {
             vocab_size: 10,
             num_layers: 2,
             hidden_size: 128,
+            fixed_state_bytes: 0,
             dtype: "bf16".into(),
             device: "cuda:0".into(),
         };
@@ -377,5 +387,25 @@ mod tests {
         assert!(m.group_bytes(&two) - m.group_bytes(&one) >= m.state_bytes_per_token * (10 + 100));
         let gpu = GroupBudget::from_device_memory(80 << 30, &m);
         assert!(gpu.max_state_bytes == 20 << 30 && gpu.max_rows >= CPU_GROUP_ROWS);
+    }
+
+    #[test]
+    fn memory_model_charges_linear_attention_state_per_row() {
+        // Qwen3.5-4B-like: 24 GDN layers of 32 value heads × 128 × 128 f32 = 48 MiB per sequence.
+        let per_seq = 24 * 32 * 128 * 128 * 4;
+        let facts = ModelFacts {
+            architecture: "x".into(),
+            family: "qwen3_5".into(),
+            vocab_size: 10,
+            num_layers: 32,
+            hidden_size: 2560,
+            fixed_state_bytes: per_seq,
+            dtype: "bf16".into(),
+            device: "cuda:0".into(),
+        };
+        let m = MemoryModel::from_facts(&facts);
+        let cost = GroupCost { contexts: 2, prefix_tokens: 200, longest_prefix: 100, rows: 56, longest_suffix: 4, estimated_bytes: 0 };
+        let without = MemoryModel { fixed_state_bytes: 0, ..m };
+        assert_eq!(m.group_bytes(&cost) - without.group_bytes(&cost), per_seq * (2 + 2 * 56));
     }
 }

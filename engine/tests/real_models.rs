@@ -153,3 +153,17 @@ proptest! {
         check_modes(engine, name, &schema, &context, fbs);
     }
 }
+
+#[test]
+fn facts_report_the_fixed_linear_attention_state() {
+    use forkscore_backends::PrefixState;
+    for (name, engine) in engines() {
+        let fixed = engine.backend().facts().fixed_state_bytes;
+        let state = engine.backend().prefill(&[1, 2, 3, 4, 5]).unwrap();
+        let state2 = engine.backend().prefill(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
+        // nbytes grows linearly with the prefix (attention K/V) on top of the fixed part.
+        let per_token = (state2.nbytes() - state.nbytes()) / 5;
+        assert_eq!(state.nbytes() - 5 * per_token, fixed, "{name}");
+        assert_eq!(fixed > 0, *name == "qwen3.5", "{name}: {fixed}");
+    }
+}

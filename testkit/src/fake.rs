@@ -68,6 +68,7 @@ impl FakeBackend {
                 vocab_size: FAKE_VOCAB,
                 num_layers: 0,
                 hidden_size: 0,
+                fixed_state_bytes: 0,
                 dtype: "f32".into(),
                 device: "cpu".into(),
             },
