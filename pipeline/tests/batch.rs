@@ -334,3 +334,32 @@ mod generated {
         }
     }
 }
+
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("bom.jsonl");
+    std::fs::write(&input, b"\xEF\xBB\xBF{\"id\": \"a\", \"context\": \"The API is down.\"}\n{\"id\": \"b\", \"context\": \"All good.\"}\n").unwrap();
+    let out = dir.path().join("out.jsonl");
+    let (engine, prov) = engine();
+    run_job(engine, prov, &job(&input, &out, BatchMode::Grouped)).unwrap();
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines.iter().all(|l| l.get("error").is_none()), "{lines:?}");
+    assert_eq!(lines[0]["id"], "a");
+}
+
+#[test]
+fn the_output_may_not_be_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("d.jsonl");
+    let text = "{\"id\": \"a\", \"context\": \"x\"}\n";
+    std::fs::write(&input, text).unwrap();
+    let (engine, prov) = engine();
+    let mut j = job(&input, &dir.path().join("./d.jsonl"), BatchMode::Grouped);
+    j.policy = OutputPolicy::Force;
+    let err = run_job(engine, prov, &j).unwrap_err();
+    assert!(err.to_string().contains("is the input file"), "{err}");
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), text, "the input is untouched");
+}

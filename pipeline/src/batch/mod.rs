@@ -123,6 +123,14 @@ pub struct JobSummary {
     pub seconds: f64,
 }
 
+/// True when both paths name the same existing file (also through links or `..`).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
 /// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
 /// batch pipeline; the CLI only loads the model and builds the [`Job`].
 pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Job) -> Result<JobSummary> {
@@ -136,6 +144,9 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
         _ => {}
     }
     let temperature = engine.check_request(&job.options)?;
+    if same_file(&job.input, &job.output) {
+        bail!("--output {} is the input file: choose another output path", job.output.display());
+    }
     let input = std::fs::File::open(&job.input).with_context(|| format!("cannot open input {}", job.input.display()))?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
     let total = if writer::progress_shown(job.quiet) { reader::count_lines(&job.input).ok() } else { None };
@@ -244,7 +255,9 @@ impl BatchArgs {
             budget.max_prefix_tokens = t;
         }
         if let Some(m) = self.group_max_mib {
-            budget.max_state_bytes = m << 20;
+            budget.max_state_bytes = m
+                .checked_mul(1 << 20)
+                .with_context(|| format!("--group-max-mib {m} is too large"))?;
         }
         Ok(Job {
             input: self.input.clone(),

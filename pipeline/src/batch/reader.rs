@@ -40,6 +40,10 @@ pub fn read_lines(
         if bytes.last() == Some(&b'\r') {
             bytes.pop();
         }
+        if line == 1 && bytes.starts_with(b"\xEF\xBB\xBF") {
+            // a UTF-8 byte-order mark (editors on Windows write one) is not part of the JSON
+            bytes.drain(..3);
+        }
         if bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
