@@ -150,6 +150,9 @@ impl<B: Backend> Engine<B> {
         if max_input_tokens == 0 {
             return Err(EngineError::ZeroMaxInputTokens);
         }
+        if compiled.tokenizer_identity() != self.tokenizer.identity() {
+            return Err(EngineError::ForeignSchema);
+        }
         if context.trim().is_empty() {
             return Err(EngineError::EmptyContext);
         }

@@ -38,6 +38,8 @@ pub struct CompiledSchema {
     fields: Vec<CompiledField>,
     candidates: Vec<u32>,
     schema_hash: String,
+    /// [`ChatTokenizer::identity`] of the tokenizer the rows were compiled with.
+    tokenizer_identity: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +101,7 @@ impl CompiledSchema {
             fields,
             candidates,
             schema_hash: schema.hash(),
+            tokenizer_identity: tok.identity().to_string(),
         })
     }
 
@@ -114,6 +117,9 @@ impl CompiledSchema {
     }
     pub fn selectors(&self) -> Vec<String> {
         self.fields.iter().map(|f| f.selector.clone()).collect()
+    }
+    pub fn tokenizer_identity(&self) -> &str {
+        &self.tokenizer_identity
     }
     pub fn schema_hash(&self) -> &str {
         &self.schema_hash

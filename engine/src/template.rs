@@ -76,6 +76,8 @@ pub struct Message {
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// SHA-256 of the template source (part of a tokenizer's identity).
+    source_sha256: String,
     origin: TemplateOrigin,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -108,6 +110,7 @@ impl ChatTemplate {
             "01 Jan 2026".to_string()
         });
         let origin_name = format!("{origin:?}");
+        let source_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(source.as_bytes()));
         env.add_template_owned("chat", source)
             .map_err(|e| TemplateError::Compile {
                 origin: origin_name,
@@ -115,6 +118,7 @@ impl ChatTemplate {
             })?;
         Ok(ChatTemplate {
             env,
+            source_sha256,
             origin,
             bos_token,
             eos_token,
@@ -130,6 +134,11 @@ impl ChatTemplate {
             Some("<|im_end|>".to_string()),
         )
         .unwrap_or_else(|e| unreachable!("built-in template must compile: {e}"))
+    }
+
+    /// SHA-256 of the template source.
+    pub fn source_sha256(&self) -> &str {
+        &self.source_sha256
     }
 
     pub fn origin(&self) -> &TemplateOrigin {

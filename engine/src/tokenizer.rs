@@ -29,6 +29,10 @@ pub struct ChatTokenizer {
     template: ChatTemplate,
     /// Text of every added token (tokenization segments the input at these first).
     added: Vec<String>,
+    /// Fingerprint of what row compilation depends on (template, vocabulary, added tokens,
+    /// how code-like text tokenizes): compiled rows carry it, and the engine refuses rows
+    /// compiled for another tokenizer.
+    identity: String,
 }
 
 impl ChatTokenizer {
@@ -44,10 +48,29 @@ impl ChatTokenizer {
             .filter(|c| !c.is_empty())
             .collect();
         added.sort();
+        let probe = tokenizer
+            .encode_fast("field_name: A B C D E F G H I J K L M N O P Q R S T U V W X Y Z\n", false)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default();
+        let identity = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            h.update(template.source_sha256());
+            h.update(tokenizer.get_vocab_size(true).to_le_bytes());
+            for a in &added {
+                h.update(a.as_bytes());
+                h.update([0]);
+            }
+            for id in probe {
+                h.update(id.to_le_bytes());
+            }
+            hex::encode(h.finalize())
+        };
         ChatTokenizer {
             tokenizer,
             template,
             added,
+            identity,
         }
     }
 
@@ -135,6 +158,11 @@ impl ChatTokenizer {
             ChatTemplate::built_in(family)
         };
         Ok(ChatTokenizer::new(tokenizer, template))
+    }
+
+    /// Fingerprint of this tokenizer + template (see the field docs).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     pub fn template(&self) -> &ChatTemplate {
