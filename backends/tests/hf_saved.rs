@@ -29,8 +29,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Every fixture folder this test knows; `fixture_set_is_complete` fails on an unlisted one.
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 10] = [
     "qwen2_tied_f32",
+    "qwen2_tied_f16",
     "qwen2_untied_f32",
     "qwen3_f32",
     "qwen3_bf16",
@@ -38,6 +39,7 @@ const FIXTURES: [&str; 8] = [
     "qwen35_text_f32",
     "qwen35_text_bf16",
     "qwen35_vl_sharded_f32",
+    "qwen35_vl_tied_bf16",
 ];
 
 /// Tensor name prefixes a text-only scorer never reads (vision tower, multi-token prediction).
@@ -251,6 +253,7 @@ macro_rules! fixture_tests {
 
 fixture_tests! {
     qwen2_tied_f32 => "qwen2_tied_f32",
+    qwen2_tied_f16 => "qwen2_tied_f16",
     qwen2_untied_f32 => "qwen2_untied_f32",
     qwen3_f32 => "qwen3_f32",
     qwen3_bf16 => "qwen3_bf16",
@@ -258,4 +261,5 @@ fixture_tests! {
     qwen35_text_f32 => "qwen35_text_f32",
     qwen35_text_bf16 => "qwen35_text_bf16",
     qwen35_vl_sharded_f32 => "qwen35_vl_sharded_f32",
+    qwen35_vl_tied_bf16 => "qwen35_vl_tied_bf16",
 }
