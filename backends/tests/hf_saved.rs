@@ -11,8 +11,10 @@
 //! `ResolvedCheckpoint::from_folder` + `CandleBackend::load` (CPU f32; bf16-stored weights are
 //! upcast exactly, and the reference was computed on the same upcast weights); every stored
 //! tensor outside the vision tower / MTP head is read (a silently ignored bias or head would
-//! otherwise pass a loose comparison by luck); the head is tied exactly when no `lm_head.weight`
-//! is stored; `forward_full` matches transformers within `Tolerance::VS_TRANSFORMERS_F32`; and
+//! otherwise pass a loose comparison by luck); the head is tied exactly when transformers ties
+//! it (no `lm_head.weight` stored, or one stored equal to the embedding: the two `tiedcfg`
+//! fixtures say `tie_word_embeddings: true` yet store a head, once an equal copy, once different
+//! values that transformers uses untied); `forward_full` matches transformers within `Tolerance::VS_TRANSFORMERS_F32`; and
 //! prefill + score (one state, several suffix rows in one call, plus a small prefill chunk)
 //! matches `forward_full` (see [`fork_tolerance`]) and, at the full prompt, transformers.
 //!
@@ -29,11 +31,13 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Every fixture folder this test knows; `fixture_set_is_complete` fails on an unlisted one.
-const FIXTURES: [&str; 10] = [
+const FIXTURES: [&str; 12] = [
     "qwen2_tied_f32",
     "qwen2_tied_f16",
     "qwen2_untied_f32",
+    "qwen2_tiedcfg_headcopy_f32",
     "qwen3_f32",
+    "qwen3_tiedcfg_headdiff_f32",
     "qwen3_bf16",
     "qwen3_sharded_f32",
     "qwen35_text_f32",
@@ -126,6 +130,24 @@ fn stored_tensors(dir: &Path, exp: &Expected) -> Result<BTreeSet<String>> {
     Ok(names)
 }
 
+/// `None` when no `lm_head.weight` is stored, else whether its bytes equal the embedding's.
+fn stored_head_equals_embedding(dir: &Path, exp: &Expected) -> Result<Option<bool>> {
+    let mut head = None;
+    let mut embed = None;
+    for file in exp.files.keys().filter(|n| n.ends_with(".safetensors")) {
+        let bytes = std::fs::read(dir.join(file))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)?;
+        for (n, view) in st.tensors() {
+            if n == "lm_head.weight" {
+                head = Some(view.data().to_vec());
+            } else if n.ends_with("embed_tokens.weight") && !n.starts_with("mtp.") {
+                embed = Some(view.data().to_vec());
+            }
+        }
+    }
+    Ok(head.map(|h| Some(&h) == embed.as_ref()))
+}
+
 fn check_fixture(name: &str) -> Result<()> {
     let dir = root().join(name);
     let exp = read_expected(&dir)?;
@@ -149,11 +171,16 @@ fn check_fixture(name: &str) -> Result<()> {
         unread.is_empty() && foreign.is_empty(),
         "{name}: stored text tensors never read {unread:?}; read but not stored {foreign:?}"
     );
+    // Tied exactly when transformers ties: no `lm_head.weight` stored, or one stored equal to
+    // the embedding (a stored head that differs is used as is, whatever the config says).
+    let want_tied = match stored_head_equals_embedding(&dir, &exp)? {
+        None => true,
+        Some(equal) => equal,
+    };
     ensure!(
-        backend.tied_head() == !stored.contains("lm_head.weight"),
-        "{name}: tied head {} but lm_head.weight stored = {}",
-        backend.tied_head(),
-        stored.contains("lm_head.weight")
+        backend.tied_head() == want_tied,
+        "{name}: tied head {} but transformers ties: {want_tied}",
+        backend.tied_head()
     );
 
     let mut worst_ref = 0f32;
@@ -256,6 +283,8 @@ fixture_tests! {
     qwen2_tied_f16 => "qwen2_tied_f16",
     qwen2_untied_f32 => "qwen2_untied_f32",
     qwen3_f32 => "qwen3_f32",
+    qwen2_tiedcfg_headcopy_f32 => "qwen2_tiedcfg_headcopy_f32",
+    qwen3_tiedcfg_headdiff_f32 => "qwen3_tiedcfg_headdiff_f32",
     qwen3_bf16 => "qwen3_bf16",
     qwen3_sharded_f32 => "qwen3_sharded_f32",
     qwen35_text_f32 => "qwen35_text_f32",
