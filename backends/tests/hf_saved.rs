@@ -186,12 +186,18 @@ fn check_fixture(name: &str) -> Result<()> {
     let mut worst_ref = 0f32;
     let mut worst_fork = 0f32;
     for (p, case) in exp.prompts.iter().enumerate() {
-        ensure!(case.logits.len() == vocab, "{name}: logits per prompt != vocab");
+        ensure!(
+            case.logits.len() == vocab,
+            "{name}: logits per prompt != vocab"
+        );
         let full = backend.forward_full(&case.ids, &all_ids)?;
         let d = Tolerance::max_abs_diff(&full, &case.logits);
         worst_ref = worst_ref.max(d);
         Tolerance::VS_TRANSFORMERS_F32.assert_close(
-            &format!("{name} prompt {p} ({} tokens): forward_full vs transformers", case.ids.len()),
+            &format!(
+                "{name} prompt {p} ({} tokens): forward_full vs transformers",
+                case.ids.len()
+            ),
             &full,
             &case.logits,
         );
@@ -263,7 +269,10 @@ fn fixture_set_is_complete() -> Result<()> {
         }
     }
     let listed: BTreeSet<String> = FIXTURES.iter().map(|s| s.to_string()).collect();
-    ensure!(found == listed, "fixtures on disk {found:?} != tested {listed:?}");
+    ensure!(
+        found == listed,
+        "fixtures on disk {found:?} != tested {listed:?}"
+    );
     Ok(())
 }
 
