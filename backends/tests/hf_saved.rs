@@ -31,7 +31,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Every fixture folder this test knows; `fixture_set_is_complete` fails on an unlisted one.
-const FIXTURES: [&str; 12] = [
+const FIXTURES: [&str; 13] = [
     "qwen2_tied_f32",
     "qwen2_tied_f16",
     "qwen2_untied_f32",
@@ -44,6 +44,7 @@ const FIXTURES: [&str; 12] = [
     "qwen35_text_bf16",
     "qwen35_vl_sharded_f32",
     "qwen35_vl_tied_bf16",
+    "qwen35_vl_mrope_f32",
 ];
 
 /// Tensor name prefixes a text-only scorer never reads (vision tower, multi-token prediction).
@@ -300,4 +301,5 @@ fixture_tests! {
     qwen35_text_bf16 => "qwen35_text_bf16",
     qwen35_vl_sharded_f32 => "qwen35_vl_sharded_f32",
     qwen35_vl_tied_bf16 => "qwen35_vl_tied_bf16",
+    qwen35_vl_mrope_f32 => "qwen35_vl_mrope_f32",
 }
