@@ -174,10 +174,7 @@ fn check_fixture(name: &str) -> Result<()> {
     );
     // Tied exactly when transformers ties: no `lm_head.weight` stored, or one stored equal to
     // the embedding (a stored head that differs is used as is, whatever the config says).
-    let want_tied = match stored_head_equals_embedding(&dir, &exp)? {
-        None => true,
-        Some(equal) => equal,
-    };
+    let want_tied = stored_head_equals_embedding(&dir, &exp)?.unwrap_or(true);
     ensure!(
         backend.tied_head() == want_tied,
         "{name}: tied head {} but transformers ties: {want_tied}",
