@@ -522,3 +522,62 @@ fn prefill_chunk_option_drives_prefill() {
     .err();
     assert!(matches!(zero, Some(BackendError::InvalidRequest { .. })));
 }
+
+/// The head is tied exactly when transformers ties it: `tie_word_embeddings: false` never
+/// ties; otherwise (true or absent) a stored `lm_head.weight` is used unless its bytes equal
+/// the embedding's, and without one the embedding is the head.
+#[test]
+fn head_tying_follows_transformers() {
+    let untied = TinySpec {
+        tied: false,
+        ..small(TinySpec::qwen3())
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    // the untied model as written (flag false): the reference for a stored, distinct head
+    let reference_untied =
+        logits(&load_dir(&folder_with(tmp.path(), &untied, |_| {})).expect("load"));
+    let with_flag = |dir: &Path, flag: Option<bool>| {
+        let mut c = config_json(&untied);
+        match flag {
+            Some(f) => c["tie_word_embeddings"] = serde_json::json!(f),
+            None => {
+                c.as_object_mut().map(|o| o.remove("tie_word_embeddings"));
+            }
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).expect("config");
+    };
+    // a distinct stored head with the flag true or absent is used, not the embedding
+    for flag in [Some(true), None] {
+        let t = tempfile::tempdir().expect("tmp");
+        let dir = folder_with(t.path(), &untied, |_| {});
+        with_flag(&dir, flag);
+        let m = load_dir(&dir).expect("load");
+        assert!(!m.tied_head(), "{flag:?}");
+        Tolerance::EXACT.assert_close("distinct stored head", &logits(&m), &reference_untied);
+    }
+    // a stored head equal to the embedding is tied (flag true or absent), untied when false
+    for (flag, tied) in [(Some(true), true), (None, true), (Some(false), false)] {
+        let t = tempfile::tempdir().expect("tmp");
+        let dir = folder_with(t.path(), &untied, |ts| {
+            let embed = ts
+                .iter()
+                .find(|x| x.name == "model.embed_tokens.weight")
+                .map(|x| x.bytes.clone())
+                .expect("embedding");
+            if let Some(h) = ts.iter_mut().find(|x| x.name == "lm_head.weight") {
+                h.bytes = embed;
+            }
+        });
+        with_flag(&dir, flag);
+        let m = load_dir(&dir).expect("load");
+        assert_eq!(m.tied_head(), tied, "{flag:?}");
+        assert!(m.tensors_read().iter().any(|n| n == "lm_head.weight"));
+    }
+    // no stored head, flag absent: tied
+    let t = tempfile::tempdir().expect("tmp");
+    let dir = folder_with(t.path(), &untied, |ts| {
+        ts.retain(|x| x.name != "lm_head.weight")
+    });
+    with_flag(&dir, None);
+    assert!(load_dir(&dir).expect("load").tied_head());
+}

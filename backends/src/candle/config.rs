@@ -9,6 +9,8 @@
 //! the text fields under `text_config`; [`text_root`] picks that object when present, so an
 //! architecture whose text model is nested (Qwen3.5) reuses the same parser. Fields only some
 //! architectures use are parsed here too (as options) and checked by the architecture's loader.
+//! A key transformers' config class has a default for may be missing; it then takes that default
+//! ([`Architecture::class_defaults`]), never a value of our own choosing.
 
 use std::path::{Path, PathBuf};
 
@@ -62,6 +64,29 @@ impl Architecture {
         }
     }
 
+    /// transformers' class defaults (5.24) for the keys this parser lets a `config.json` omit:
+    /// a missing key means what `from_pretrained` would use, so a hand-trimmed config loads the
+    /// same model in both (`save_pretrained` always writes these keys).
+    pub fn class_defaults(self) -> ClassDefaults {
+        match self {
+            Architecture::Qwen2 => ClassDefaults {
+                head_dim: None,
+                num_key_value_heads: 32,
+                rms_norm_eps: 1e-6,
+            },
+            Architecture::Qwen3 => ClassDefaults {
+                head_dim: Some(128),
+                num_key_value_heads: 32,
+                rms_norm_eps: 1e-6,
+            },
+            Architecture::Qwen3_5 => ClassDefaults {
+                head_dim: Some(256),
+                num_key_value_heads: 4,
+                rms_norm_eps: 1e-6,
+            },
+        }
+    }
+
     fn supported_list() -> String {
         Self::ALL
             .iter()
@@ -93,6 +118,16 @@ impl Architecture {
             "<none: config.json has neither architectures nor model_type>",
         ))
     }
+}
+
+/// Values transformers' config class gives keys missing from `config.json`
+/// ([`Architecture::class_defaults`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassDefaults {
+    /// `head_dim`; `None`: `hidden_size / num_attention_heads` (Qwen2 has no `head_dim` key).
+    pub head_dim: Option<usize>,
+    pub num_key_value_heads: usize,
+    pub rms_norm_eps: f64,
 }
 
 /// The token mixer of one decoder layer.
@@ -183,7 +218,7 @@ struct RawText {
     head_dim: Option<usize>,
     intermediate_size: usize,
     vocab_size: usize,
-    rms_norm_eps: f64,
+    rms_norm_eps: Option<f64>,
     hidden_act: Option<String>,
     rope_theta: Option<f64>,
     rope_parameters: Option<RawRope>,
@@ -234,7 +269,7 @@ impl ModelConfig {
 
         let raw: RawText = serde_json::from_value(text_root(root).clone())
             .map_err(|e| invalid(format!("text fields: {e}")))?;
-        let mut text = validate_text(raw, &invalid)?;
+        let mut text = validate_text(raw, architecture.class_defaults(), &invalid)?;
         let linear_attention = qwen3_5::extend(architecture, text_root(root), &mut text, &invalid)?;
         let tie_word_embeddings = root
             .get("tie_word_embeddings")
@@ -258,6 +293,7 @@ impl ModelConfig {
 
 fn validate_text(
     raw: RawText,
+    defaults: ClassDefaults,
     invalid: &dyn Fn(String) -> BackendError,
 ) -> Result<TextConfig, BackendError> {
     if raw.use_sliding_window == Some(true) {
@@ -305,14 +341,17 @@ fn validate_text(
     if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(invalid(format!("{name} must be positive")));
     }
-    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+    let num_kv_heads = raw
+        .num_key_value_heads
+        .unwrap_or(defaults.num_key_value_heads);
+    let rms_norm_eps = raw.rms_norm_eps.unwrap_or(defaults.rms_norm_eps);
     if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
         return Err(invalid(format!(
             "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
             raw.num_attention_heads
         )));
     }
-    let head_dim = match raw.head_dim {
+    let head_dim = match raw.head_dim.or(defaults.head_dim) {
         Some(d) => d,
         None if raw.hidden_size % raw.num_attention_heads == 0 => {
             raw.hidden_size / raw.num_attention_heads
@@ -329,11 +368,10 @@ fn validate_text(
         )));
     }
     // written so that NaN fails every check
-    let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && raw.rms_norm_eps > 0.0;
+    let in_range = theta > 0.0 && partial > 0.0 && partial <= 1.0 && rms_norm_eps > 0.0;
     if !in_range {
         return Err(invalid(format!(
-            "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {} out of range",
-            raw.rms_norm_eps
+            "rope_theta {theta}, partial_rotary_factor {partial} or rms_norm_eps {rms_norm_eps} out of range"
         )));
     }
     let layer_kinds = layer_kinds(&raw, invalid)?;
@@ -345,7 +383,7 @@ fn validate_text(
         head_dim,
         intermediate_size: raw.intermediate_size,
         vocab_size: raw.vocab_size,
-        rms_norm_eps: raw.rms_norm_eps,
+        rms_norm_eps,
         rope: RopeConfig {
             theta,
             partial_rotary_factor: partial,
@@ -428,6 +466,29 @@ mod tests {
             c.map(|c| (c.text.rope.theta, c.stored_dtype)),
             Some((5e6, Some("float32".into())))
         );
+    }
+
+    #[test]
+    fn missing_keys_take_transformers_class_defaults() {
+        let mut v = base();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("rms_norm_eps");
+            o.remove("num_key_value_heads");
+            o.insert("num_attention_heads".into(), json!(32));
+            o.insert("hidden_size".into(), json!(128));
+        }
+        let c = ModelConfig::from_json(Path::new("c"), &v).ok();
+        let got = |c: Option<ModelConfig>| {
+            c.map(|c| (c.text.head_dim, c.text.num_kv_heads, c.text.rms_norm_eps))
+        };
+        // Qwen2: head_dim = hidden / heads
+        assert_eq!(got(c), Some((4, 32, 1e-6)));
+        v["architectures"] = json!(["Qwen3ForCausalLM"]);
+        let c = ModelConfig::from_json(Path::new("c"), &v).ok();
+        assert_eq!(got(c), Some((128, 32, 1e-6)));
+        v["head_dim"] = json!(8);
+        let c = ModelConfig::from_json(Path::new("c"), &v).ok();
+        assert_eq!(got(c), Some((8, 32, 1e-6)));
     }
 
     #[test]

@@ -53,6 +53,14 @@ impl<'a> Weights<'a> {
         self.shards.contains(&self.full_name(name))
     }
 
+    /// Whether the stored tensors `prefix + a` and `prefix + b` hold the same dtype, shape and
+    /// bytes (compared in the mapped files, nothing converted or copied).
+    pub fn stored_identical(&self, a: &str, b: &str) -> Result<bool, BackendError> {
+        let a = self.shards.get(&self.full_name(a))?;
+        let b = self.shards.get(&self.full_name(b))?;
+        Ok(a.dtype == b.dtype && a.shape == b.shape && a.data == b.data)
+    }
+
     /// Tensor `prefix + name` with exactly `shape`, in the compute dtype.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, BackendError> {
         self.get_as(name, shape, self.dtype)

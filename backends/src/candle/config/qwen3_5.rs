@@ -7,6 +7,8 @@
 //! `partial_rotary_factor` 0.25 when neither `rope_parameters` nor the text level carries one
 //! (HF's default), and, without `layer_types`, layer `i` is full attention iff
 //! `(i + 1) % full_attention_interval == 0` with the interval defaulting to 4.
+//! Missing `linear_*` keys take transformers' class defaults (16 / 32 key / value heads, head dims
+//! 128, kernel 4); every one of them is shape-checked against the stored tensors at load.
 //! Other architectures pass through untouched (`None`).
 
 use serde::Deserialize;
@@ -35,13 +37,32 @@ pub struct LinearAttentionConfig {
     pub conv_kernel_dim: usize,
 }
 
+/// Missing `linear_*` keys take transformers' `Qwen3_5TextConfig` defaults (5.24).
 #[derive(Deserialize)]
 struct RawLinear {
+    #[serde(default = "default_key_heads")]
     linear_num_key_heads: usize,
+    #[serde(default = "default_value_heads")]
     linear_num_value_heads: usize,
+    #[serde(default = "default_head_dim")]
     linear_key_head_dim: usize,
+    #[serde(default = "default_head_dim")]
     linear_value_head_dim: usize,
+    #[serde(default = "default_conv_kernel")]
     linear_conv_kernel_dim: usize,
+}
+
+fn default_key_heads() -> usize {
+    16
+}
+fn default_value_heads() -> usize {
+    32
+}
+fn default_head_dim() -> usize {
+    128
+}
+fn default_conv_kernel() -> usize {
+    4
 }
 
 fn has_partial_factor(text: &Value) -> bool {
@@ -157,6 +178,37 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn missing_keys_take_qwen3_5_class_defaults() -> Result<(), BackendError> {
+        let mut t = text();
+        t["architectures"] = json!(["Qwen3_5ForCausalLM"]);
+        let o = t.as_object_mut().ok_or_else(|| invalid_err("object"))?;
+        for k in [
+            "head_dim",
+            "num_key_value_heads",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        ] {
+            o.remove(k);
+        }
+        let c = ModelConfig::from_json(Path::new("c"), &t)?;
+        assert_eq!((c.text.head_dim, c.text.num_kv_heads), (256, 4));
+        assert_eq!(
+            c.linear_attention,
+            Some(LinearAttentionConfig {
+                num_key_heads: 16,
+                num_value_heads: 32,
+                key_head_dim: 128,
+                value_head_dim: 128,
+                conv_kernel_dim: 4,
+            })
+        );
+        Ok(())
+    }
+
     fn invalid_err(s: &str) -> BackendError {
         BackendError::InvalidRequest { reason: s.into() }
     }
@@ -185,18 +237,5 @@ mod tests {
             ]
         );
         Ok(())
-    }
-
-    #[test]
-    fn missing_linear_fields_are_rejected() {
-        let mut t = text();
-        t["model_type"] = json!("qwen3_5_text");
-        if let Some(o) = t.as_object_mut() {
-            o.remove("linear_conv_kernel_dim");
-        }
-        let err = ModelConfig::from_json(Path::new("c"), &t)
-            .err()
-            .map(|e| e.to_string());
-        assert!(err.unwrap_or_default().contains("linear_conv_kernel_dim"));
     }
 }

@@ -129,24 +129,30 @@ impl Backbone {
     }
 }
 
-/// The output head: `lm_head.weight` (root name, no prefix) unless the embeddings are tied.
-/// Tied when `tie_word_embeddings` says so; when the flag is absent, when no `lm_head.weight`
-/// is stored.
+/// The output head, tied to the embedding (stored as `embed_name`, a root-level name) exactly
+/// when transformers ties it:
+/// - `tie_word_embeddings: false`: `lm_head.weight` (root name, no prefix), which must exist;
+/// - flag true or absent, no `lm_head.weight` stored: tied;
+/// - flag true or absent, `lm_head.weight` stored (save_pretrained writes it when the module
+///   held its own parameter, e.g. after a torch `.bin` conversion): tied when its bytes equal
+///   the embedding's, else the stored head is used. transformers does the same (it warns and
+///   does not tie differing tensors), so the config flag alone must not discard a stored head.
 pub(crate) fn output_head(
     cfg: &ModelConfig,
     root: &Weights<'_>,
     embed: &Tensor,
+    embed_name: &str,
 ) -> Result<CandidateHead, BackendError> {
-    let tied = cfg
-        .tie_word_embeddings
-        .unwrap_or_else(|| !root.contains("lm_head.weight"));
+    const HEAD: &str = "lm_head.weight";
+    let tied = match (cfg.tie_word_embeddings, root.contains(HEAD)) {
+        (Some(false), _) => false,
+        (_, false) => true,
+        (_, true) => root.stored_identical(HEAD, embed_name)?,
+    };
     if tied {
         return Ok(CandidateHead::new(embed.clone(), true));
     }
-    let w = root.get(
-        "lm_head.weight",
-        &[cfg.text.vocab_size, cfg.text.hidden_size],
-    )?;
+    let w = root.get(HEAD, &[cfg.text.vocab_size, cfg.text.hidden_size])?;
     Ok(CandidateHead::new(w, false))
 }
 
@@ -182,7 +188,7 @@ pub(crate) fn dense_backbone(
     }
     let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
     Ok(Backbone {
-        head: output_head(cfg, root, &embed)?,
+        head: output_head(cfg, root, &embed, &w.full_name("embed_tokens.weight"))?,
         embed,
         layers,
         final_norm: norm("norm.weight")?,

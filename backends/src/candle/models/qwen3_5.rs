@@ -221,7 +221,7 @@ pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, Ba
     }
     let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
     Ok(Backbone {
-        head: output_head(cfg, root, &embed)?,
+        head: output_head(cfg, root, &embed, &w.full_name("embed_tokens.weight"))?,
         embed,
         layers,
         final_norm: RmsNorm::offset(&w, "norm.weight", t.hidden_size, eps)?,
