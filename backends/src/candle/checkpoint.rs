@@ -108,7 +108,11 @@ impl ResolvedCheckpoint {
         if path.is_dir() {
             Self::from_folder(path, revision)
         } else {
-            Self::from_hf_cache(reference, revision, None)
+            Self::from_hf_cache(reference, revision, None).map_err(|e| BackendError::InvalidModelRef {
+                reason: format!(
+                    "`{reference}` is not a local checkpoint folder (no such directory), and as a Hugging Face id: {e}"
+                ),
+            })
         }
     }
 }
@@ -192,9 +196,12 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
         part(name, &header);
         part("size", &size.to_le_bytes());
     }
-    let tokenizer = dir.join("tokenizer.json");
-    if tokenizer.is_file() {
-        part("tokenizer.json", &read(tokenizer)?);
+    // The tokenizer and the chat template decide the prompt tokens, so they are part of it.
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        let file = dir.join(name);
+        if file.is_file() {
+            part(name, &read(file)?);
+        }
     }
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }

@@ -78,6 +78,12 @@ impl WeightFiles {
                     path: index.clone(),
                     reason: format!("not a safetensors index (needs a `weight_map` object): {e}"),
                 })?;
+            if parsed.weight_map.is_empty() {
+                return Err(BackendError::InvalidCheckpoint {
+                    path: index.clone(),
+                    reason: "`weight_map` is empty: the index names no tensor".into(),
+                });
+            }
             let mut files: Vec<&String> = parsed.weight_map.values().collect();
             files.sort();
             files.dedup();
