@@ -382,16 +382,24 @@ fn an_index_without_tensors_is_an_error_not_a_panic() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("m");
     write_hf_folder(&dir, &small(TinySpec::qwen25())).expect("write");
-    std::fs::write(dir.join("model.safetensors.index.json"), r#"{"weight_map": {}}"#).expect("index");
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        r#"{"weight_map": {}}"#,
+    )
+    .expect("index");
     let err = ResolvedCheckpoint::from_folder(&dir, "x").expect_err("empty index");
     assert!(err.to_string().contains("weight_map"), "{err}");
 }
 
 #[test]
 fn a_missing_folder_is_named_as_such() {
-    let err = ResolvedCheckpoint::resolve("target/no-such-demo-folder", "demo").expect_err("missing");
+    let err =
+        ResolvedCheckpoint::resolve("target/no-such-demo-folder", "demo").expect_err("missing");
     let msg = err.to_string();
-    assert!(msg.contains("not a local checkpoint folder") && msg.contains("no-such-demo-folder"), "{msg}");
+    assert!(
+        msg.contains("not a local checkpoint folder") && msg.contains("no-such-demo-folder"),
+        "{msg}"
+    );
 }
 
 #[test]

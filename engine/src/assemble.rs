@@ -97,8 +97,14 @@ pub fn argmax_first(values: &[f32]) -> usize {
 /// softmax(logits / t) in f64.
 pub fn softmax_scaled(logits: &[f32], t: f64) -> Vec<f64> {
     // Subtract the max before dividing: logits / t can overflow for a tiny t (inf - inf = NaN).
-    let max = logits.iter().map(|&l| f64::from(l)).fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = logits.iter().map(|&l| ((f64::from(l) - max) / t).exp()).collect();
+    let max = logits
+        .iter()
+        .map(|&l| f64::from(l))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((f64::from(l) - max) / t).exp())
+        .collect();
     let sum: f64 = exps.iter().sum();
     exps.into_iter().map(|e| e / sum).collect()
 }
@@ -190,6 +196,9 @@ mod tests {
         let big = softmax_scaled(&[1000.0, -1000.0], 1.0);
         assert_eq!(big, vec![1.0, 0.0]);
         // A tiny temperature is a hard argmax, never NaN.
-        assert_eq!(softmax_scaled(&[1.0, 3.0, 2.0], 1e-310), vec![0.0, 1.0, 0.0]);
+        assert_eq!(
+            softmax_scaled(&[1.0, 3.0, 2.0], 1e-310),
+            vec![0.0, 1.0, 0.0]
+        );
     }
 }

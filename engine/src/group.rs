@@ -153,7 +153,10 @@ impl MemoryModel {
         let fixed = self
             .fixed_state_bytes
             .saturating_mul(c.contexts.saturating_add(c.rows.saturating_mul(2)));
-        state.saturating_add(act).saturating_add(scores).saturating_add(fixed)
+        state
+            .saturating_add(act)
+            .saturating_add(scores)
+            .saturating_add(fixed)
     }
 }
 
@@ -404,8 +407,21 @@ mod tests {
             device: "cuda:0".into(),
         };
         let m = MemoryModel::from_facts(&facts);
-        let cost = GroupCost { contexts: 2, prefix_tokens: 200, longest_prefix: 100, rows: 56, longest_suffix: 4, estimated_bytes: 0 };
-        let without = MemoryModel { fixed_state_bytes: 0, ..m };
-        assert_eq!(m.group_bytes(&cost) - without.group_bytes(&cost), per_seq * (2 + 2 * 56));
+        let cost = GroupCost {
+            contexts: 2,
+            prefix_tokens: 200,
+            longest_prefix: 100,
+            rows: 56,
+            longest_suffix: 4,
+            estimated_bytes: 0,
+        };
+        let without = MemoryModel {
+            fixed_state_bytes: 0,
+            ..m
+        };
+        assert_eq!(
+            m.group_bytes(&cost) - without.group_bytes(&cost),
+            per_seq * (2 + 2 * 56)
+        );
     }
 }

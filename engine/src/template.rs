@@ -167,8 +167,14 @@ impl ChatTemplate {
         let mut ctx = kwargs.clone();
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        ctx.insert("bos_token".into(), self.bos_token.clone().unwrap_or_default().into());
-        ctx.insert("eos_token".into(), self.eos_token.clone().unwrap_or_default().into());
+        ctx.insert(
+            "bos_token".into(),
+            self.bos_token.clone().unwrap_or_default().into(),
+        );
+        ctx.insert(
+            "eos_token".into(),
+            self.eos_token.clone().unwrap_or_default().into(),
+        );
         tmpl.render(JinjaValue::from_serialize(&ctx))
             .map_err(|e| self.render_err(e))
     }

@@ -49,7 +49,10 @@ impl ChatTokenizer {
             .collect();
         added.sort();
         let probe = tokenizer
-            .encode_fast("field_name: A B C D E F G H I J K L M N O P Q R S T U V W X Y Z\n", false)
+            .encode_fast(
+                "field_name: A B C D E F G H I J K L M N O P Q R S T U V W X Y Z\n",
+                false,
+            )
             .map(|e| e.get_ids().to_vec())
             .unwrap_or_default();
         let identity = {

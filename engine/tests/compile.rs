@@ -127,10 +127,20 @@ fn rows_compiled_for_another_tokenizer_are_refused() {
     let qwen35 = support::fake_engine(Family::Qwen35);
     let compiled = qwen25.compile(&schema).unwrap();
     assert!(matches!(
-        qwen35.score("context", &compiled, &forkscore_engine::ScoreOptions::default()),
+        qwen35.score(
+            "context",
+            &compiled,
+            &forkscore_engine::ScoreOptions::default()
+        ),
         Err(EngineError::ForeignSchema)
     ));
     // The same tokenizer loaded twice is the same identity.
     let again = support::fake_engine_with(Family::Qwen25, CheckpointIdentity::default(), 9);
-    assert!(again.score("context", &compiled, &forkscore_engine::ScoreOptions::default()).is_ok());
+    assert!(again
+        .score(
+            "context",
+            &compiled,
+            &forkscore_engine::ScoreOptions::default()
+        )
+        .is_ok());
 }

@@ -160,7 +160,10 @@ fn facts_report_the_fixed_linear_attention_state() {
     for (name, engine) in engines() {
         let fixed = engine.backend().facts().fixed_state_bytes;
         let state = engine.backend().prefill(&[1, 2, 3, 4, 5]).unwrap();
-        let state2 = engine.backend().prefill(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
+        let state2 = engine
+            .backend()
+            .prefill(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+            .unwrap();
         // nbytes grows linearly with the prefix (attention K/V) on top of the fixed part.
         let per_token = (state2.nbytes() - state.nbytes()) / 5;
         assert_eq!(state.nbytes() - 5 * per_token, fixed, "{name}");

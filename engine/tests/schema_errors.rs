@@ -166,9 +166,19 @@ fn malformed_schemas_are_rejected_with_their_path_and_rule() {
             "a.choice_descriptions.yes",
             |k| matches!(k, K::ChoiceDescriptionUnknown { .. }),
         ),
-        (r#"{"a": {"type": "object", "properties": {}}}"#, "a.type", |k| matches!(k, K::NestedObject)),
-        (r#"{"a": {"type": "array", "items": {}}}"#, "a.type", |k| matches!(k, K::Array)),
-        (r#"{"a": {"type": "number", "minimum": 0}}"#, "a.type", |k| matches!(k, K::Number { .. })),
+        (
+            r#"{"a": {"type": "object", "properties": {}}}"#,
+            "a.type",
+            |k| matches!(k, K::NestedObject),
+        ),
+        (r#"{"a": {"type": "array", "items": {}}}"#, "a.type", |k| {
+            matches!(k, K::Array)
+        }),
+        (
+            r#"{"a": {"type": "number", "minimum": 0}}"#,
+            "a.type",
+            |k| matches!(k, K::Number { .. }),
+        ),
         // Field names.
         (r#"{"": {"type": "boolean"}}"#, "", |k| {
             matches!(k, K::InvalidFieldName { .. })
@@ -293,9 +303,11 @@ fn malformed_schemas_are_rejected_with_their_path_and_rule() {
 
 #[test]
 fn a_flat_field_named_properties_or_type_is_a_field() {
-    let s = Schema::from_json_str(r#"{"properties": {"type": "enum", "choices": ["a", "b"]}}"#).unwrap();
+    let s = Schema::from_json_str(r#"{"properties": {"type": "enum", "choices": ["a", "b"]}}"#)
+        .unwrap();
     assert_eq!(s.fields()[0].name, "properties");
-    let s = Schema::from_json_str(r#"{"type": {"type": "boolean"}, "x": {"type": "boolean"}}"#).unwrap();
+    let s = Schema::from_json_str(r#"{"type": {"type": "boolean"}, "x": {"type": "boolean"}}"#)
+        .unwrap();
     assert_eq!(s.fields()[0].name, "type");
     // A JSON Schema whose only property is named `type` is still a JSON Schema.
     let s = Schema::from_json_str(r#"{"properties": {"type": {"enum": ["a"]}}}"#).unwrap();

@@ -16,7 +16,8 @@ fn fixture_templates_render_exactly_like_transformers() {
         ("qwen35_text.json", Family::Qwen35),
     ] {
         let reference: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(format!("{root}/{file}")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(format!("{root}/{file}")).unwrap())
+                .unwrap();
         let template = ChatTemplate::new(
             family.chat_template().to_string(),
             TemplateOrigin::ChatTemplateFile,
@@ -27,7 +28,12 @@ fn fixture_templates_render_exactly_like_transformers() {
         for p in reference["prompts"].as_array().unwrap() {
             let kwargs = p["template_kwargs"].as_object().unwrap();
             let got = template.render_with(&p["messages"], true, kwargs).unwrap();
-            assert_eq!(got, p["rendered"].as_str().unwrap(), "{file} prompt {}", p["name"]);
+            assert_eq!(
+                got,
+                p["rendered"].as_str().unwrap(),
+                "{file} prompt {}",
+                p["name"]
+            );
             checked += 1;
         }
     }

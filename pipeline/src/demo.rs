@@ -43,8 +43,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         );
     }
     let written = match args.arch {
-        DemoArch::Qwen25 => write_hf_folder(&args.dir, &TinySpec::qwen25()).map_err(anyhow::Error::from),
-        DemoArch::Qwen3 => write_hf_folder(&args.dir, &TinySpec::qwen3()).map_err(anyhow::Error::from),
+        DemoArch::Qwen25 => {
+            write_hf_folder(&args.dir, &TinySpec::qwen25()).map_err(anyhow::Error::from)
+        }
+        DemoArch::Qwen3 => {
+            write_hf_folder(&args.dir, &TinySpec::qwen3()).map_err(anyhow::Error::from)
+        }
         DemoArch::Qwen35 => TinyQwen35::new(35, Qwen35Layout::Multimodal)
             .write(&args.dir)
             .map(|_| ())

@@ -58,7 +58,10 @@ impl ContextArgs {
                 Some(text)
             }
             (None, Some(path)) => Some(std::fs::read_to_string(path).with_context(|| {
-                format!("cannot read context file {} (it must be UTF-8 text)", path.display())
+                format!(
+                    "cannot read context file {} (it must be UTF-8 text)",
+                    path.display()
+                )
             })?),
             (None, None) => None,
         })

@@ -4,7 +4,10 @@
 //! --fail-fast, shared mode.
 
 use forkscore_engine::template::TemplateOrigin;
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, GroupBudget, Schema, ScoreOptions};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, GroupBudget, Schema,
+    ScoreOptions,
+};
 use forkscore_pipeline::batch::resume::OutputPolicy;
 use forkscore_pipeline::batch::{run_job, BatchMode, Job};
 use forkscore_pipeline::provenance::ModelProvenance;
@@ -19,10 +22,21 @@ fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
     E.get_or_init(|| {
         let f = Family::Qwen25;
         let json = f.tokenizer_json().expect("tokenizer fixture");
-        let tok = ChatTokenizer::from_parts(&json, Some(f.tokenizer_config_json()), None, "qwen2", Path::new("fixtures"))
-            .expect("tokenizer");
-        let engine =
-            Engine::new(FakeBackend::new(5), tok, CheckpointIdentity::default(), CalibrationRegistry::built_in()).unwrap();
+        let tok = ChatTokenizer::from_parts(
+            &json,
+            Some(f.tokenizer_config_json()),
+            None,
+            "qwen2",
+            Path::new("fixtures"),
+        )
+        .expect("tokenizer");
+        let engine = Engine::new(
+            FakeBackend::new(5),
+            tok,
+            CheckpointIdentity::default(),
+            CalibrationRegistry::built_in(),
+        )
+        .unwrap();
         let chat_template: TemplateOrigin = engine.tokenizer().template().origin().clone();
         let prov = ModelProvenance {
             forkscore_version: "test",
@@ -63,14 +77,20 @@ fn job(input: &Path, output: &Path, mode: BatchMode) -> Job {
 }
 
 fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// What must not depend on batching: id, line, values, probabilities and logits, or the error.
 fn essence(r: &Value) -> Value {
     match r.get("error") {
         Some(e) => json!({"id": r["id"], "line": r["line"], "error": e["kind"]}),
-        None => json!({"id": r["id"], "line": r["line"], "output": r["output"], "fields": r["fields"], "schema_hash": r["provenance"]["schema_hash"]}),
+        None => {
+            json!({"id": r["id"], "line": r["line"], "output": r["output"], "fields": r["fields"], "schema_hash": r["provenance"]["schema_hash"]})
+        }
     }
 }
 
@@ -84,7 +104,12 @@ fn compact(r: &Value) -> Value {
         .unwrap()
         .iter()
         .map(|(k, f)| {
-            let s: Vec<String> = f["scores"].as_object().unwrap().values().map(|p| format!("{:.6}", p.as_f64().unwrap())).collect();
+            let s: Vec<String> = f["scores"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|p| format!("{:.6}", p.as_f64().unwrap()))
+                .collect();
             (k.clone(), Value::String(s.join(" ")))
         })
         .collect();
@@ -119,15 +144,36 @@ fn the_example_file_end_to_end() {
     let out = dir.path().join("out.jsonl");
     let summary = run(&job(&input, &out, BatchMode::Grouped));
     let recs = records(&out);
-    let nonblank = std::fs::read(&input).unwrap().split(|&b| b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).count();
+    let nonblank = std::fs::read(&input)
+        .unwrap()
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .count();
     assert_eq!(recs.len(), nonblank);
     assert_eq!(summary.written.lines as usize, nonblank);
     let lines: Vec<u64> = recs.iter().map(|r| r["line"].as_u64().unwrap()).collect();
     assert!(lines.windows(2).all(|w| w[0] < w[1]));
     for r in &recs {
         let p = &r["provenance"];
-        for key in ["forkscore_version", "forkscore_commit", "model_id", "revision", "fingerprint", "dtype", "device", "mode", "batch_mode", "temperature", "temperature_source", "schema_hash"] {
-            assert!(p.get(key).is_some(), "line {} provenance lacks {key}", r["line"]);
+        for key in [
+            "forkscore_version",
+            "forkscore_commit",
+            "model_id",
+            "revision",
+            "fingerprint",
+            "dtype",
+            "device",
+            "mode",
+            "batch_mode",
+            "temperature",
+            "temperature_source",
+            "schema_hash",
+        ] {
+            assert!(
+                p.get(key).is_some(),
+                "line {} provenance lacks {key}",
+                r["line"]
+            );
         }
     }
     let view: Vec<Value> = recs.iter().map(compact).collect();
@@ -135,7 +181,11 @@ fn the_example_file_end_to_end() {
     let mut first = recs[0].clone();
     redact(&mut first);
     insta::assert_json_snapshot!("decisions_grouped_first_record", first);
-    let mut err = recs.iter().find(|r| r["id"] == "inc-001" && r.get("error").is_some()).unwrap().clone();
+    let mut err = recs
+        .iter()
+        .find(|r| r["id"] == "inc-001" && r.get("error").is_some())
+        .unwrap()
+        .clone();
     redact(&mut err);
     insta::assert_json_snapshot!("decisions_duplicate_id_record", err);
 }
@@ -150,17 +200,41 @@ fn batch_modes_and_budgets_give_the_same_results() {
     let cases: Vec<(&str, BatchMode, GroupBudget, usize)> = vec![
         ("direct", BatchMode::Direct, GroupBudget::default(), 8),
         ("serial", BatchMode::Serial, GroupBudget::default(), 8),
-        ("rows3", BatchMode::Grouped, GroupBudget { max_rows: 3, ..GroupBudget::default() }, 8),
-        ("tokens", BatchMode::Grouped, GroupBudget { max_prefix_tokens: 400, ..GroupBudget::default() }, 3),
+        (
+            "rows3",
+            BatchMode::Grouped,
+            GroupBudget {
+                max_rows: 3,
+                ..GroupBudget::default()
+            },
+            8,
+        ),
+        (
+            "tokens",
+            BatchMode::Grouped,
+            GroupBudget {
+                max_prefix_tokens: 400,
+                ..GroupBudget::default()
+            },
+            3,
+        ),
         ("window1", BatchMode::Grouped, GroupBudget::default(), 1),
     ];
     for (name, mode, budget, window) in cases {
         let out = dir.path().join(format!("{name}.jsonl"));
-        run(&Job { budget, window, ..job(&input, &out, mode) });
+        run(&Job {
+            budget,
+            window,
+            ..job(&input, &out, mode)
+        });
         let got = records(&out);
         assert_eq!(got.iter().map(essence).collect::<Vec<_>>(), want, "{name}");
         if mode == BatchMode::Serial {
-            let reused: Vec<&Value> = got.iter().filter(|r| r.get("reused_from_line").is_some()).map(|r| &r["id"]).collect();
+            let reused: Vec<&Value> = got
+                .iter()
+                .filter(|r| r.get("reused_from_line").is_some())
+                .map(|r| &r["id"])
+                .collect();
             assert_eq!(reused, [&json!("rep-002")]);
         }
     }
@@ -183,8 +257,15 @@ fn resume_after_a_cut_anywhere_gives_the_uninterrupted_output() {
                 kept.push_str(&lines[k][..lines[k].len() / 2]);
             }
             std::fs::write(&out, kept).unwrap();
-            let s = run(&Job { policy: OutputPolicy::Resume, ..job(&input, &out, BatchMode::Grouped) });
-            assert_eq!(s.written.lines as usize, lines.len() - k, "cut {k} torn {torn}");
+            let s = run(&Job {
+                policy: OutputPolicy::Resume,
+                ..job(&input, &out, BatchMode::Grouped)
+            });
+            assert_eq!(
+                s.written.lines as usize,
+                lines.len() - k,
+                "cut {k} torn {torn}"
+            );
             let got: Vec<Value> = records(&out).iter().map(essence).collect();
             assert_eq!(got, want, "cut {k} torn {torn}");
         }
@@ -201,11 +282,22 @@ fn outputs_are_protected_and_resume_checks_the_input() {
     let err = run_job(e, p, &job(&input, &out, BatchMode::Grouped)).unwrap_err();
     assert!(err.to_string().contains("--resume"), "{err}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "precious\n");
-    run(&Job { policy: OutputPolicy::Force, ..job(&input, &out, BatchMode::Grouped) });
+    run(&Job {
+        policy: OutputPolicy::Force,
+        ..job(&input, &out, BatchMode::Grouped)
+    });
     assert_eq!(records(&out).len(), 35);
     // an output whose last record names another id than the input's line
     std::fs::write(&out, "{\"id\":\"someone-else\",\"line\":1}\n").unwrap();
-    let err = run_job(e, p, &Job { policy: OutputPolicy::Resume, ..job(&input, &out, BatchMode::Grouped) }).unwrap_err();
+    let err = run_job(
+        e,
+        p,
+        &Job {
+            policy: OutputPolicy::Resume,
+            ..job(&input, &out, BatchMode::Grouped)
+        },
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("another input"), "{err}");
 }
 
@@ -214,11 +306,16 @@ fn fail_fast_stops_after_the_first_error_record() {
     let dir = tempfile::tempdir().unwrap();
     let input = examples().join("decisions.jsonl");
     let out = dir.path().join("out.jsonl");
-    let s = run(&Job { fail_fast: true, ..job(&input, &out, BatchMode::Grouped) });
+    let s = run(&Job {
+        fail_fast: true,
+        ..job(&input, &out, BatchMode::Grouped)
+    });
     assert!(s.stopped_at_error);
     let recs = records(&out);
     assert_eq!(recs.last().unwrap()["error"]["kind"], "invalid_json");
-    assert!(recs[..recs.len() - 1].iter().all(|r| r.get("error").is_none()));
+    assert!(recs[..recs.len() - 1]
+        .iter()
+        .all(|r| r.get("error").is_none()));
     assert_eq!(recs.len(), 23);
 }
 
@@ -240,7 +337,11 @@ fn shared_mode_scores_each_line_schema_against_one_context() {
     .unwrap();
     let out = dir.path().join("out.jsonl");
     let context = "Order #5531 arrived broken; I want my money back.";
-    run(&Job { shared_context: Some(context.into()), default_schema: None, ..job(&input, &out, BatchMode::Shared) });
+    run(&Job {
+        shared_context: Some(context.into()),
+        default_schema: None,
+        ..job(&input, &out, BatchMode::Shared)
+    });
     let recs = records(&out);
     assert_eq!(recs.len(), 5);
     assert_eq!(recs[2]["reused_from_line"], 1);
@@ -251,7 +352,9 @@ fn shared_mode_scores_each_line_schema_against_one_context() {
         forkscore_pipeline::batch::records::question_schema("Is the customer angry?"),
     ]) {
         let compiled = e.compile(&Schema::from_value(&schema).unwrap()).unwrap();
-        let d = e.score(context, &compiled, &ScoreOptions::default()).unwrap();
+        let d = e
+            .score(context, &compiled, &ScoreOptions::default())
+            .unwrap();
         assert_eq!(r["output"], serde_json::to_value(&d.output).unwrap());
     }
 }
@@ -266,7 +369,12 @@ mod generated {
     }
 
     fn render(lines: &[(u8, u8)]) -> Vec<u8> {
-        let contexts = ["The payment service is down.", "short", "数据库宕机了。", "A refund for order 12 please."];
+        let contexts = [
+            "The payment service is down.",
+            "short",
+            "数据库宕机了。",
+            "A refund for order 12 please.",
+        ];
         let mut out = Vec::new();
         for (i, &(kind, c)) in lines.iter().enumerate() {
             let ctx = contexts[c as usize];
@@ -343,8 +451,11 @@ fn a_byte_order_mark_is_not_part_of_the_first_line() {
     let out = dir.path().join("out.jsonl");
     let (engine, prov) = engine();
     run_job(engine, prov, &job(&input, &out, BatchMode::Grouped)).unwrap();
-    let lines: Vec<Value> =
-        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2);
     assert!(lines.iter().all(|l| l.get("error").is_none()), "{lines:?}");
     assert_eq!(lines[0]["id"], "a");
@@ -361,5 +472,9 @@ fn the_output_may_not_be_the_input() {
     j.policy = OutputPolicy::Force;
     let err = run_job(engine, prov, &j).unwrap_err();
     assert!(err.to_string().contains("is the input file"), "{err}");
-    assert_eq!(std::fs::read_to_string(&input).unwrap(), text, "the input is untouched");
+    assert_eq!(
+        std::fs::read_to_string(&input).unwrap(),
+        text,
+        "the input is untouched"
+    );
 }

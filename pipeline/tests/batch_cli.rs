@@ -28,13 +28,27 @@ fn forkscore(model: &Path, input: &Path, output: &Path, extra: &[&str]) -> Comma
 }
 
 fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn probabilities(r: &Value) -> Vec<f32> {
     r["fields"]
         .as_object()
-        .map(|f| f.values().flat_map(|f| f["scores"].as_object().unwrap().values().map(|p| p.as_f64().unwrap() as f32)).collect())
+        .map(|f| {
+            f.values()
+                .flat_map(|f| {
+                    f["scores"]
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .map(|p| p.as_f64().unwrap() as f32)
+                })
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -45,8 +59,16 @@ fn assert_same_results(got: &[Value], want: &[Value], tol: Tolerance, what: &str
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g["line"], w["line"], "{what}");
         assert_eq!(g["output"], w["output"], "{what}: line {}", w["line"]);
-        assert_eq!(g["error"]["kind"], w["error"]["kind"], "{what}: line {}", w["line"]);
-        tol.assert_close(&format!("{what}: line {}", w["line"]), &probabilities(g), &probabilities(w));
+        assert_eq!(
+            g["error"]["kind"], w["error"]["kind"],
+            "{what}: line {}",
+            w["line"]
+        );
+        tol.assert_close(
+            &format!("{what}: line {}", w["line"]),
+            &probabilities(g),
+            &probabilities(w),
+        );
     }
 }
 
@@ -58,41 +80,96 @@ fn the_binary_scores_the_example_file_on_a_tiny_model() {
     let schema = schema.to_str().unwrap();
     let input = examples().join("decisions.jsonl");
     let grouped = dir.path().join("grouped.jsonl");
-    let out = forkscore(&model, &input, &grouped, &["--schema-file", schema]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = forkscore(&model, &input, &grouped, &["--schema-file", schema])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let recs = records(&grouped);
     assert_eq!(recs.len(), 35);
     assert_eq!(recs.iter().filter(|r| r.get("error").is_some()).count(), 12);
     let p = &recs[0]["provenance"];
     assert_eq!(p["revision"], "tiny-test");
     assert_eq!(p["architecture"], "Qwen2ForCausalLM");
-    assert_eq!((p["dtype"].as_str(), p["device"].as_str(), p["batch_mode"].as_str()), (Some("f32"), Some("cpu"), Some("grouped")));
-    assert!(p["fingerprint"].as_str().is_some_and(|f| !f.is_empty()) && p["schema_hash"].is_string());
+    assert_eq!(
+        (
+            p["dtype"].as_str(),
+            p["device"].as_str(),
+            p["batch_mode"].as_str()
+        ),
+        (Some("f32"), Some("cpu"), Some("grouped"))
+    );
+    assert!(
+        p["fingerprint"].as_str().is_some_and(|f| !f.is_empty()) && p["schema_hash"].is_string()
+    );
     assert!(recs[0]["telemetry"]["group"]["size"].as_u64().unwrap() > 1);
 
     // a second run refuses to overwrite; --force does
-    let again = forkscore(&model, &input, &grouped, &["--schema-file", schema]).output().unwrap();
+    let again = forkscore(&model, &input, &grouped, &["--schema-file", schema])
+        .output()
+        .unwrap();
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--resume"));
 
     let direct = dir.path().join("direct.jsonl");
-    let out = forkscore(&model, &input, &direct, &["--schema-file", schema, "--batch-mode", "direct"]).output().unwrap();
+    let out = forkscore(
+        &model,
+        &input,
+        &direct,
+        &["--schema-file", schema, "--batch-mode", "direct"],
+    )
+    .output()
+    .unwrap();
     assert!(out.status.success());
-    assert_same_results(&records(&direct), &recs, Tolerance::CPU_F32_STRICT, "direct vs grouped");
+    assert_same_results(
+        &records(&direct),
+        &recs,
+        Tolerance::CPU_F32_STRICT,
+        "direct vs grouped",
+    );
 
     // not a terminal: no progress bar on stderr, only the one-line summary
     let loud = dir.path().join("loud.jsonl");
-    let c = forkscore(&model, &input, &loud, &["--schema-file", schema, "--window", "4"]);
-    let args: Vec<_> = c.get_args().filter(|a| *a != "--quiet").map(|a| a.to_os_string()).collect();
-    let out = Command::new(c.get_program()).args(args).stderr(Stdio::piped()).output().unwrap();
+    let c = forkscore(
+        &model,
+        &input,
+        &loud,
+        &["--schema-file", schema, "--window", "4"],
+    );
+    let args: Vec<_> = c
+        .get_args()
+        .filter(|a| *a != "--quiet")
+        .map(|a| a.to_os_string())
+        .collect();
+    let out = Command::new(c.get_program())
+        .args(args)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && !stderr.contains("ETA") && !stderr.contains('\r'), "{stderr}");
+    assert!(
+        out.status.success() && !stderr.contains("ETA") && !stderr.contains('\r'),
+        "{stderr}"
+    );
     assert!(stderr.contains("35 lines written (12 errors)"), "{stderr}");
 
     // --fail-fast exits non-zero after writing the first error record
     let ff = dir.path().join("ff.jsonl");
-    let out = forkscore(&model, &input, &ff, &["--schema-file", schema, "--fail-fast"]).output().unwrap();
+    let out = forkscore(
+        &model,
+        &input,
+        &ff,
+        &["--schema-file", schema, "--fail-fast"],
+    )
+    .output()
+    .unwrap();
     assert!(!out.status.success());
-    assert_eq!(records(&ff).last().unwrap()["error"]["kind"], "invalid_json");
+    assert_eq!(
+        records(&ff).last().unwrap()["error"]["kind"],
+        "invalid_json"
+    );
 }
 
 /// An input of `n` distinct decisions over two schemas, with a bad line every 17.
@@ -104,8 +181,16 @@ fn big_input(dir: &Path, n: usize) -> PathBuf {
             text.push_str(&format!("{{\"id\": \"bad-{i}\", \"context\": \n"));
             continue;
         }
-        let schema = if i % 3 == 0 { "code_security.json" } else { "fintech_fraud.json" };
-        let context = format!("Case {i}: {} Amount ${}.", "details ".repeat(i % 7 + 1), i * 37);
+        let schema = if i % 3 == 0 {
+            "code_security.json"
+        } else {
+            "fintech_fraud.json"
+        };
+        let context = format!(
+            "Case {i}: {} Amount ${}.",
+            "details ".repeat(i % 7 + 1),
+            i * 37
+        );
         let line = serde_json::json!({"id": format!("case-{i}"), "context": context, "schema_file": examples().join(schema)});
         text.push_str(&format!("{line}\n"));
     }
@@ -123,7 +208,11 @@ fn a_killed_job_resumes_without_duplicates_or_gaps() {
     let full = dir.path().join("full.jsonl");
     let t = Instant::now();
     let out = forkscore(&model, &input, &full, &budget).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let uninterrupted = t.elapsed();
     let want = records(&full);
     assert_eq!(want.len(), n);
@@ -135,16 +224,30 @@ fn a_killed_job_resumes_without_duplicates_or_gaps() {
         let reference = if mode == "direct" {
             let p = dir.path().join("full-direct.jsonl");
             if !p.exists() {
-                assert!(forkscore(&model, &input, &p, &[&budget[..], &mode_args[..]].concat()).status().unwrap().success());
+                assert!(
+                    forkscore(&model, &input, &p, &[&budget[..], &mode_args[..]].concat())
+                        .status()
+                        .unwrap()
+                        .success()
+                );
             }
             records(&p)
         } else {
             want.clone()
         };
-        let mut child = forkscore(&model, &input, &out_path, &[&budget[..], &mode_args[..]].concat()).spawn().unwrap();
+        let mut child = forkscore(
+            &model,
+            &input,
+            &out_path,
+            &[&budget[..], &mode_args[..]].concat(),
+        )
+        .spawn()
+        .unwrap();
         let deadline = Instant::now() + uninterrupted * 20 + Duration::from_secs(30);
         loop {
-            let lines = std::fs::read(&out_path).map(|b| b.iter().filter(|&&c| c == b'\n').count()).unwrap_or(0);
+            let lines = std::fs::read(&out_path)
+                .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+                .unwrap_or(0);
             if lines >= k || Instant::now() > deadline || child.try_wait().unwrap().is_some() {
                 break;
             }
@@ -152,27 +255,63 @@ fn a_killed_job_resumes_without_duplicates_or_gaps() {
         }
         child.kill().ok(); // SIGKILL
         child.wait().unwrap();
-        let at_kill = std::fs::read_to_string(&out_path).unwrap_or_default().lines().count();
+        let at_kill = std::fs::read_to_string(&out_path)
+            .unwrap_or_default()
+            .lines()
+            .count();
         if at_kill < n {
             killed_mid_run += 1;
         }
-        let resumed = forkscore(&model, &input, &out_path, &[&budget[..], &mode_args[..], &["--resume"][..]].concat()).output().unwrap();
-        assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+        let resumed = forkscore(
+            &model,
+            &input,
+            &out_path,
+            &[&budget[..], &mode_args[..], &["--resume"][..]].concat(),
+        )
+        .output()
+        .unwrap();
+        assert!(
+            resumed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&resumed.stderr)
+        );
         let got = records(&out_path);
         // every input line (bad lines have no id) exactly once, every id exactly once
         let mut lines: Vec<u64> = got.iter().map(|r| r["line"].as_u64().unwrap()).collect();
         lines.dedup();
-        assert_eq!(lines, (1..=n as u64).collect::<Vec<_>>(), "kill at {k}: every line exactly once");
-        let mut ids: Vec<String> = got.iter().filter(|r| !r["id"].is_null()).map(|r| r["id"].to_string()).collect();
+        assert_eq!(
+            lines,
+            (1..=n as u64).collect::<Vec<_>>(),
+            "kill at {k}: every line exactly once"
+        );
+        let mut ids: Vec<String> = got
+            .iter()
+            .filter(|r| !r["id"].is_null())
+            .map(|r| r["id"].to_string())
+            .collect();
         let with_id = ids.len();
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), with_id, "kill at {k}: an id written twice");
         // direct mode recomputes each line alone: bit-identical. Grouped mode may pair
         // contexts differently after the resume point: slot-merged vs alone tolerance.
-        let tol = if mode == "direct" { Tolerance::EXACT } else { Tolerance::CPU_F32_STRICT };
-        assert_same_results(&got, &reference, tol, &format!("kill at {k} ({at_kill} lines written)"));
-        eprintln!("killed at {at_kill}/{n} lines ({mode}); resumed output equals the uninterrupted run");
+        let tol = if mode == "direct" {
+            Tolerance::EXACT
+        } else {
+            Tolerance::CPU_F32_STRICT
+        };
+        assert_same_results(
+            &got,
+            &reference,
+            tol,
+            &format!("kill at {k} ({at_kill} lines written)"),
+        );
+        eprintln!(
+            "killed at {at_kill}/{n} lines ({mode}); resumed output equals the uninterrupted run"
+        );
     }
-    assert!(killed_mid_run >= 2, "the job finished before most kills ({uninterrupted:?} uninterrupted)");
+    assert!(
+        killed_mid_run >= 2,
+        "the job finished before most kills ({uninterrupted:?} uninterrupted)"
+    );
 }

@@ -89,14 +89,33 @@ fn demo_model_then_score_runs_end_to_end() {
     assert_eq!(v["telemetry"]["prefill_calls"], 1);
     // The Qwen3.5 hybrid demo (multimodal layout with vision and mtp tensors) scores too.
     let d35 = tmp.path().join("demo35");
-    let out = forkscore(&["demo-model", d35.to_str().unwrap(), "--arch", "qwen3.5"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = forkscore(
+        &["demo-model", d35.to_str().unwrap(), "--arch", "qwen3.5"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v35 = ok_json(&forkscore(
-        &["score", "--model", d35.to_str().unwrap(), "--revision", "demo", "--schema-file", &example("support_triage.json"),
-          "--context", CONTEXT],
+        &[
+            "score",
+            "--model",
+            d35.to_str().unwrap(),
+            "--revision",
+            "demo",
+            "--schema-file",
+            &example("support_triage.json"),
+            "--context",
+            CONTEXT,
+        ],
         &[],
     ));
-    assert_eq!(v35["provenance"]["architecture"], "Qwen3_5ForConditionalGeneration");
+    assert_eq!(
+        v35["provenance"]["architecture"],
+        "Qwen3_5ForConditionalGeneration"
+    );
     assert_eq!(v35["output"].as_object().unwrap().len(), 28);
     // Not a demo folder: refused.
     let other = tmp.path().join("other");

@@ -3,7 +3,9 @@
 use forkscore_backends::candle::{CandleBackend, LoadOptions, ResolvedCheckpoint};
 use forkscore_backends::Backend;
 use forkscore_engine::group::GroupBudget;
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema, ScoreOptions};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema, ScoreOptions,
+};
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 
 #[test]
@@ -17,15 +19,30 @@ fn readme_library_example_runs() -> anyhow::Result<()> {
         revision: Some(ckpt.revision.clone()),
         adapter_sha256: None,
     };
-    let engine = Engine::new(backend, tokenizer, identity, CalibrationRegistry::built_in())?;
-    let path = format!("{}/../fixtures/examples/parallel_schema.json", env!("CARGO_MANIFEST_DIR"));
+    let engine = Engine::new(
+        backend,
+        tokenizer,
+        identity,
+        CalibrationRegistry::built_in(),
+    )?;
+    let path = format!(
+        "{}/../fixtures/examples/parallel_schema.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let schema = Schema::from_json_str(&std::fs::read_to_string(path)?)?;
     let compiled = engine.compile(&schema)?;
-    let decision =
-        engine.score("The payment service is down for all customers.", &compiled, &ScoreOptions::default())?;
+    let decision = engine.score(
+        "The payment service is down for all customers.",
+        &compiled,
+        &ScoreOptions::default(),
+    )?;
     assert_eq!(decision.output.len(), 3);
-    let results =
-        engine.decide_many(&["ctx one", "ctx two"], &compiled, &ScoreOptions::default(), &GroupBudget::default());
+    let results = engine.decide_many(
+        &["ctx one", "ctx two"],
+        &compiled,
+        &ScoreOptions::default(),
+        &GroupBudget::default(),
+    );
     assert_eq!(results.len(), 2);
     assert!(results.iter().all(Result::is_ok));
     Ok(())

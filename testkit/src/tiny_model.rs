@@ -155,10 +155,10 @@ impl TinySpec {
         {
             return bad("sizes must be positive");
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad("heads must be a multiple of kv_heads");
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim must be even");
         }
         if self.arch == TinyArch::Qwen25 && self.heads * self.head_dim != self.hidden {

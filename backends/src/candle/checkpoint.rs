@@ -197,7 +197,11 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
         part("size", &size.to_le_bytes());
     }
     // The tokenizer and the chat template decide the prompt tokens, so they are part of it.
-    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
         let file = dir.join(name);
         if file.is_file() {
             part(name, &read(file)?);

@@ -345,7 +345,7 @@ fn validate_text(
         .num_key_value_heads
         .unwrap_or(defaults.num_key_value_heads);
     let rms_norm_eps = raw.rms_norm_eps.unwrap_or(defaults.rms_norm_eps);
-    if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+    if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
         return Err(invalid(format!(
             "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
             raw.num_attention_heads
@@ -353,7 +353,7 @@ fn validate_text(
     }
     let head_dim = match raw.head_dim.or(defaults.head_dim) {
         Some(d) => d,
-        None if raw.hidden_size % raw.num_attention_heads == 0 => {
+        None if raw.hidden_size.is_multiple_of(raw.num_attention_heads) => {
             raw.hidden_size / raw.num_attention_heads
         }
         None => {

@@ -92,9 +92,17 @@ pub struct CandleBackend {
 
 /// f32 conv + recurrent state bytes per sequence over the linear-attention layers.
 fn fixed_state_bytes(config: &ModelConfig) -> usize {
-    let Some(lin) = &config.linear_attention else { return 0 };
-    let layers = config.text.layer_kinds.iter().filter(|k| **k == LayerKind::LinearAttention).count();
-    let conv_dim = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim;
+    let Some(lin) = &config.linear_attention else {
+        return 0;
+    };
+    let layers = config
+        .text
+        .layer_kinds
+        .iter()
+        .filter(|k| **k == LayerKind::LinearAttention)
+        .count();
+    let conv_dim =
+        2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim;
     let conv = lin.conv_kernel_dim.saturating_sub(1) * conv_dim;
     let recurrent = lin.num_value_heads * lin.key_head_dim * lin.value_head_dim;
     layers * (conv + recurrent) * std::mem::size_of::<f32>()

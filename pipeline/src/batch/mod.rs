@@ -133,23 +133,37 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
 
 /// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
 /// batch pipeline; the CLI only loads the model and builds the [`Job`].
-pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Job) -> Result<JobSummary> {
+pub fn run_job<B: Backend>(
+    engine: &Engine<B>,
+    model: &ModelProvenance,
+    job: &Job,
+) -> Result<JobSummary> {
     let start = std::time::Instant::now();
     if job.window == 0 {
         bail!("--window must be at least 1");
     }
     match (job.batch_mode, &job.shared_context) {
         (BatchMode::Shared, None) => bail!("--batch-mode shared needs --context or --context-file"),
-        (m, Some(_)) if m != BatchMode::Shared => bail!("--context/--context-file is for --batch-mode shared"),
+        (m, Some(_)) if m != BatchMode::Shared => {
+            bail!("--context/--context-file is for --batch-mode shared")
+        }
         _ => {}
     }
     let temperature = engine.check_request(&job.options)?;
     if same_file(&job.input, &job.output) {
-        bail!("--output {} is the input file: choose another output path", job.output.display());
+        bail!(
+            "--output {} is the input file: choose another output path",
+            job.output.display()
+        );
     }
-    let input = std::fs::File::open(&job.input).with_context(|| format!("cannot open input {}", job.input.display()))?;
+    let input = std::fs::File::open(&job.input)
+        .with_context(|| format!("cannot open input {}", job.input.display()))?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = if writer::progress_shown(job.quiet) { reader::count_lines(&job.input).ok() } else { None };
+    let total = if writer::progress_shown(job.quiet) {
+        reader::count_lines(&job.input).ok()
+    } else {
+        None
+    };
 
     let mut base = match serde_json::to_value(model)? {
         serde_json::Value::Object(m) => m,
@@ -158,7 +172,10 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
     base.insert("mode".into(), serde_json::to_value(job.options.mode)?);
     base.insert("batch_mode".into(), serde_json::to_value(job.batch_mode)?);
     base.insert("temperature".into(), temperature.value.into());
-    base.insert("temperature_source".into(), serde_json::to_value(&temperature.source)?);
+    base.insert(
+        "temperature_source".into(),
+        serde_json::to_value(&temperature.source)?,
+    );
     let provenance = ProvenanceBase { base };
 
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
@@ -170,9 +187,20 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
         options: &job.options,
         shared_context: job.shared_context.as_deref(),
         seen_ids: HashSet::new(),
-        resume: resumed.as_ref().map(|r| ResumeCheck { last_line: r.last_line, last_id: r.last_id.clone(), seen: false }),
+        resume: resumed.as_ref().map(|r| ResumeCheck {
+            last_line: r.last_line,
+            last_id: r.last_id.clone(),
+            seen: false,
+        }),
     };
-    let mut scorer = Scorer::new(engine, &job.options, &temperature, job.budget, job.batch_mode, &provenance);
+    let mut scorer = Scorer::new(
+        engine,
+        &job.options,
+        &temperature,
+        job.budget,
+        job.batch_mode,
+        &provenance,
+    );
     let bar = writer::progress_bar(job.quiet, total, resumed.as_ref().map_or(0, |r| r.records));
     let stopped = AtomicBool::new(false);
 
@@ -181,7 +209,14 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
     let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<OutLine>>(8);
 
     let (read, prepared, written) = std::thread::scope(|s| {
-        let read = s.spawn(move || reader::read_lines(BufReader::with_capacity(1 << 20, input), job.window, done_through, &raw_tx));
+        let read = s.spawn(move || {
+            reader::read_lines(
+                BufReader::with_capacity(1 << 20, input),
+                job.window,
+                done_through,
+                &raw_tx,
+            )
+        });
         let prepare = s.spawn(move || -> Result<Option<ResumeCheck>, stages::StageError> {
             for chunk in raw_rx {
                 let items = preparer.prepare_chunk(chunk)?;
@@ -215,7 +250,8 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
         drop(out_tx);
         (read.join(), prepare.join(), write.join())
     });
-    let written = written.map_err(|_| anyhow::anyhow!("the writer thread panicked"))?
+    let written = written
+        .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?
         .with_context(|| format!("cannot write {}", job.output.display()))?;
     let check = prepared.map_err(|_| anyhow::anyhow!("the prepare thread panicked"))??;
     read.map_err(|_| anyhow::anyhow!("the reader thread panicked"))?
@@ -223,7 +259,12 @@ pub fn run_job<B: Backend>(engine: &Engine<B>, model: &ModelProvenance, job: &Jo
     if let Some(c) = check.filter(|c| !c.seen) {
         bail!("--resume: the output ends at input line {} but the input has no such line; the output belongs to another input", c.last_line);
     }
-    Ok(JobSummary { written, resumed, stopped_at_error: stopped.load(Ordering::SeqCst), seconds: start.elapsed().as_secs_f64() })
+    Ok(JobSummary {
+        written,
+        resumed,
+        stopped_at_error: stopped.load(Ordering::SeqCst),
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Total memory of a CUDA device from nvidia-smi (None when unavailable).
@@ -231,7 +272,12 @@ fn cuda_memory_bytes(device: &str) -> Option<u64> {
     let ordinal = device.strip_prefix("cuda")?.trim_start_matches(':');
     let ordinal = if ordinal.is_empty() { "0" } else { ordinal };
     let out = std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", ordinal])
+        .args([
+            "--query-gpu=memory.total",
+            "--format=csv,noheader,nounits",
+            "-i",
+            ordinal,
+        ])
         .output()
         .ok()?;
     let mib: u64 = String::from_utf8(out.stdout).ok()?.trim().parse().ok()?;
@@ -292,7 +338,10 @@ pub fn run(args: &BatchArgs) -> Result<()> {
             w.errors,
             w.rows,
             summary.seconds,
-            summary.resumed.as_ref().map_or(String::new(), |r| format!(", resumed after line {}", r.last_line)),
+            summary.resumed.as_ref().map_or(String::new(), |r| format!(
+                ", resumed after line {}",
+                r.last_line
+            )),
         );
     }
     if summary.stopped_at_error {

@@ -47,8 +47,19 @@ pub fn read_lines(
         if bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        chunk.push(RawLine { line, bytes, done: line <= done_through });
-        if chunk.len() >= chunk_lines && out.send(std::mem::replace(&mut chunk, Vec::with_capacity(chunk_lines))).is_err() {
+        chunk.push(RawLine {
+            line,
+            bytes,
+            done: line <= done_through,
+        });
+        if chunk.len() >= chunk_lines
+            && out
+                .send(std::mem::replace(
+                    &mut chunk,
+                    Vec::with_capacity(chunk_lines),
+                ))
+                .is_err()
+        {
             return Ok(line);
         }
     }
@@ -85,7 +96,18 @@ mod tests {
         assert_eq!(read_lines(input, 2, 4, &tx).unwrap(), 6);
         drop(tx);
         let lines: Vec<RawLine> = rx.iter().flatten().collect();
-        let got: Vec<(u64, &[u8], bool)> = lines.iter().map(|l| (l.line, l.bytes.as_slice(), l.done)).collect();
-        assert_eq!(got, vec![(1, &b"a"[..], true), (4, b"b", true), (5, b"c\xff", false), (6, b"d", false)]);
+        let got: Vec<(u64, &[u8], bool)> = lines
+            .iter()
+            .map(|l| (l.line, l.bytes.as_slice(), l.done))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, &b"a"[..], true),
+                (4, b"b", true),
+                (5, b"c\xff", false),
+                (6, b"d", false)
+            ]
+        );
     }
 }

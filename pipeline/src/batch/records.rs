@@ -75,7 +75,10 @@ pub struct LineError {
 
 impl LineError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> LineError {
-        LineError { kind, message: message.into() }
+        LineError {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// The error record kind of an engine error.
@@ -111,40 +114,85 @@ pub fn question_schema(question: &str) -> Value {
 
 /// Parse one input line (without its newline). `shared_context`: the job supplies the context.
 pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Request, Failed> {
-    let fail = |id: Option<Value>, kind, message: String| Failed { line, id, error: LineError::new(kind, message) };
+    let fail = |id: Option<Value>, kind, message: String| Failed {
+        line,
+        id,
+        error: LineError::new(kind, message),
+    };
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        fail(None, ErrorKind::InvalidUtf8, format!("line is not valid UTF-8 ({e})"))
+        fail(
+            None,
+            ErrorKind::InvalidUtf8,
+            format!("line is not valid UTF-8 ({e})"),
+        )
     })?;
-    let value = parse_strict(text).map_err(|e| fail(None, ErrorKind::InvalidJson, format!("line is not valid JSON: {e}")))?;
+    let value = parse_strict(text).map_err(|e| {
+        fail(
+            None,
+            ErrorKind::InvalidJson,
+            format!("line is not valid JSON: {e}"),
+        )
+    })?;
     let Value::Object(mut obj) = value else {
-        return Err(fail(None, ErrorKind::NotAnObject, "line must be a JSON object".into()));
+        return Err(fail(
+            None,
+            ErrorKind::NotAnObject,
+            "line must be a JSON object".into(),
+        ));
     };
     let id = match obj.remove("id") {
-        None | Some(Value::Null) => return Err(fail(None, ErrorKind::MissingId, "line has no \"id\"".into())),
+        None | Some(Value::Null) => {
+            return Err(fail(
+                None,
+                ErrorKind::MissingId,
+                "line has no \"id\"".into(),
+            ))
+        }
         Some(v @ Value::String(_)) => v,
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n),
         Some(other) => {
-            return Err(fail(None, ErrorKind::InvalidId, format!("\"id\" must be a string or an integer, got {other}")))
+            return Err(fail(
+                None,
+                ErrorKind::InvalidId,
+                format!("\"id\" must be a string or an integer, got {other}"),
+            ))
         }
     };
     let fail = |kind, message: String| fail(Some(id.clone()), kind, message);
-    if let Some(key) = obj.keys().find(|k| !matches!(k.as_str(), "context" | "schema" | "schema_file" | "question")) {
-        return Err(fail(ErrorKind::UnknownKey, format!("unknown key {key:?} (allowed: {INPUT_KEYS})")));
+    if let Some(key) = obj.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "context" | "schema" | "schema_file" | "question"
+        )
+    }) {
+        return Err(fail(
+            ErrorKind::UnknownKey,
+            format!("unknown key {key:?} (allowed: {INPUT_KEYS})"),
+        ));
     }
     let string = |obj: &mut Map<String, Value>, key: &str| match obj.remove(key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(fail(ErrorKind::InvalidField, format!("{key:?} must be a string, got {other}"))),
+        Some(other) => Err(fail(
+            ErrorKind::InvalidField,
+            format!("{key:?} must be a string, got {other}"),
+        )),
     };
     let context = string(&mut obj, "context")?;
     match (&context, shared_context) {
         (Some(_), true) => {
             return Err(fail(
                 ErrorKind::UnexpectedContext,
-                "this job has a shared --context/--context-file; lines must not bring their own".into(),
+                "this job has a shared --context/--context-file; lines must not bring their own"
+                    .into(),
             ))
         }
-        (None, false) => return Err(fail(ErrorKind::MissingContext, "line has no \"context\"".into())),
+        (None, false) => {
+            return Err(fail(
+                ErrorKind::MissingContext,
+                "line has no \"context\"".into(),
+            ))
+        }
         _ => {}
     }
     let schema_file = string(&mut obj, "schema_file")?;
@@ -154,11 +202,17 @@ pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Reque
         (None, None, None) => SchemaRef::Default,
         (Some(v @ Value::Object(_)), None, None) => SchemaRef::Inline(v),
         (Some(other), None, None) => {
-            return Err(fail(ErrorKind::InvalidField, format!("\"schema\" must be an object, got {other}")))
+            return Err(fail(
+                ErrorKind::InvalidField,
+                format!("\"schema\" must be an object, got {other}"),
+            ))
         }
         (None, Some(f), None) => SchemaRef::File(PathBuf::from(f)),
         (None, None, Some(q)) if q.trim().is_empty() => {
-            return Err(fail(ErrorKind::InvalidField, "\"question\" is empty".into()))
+            return Err(fail(
+                ErrorKind::InvalidField,
+                "\"question\" is empty".into(),
+            ))
         }
         (None, None, Some(q)) => SchemaRef::Question(q),
         _ => {
@@ -168,11 +222,22 @@ pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Reque
             ))
         }
     };
-    Ok(Request { line, id, context, schema })
+    Ok(Request {
+        line,
+        id,
+        context,
+        schema,
+    })
 }
 
 /// The output line of a decision. `extra` holds batch-level facts (e.g. a reused prefix).
-pub fn decision_record(id: &Value, line: u64, decision: &Decision, provenance: Value, extra: Option<(&str, Value)>) -> String {
+pub fn decision_record(
+    id: &Value,
+    line: u64,
+    decision: &Decision,
+    provenance: Value,
+    extra: Option<(&str, Value)>,
+) -> String {
     let mut rec = Map::new();
     rec.insert("id".into(), id.clone());
     rec.insert("line".into(), json!(line));
@@ -182,7 +247,10 @@ pub fn decision_record(id: &Value, line: u64, decision: &Decision, provenance: V
             rec.insert("decision".into(), other);
         }
         Err(e) => {
-            rec.insert("error".into(), json!({"kind": "serialize", "message": e.to_string()}));
+            rec.insert(
+                "error".into(),
+                json!({"kind": "serialize", "message": e.to_string()}),
+            );
         }
     }
     if let Some((k, v)) = extra {
@@ -213,20 +281,59 @@ mod tests {
 
     #[test]
     fn lines_parse_into_requests_or_typed_errors() {
-        let r = parse_line(3, br#"{"id": 7, "context": "x", "question": "Is it?"}"#, false).unwrap();
-        assert_eq!((r.line, r.id, r.schema), (3, json!(7), SchemaRef::Question("Is it?".into())));
-        assert_eq!(parse_line(1, br#"{"id": "a", "context": "x"}"#, false).unwrap().schema, SchemaRef::Default);
+        let r = parse_line(
+            3,
+            br#"{"id": 7, "context": "x", "question": "Is it?"}"#,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.line, r.id, r.schema),
+            (3, json!(7), SchemaRef::Question("Is it?".into()))
+        );
+        assert_eq!(
+            parse_line(1, br#"{"id": "a", "context": "x"}"#, false)
+                .unwrap()
+                .schema,
+            SchemaRef::Default
+        );
         assert_eq!(kind(b"\xff\xfe", false), ErrorKind::InvalidUtf8);
         assert_eq!(kind(b"{\"id\": 1,", false), ErrorKind::InvalidJson);
-        assert_eq!(kind(br#"{"id": 1, "id": 2, "context": "x"}"#, false), ErrorKind::InvalidJson);
+        assert_eq!(
+            kind(br#"{"id": 1, "id": 2, "context": "x"}"#, false),
+            ErrorKind::InvalidJson
+        );
         assert_eq!(kind(b"[1]", false), ErrorKind::NotAnObject);
         assert_eq!(kind(br#"{"context": "x"}"#, false), ErrorKind::MissingId);
-        assert_eq!(kind(br#"{"id": 1.5, "context": "x"}"#, false), ErrorKind::InvalidId);
-        assert_eq!(kind(br#"{"id": 1, "context": "x", "extra": 1}"#, false), ErrorKind::UnknownKey);
+        assert_eq!(
+            kind(br#"{"id": 1.5, "context": "x"}"#, false),
+            ErrorKind::InvalidId
+        );
+        assert_eq!(
+            kind(br#"{"id": 1, "context": "x", "extra": 1}"#, false),
+            ErrorKind::UnknownKey
+        );
         assert_eq!(kind(br#"{"id": 1}"#, false), ErrorKind::MissingContext);
-        assert_eq!(kind(br#"{"id": 1, "context": "x"}"#, true), ErrorKind::UnexpectedContext);
-        assert_eq!(kind(br#"{"id": 1, "context": "x", "schema": {}, "question": "q"}"#, false), ErrorKind::ConflictingSchema);
-        assert_eq!(kind(br#"{"id": 1, "context": 5}"#, false), ErrorKind::InvalidField);
-        assert_eq!(parse_line(9, br#"{"id": "k", "context": 5}"#, false).unwrap_err().id, Some(json!("k")));
+        assert_eq!(
+            kind(br#"{"id": 1, "context": "x"}"#, true),
+            ErrorKind::UnexpectedContext
+        );
+        assert_eq!(
+            kind(
+                br#"{"id": 1, "context": "x", "schema": {}, "question": "q"}"#,
+                false
+            ),
+            ErrorKind::ConflictingSchema
+        );
+        assert_eq!(
+            kind(br#"{"id": 1, "context": 5}"#, false),
+            ErrorKind::InvalidField
+        );
+        assert_eq!(
+            parse_line(9, br#"{"id": "k", "context": 5}"#, false)
+                .unwrap_err()
+                .id,
+            Some(json!("k"))
+        );
     }
 }

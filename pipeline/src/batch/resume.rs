@@ -45,17 +45,34 @@ pub enum ResumeError {
     #[error("{path} already exists and is not empty; pass --resume to continue it or --force to overwrite it")]
     Exists { path: PathBuf },
     #[error("cannot use output {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot resume {path}: record {record} is not a batch output record ({reason})")]
-    NotARecord { path: PathBuf, record: u64, reason: String },
+    NotARecord {
+        path: PathBuf,
+        record: u64,
+        reason: String,
+    },
 }
 
 /// Open `path` for appending under `policy`.
-pub fn open_output(path: &Path, policy: OutputPolicy) -> Result<(File, Option<ResumePoint>), ResumeError> {
-    let io = |source| ResumeError::Io { path: path.to_path_buf(), source };
+pub fn open_output(
+    path: &Path,
+    policy: OutputPolicy,
+) -> Result<(File, Option<ResumePoint>), ResumeError> {
+    let io = |source| ResumeError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let existing = std::fs::metadata(path).map(|m| m.len()).ok();
     match (policy, existing) {
-        (OutputPolicy::Fresh, Some(len)) if len > 0 => return Err(ResumeError::Exists { path: path.to_path_buf() }),
+        (OutputPolicy::Fresh, Some(len)) if len > 0 => {
+            return Err(ResumeError::Exists {
+                path: path.to_path_buf(),
+            })
+        }
         (OutputPolicy::Force, Some(_)) => {
             File::create(path).map_err(io)?;
         }
@@ -65,14 +82,25 @@ pub fn open_output(path: &Path, policy: OutputPolicy) -> Result<(File, Option<Re
         (OutputPolicy::Resume, Some(len)) if len > 0 => scan(path)?,
         _ => None,
     };
-    let file = OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
     Ok((file, point))
 }
 
 /// Cut a torn last line, then read the last complete record.
 fn scan(path: &Path) -> Result<Option<ResumePoint>, ResumeError> {
-    let io = |source| ResumeError::Io { path: path.to_path_buf(), source };
-    let mut file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+    let io = |source| ResumeError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let keep = complete_len(&mut file, len).map_err(io)?;
     if keep < len {
@@ -85,9 +113,16 @@ fn scan(path: &Path) -> Result<Option<ResumePoint>, ResumeError> {
     for line in BufReader::new(file).split(b'\n') {
         let line = line.map_err(io)?;
         records += 1;
-        let bad = |reason: String| ResumeError::NotARecord { path: path.to_path_buf(), record: records, reason };
+        let bad = |reason: String| ResumeError::NotARecord {
+            path: path.to_path_buf(),
+            record: records,
+            reason,
+        };
         let v: Value = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
-        let n = v.get("line").and_then(Value::as_u64).ok_or_else(|| bad("no \"line\" number".into()))?;
+        let n = v
+            .get("line")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad("no \"line\" number".into()))?;
         if let Some((prev, _)) = &last {
             if n <= *prev {
                 return Err(bad(format!("line {n} follows line {prev}")));
@@ -95,7 +130,12 @@ fn scan(path: &Path) -> Result<Option<ResumePoint>, ResumeError> {
         }
         last = Some((n, v.get("id").cloned().unwrap_or(Value::Null)));
     }
-    Ok(last.map(|(last_line, last_id)| ResumePoint { last_line, last_id, records, truncated_bytes: len - keep }))
+    Ok(last.map(|(last_line, last_id)| ResumePoint {
+        last_line,
+        last_id,
+        records,
+        truncated_bytes: len - keep,
+    }))
 }
 
 /// Length of the file up to and including its last newline.
@@ -123,18 +163,33 @@ mod tests {
     fn torn_lines_are_cut_and_existing_outputs_are_protected() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out.jsonl");
-        std::fs::write(&p, "{\"id\":\"a\",\"line\":1}\n{\"id\":7,\"line\":3}\n{\"id\":\"c\",\"li").unwrap();
-        assert!(matches!(open_output(&p, OutputPolicy::Fresh), Err(ResumeError::Exists { .. })));
+        std::fs::write(
+            &p,
+            "{\"id\":\"a\",\"line\":1}\n{\"id\":7,\"line\":3}\n{\"id\":\"c\",\"li",
+        )
+        .unwrap();
+        assert!(matches!(
+            open_output(&p, OutputPolicy::Fresh),
+            Err(ResumeError::Exists { .. })
+        ));
         let (_, point) = open_output(&p, OutputPolicy::Resume).unwrap();
         let point = point.unwrap();
-        assert_eq!((point.last_line, point.last_id, point.records), (3, serde_json::json!(7), 2));
+        assert_eq!(
+            (point.last_line, point.last_id, point.records),
+            (3, serde_json::json!(7), 2)
+        );
         assert_eq!(point.truncated_bytes, "{\"id\":\"c\",\"li".len() as u64);
-        assert!(std::fs::read_to_string(&p).unwrap().ends_with("\"line\":3}\n"));
+        assert!(std::fs::read_to_string(&p)
+            .unwrap()
+            .ends_with("\"line\":3}\n"));
         let (_, none) = open_output(&p, OutputPolicy::Force).unwrap();
         assert!(none.is_none() && std::fs::read_to_string(&p).unwrap().is_empty());
         let (_, none) = open_output(&dir.path().join("new.jsonl"), OutputPolicy::Resume).unwrap();
         assert!(none.is_none());
         std::fs::write(&p, "{\"line\":2}\n{\"line\":1}\n").unwrap();
-        assert!(matches!(open_output(&p, OutputPolicy::Resume), Err(ResumeError::NotARecord { record: 2, .. })));
+        assert!(matches!(
+            open_output(&p, OutputPolicy::Resume),
+            Err(ResumeError::NotARecord { record: 2, .. })
+        ));
     }
 }

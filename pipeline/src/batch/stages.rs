@@ -12,14 +12,17 @@
 //!   one prefill and scoring pass; `shared` (one job-wide context) answers every line whose
 //!   schema was already scored from that result.
 
-use super::records::{decision_record, error_record, parse_line, question_schema, ErrorKind, Failed, LineError, Request, SchemaRef};
 use super::reader::RawLine;
+use super::records::{
+    decision_record, error_record, parse_line, question_schema, ErrorKind, Failed, LineError,
+    Request, SchemaRef,
+};
 use super::BatchMode;
 use forkscore_backends::Backend;
 use forkscore_engine::group::GroupItem;
 use forkscore_engine::{
-    CompiledSchema, ContextGroup, Decision, Engine, GroupBudget, GroupPlanner, PreparedContext, Schema, ScoreOptions,
-    Temperature,
+    CompiledSchema, ContextGroup, Decision, Engine, GroupBudget, GroupPlanner, PreparedContext,
+    Schema, ScoreOptions, Temperature,
 };
 use rayon::prelude::*;
 use serde_json::Value;
@@ -68,21 +71,42 @@ pub struct SchemaCache {
 }
 
 impl SchemaCache {
-    pub fn new<B: Backend>(engine: &Engine<B>, default: Option<&Schema>, base_dir: &Path) -> SchemaCache {
+    pub fn new<B: Backend>(
+        engine: &Engine<B>,
+        default: Option<&Schema>,
+        base_dir: &Path,
+    ) -> SchemaCache {
         SchemaCache {
-            default: default.map(|s| engine.compile(s).map(Arc::new).map_err(|e| LineError::from_engine(&e))),
+            default: default.map(|s| {
+                engine
+                    .compile(s)
+                    .map(Arc::new)
+                    .map_err(|e| LineError::from_engine(&e))
+            }),
             base_dir: base_dir.to_path_buf(),
             compiled: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
         }
     }
 
-    fn compile<B: Backend>(&self, engine: &Engine<B>, schema: &Schema) -> Result<Arc<CompiledSchema>, LineError> {
+    fn compile<B: Backend>(
+        &self,
+        engine: &Engine<B>,
+        schema: &Schema,
+    ) -> Result<Arc<CompiledSchema>, LineError> {
         let hash = schema.hash();
-        if let Some(hit) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&hash) {
+        if let Some(hit) = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+        {
             return hit.clone();
         }
-        let made = engine.compile(schema).map(Arc::new).map_err(|e| LineError::from_engine(&e));
+        let made = engine
+            .compile(schema)
+            .map(Arc::new)
+            .map_err(|e| LineError::from_engine(&e));
         let mut map = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= SCHEMA_CACHE_ENTRIES {
             map.clear();
@@ -92,14 +116,27 @@ impl SchemaCache {
 
     fn file(&self, path: &Path) -> Result<Schema, LineError> {
         let full = self.base_dir.join(path);
-        if let Some(hit) = self.files.lock().unwrap_or_else(|e| e.into_inner()).get(&full) {
+        if let Some(hit) = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&full)
+        {
             return hit.clone();
         }
         let loaded = std::fs::read_to_string(&full)
-            .map_err(|e| LineError::new(ErrorKind::SchemaFile, format!("cannot read schema file {}: {e}", full.display())))
+            .map_err(|e| {
+                LineError::new(
+                    ErrorKind::SchemaFile,
+                    format!("cannot read schema file {}: {e}", full.display()),
+                )
+            })
             .and_then(|text| {
                 Schema::from_json_str(&text).map_err(|e| {
-                    LineError::new(ErrorKind::InvalidSchema, format!("invalid schema file {}: {e}", full.display()))
+                    LineError::new(
+                        ErrorKind::InvalidSchema,
+                        format!("invalid schema file {}: {e}", full.display()),
+                    )
                 })
             });
         let mut map = self.files.lock().unwrap_or_else(|e| e.into_inner());
@@ -110,8 +147,14 @@ impl SchemaCache {
     }
 
     /// The compiled schema a line asks for.
-    pub fn resolve<B: Backend>(&self, engine: &Engine<B>, r: &SchemaRef) -> Result<Arc<CompiledSchema>, LineError> {
-        let invalid = |e: forkscore_engine::SchemaError| LineError::new(ErrorKind::InvalidSchema, format!("invalid schema: {e}"));
+    pub fn resolve<B: Backend>(
+        &self,
+        engine: &Engine<B>,
+        r: &SchemaRef,
+    ) -> Result<Arc<CompiledSchema>, LineError> {
+        let invalid = |e: forkscore_engine::SchemaError| {
+            LineError::new(ErrorKind::InvalidSchema, format!("invalid schema: {e}"))
+        };
         match r {
             SchemaRef::Default => self.default.clone().unwrap_or_else(|| {
                 Err(LineError::new(
@@ -138,7 +181,11 @@ pub struct ResumeCheck {
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     #[error("--resume: the output's last record is line {line} with id {output_id}, but input line {line} has id {input_id}; the output belongs to another input")]
-    ResumeMismatch { line: u64, output_id: String, input_id: String },
+    ResumeMismatch {
+        line: u64,
+        output_id: String,
+        input_id: String,
+    },
 }
 
 /// The CPU stage.
@@ -168,8 +215,10 @@ impl<B: Backend> Preparer<'_, B> {
     /// Parse, check ids, compile schemas and prepare prompts for one chunk.
     pub fn prepare_chunk(&mut self, chunk: Vec<RawLine>) -> Result<Vec<Item>, StageError> {
         let shared = self.shared_context.is_some();
-        let parsed: Vec<(bool, Result<Request, Failed>)> =
-            chunk.par_iter().map(|raw| (raw.done, parse_line(raw.line, &raw.bytes, shared))).collect();
+        let parsed: Vec<(bool, Result<Request, Failed>)> = chunk
+            .par_iter()
+            .map(|raw| (raw.done, parse_line(raw.line, &raw.bytes, shared)))
+            .collect();
         let mut todo: Vec<Result<Request, Failed>> = Vec::with_capacity(parsed.len());
         for (done, p) in parsed {
             let (line, id) = match &p {
@@ -181,7 +230,11 @@ impl<B: Backend> Preparer<'_, B> {
                     check.seen = true;
                     let input_id = id.cloned().unwrap_or(Value::Null);
                     if input_id != check.last_id {
-                        return Err(StageError::ResumeMismatch { line, output_id: check.last_id.to_string(), input_id: input_id.to_string() });
+                        return Err(StageError::ResumeMismatch {
+                            line,
+                            output_id: check.last_id.to_string(),
+                            input_id: input_id.to_string(),
+                        });
                     }
                 }
             }
@@ -192,23 +245,42 @@ impl<B: Backend> Preparer<'_, B> {
             todo.push(match (p, fresh) {
                 (Ok(r), false) => Err(Failed {
                     line: r.line,
-                    error: LineError::new(ErrorKind::DuplicateId, format!("id {} already appeared on an earlier line", r.id)),
+                    error: LineError::new(
+                        ErrorKind::DuplicateId,
+                        format!("id {} already appeared on an earlier line", r.id),
+                    ),
                     id: Some(r.id),
                 }),
                 (p, _) => p,
             });
         }
-        Ok(todo.into_par_iter().map(|p| p.map_or_else(Item::Failed, |r| self.prepare_one(r))).collect())
+        Ok(todo
+            .into_par_iter()
+            .map(|p| p.map_or_else(Item::Failed, |r| self.prepare_one(r)))
+            .collect())
     }
 
     fn prepare_one(&self, r: Request) -> Item {
-        let fail = |error: LineError| Item::Failed(Failed { line: r.line, id: Some(r.id.clone()), error });
+        let fail = |error: LineError| {
+            Item::Failed(Failed {
+                line: r.line,
+                id: Some(r.id.clone()),
+                error,
+            })
+        };
         let compiled = match self.schemas.resolve(self.engine, &r.schema) {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
-        let context = r.context.as_deref().or(self.shared_context).unwrap_or_default();
-        match self.engine.prepare(context, &compiled, self.options.max_input_tokens) {
+        let context = r
+            .context
+            .as_deref()
+            .or(self.shared_context)
+            .unwrap_or_default();
+        match self
+            .engine
+            .prepare(context, &compiled, self.options.max_input_tokens)
+        {
             Ok(prepared) => Item::Ready(Box::new(Ready {
                 line: r.line,
                 context_hash: context_hash(context),
@@ -229,7 +301,10 @@ pub struct ProvenanceBase {
 impl ProvenanceBase {
     pub fn with_schema(&self, schema_hash: Option<&str>) -> Value {
         let mut m = self.base.clone();
-        m.insert("schema_hash".into(), schema_hash.map_or(Value::Null, |h| Value::String(h.into())));
+        m.insert(
+            "schema_hash".into(),
+            schema_hash.map_or(Value::Null, |h| Value::String(h.into())),
+        );
         Value::Object(m)
     }
 }
@@ -255,14 +330,32 @@ impl<'a, B: Backend> Scorer<'a, B> {
         mode: BatchMode,
         provenance: &'a ProvenanceBase,
     ) -> Self {
-        Scorer { engine, options, temperature, budget, mode, provenance, reuse: HashMap::new() }
+        Scorer {
+            engine,
+            options,
+            temperature,
+            budget,
+            mode,
+            provenance,
+            reuse: HashMap::new(),
+        }
     }
 
     fn failed(&self, f: &Failed, schema_hash: Option<&str>) -> OutLine {
-        OutLine { line: f.line, text: error_record(f, self.provenance.with_schema(schema_hash)), is_error: true, rows: 0 }
+        OutLine {
+            line: f.line,
+            text: error_record(f, self.provenance.with_schema(schema_hash)),
+            is_error: true,
+            rows: 0,
+        }
     }
 
-    fn decided(&self, r: &Ready, d: Result<Decision, forkscore_engine::EngineError>, reused_from: Option<u64>) -> OutLine {
+    fn decided(
+        &self,
+        r: &Ready,
+        d: Result<Decision, forkscore_engine::EngineError>,
+        reused_from: Option<u64>,
+    ) -> OutLine {
         let hash = r.compiled.schema_hash();
         match d {
             Ok(d) => OutLine {
@@ -275,17 +368,29 @@ impl<'a, B: Backend> Scorer<'a, B> {
                     reused_from.map(|l| ("reused_from_line", Value::from(l))),
                 ),
                 is_error: false,
-                rows: if reused_from.is_some() { 0 } else { r.compiled.fields().len() },
+                rows: if reused_from.is_some() {
+                    0
+                } else {
+                    r.compiled.fields().len()
+                },
             },
             Err(e) => {
-                let f = Failed { line: r.line, id: Some(r.id.clone()), error: LineError::from_engine(&e) };
+                let f = Failed {
+                    line: r.line,
+                    id: Some(r.id.clone()),
+                    error: LineError::from_engine(&e),
+                };
                 self.failed(&f, Some(hash))
             }
         }
     }
 
     /// Score one chunk; `emit` receives output lines in line order (false = stop).
-    pub fn score_chunk(&mut self, items: Vec<Item>, emit: &mut dyn FnMut(Vec<OutLine>) -> bool) -> bool {
+    pub fn score_chunk(
+        &mut self,
+        items: Vec<Item>,
+        emit: &mut dyn FnMut(Vec<OutLine>) -> bool,
+    ) -> bool {
         let mut slots: Vec<Option<OutLine>> = items
             .iter()
             .map(|it| match it {
@@ -307,15 +412,31 @@ impl<'a, B: Backend> Scorer<'a, B> {
         };
         for run in self.plan(&items) {
             let start = Instant::now();
-            let members: Vec<&Ready> = run.members().iter().filter_map(|&i| ready(&items[i])).collect();
-            let Some(first) = members.first() else { continue };
+            let members: Vec<&Ready> = run
+                .members()
+                .iter()
+                .filter_map(|&i| ready(&items[i]))
+                .collect();
+            let Some(first) = members.first() else {
+                continue;
+            };
             match self.mode {
                 BatchMode::Serial | BatchMode::Shared => {
-                    let key = (first.compiled.schema_hash().to_string(), if self.mode == BatchMode::Serial { first.context_hash } else { 0 });
+                    let key = (
+                        first.compiled.schema_hash().to_string(),
+                        if self.mode == BatchMode::Serial {
+                            first.context_hash
+                        } else {
+                            0
+                        },
+                    );
                     let out = match self.reuse.get(&key) {
                         Some((line, d)) => self.decided(first, Ok(d.clone()), Some(*line)),
                         None => {
-                            let d = self.decide(&run, &members, start).pop().unwrap_or_else(unreachable_group);
+                            let d = self
+                                .decide(&run, &members, start)
+                                .pop()
+                                .unwrap_or_else(unreachable_group);
                             if let Ok(d) = &d {
                                 if self.mode == BatchMode::Serial || self.reuse.len() >= 4_096 {
                                     self.reuse.clear();
@@ -341,9 +462,21 @@ impl<'a, B: Backend> Scorer<'a, B> {
         flush(&mut slots, &mut emitted)
     }
 
-    fn decide(&self, group: &ContextGroup, members: &[&Ready], start: Instant) -> Vec<Result<Decision, forkscore_engine::EngineError>> {
+    fn decide(
+        &self,
+        group: &ContextGroup,
+        members: &[&Ready],
+        start: Instant,
+    ) -> Vec<Result<Decision, forkscore_engine::EngineError>> {
         let prepared: Vec<&PreparedContext> = members.iter().map(|r| &r.prepared).collect();
-        self.engine.decide_group(&members[0].compiled, group, &prepared, self.options, self.temperature, start)
+        self.engine.decide_group(
+            &members[0].compiled,
+            group,
+            &prepared,
+            self.options,
+            self.temperature,
+            start,
+        )
     }
 
     /// The runs of this chunk, ordered by their first line: bounded groups per schema
@@ -357,7 +490,14 @@ impl<'a, B: Backend> Scorer<'a, B> {
             let Some(r) = ready(item) else { continue };
             let gi = GroupItem::of(i, &r.prepared.split);
             if !grouped {
-                let mut p = GroupPlanner::new(GroupBudget { max_prefix_tokens: 0, max_rows: 0, max_state_bytes: 0 }, model);
+                let mut p = GroupPlanner::new(
+                    GroupBudget {
+                        max_prefix_tokens: 0,
+                        max_rows: 0,
+                        max_state_bytes: 0,
+                    },
+                    model,
+                );
                 runs.extend(p.push(gi));
                 runs.extend(p.flush());
                 continue;

@@ -39,7 +39,11 @@ pub fn progress_bar(quiet: bool, total: Option<u64>, already: u64) -> ProgressBa
 }
 
 /// Write every message from `rx` to `out`, flushing after each. Stops at the first write error.
-pub fn write_all(rx: &Receiver<Vec<OutLine>>, out: &mut impl Write, bar: &ProgressBar) -> std::io::Result<Written> {
+pub fn write_all(
+    rx: &Receiver<Vec<OutLine>>,
+    out: &mut impl Write,
+    bar: &ProgressBar,
+) -> std::io::Result<Written> {
     let mut w = Written::default();
     let start = Instant::now();
     for batch in rx {
@@ -53,7 +57,11 @@ pub fn write_all(rx: &Receiver<Vec<OutLine>>, out: &mut impl Write, bar: &Progre
         out.flush()?;
         bar.inc(batch.len() as u64);
         let secs = start.elapsed().as_secs_f64().max(1e-9);
-        bar.set_message(format!("{:.1} rows/s, {} errors", w.rows as f64 / secs, w.errors));
+        bar.set_message(format!(
+            "{:.1} rows/s, {} errors",
+            w.rows as f64 / secs,
+            w.errors
+        ));
     }
     bar.finish_and_clear();
     Ok(w)

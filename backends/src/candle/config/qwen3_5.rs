@@ -118,7 +118,7 @@ pub(crate) fn extend(
         cfg.value_head_dim,
         cfg.conv_kernel_dim,
     ];
-    if dims.contains(&0) || cfg.num_value_heads % cfg.num_key_heads != 0 {
+    if dims.contains(&0) || !cfg.num_value_heads.is_multiple_of(cfg.num_key_heads) {
         return Err(invalid(format!(
             "linear-attention dimensions must be positive with linear_num_value_heads a multiple \
              of linear_num_key_heads: {cfg:?}"

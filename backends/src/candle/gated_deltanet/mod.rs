@@ -81,7 +81,7 @@ impl GdnDims {
                 "every linear-attention dimension must be positive: {self:?}"
             ));
         }
-        if self.value_heads % self.key_heads != 0 {
+        if !self.value_heads.is_multiple_of(self.key_heads) {
             return Err(format!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                 self.value_heads, self.key_heads
