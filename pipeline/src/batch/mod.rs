@@ -326,7 +326,43 @@ impl BatchArgs {
 }
 
 /// `forkscore batch`.
+/// Argument checks that need no model, run before loading one (a large checkpoint takes
+/// minutes to load; a typo in the output path should not).
+fn precheck(args: &BatchArgs) -> Result<()> {
+    std::fs::File::open(&args.input)
+        .with_context(|| format!("cannot open input {}", args.input.display()))?;
+    if same_file(&args.input, &args.output) {
+        bail!(
+            "--output {} is the input file: choose another output path",
+            args.output.display()
+        );
+    }
+    let non_empty = std::fs::metadata(&args.output)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
+    if non_empty && !args.resume && !args.force {
+        return Err(resume::ResumeError::Exists {
+            path: args.output.clone(),
+        }
+        .into());
+    }
+    if args.window == 0 {
+        bail!("--window must be at least 1");
+    }
+    let has_context = args.context.context.is_some() || args.context.context_file.is_some();
+    match (args.batch_mode, has_context) {
+        (BatchMode::Shared, false) => {
+            bail!("--batch-mode shared needs --context or --context-file")
+        }
+        (m, true) if m != BatchMode::Shared => {
+            bail!("--context/--context-file is for --batch-mode shared")
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn run(args: &BatchArgs) -> Result<()> {
+    precheck(args)?;
     let loaded = load::open(&args.model)?;
     let job = args.job(&loaded.engine.memory_model())?;
     let summary = run_job(&loaded.engine, &loaded.provenance, &job)?;

@@ -13,7 +13,7 @@
 //! for a decision, `{"id", "line", "error": {"kind", "message"}, "provenance"}` for an error.
 //! `line` is the 1-based input line number; output lines come in input order.
 
-use forkscore_engine::strict_json::parse_strict;
+use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
 use forkscore_engine::{Decision, EngineError};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
@@ -127,6 +127,17 @@ pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Reque
         )
     })?;
     let value = parse_strict(text).map_err(|e| {
+        // A repeated key inside the inline schema is a schema error of a line whose id can
+        // still be read (a lenient parse keeps the last value of the repeated key).
+        if let StrictJsonError::DuplicateKey { path, .. } = &e {
+            if path == "schema" || path.starts_with("schema.") {
+                let id = serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|v| v.get("id").cloned())
+                    .filter(|id| id.is_string() || id.is_u64() || id.is_i64());
+                return fail(id, ErrorKind::InvalidSchema, format!("invalid schema: {e}"));
+            }
+        }
         fail(
             None,
             ErrorKind::InvalidJson,
@@ -277,6 +288,20 @@ mod tests {
 
     fn kind(bytes: &[u8], shared: bool) -> ErrorKind {
         parse_line(1, bytes, shared).unwrap_err().error.kind
+    }
+
+    #[test]
+    fn a_duplicate_key_inside_the_schema_keeps_the_id() {
+        let e = parse_line(
+            4,
+            br#"{"id": "x", "context": "c", "schema": {"a": {"type": "boolean"}, "a": {"type": "boolean"}}}"#,
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.id, Some(serde_json::json!("x")));
+        assert_eq!(e.error.kind, ErrorKind::InvalidSchema);
+        let e = parse_line(5, br#"{"id": "y", "id": "z", "context": "c"}"#, false).unwrap_err();
+        assert_eq!(e.error.kind, ErrorKind::InvalidJson);
     }
 
     #[test]
