@@ -84,6 +84,11 @@ pub trait Backend: Send + Sync {
     /// Run the backbone over `ids` (non-empty) and retain its state. No vocabulary projection.
     fn prefill(&self, ids: &[u32]) -> Result<Self::State, BackendError>;
 
+    /// Continue a retained state with more tokens (`ids` non-empty): the result equals
+    /// `prefill(prefix ++ ids)` and `state` is left untouched. Lets one context prefix be
+    /// prefilled once and extended per schema.
+    fn extend(&self, state: &Self::State, ids: &[u32]) -> Result<Self::State, BackendError>;
+
     /// Score `rows` in one call. Row `i` continues `states[rows[i].state]` with its suffix; the
     /// result holds, per row, the logits at the row's last suffix token for each id of
     /// `candidates`. States are never mutated; branch state is discarded.

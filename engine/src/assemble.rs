@@ -50,6 +50,10 @@ pub struct Telemetry {
     pub score_calls: usize,
     pub forward_calls: usize,
     pub state_bytes: usize,
+    /// Prefix tokens taken from a retained shared state instead of prefilled (batch serial /
+    /// shared modes: one context prefilled once for many schemas); omitted when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reused_prefix_tokens: usize,
     pub timings_ms: StageTimings,
     /// The context group this decision was scored in (decide_many and batch jobs only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,6 +85,10 @@ pub struct RowDebug {
     pub selector: String,
     pub suffix_ids: Vec<u32>,
     pub code_ids: Vec<u32>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Index of the largest value; the first wins ties. NaN never wins.
@@ -167,6 +175,7 @@ pub fn telemetry(
         score_calls: stats.score_calls,
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
+        reused_prefix_tokens: stats.reused_prefix_tokens,
         timings_ms: StageTimings {
             prefill: stats.prefill_ms,
             score: stats.score_ms,

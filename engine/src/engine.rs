@@ -206,6 +206,41 @@ impl<B: Backend> Engine<B> {
         Ok(self.finish(compiled, &prepared, rows, &stats, temperature, opts, start))
     }
 
+    /// Score one prepared context, extending the retained `base` state (of the token prefix
+    /// `base_ids`, e.g. a context shared by many schemas) when the context's prefix strictly
+    /// extends it; otherwise exactly like [`Engine::score`]. Same tokens, same result.
+    pub fn decide_from(
+        &self,
+        base: Option<(&[u32], &B::State)>,
+        compiled: &CompiledSchema,
+        prepared: &PreparedContext,
+        opts: &ScoreOptions,
+        temperature: &Temperature,
+    ) -> Result<Decision, EngineError> {
+        let start = Instant::now();
+        if compiled.tokenizer_identity() != self.tokenizer.identity() {
+            return Err(EngineError::ForeignSchema);
+        }
+        let (mut logits, stats) = crate::modes::run_group_from(
+            &self.backend,
+            base,
+            &[&prepared.split],
+            compiled.candidates(),
+            opts.mode,
+            opts.field_batch_size,
+        )?;
+        let rows = logits.pop().unwrap_or_default();
+        Ok(self.finish(
+            compiled,
+            prepared,
+            rows,
+            &stats,
+            temperature.clone(),
+            opts,
+            start,
+        ))
+    }
+
     /// Stage 6 for one context.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish(

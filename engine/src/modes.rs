@@ -45,6 +45,8 @@ pub struct RunStats {
     pub forward_calls: usize,
     /// Bytes held by retained prefix states (sum over the group).
     pub state_bytes: usize,
+    /// Prefix tokens not prefilled again because a retained base state was extended.
+    pub reused_prefix_tokens: usize,
     pub prefill_ms: f64,
     pub score_ms: f64,
 }
@@ -57,6 +59,21 @@ pub type GroupLogits = Vec<Vec<Vec<f32>>>;
 /// slot-merged pass of decide_many.
 pub fn run_group<B: Backend>(
     backend: &B,
+    splits: &[&SplitPrompt],
+    candidates: &[u32],
+    mode: Mode,
+    row_batch: Option<usize>,
+) -> Result<(GroupLogits, RunStats), BackendError> {
+    run_group_from(backend, None, splits, candidates, mode, row_batch)
+}
+
+/// [`run_group`], with an optional retained `base` state of the token prefix `base_ids`: a
+/// context whose prefix strictly extends `base_ids` is prefilled by extending `base` with its
+/// remaining tokens instead of from scratch (the same tokens, so the same result); any other
+/// context is prefilled whole.
+pub fn run_group_from<B: Backend>(
+    backend: &B,
+    base: Option<(&[u32], &B::State)>,
     splits: &[&SplitPrompt],
     candidates: &[u32],
     mode: Mode,
@@ -82,7 +99,15 @@ pub fn run_group<B: Backend>(
     let t = Instant::now();
     let states = splits
         .iter()
-        .map(|s| backend.prefill(&s.prefix_ids))
+        .map(|s| match base {
+            Some((ids, state))
+                if s.prefix_ids.len() > ids.len() && s.prefix_ids.starts_with(ids) =>
+            {
+                stats.reused_prefix_tokens += ids.len();
+                backend.extend(state, &s.prefix_ids[ids.len()..])
+            }
+            _ => backend.prefill(&s.prefix_ids),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     stats.prefill_calls = states.len();
     stats.state_bytes = states.iter().map(PrefixState::nbytes).sum();

@@ -170,3 +170,40 @@ fn facts_report_the_fixed_linear_attention_state() {
         assert_eq!(fixed > 0, *name == "qwen3.5", "{name}: {fixed}");
     }
 }
+
+#[test]
+fn extending_a_retained_state_equals_prefilling_the_whole_prefix() {
+    use forkscore_backends::{PrefixState, ScoreRow};
+    let ids: Vec<u32> = (0..150u32).map(|i| 100 + (i * 37) % 5000).collect();
+    let rows = [
+        ScoreRow {
+            state: 0,
+            suffix: &[11, 12, 13],
+        },
+        ScoreRow {
+            state: 0,
+            suffix: &[14],
+        },
+    ];
+    let candidates = [1u32, 2, 3, 500, 9000];
+    for (name, engine) in engines() {
+        let b = engine.backend();
+        let whole = b.prefill(&ids).unwrap();
+        let base = b.prefill(&ids[..70]).unwrap();
+        let extended = b.extend(&base, &ids[70..]).unwrap();
+        assert_eq!(extended.len(), whole.len());
+        let want = b.score(&[&whole], &rows, &candidates).unwrap();
+        let got = b.score(&[&extended], &rows, &candidates).unwrap();
+        Tolerance::CPU_F32_LOGITS.assert_close(
+            &format!("{name} extend vs prefill"),
+            &got.data,
+            &want.data,
+        );
+        // The base is untouched: extending it again gives the same state.
+        let again = b
+            .score(&[&b.extend(&base, &ids[70..]).unwrap()], &rows, &candidates)
+            .unwrap();
+        assert_eq!(again.data, got.data, "{name}");
+        assert_eq!(base.len(), 70);
+    }
+}

@@ -478,3 +478,95 @@ fn the_output_may_not_be_the_input() {
         "the input is untouched"
     );
 }
+
+#[test]
+fn shared_and_serial_modes_extend_one_context_state_per_schema_with_identical_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("q.jsonl");
+    let context = "The checkout API returns 502 for every enterprise customer since the deploy; they cannot bill anyone.";
+    let lines = [
+        json!({"id": "q1", "question": "Is production affected?"}),
+        json!({"id": "q2", "question": "Is the customer asking for a refund?"}),
+        json!({"id": "q3", "schema": {"sev": {"type": "enum", "choices": ["low", "high"]}}}),
+        json!({"id": "q4", "question": "Is this a security issue?"}),
+    ];
+    std::fs::write(
+        &input,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let shared_out = dir.path().join("shared.jsonl");
+    run(&Job {
+        shared_context: Some(context.into()),
+        default_schema: None,
+        ..job(&input, &shared_out, BatchMode::Shared)
+    });
+    // The same questions, each with the context inline, scored line by line.
+    let direct_in = dir.path().join("d.jsonl");
+    std::fs::write(
+        &direct_in,
+        lines
+            .iter()
+            .map(|l| {
+                let mut l = l.clone();
+                l["context"] = context.into();
+                format!("{l}\n")
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let direct_out = dir.path().join("direct.jsonl");
+    run(&Job {
+        default_schema: None,
+        ..job(&direct_in, &direct_out, BatchMode::Direct)
+    });
+    let serial_out = dir.path().join("serial.jsonl");
+    run(&Job {
+        default_schema: None,
+        ..job(&direct_in, &serial_out, BatchMode::Serial)
+    });
+    let fields = |p: &Path| -> Vec<Value> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                assert!(v.get("error").is_none(), "{v}");
+                v["fields"].clone()
+            })
+            .collect()
+    };
+    let direct = fields(&direct_out);
+    let reused = |p: &Path| -> Vec<u64> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["telemetry"]["reused_prefix_tokens"]
+                    .as_u64()
+                    .unwrap_or(0)
+            })
+            .collect()
+    };
+    assert!(
+        reused(&shared_out).iter().all(|&n| n >= 16),
+        "every shared line extends the context state: {:?}",
+        reused(&shared_out)
+    );
+    assert!(
+        reused(&serial_out).iter().all(|&n| n >= 16),
+        "{:?}",
+        reused(&serial_out)
+    );
+    assert!(reused(&direct_out).iter().all(|&n| n == 0));
+    assert_eq!(
+        fields(&shared_out),
+        direct,
+        "shared == direct, exactly (fake backend)"
+    );
+    assert_eq!(
+        fields(&serial_out),
+        direct,
+        "serial == direct, exactly (fake backend)"
+    );
+}

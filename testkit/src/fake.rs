@@ -91,7 +91,7 @@ impl FakeBackend {
         splitmix(hash ^ (u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ ((pos as u64) << 40))
     }
 
-    fn extend(&self, mut hash: u64, start: usize, ids: &[u32]) -> Result<u64, BackendError> {
+    fn advance(&self, mut hash: u64, start: usize, ids: &[u32]) -> Result<u64, BackendError> {
         for (j, &id) in ids.iter().enumerate() {
             if id as usize >= self.facts.vocab_size {
                 return Err(BackendError::TokenOutOfRange {
@@ -138,8 +138,21 @@ impl Backend for FakeBackend {
         }
         self.calls.prefill.fetch_add(1, Ordering::SeqCst);
         Ok(FakeState {
-            hash: self.extend(self.start(), 0, ids)?,
+            hash: self.advance(self.start(), 0, ids)?,
             len: ids.len(),
+        })
+    }
+
+    fn extend(&self, state: &FakeState, ids: &[u32]) -> Result<FakeState, BackendError> {
+        if ids.is_empty() {
+            return Err(BackendError::InvalidRequest {
+                reason: "extend with no tokens".into(),
+            });
+        }
+        self.calls.prefill.fetch_add(1, Ordering::SeqCst);
+        Ok(FakeState {
+            hash: self.advance(state.hash, state.len, ids)?,
+            len: state.len + ids.len(),
         })
     }
 
@@ -165,7 +178,7 @@ impl Backend for FakeBackend {
                     reason: format!("row {i} has an empty suffix"),
                 });
             }
-            let hash = self.extend(state.hash, state.len, row.suffix)?;
+            let hash = self.advance(state.hash, state.len, row.suffix)?;
             data.extend(Self::logits(hash, candidates));
         }
         Ok(CandidateLogits {
@@ -182,7 +195,10 @@ impl Backend for FakeBackend {
             });
         }
         self.calls.forward_full.fetch_add(1, Ordering::SeqCst);
-        Ok(Self::logits(self.extend(self.start(), 0, ids)?, candidates))
+        Ok(Self::logits(
+            self.advance(self.start(), 0, ids)?,
+            candidates,
+        ))
     }
 }
 

@@ -187,6 +187,17 @@ impl CandleBackend {
 
     /// Prefill with an explicit chunk size (`prefill` uses the loaded `prefill_chunk`).
     pub fn prefill_chunked(&self, ids: &[u32], chunk: usize) -> Result<CandleState, BackendError> {
+        self.continue_chunked(None, ids, chunk)
+    }
+
+    /// Prefill `ids` in chunks, continuing `start` when given (which is never mutated: each
+    /// chunk builds new layer states from the previous ones).
+    pub fn continue_chunked(
+        &self,
+        start: Option<&CandleState>,
+        ids: &[u32],
+        chunk: usize,
+    ) -> Result<CandleState, BackendError> {
         if ids.is_empty() {
             return Err(invalid("cannot prefill an empty prefix"));
         }
@@ -195,8 +206,8 @@ impl CandleBackend {
         }
         self.check_ids(ids)?;
         let b = &self.backbone;
-        let mut layers: Vec<LayerState> = Vec::new();
-        let mut offset = 0;
+        let mut layers: Vec<LayerState> = start.map(|s| s.layers().to_vec()).unwrap_or_default();
+        let mut offset = start.map_or(0, PrefixState::len);
         for part in ids.chunks(chunk) {
             let step = Step::new(
                 &b.rope,
@@ -230,7 +241,7 @@ impl CandleBackend {
             };
             offset += part.len();
         }
-        Ok(CandleState::new(layers, ids.len()))
+        Ok(CandleState::new(layers, offset))
     }
 
     /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec.
@@ -319,6 +330,10 @@ impl Backend for CandleBackend {
 
     fn prefill(&self, ids: &[u32]) -> Result<CandleState, BackendError> {
         self.prefill_chunked(ids, self.prefill_chunk)
+    }
+
+    fn extend(&self, state: &CandleState, ids: &[u32]) -> Result<CandleState, BackendError> {
+        self.continue_chunked(Some(state), ids, self.prefill_chunk)
     }
 
     fn score(

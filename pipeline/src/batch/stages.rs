@@ -319,7 +319,13 @@ pub struct Scorer<'a, B: Backend> {
     pub provenance: &'a ProvenanceBase,
     /// serial: the last decision, keyed by (schema hash, context hash); shared: by schema hash.
     reuse: HashMap<(String, u64), (u64, Decision)>,
+    /// serial / shared: the retained state of the token prefix that lines with the same
+    /// context share whatever their schema (context hash, its ids, its state).
+    base: Option<(u64, Vec<u32>, B::State)>,
 }
+
+/// Shortest shared prefix worth a separate prefill.
+const MIN_SHARED_PREFIX: usize = 16;
 
 impl<'a, B: Backend> Scorer<'a, B> {
     pub fn new(
@@ -338,6 +344,7 @@ impl<'a, B: Backend> Scorer<'a, B> {
             mode,
             provenance,
             reuse: HashMap::new(),
+            base: None,
         }
     }
 
@@ -433,10 +440,20 @@ impl<'a, B: Backend> Scorer<'a, B> {
                     let out = match self.reuse.get(&key) {
                         Some((line, d)) => self.decided(first, Ok(d.clone()), Some(*line)),
                         None => {
-                            let d = self
-                                .decide(&run, &members, start)
-                                .pop()
-                                .unwrap_or_else(unreachable_group);
+                            self.refresh_base(first, key.1, &items);
+                            let d = match &self.base {
+                                Some((_, ids, state)) => self.engine.decide_from(
+                                    Some((ids.as_slice(), state)),
+                                    &first.compiled,
+                                    &first.prepared,
+                                    self.options,
+                                    self.temperature,
+                                ),
+                                None => self
+                                    .decide(&run, &members, start)
+                                    .pop()
+                                    .unwrap_or_else(unreachable_group),
+                            };
                             if let Ok(d) = &d {
                                 if self.mode == BatchMode::Serial || self.reuse.len() >= 4_096 {
                                     self.reuse.clear();
@@ -481,6 +498,41 @@ impl<'a, B: Backend> Scorer<'a, B> {
 
     /// The runs of this chunk, ordered by their first line: bounded groups per schema
     /// (grouped) or one run per line (every other mode).
+    /// Keep (or build) the retained state of the prefix that `first` shares with the other
+    /// lines of its context (`ctx`): the longest common token prefix of their prompts, less
+    /// one token so every line still extends it. Serial: the lines of the same context in this
+    /// chunk; shared: every line. Without a second line (or a long enough common prefix) there
+    /// is nothing to share and no base is kept.
+    fn refresh_base(&mut self, first: &Ready, ctx: u64, items: &[Item]) {
+        let ids = &first.prepared.split.prefix_ids;
+        if let Some((h, b, _)) = &self.base {
+            if *h == ctx && ids.len() > b.len() && ids.starts_with(b) {
+                return;
+            }
+        }
+        self.base = None;
+        let mut common = ids.len();
+        let mut others = 0;
+        for r in items.iter().filter_map(ready) {
+            if r.line == first.line || (self.mode == BatchMode::Serial && r.context_hash != ctx) {
+                continue;
+            }
+            let other = &r.prepared.split.prefix_ids;
+            let lcp = ids.iter().zip(other).take_while(|(a, b)| a == b).count();
+            common = common.min(lcp).min(other.len().saturating_sub(1));
+            others += 1;
+        }
+        common = common.min(ids.len().saturating_sub(1));
+        if others == 0 || common < MIN_SHARED_PREFIX {
+            return;
+        }
+        let base_ids = ids[..common].to_vec();
+        // A failed prefill only means no sharing: each line then prefills on its own.
+        if let Ok(state) = self.engine.backend().prefill(&base_ids) {
+            self.base = Some((ctx, base_ids, state));
+        }
+    }
+
     fn plan(&self, items: &[Item]) -> Vec<ContextGroup> {
         let model = self.engine.memory_model();
         let grouped = self.mode == BatchMode::Grouped;
