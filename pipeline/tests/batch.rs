@@ -570,3 +570,29 @@ fn shared_and_serial_modes_extend_one_context_state_per_schema_with_identical_re
         "serial == direct, exactly (fake backend)"
     );
 }
+
+#[test]
+fn resume_against_another_input_fails_before_appending_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.jsonl");
+    std::fs::write(&a, "{\"id\": 1, \"context\": \"one\"}\n{\"id\": 2, \"context\": \"two\"}\n{\"id\": 3, \"context\": \"three\"}\n").unwrap();
+    let out = dir.path().join("out.jsonl");
+    run(&job(&a, &out, BatchMode::Grouped));
+    let before = std::fs::read_to_string(&out).unwrap();
+    // Line 3 is blank in this input: the output's last record (line 3) has no counterpart.
+    let b = dir.path().join("b.jsonl");
+    std::fs::write(&b, "{\"id\": 1, \"context\": \"one\"}\n{\"id\": 2, \"context\": \"two\"}\n\n{\"id\": 4, \"context\": \"four\"}\n").unwrap();
+    let (engine, prov) = engine();
+    let mut j = job(&b, &out, BatchMode::Grouped);
+    j.policy = OutputPolicy::Resume;
+    let err = run_job(engine, prov, &j).unwrap_err();
+    assert!(
+        err.to_string().contains("belongs to another input"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        before,
+        "nothing appended"
+    );
+}

@@ -186,6 +186,8 @@ pub enum StageError {
         output_id: String,
         input_id: String,
     },
+    #[error("--resume: the output ends at input line {line} but the input has no record on that line; the output belongs to another input")]
+    ResumeLineMissing { line: u64 },
 }
 
 /// The CPU stage.
@@ -241,6 +243,15 @@ impl<B: Backend> Preparer<'_, B> {
             let fresh = id.is_none_or(|id| self.seen_ids.insert(id_key(id)));
             if done {
                 continue;
+            }
+            // The first line still to do comes after the output's last line: that line must
+            // have been seen by now, before anything new is scored and appended.
+            if let Some(check) = &self.resume {
+                if !check.seen {
+                    return Err(StageError::ResumeLineMissing {
+                        line: check.last_line,
+                    });
+                }
             }
             todo.push(match (p, fresh) {
                 (Ok(r), false) => Err(Failed {
