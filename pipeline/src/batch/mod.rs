@@ -267,16 +267,23 @@ pub fn run_job<B: Backend>(
     })
 }
 
-/// Total memory of a CUDA device from nvidia-smi (None when unavailable).
+/// Total memory of a CUDA device from nvidia-smi (None when unavailable or not CUDA). The
+/// ordinal is forkscore's (`cuda:N`); nvidia-smi numbers physical GPUs, so it is mapped through
+/// `CUDA_VISIBLE_DEVICES` when that lists indices.
 fn cuda_memory_bytes(device: &str) -> Option<u64> {
-    let ordinal = device.strip_prefix("cuda")?.trim_start_matches(':');
-    let ordinal = if ordinal.is_empty() { "0" } else { ordinal };
+    let forkscore_backends::DeviceSpec::Cuda(ordinal) = device.parse().ok()? else {
+        return None;
+    };
+    let physical = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').nth(ordinal)?.trim().to_string(),
+        _ => ordinal.to_string(),
+    };
     let out = std::process::Command::new("nvidia-smi")
         .args([
             "--query-gpu=memory.total",
             "--format=csv,noheader,nounits",
             "-i",
-            ordinal,
+            &physical,
         ])
         .output()
         .ok()?;
