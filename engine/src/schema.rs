@@ -368,21 +368,7 @@ fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>, SchemaErro
 }
 
 fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field, SchemaError> {
-    check_field_name(name, path)?;
-    let obj = spec.as_object().ok_or_else(|| {
-        err(
-            path,
-            SchemaErrorKind::FieldNotAnObject {
-                found: type_name(spec),
-            },
-        )
-    })?;
-    // An unsupported type is the clearer message than the keys that come with it (`items`, …).
-    if let Some(Value::String(t)) = obj.get("type") {
-        if !["boolean", "string"].contains(&t.as_str()) {
-            return Err(err(format!("{path}.type"), unsupported_type(t)));
-        }
-    }
+    let obj = field_object(name, spec, path, &["boolean", "string"])?;
     check_keys(
         obj,
         path,
@@ -446,21 +432,7 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
 
 fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
     let path = name;
-    check_field_name(name, path)?;
-    let obj = spec.as_object().ok_or_else(|| {
-        err(
-            path,
-            SchemaErrorKind::FieldNotAnObject {
-                found: type_name(spec),
-            },
-        )
-    })?;
-    // As in the JSON Schema form: an unsupported type is the clearer message than its keys.
-    if let Some(Value::String(t)) = obj.get("type") {
-        if !["enum", "boolean", "string"].contains(&t.as_str()) {
-            return Err(err(format!("{path}.type"), unsupported_type(t)));
-        }
-    }
+    let obj = field_object(name, spec, path, &["enum", "boolean", "string"])?;
     check_keys(
         obj,
         path,
@@ -507,6 +479,32 @@ fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
         choices,
         choice_descriptions,
     })
+}
+
+/// The checks every field starts with, in both forms: a valid name, an object, and a `type`
+/// among `supported` when it is a string (an unsupported type is the clearer message than the
+/// keys that come with it, such as `items` or `properties`).
+fn field_object<'a>(
+    name: &str,
+    spec: &'a Value,
+    path: &str,
+    supported: &[&str],
+) -> Result<&'a Map<String, Value>, SchemaError> {
+    check_field_name(name, path)?;
+    let obj = spec.as_object().ok_or_else(|| {
+        err(
+            path,
+            SchemaErrorKind::FieldNotAnObject {
+                found: type_name(spec),
+            },
+        )
+    })?;
+    if let Some(Value::String(t)) = obj.get("type") {
+        if !supported.contains(&t.as_str()) {
+            return Err(err(format!("{path}.type"), unsupported_type(t)));
+        }
+    }
+    Ok(obj)
 }
 
 /// Reject any key of a field object outside `allowed`.
