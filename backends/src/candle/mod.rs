@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod gated_deltanet;
+pub mod profile;
 pub mod state;
 
 mod attention;

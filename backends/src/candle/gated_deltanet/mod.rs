@@ -19,6 +19,7 @@
 
 pub mod chunked;
 pub mod conv;
+pub mod fused;
 pub mod gates;
 pub mod norm;
 pub mod recurrence;
@@ -179,6 +180,8 @@ pub enum DeltaRule {
     Recurrent,
     /// Chunk-parallel with the given chunk length (§6).
     Chunked(usize),
+    /// The fused CUDA kernel ([`fused`]): token by token with the state held on chip.
+    Fused,
 }
 
 impl DeltaRule {
@@ -190,6 +193,24 @@ impl DeltaRule {
             DeltaRule::Chunked(chunked::CHUNK)
         }
     }
+
+    /// The form a call takes: the fused kernel where it runs ([`fused::supports`]) unless the
+    /// environment sets `FORKSCORE_GDN=candle`, else [`DeltaRule::for_len`].
+    pub fn for_call(len: usize, dims: &GdnDims, device: &Device) -> Self {
+        if fused::supports(dims, device) && !candle_path_forced() {
+            DeltaRule::Fused
+        } else {
+            DeltaRule::for_len(len)
+        }
+    }
+}
+
+/// `FORKSCORE_GDN=candle` keeps the candle path on CUDA (to compare or profile), read once.
+fn candle_path_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var("FORKSCORE_GDN").is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
+    })
 }
 
 /// One Gated DeltaNet layer, ready to run.
@@ -292,7 +313,11 @@ impl GdnLayer {
         state: &GdnState,
         padding: Option<&RightPadding>,
     ) -> Result<(Tensor, GdnState), BackendError> {
-        let rule = DeltaRule::for_len(x.dims().get(1).copied().unwrap_or(0));
+        let rule = DeltaRule::for_call(
+            x.dims().get(1).copied().unwrap_or(0),
+            &self.dims,
+            x.device(),
+        );
         self.forward_with(x, state, padding, rule)
     }
 
@@ -355,29 +380,7 @@ impl GdnLayer {
 
         let (c, conv_state) = conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)?;
 
-        // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
-        let q = c.narrow(2, 0, ck)?.reshape((b, l, hk, dk))?;
-        let k = c.narrow(2, ck, ck)?.reshape((b, l, hk, dk))?;
-        let v = c.narrow(2, 2 * ck, cv)?.reshape((b, l, hv, dv))?;
-        let q = (norm::l2_normalize(&q)? * (dk as f64).powf(-0.5))?;
-        let k = norm::l2_normalize(&k)?;
-        // Value head h reads key head ⌊h / r⌋: (B, L, Hk, dk) -> (B, L, Hk, r, dk) -> (B, L, Hv, dk)
-        let r = hv / hk;
-        let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
-            if r == 1 {
-                Ok(t)
-            } else {
-                t.unsqueeze(3)?
-                    .broadcast_as((b, l, hk, r, dk))?
-                    .reshape((b, l, hv, dk))
-            }
-        };
-        // (B, L, Hv, d) -> (B, Hv, L, d)
-        let heads_first = |t: Tensor| t.transpose(1, 2)?.contiguous();
-        let q = heads_first(repeat(q)?)?;
-        let k = heads_first(repeat(k)?)?;
-        let v = heads_first(v)?;
-
+        // (B, L, Hv) each
         let mut beta = gates::beta(&b_logits)?;
         let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
         if let Some(pad) = padding.filter(|p| !p.is_full()) {
@@ -385,21 +388,58 @@ impl GdnLayer {
             beta = gates::apply_mask(&beta, &mask)?;
             g = gates::apply_mask(&g, &mask)?;
         }
-        // (B, L, Hv) -> (B, Hv, L)
-        let beta = beta.transpose(1, 2)?.contiguous()?;
-        let g = g.transpose(1, 2)?.contiguous()?;
 
-        let (o, recurrent) = match rule {
-            DeltaRule::Recurrent => {
-                recurrence::recurrent_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent)?
-            }
-            DeltaRule::Chunked(chunk) => {
-                chunked::chunked_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent, chunk)?
-            }
+        // o: (B, L, Hv, dv)
+        let (o, recurrent) = if rule == DeltaRule::Fused {
+            fused::gated_delta_rule(&c, &beta, &g, &state.recurrent, &self.dims)?
+        } else {
+            // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
+            let q = c.narrow(2, 0, ck)?.reshape((b, l, hk, dk))?;
+            let k = c.narrow(2, ck, ck)?.reshape((b, l, hk, dk))?;
+            let v = c.narrow(2, 2 * ck, cv)?.reshape((b, l, hv, dv))?;
+            let q = (norm::l2_normalize(&q)? * (dk as f64).powf(-0.5))?;
+            let k = norm::l2_normalize(&k)?;
+            // Value head h reads key head ⌊h / r⌋: (B, L, Hk, dk) -> (B, L, Hk, r, dk) -> (B, L, Hv, dk)
+            let r = hv / hk;
+            let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
+                if r == 1 {
+                    Ok(t)
+                } else {
+                    t.unsqueeze(3)?
+                        .broadcast_as((b, l, hk, r, dk))?
+                        .reshape((b, l, hv, dk))
+                }
+            };
+            // (B, L, Hv, d) -> (B, Hv, L, d)
+            let heads_first = |t: Tensor| t.transpose(1, 2)?.contiguous();
+            let q = heads_first(repeat(q)?)?;
+            let k = heads_first(repeat(k)?)?;
+            let v = heads_first(v)?;
+            // (B, L, Hv) -> (B, Hv, L)
+            let beta = beta.transpose(1, 2)?.contiguous()?;
+            let g = g.transpose(1, 2)?.contiguous()?;
+            let (o, recurrent) = match rule {
+                DeltaRule::Chunked(chunk) => chunked::chunked_gated_delta_rule(
+                    &q,
+                    &k,
+                    &v,
+                    &beta,
+                    &g,
+                    &state.recurrent,
+                    chunk,
+                )?,
+                _ => recurrence::recurrent_gated_delta_rule(
+                    &q,
+                    &k,
+                    &v,
+                    &beta,
+                    &g,
+                    &state.recurrent,
+                )?,
+            };
+            // (B, Hv, L, dv) -> (B, L, Hv, dv)
+            (o.transpose(1, 2)?.contiguous()?, recurrent)
         };
-
-        // (B, Hv, L, dv) -> (B, L, Hv, dv)
-        let o = o.transpose(1, 2)?.contiguous()?;
         let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
         // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
         let y = y.reshape((b, l, cv))?.to_dtype(act)?;

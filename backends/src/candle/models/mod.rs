@@ -20,6 +20,7 @@ use super::config::{Architecture, LayerKind, ModelConfig};
 use super::head::CandidateHead;
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
+use super::profile;
 use super::rope::Rope;
 use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
@@ -29,7 +30,7 @@ use self_attn::{SelfAttention, SelfAttentionSpec};
 
 /// The token mixer of one decoder layer.
 pub(crate) trait Mixer: Send + Sync {
-    #[allow(dead_code)] // read by hybrid architectures to pair layers with state kinds
+    /// Which kind of layer this is (profiling regions are named after it).
     fn kind(&self) -> LayerKind;
 
     /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
@@ -58,11 +59,17 @@ impl DecoderLayer {
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), BackendError> {
         let add = BackendError::tensor("residual add");
-        let (m, update) = self
-            .mixer
-            .forward(&self.input_norm.forward(x)?, past, step)?;
+        let region = match self.mixer.kind() {
+            LayerKind::FullAttention => "attention",
+            LayerKind::LinearAttention => "linear_attention",
+        };
+        let (m, update) = profile::region(region, x.device(), || {
+            self.mixer.forward(&self.input_norm.forward(x)?, past, step)
+        })?;
         let x = (x + m).map_err(add)?;
-        let m = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        let m = profile::region("mlp", x.device(), || {
+            self.mlp.forward(&self.post_norm.forward(&x)?)
+        })?;
         let x = (x + m).map_err(BackendError::tensor("residual add"))?;
         Ok((x, update))
     }
@@ -108,11 +115,12 @@ impl Backbone {
         }
         let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
         // (B*L,) -> (B*L, D) -> (B, L, D)
-        let mut x = self
-            .embed
-            .index_select(&ids, 0)
-            .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
-            .map_err(BackendError::tensor("embed"))?;
+        let mut x = profile::region("embed", &self.device, || {
+            self.embed
+                .index_select(&ids, 0)
+                .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
+        })
+        .map_err(BackendError::tensor("embed"))?;
         let mut updates = Vec::with_capacity(self.layers.len());
         for (layer, past) in self.layers.iter().zip(pasts) {
             let (next, update) = layer.forward(&x, past, step)?;
@@ -124,8 +132,10 @@ impl Backbone {
 
     /// Final norm and candidate head: `(N, D)` -> `(N, C)` f32.
     pub fn logits(&self, last_hidden: &Tensor, candidates: &[u32]) -> Result<Tensor, BackendError> {
-        let h = self.final_norm.forward(last_hidden)?;
-        self.head.project(&h, candidates, &self.device)
+        profile::region("head", &self.device, || {
+            let h = self.final_norm.forward(last_hidden)?;
+            self.head.project(&h, candidates, &self.device)
+        })
     }
 }
 

@@ -1,0 +1,232 @@
+//! The delta rule as one fused CUDA kernel (`kernels/gdn_recurrent.cu`), for prefill and scoring
+//! on NVIDIA GPUs. It computes the same function as [`super::recurrence`] token by token, but
+//! keeps the recurrent state in registers for the whole call and fuses the q | k | v split, the
+//! L2 normalisation, the q scale, the key-head sharing and the head-major transposes around it.
+//!
+//! In: the conv output `qkv: (B, L, Cc)` f32 (`Cc = 2·Hk·dk + Hv·dv`), `beta, g: (B, L, Hv)` f32
+//! (already 0 at right-padded positions), `state: (B, Hv, dk, dv)` f32.
+//! Out: `o: (B, L, Hv, dv)` f32 (token-major, ready for the gated norm) and the final state.
+//!
+//! Supported: `dk ∈ {32, 64, 128, 256}`, any `dv`, `Hv` a multiple of `Hk`; [`supports`] says
+//! whether a call can take this path. On a build without the `cuda` feature, or on another
+//! device, [`supports`] is false and the candle path runs.
+
+use candle_core::{Device, Result, Tensor};
+
+use super::GdnDims;
+
+/// Whether the fused kernel can run this layer on this device.
+pub fn supports(dims: &GdnDims, device: &Device) -> bool {
+    cfg!(feature = "cuda")
+        && device.is_cuda()
+        && matches!(dims.key_dim, 32 | 64 | 128 | 256)
+        && dims.value_heads % dims.key_heads == 0
+}
+
+/// Run the delta rule over `qkv` from `state`. See the module docs for shapes.
+#[cfg(feature = "cuda")]
+pub fn gated_delta_rule(
+    qkv: &Tensor,
+    beta: &Tensor,
+    g: &Tensor,
+    state: &Tensor,
+    dims: &GdnDims,
+) -> Result<(Tensor, Tensor)> {
+    cuda::run(qkv, beta, g, state, dims)
+}
+
+/// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
+#[cfg(not(feature = "cuda"))]
+pub fn gated_delta_rule(
+    _qkv: &Tensor,
+    _beta: &Tensor,
+    _g: &Tensor,
+    _state: &Tensor,
+    _dims: &GdnDims,
+) -> Result<(Tensor, Tensor)> {
+    candle_core::bail!("the fused Gated DeltaNet kernel needs the `cuda` feature")
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaModule, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{
+        CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor,
+    };
+
+    use super::GdnDims;
+
+    /// nvcc's fat binary of `kernels/gdn_recurrent.cu` (see build.rs).
+    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_recurrent.fatbin"));
+    /// Must match `4 · GDN_CPL · GDN_WARPS` and `32 · GDN_WARPS` of the kernel source.
+    const COLUMNS_PER_BLOCK: usize = 32;
+    const THREADS: u32 = 128;
+    /// The L2-normalisation epsilon of the candle path ([`super::super::norm::L2_EPS`]).
+    const L2_EPS: f32 = super::super::norm::L2_EPS as f32;
+
+    /// Loaded once per device (module loading from machine code takes microseconds; the
+    /// compute_80 PTX fallback is compiled by the driver once on other GPUs).
+    fn module(dev: &CudaDevice) -> Result<Arc<CudaModule>> {
+        static MODULES: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaModule>>>> =
+            OnceLock::new();
+        let map = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("fused GDN module cache poisoned".into()))?;
+        if let Some(m) = map.get(&dev.id()) {
+            return Ok(m.clone());
+        }
+        let m = dev
+            .cuda_stream()
+            .context()
+            .load_module(Ptx::from_binary(FATBIN.to_vec()))
+            .w()?;
+        map.insert(dev.id(), m.clone());
+        Ok(m)
+    }
+
+    /// The op: applied to `qkv`, holding the other inputs. Its one output is the flat
+    /// concatenation `[o (B·L·Hv·dv) | state (B·Hv·dk·dv)]`, split by [`run`].
+    struct GatedDeltaRule {
+        beta: Tensor,
+        g: Tensor,
+        state: Tensor,
+        dims: GdnDims,
+    }
+
+    fn cuda_f32<'a>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
+        let Storage::Cuda(s) = storage else {
+            candle_core::bail!("fused GDN: {what} is not on a CUDA device")
+        };
+        if !layout.is_contiguous() {
+            candle_core::bail!("fused GDN: {what} is not contiguous");
+        }
+        let slice = s.as_cuda_slice::<f32>()?;
+        Ok(slice.slice(layout.start_offset()..layout.start_offset() + layout.shape().elem_count()))
+    }
+
+    impl CustomOp1 for GatedDeltaRule {
+        fn name(&self) -> &'static str {
+            "fused-gated-delta-rule"
+        }
+
+        fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("the fused Gated DeltaNet kernel runs on CUDA only")
+        }
+
+        fn cuda_fwd(&self, qkv: &CudaStorage, qkv_l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let GdnDims {
+                key_heads: hk,
+                value_heads: hv,
+                key_dim: dk,
+                value_dim: dv,
+                ..
+            } = self.dims;
+            let (b, l, _) = qkv_l.shape().dims3()?;
+            let dev = qkv.device().clone();
+            if !qkv_l.is_contiguous() {
+                candle_core::bail!("fused GDN: qkv is not contiguous");
+            }
+            let qkv = qkv
+                .as_cuda_slice::<f32>()?
+                .slice(qkv_l.start_offset()..qkv_l.start_offset() + qkv_l.shape().elem_count());
+            let (beta_s, beta_l) = self.beta.storage_and_layout();
+            let beta = cuda_f32(&beta_s, beta_l, "beta")?;
+            let (g_s, g_l) = self.g.storage_and_layout();
+            let g = cuda_f32(&g_s, g_l, "g")?;
+            let (st_s, st_l) = self.state.storage_and_layout();
+            let s0 = cuda_f32(&st_s, st_l, "state")?;
+
+            let n_out = b * l * hv * dv;
+            let n_state = b * hv * dk * dv;
+            // SAFETY: every element is written by the kernel (outputs of all B·L tokens and
+            // the final state of all B rows).
+            let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
+            let (mut out, mut s1) = dst.split_at_mut(n_out);
+
+            let func = module(&dev)?
+                .load_function(&format!("gdn_recurrent_dk{dk}"))
+                .w()?;
+            let stream = dev.cuda_stream();
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (b * hv) as u32,
+                    dv.div_ceil(COLUMNS_PER_BLOCK) as u32,
+                    1,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (l_i, hk_i, hv_i, dv_i) = (l as i32, hk as i32, hv as i32, dv as i32);
+            let q_scale = (dk as f32).powf(-0.5);
+            let no_slots: u64 = 0;
+            let mut builder = stream.launch_builder(&func);
+            builder.arg(&qkv);
+            builder.arg(&beta);
+            builder.arg(&g);
+            builder.arg(&s0);
+            builder.arg(&no_slots);
+            builder.arg(&mut out);
+            builder.arg(&mut s1);
+            builder.arg(&l_i);
+            builder.arg(&hk_i);
+            builder.arg(&hv_i);
+            builder.arg(&dv_i);
+            builder.arg(&q_scale);
+            builder.arg(&L2_EPS);
+            // SAFETY: argument types and order match the kernel's signature; shapes were
+            // checked by `run`.
+            unsafe { builder.launch(cfg) }.w()?;
+            drop(builder);
+            Ok((
+                CudaStorage::wrap_cuda_slice(dst, dev),
+                Shape::from(n_out + n_state),
+            ))
+        }
+    }
+
+    pub(super) fn run(
+        qkv: &Tensor,
+        beta: &Tensor,
+        g: &Tensor,
+        state: &Tensor,
+        dims: &GdnDims,
+    ) -> Result<(Tensor, Tensor)> {
+        let (b, l, cc) = qkv.dims3()?;
+        let (hv, dk, dv) = (dims.value_heads, dims.key_dim, dims.value_dim);
+        if cc != dims.conv_channels() {
+            candle_core::bail!("fused GDN: qkv has {cc} channels, expected {}", dims.conv_channels());
+        }
+        for (name, t) in [("beta", beta), ("g", g)] {
+            if t.dims() != [b, l, hv] {
+                candle_core::bail!("fused GDN: {name} is {:?}, expected {:?}", t.dims(), [b, l, hv]);
+            }
+        }
+        if state.dims() != [b, hv, dk, dv] {
+            candle_core::bail!("fused GDN: state is {:?}, expected {:?}", state.dims(), [b, hv, dk, dv]);
+        }
+        let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+        let op = GatedDeltaRule {
+            beta: f32c(beta)?,
+            g: f32c(g)?,
+            state: f32c(state)?,
+            dims: *dims,
+        };
+        // (B·L·Hv·dv + B·Hv·dk·dv,) -> (B, L, Hv, dv), (B, Hv, dk, dv)
+        let flat = f32c(qkv)?.apply_op1_no_bwd(&op)?;
+        let n_out = b * l * hv * dv;
+        let o = flat.narrow(0, 0, n_out)?.reshape((b, l, hv, dv))?;
+        let s = flat
+            .narrow(0, n_out, b * hv * dk * dv)?
+            .reshape((b, hv, dk, dv))?;
+        Ok((o, s))
+    }
+}
