@@ -164,11 +164,12 @@ def model_section(work: Path, model: str, ckpt: dict, md: list[str]) -> dict:
         if agree:
             a, n = sum(x[0] for x in agree), sum(x[1] for x in agree)
             d = max(x[2] or 0 for x in agree)
-            bvi = max((c.get("batched_vs_independent_max_abs") or 0) for c in peers[l].get("cases", []))
+            vs = {m: max((c.get(f"{m}_vs_independent_max_abs") or 0) for c in peers[l].get("cases", []))
+                  for m in ("batched", "cached_serial")}
             errs = sorted({f"{m}: {e['error'][:120]}" for c in peers[l].get("cases", [])
                            for m, e in c["modes"].items() if "error" in e})
             md.append(f"peer {l}: argmax agreement with forkscore {a}/{n} row-scorings, max |Δ logit| {d:.3g}, "
-                      f"batched vs independent max |Δ| {bvi:.3g}" + (f"; errors: {'; '.join(errs)}" if errs else ""))
+                      f"batched vs independent max |Δ| {vs['batched']:.3g}, cached-serial vs independent {vs['cached_serial']:.3g}" + (f"; errors: {'; '.join(errs)}" if errs else ""))
             md.append("")
     if batch:
         md.append(f"Batch: {batch['contexts']} contexts × {batch['fields']} fields, "

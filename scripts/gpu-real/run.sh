@@ -15,6 +15,8 @@
 #   BATCH_CONTEXTS (64), BATCH_FIELDS (8), BATCH_TOKENS (830), BATCH_TIMEOUT (45 per mode),
 #   FORKSCORE_PROFILE (1, passed through to forkscore), CARRY (carry), WORK (/tmp/gpu-real),
 #   COMMIT (else git rev-parse HEAD), PY (python3), TOTAL_S (530).
+# CPU smoke test of the whole pipeline (no GPU, tiny dimensions, real vocabularies):
+#   DEVICE=cpu DTYPE=f32 TINY=1 BIN_DIR=target/debug-bins (holding forkscore and modes-bench).
 # Output ($OUT, 8 files at most): run.log (everything printed; the report table last),
 #   report.md, report.json, bench-<model>.log (bench stdout+stderr incl. FORKSCORE_PROFILE
 #   output), peer.log, batch.log, raw.tar.gz (modes/peer/batch JSON, dumps, memory samples).
@@ -32,9 +34,14 @@ W="${WORK:-/tmp/gpu-real}"
 MODELS="${MODELS:-qwen35-4b,qwen25-1.5b}"
 BATCH_MODELS="${BATCH_MODELS:-qwen35-4b}"
 S="$REPO/scripts/gpu-real"
-B=/tmp/forkscore-bin
+B="${BIN_DIR:-/tmp/forkscore-bin}"
+DEVICE="${DEVICE:-cuda}"
+DTYPE="${DTYPE:-bf16}"
+case "$DTYPE" in bf16) PT_DTYPE=bfloat16 ;; f16) PT_DTYPE=float16 ;; *) PT_DTYPE=float32 ;; esac
+TINY_FLAG=""; [[ "${TINY:-0}" == 1 ]] && TINY_FLAG=--tiny
 export FORKSCORE_PROFILE="${FORKSCORE_PROFILE:-1}"
 rm -rf "$W" && mkdir -p "$W/ckpt" "$B"
+RUN="$B/run.sh"
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 # budget DEFAULT RESERVE: a step's timeout, the default cut to the time left minus RESERVE.
@@ -53,6 +60,10 @@ COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 
 # 1. In the background: unpack the binaries, install the fla wheels into /tmp/fla.
+if [[ -n "${BIN_DIR:-}" ]]; then
+  RUN=env  # local binaries: no wrapper
+  UNPACK_PID=""
+else
 (
   cp -f "$CARRY/run.sh" "$B/"
   for n in forkscore modes-bench; do
@@ -63,6 +74,7 @@ COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   echo "unpacked binaries"
 ) &
 UNPACK_PID=$!
+fi
 FLA=""
 if [[ "${SKIP_FLA:-0}" != 1 ]] && ls .whl/*.whl >/dev/null 2>&1; then
   rm -rf /tmp/fla
@@ -73,8 +85,9 @@ fi
 # 2. Checkpoints (transformers save_pretrained, bf16, on cuda).
 say "write checkpoints: $MODELS"
 timeout "$(budget 120 15)" "$PY" "$S/write_checkpoints.py" "$W/ckpt" --models "$MODELS" \
+  --device "$DEVICE" --dtype "$PT_DTYPE" $TINY_FLAG \
   | tee "$W/checkpoints.jsonl" || echo "write_checkpoints FAILED"
-wait "$UNPACK_PID" || echo "unpack FAILED"
+[[ -z "$UNPACK_PID" ]] || wait "$UNPACK_PID" || echo "unpack FAILED"
 
 cat > "$W/env.json" <<EOF
 {"commit": "$COMMIT", "gpu": "$GPU", "driver": "$DRIVER", "command": "OUT=... bash scripts/gpu-real/run.sh",
@@ -94,11 +107,11 @@ for m in "${MODEL_LIST[@]}"; do
     t="$(budget "${!tv:-$d}" 15)"
     say "modes bench $m (modes ${!modes_var:-$default_modes}, timeout ${t}s)"
     mem_start "bench-$m"
-    FORKSCORE_BENCH_MODEL="$dir" FORKSCORE_BENCH_DEVICE=cuda FORKSCORE_BENCH_DTYPE=bf16 \
+    FORKSCORE_BENCH_MODEL="$dir" FORKSCORE_BENCH_DEVICE="$DEVICE" FORKSCORE_BENCH_DTYPE="$DTYPE" \
     FORKSCORE_BENCH_REPEATS="${BENCH_REPEATS:-3}" FORKSCORE_BENCH_OUT="$W/bench-$m" \
     FORKSCORE_BENCH_DUMP="$W/dump-$m.json" FORKSCORE_BENCH_MODES="${!modes_var:-$default_modes}" \
     FORKSCORE_BENCH_FIELDS="${BENCH_FIELDS:-1,3,8,28}" FORKSCORE_BENCH_WORDS="${BENCH_WORDS:-40,600}" \
-      timeout "$t" "$B/run.sh" "$B/modes-bench" > "$OUT/bench-$m.log" 2>&1
+      timeout "$t" $RUN "$B/modes-bench" > "$OUT/bench-$m.log" 2>&1
     echo "bench exit $?"
     mem_stop
     grep -v "^\[profile\]" "$OUT/bench-$m.log" | tail -12
@@ -114,7 +127,7 @@ for m in "${MODEL_LIST[@]}"; do
       mem_start "peer-$label-$m"
       pp=""; [[ "$label" == fla ]] && pp="$FLA"
       PYTHONPATH="$pp" timeout "$t" "$PY" "$S/peer.py" --dump "$W/dump-$m.json" --model "$dir" \
-        --out "$W/peer-$m-$label.json" --label "$m-$label" --repeats "${PEER_REPEATS:-5}" \
+        --out "$W/peer-$m-$label.json" --label "$m-$label" --device "$DEVICE" --dtype "$PT_DTYPE" --repeats "${PEER_REPEATS:-5}" \
         --budget-s "${PEER_BUDGET_S:-3}" --deadline-s "$(( t - 15 ))" \
         --cases "${PEER_CASES:-8:600,28:600,28:40,8:40,3:600,3:40,1:600,1:40}" >> "$OUT/peer.log" 2>&1
       echo "peer exit $?"
@@ -132,7 +145,8 @@ if [[ "${SKIP_BATCH:-0}" != 1 ]]; then
     t="$(budget $(( 2 * ${BATCH_TIMEOUT:-45} + 10 )) 10)"
     say "batch $m (timeout ${t}s)"
     mem_start "batch-$m"
-    timeout "$t" "$PY" "$S/batch_case.py" --forkscore "$B/run.sh $B/forkscore" --model "$dir" \
+    timeout "$t" "$PY" "$S/batch_case.py" --forkscore "$RUN $B/forkscore" --model "$dir" \
+      --device "$DEVICE" --dtype "$DTYPE" \
       --out "$W/batch-$m.json" --contexts "${BATCH_CONTEXTS:-64}" --fields "${BATCH_FIELDS:-8}" \
       --tokens "${BATCH_TOKENS:-830}" --timeout-s "$(( (t - 10) / 2 ))" --work "$W/batch-work-$m" \
       >> "$OUT/batch.log" 2>&1
