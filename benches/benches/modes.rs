@@ -5,13 +5,24 @@
 //! a table. Env: FORKSCORE_BENCH_MODEL=<HF folder> to measure a real checkpoint instead of the
 //! seeded bench-size model; FORKSCORE_BENCH_REPEATS (default 5); FORKSCORE_BENCH_DEVICE
 //! (default cpu); FORKSCORE_BENCH_DTYPE (f32 | bf16 | f16, default: the device's, f32 on CPU,
-//! bf16 on GPUs); FORKSCORE_BENCH_OUT (report folder, default target/bench of the source tree).
+//! bf16 on GPUs); FORKSCORE_BENCH_OUT (report folder, default target/bench of the source tree);
+//! FORKSCORE_BENCH_DUMP=<file> also writes, per case, exactly what the model is fed (prefix ids,
+//! each row's suffix ids and code ids) and each row's candidate logits and argmax code, so that a
+//! peer (scripts/gpu-real/peer.py) can score the same token ids.
+//! FORKSCORE_BENCH_FIELDS (field counts, default 1,3,8,28), FORKSCORE_BENCH_WORDS (context
+//! lengths in words, default 40,600) and FORKSCORE_BENCH_MODES (default
+//! parallel,fbs4,cached-serial,independent; a mode left out is null in the report) select cases.
+//! modes.json (and the dump) are rewritten after every case.
+//! Each row of modes.json carries the median per-stage telemetry timings of every mode
+//! (`stages_ms`: render, split, prefill, score, assemble, total).
 //! Shape of the seeded model (Qwen2.5 layout): FORKSCORE_BENCH_HIDDEN (256), _LAYERS (4),
 //! _HEADS (8), _KV_HEADS (2), _INTERMEDIATE (hidden * 11 / 4); head_dim = hidden / heads.
 
 use forkscore_backends::candle::{ComputeDType, DeviceSpec, LoadOptions};
 use forkscore_backends::Backend;
-use forkscore_benches::{context_of, load_engine, median_ms, triage_subset};
+use forkscore_benches::{
+    case_dump, context_of, load_engine, median_ms, median_stages, triage_subset,
+};
 use forkscore_engine::{Mode, ScoreOptions};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
 use std::path::PathBuf;
@@ -24,6 +35,40 @@ fn knob(name: &str, default: usize) -> anyhow::Result<usize> {
             .map_err(|e| anyhow::anyhow!("{name}={v:?} is not a count: {e}")),
         Err(_) => Ok(default),
     }
+}
+
+/// A comma-separated list of counts from the environment, `default` when unset.
+fn counts(name: &str, default: &[usize]) -> anyhow::Result<Vec<usize>> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .split(',')
+            .map(|c| {
+                c.trim()
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("{name}={v:?}: {c:?} is not a count: {e}"))
+            })
+            .collect(),
+        Err(_) => Ok(default.to_vec()),
+    }
+}
+
+/// The modes to time (FORKSCORE_BENCH_MODES, default all four).
+fn bench_modes() -> anyhow::Result<Vec<String>> {
+    const ALL: [&str; 4] = ["parallel", "fbs4", "cached-serial", "independent"];
+    let Ok(v) = std::env::var("FORKSCORE_BENCH_MODES") else {
+        return Ok(ALL.iter().map(|m| m.to_string()).collect());
+    };
+    v.split(',')
+        .map(|m| {
+            let m = m.trim();
+            anyhow::ensure!(
+                ALL.contains(&m),
+                "FORKSCORE_BENCH_MODES={v:?}: unknown mode {m:?} (expected {})",
+                ALL.join(", ")
+            );
+            Ok(m.to_string())
+        })
+        .collect()
 }
 
 fn parse_dtype(s: &str) -> anyhow::Result<ComputeDType> {
@@ -90,58 +135,111 @@ fn main() -> anyhow::Result<()> {
     }
     let engine = load_engine(&dir, &options)?;
     let dtype = engine.backend().facts().dtype.clone();
+    let fields_list = counts("FORKSCORE_BENCH_FIELDS", &[1, 3, 8, 28])?;
+    let words_list = counts("FORKSCORE_BENCH_WORDS", &[40, 600])?;
+    let modes = bench_modes()?;
+    let out = std::env::var("FORKSCORE_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench"));
+    std::fs::create_dir_all(&out)?;
+    let dump_path = std::env::var_os("FORKSCORE_BENCH_DUMP").map(PathBuf::from);
     let mut rows = Vec::new();
+    let mut dump = Vec::new();
+    // Rewritten after every case, so a run cut short by a timeout still leaves its rows.
+    let write = |rows: &Vec<serde_json::Value>,
+                 dump: &Vec<serde_json::Value>|
+     -> anyhow::Result<()> {
+        let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "repeats": repeats, "rows": rows});
+        std::fs::write(
+            out.join("modes.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        if let Some(path) = &dump_path {
+            let report = serde_json::json!({"model": label, "model_dir": dir, "device": device.to_string(), "dtype": dtype, "cases": dump});
+            std::fs::write(path, serde_json::to_string(&report)?)?;
+        }
+        Ok(())
+    };
     println!("model: {label} on {device} ({dtype})");
     println!(
         "{:>6} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
         "fields", "prefix", "parallel", "fbs=4", "cached-ser", "independent", "ind/par", "ser/par"
     );
-    for &words in &[40usize, 600] {
+    for &words in &words_list {
         let context = context_of(words);
-        for &fields in &[1usize, 3, 8, 28] {
+        for &fields in &fields_list {
             let schema = triage_subset(fields)?;
             let compiled = engine.compile(&schema)?;
-            let run = |mode: Mode, fbs: Option<usize>| {
+            // Median wall ms of one mode and the median of each telemetry stage over the timed
+            // runs; None when the mode is not selected.
+            let run = |key: &str,
+                       mode: Mode,
+                       fbs: Option<usize>|
+             -> anyhow::Result<Option<(f64, serde_json::Value)>> {
+                if !modes.iter().any(|m| m == key) {
+                    return Ok(None);
+                }
                 let opts = ScoreOptions {
                     mode,
                     field_batch_size: fbs,
                     ..ScoreOptions::default()
                 };
-                median_ms(1, repeats, || {
-                    engine.score(&context, &compiled, &opts)?;
+                let mut stages = Vec::with_capacity(repeats + 1);
+                let ms = median_ms(1, repeats, || {
+                    let d = engine.score(&context, &compiled, &opts)?;
+                    stages.push(d.telemetry.timings_ms);
                     Ok(())
-                })
+                })?;
+                // The warm-up run is the first entry.
+                Ok(Some((ms, median_stages(&stages[1..]))))
             };
             let prefix = engine
                 .prepare(&context, &compiled, usize::MAX)?
                 .split
                 .prefix_ids
                 .len();
-            let par = run(Mode::Parallel, None)?;
-            let fbs4 = run(Mode::Parallel, Some(4))?;
-            let ser = run(Mode::CachedSerial, None)?;
-            let ind = run(Mode::Independent, None)?;
+            let par = run("parallel", Mode::Parallel, None)?;
+            let fbs4 = run("fbs4", Mode::Parallel, Some(4))?;
+            let ser = run("cached-serial", Mode::CachedSerial, None)?;
+            let ind = run("independent", Mode::Independent, None)?;
+            if dump_path.is_some() {
+                let opts = ScoreOptions {
+                    include_prompt: true,
+                    ..ScoreOptions::default()
+                };
+                let decision = engine.score(&context, &compiled, &opts)?;
+                let mut case = case_dump(&compiled, &decision)?;
+                case["fields"] = fields.into();
+                case["context_words"] = words.into();
+                dump.push(case);
+            }
+            let ms = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(m, _)| *m);
+            let st = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(_, s)| s.clone());
+            let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+            let cell =
+                |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.1}{unit}"));
+            let (par_ms, ser_ms, ind_ms) = (ms(&par), ms(&ser), ms(&ind));
             println!(
-                "{fields:>6} {prefix:>8} {par:>10.1}ms {fbs4:>10.1}ms {ser:>10.1}ms {ind:>10.1}ms {:>9.2}x {:>9.2}x",
-                ind / par,
-                ser / par
+                "{fields:>6} {prefix:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
+                cell(par_ms, "ms"),
+                cell(ms(&fbs4), "ms"),
+                cell(ser_ms, "ms"),
+                cell(ind_ms, "ms"),
+                ratio(ind_ms, par_ms).map_or("-".into(), |r| format!("{r:.2}x")),
+                ratio(ser_ms, par_ms).map_or("-".into(), |r| format!("{r:.2}x")),
             );
             rows.push(serde_json::json!({
                 "fields": fields, "context_words": words, "prefix_tokens": prefix,
-                "parallel_ms": par, "parallel_fbs4_ms": fbs4, "cached_serial_ms": ser, "independent_ms": ind,
-                "speedup_vs_independent": ind / par, "speedup_vs_cached_serial": ser / par,
+                "parallel_ms": par_ms, "parallel_fbs4_ms": ms(&fbs4), "cached_serial_ms": ser_ms, "independent_ms": ind_ms,
+                "speedup_vs_independent": ratio(ind_ms, par_ms), "speedup_vs_cached_serial": ratio(ser_ms, par_ms),
+                "stages_ms": {"parallel": st(&par), "parallel_fbs4": st(&fbs4), "cached_serial": st(&ser), "independent": st(&ind)},
             }));
+            write(&rows, &dump)?;
         }
     }
-    let out = std::env::var("FORKSCORE_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench"));
-    std::fs::create_dir_all(&out)?;
-    let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "repeats": repeats, "rows": rows});
-    std::fs::write(
-        out.join("modes.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
     println!("report: {}", out.join("modes.json").display());
+    if let Some(path) = &dump_path {
+        println!("dump: {}", path.display());
+    }
     Ok(())
 }

@@ -5,7 +5,11 @@
 use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::Backend;
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema};
+use forkscore_engine::assemble::{argmax_first, StageTimings};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, CompiledSchema, Decision, Engine,
+    Schema,
+};
 use std::path::Path;
 use std::time::Instant;
 
@@ -58,4 +62,48 @@ pub fn median_ms(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// Per stage, the median over `runs` (JSON object: render, split, prefill, score, assemble, total).
+pub fn median_stages(runs: &[StageTimings]) -> serde_json::Value {
+    let median = |get: fn(&StageTimings) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(get).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    serde_json::json!({
+        "render": median(|t| t.render), "split": median(|t| t.split),
+        "prefill": median(|t| t.prefill), "score": median(|t| t.score),
+        "assemble": median(|t| t.assemble), "total": median(|t| t.total),
+    })
+}
+
+/// What the model was fed for one case and what it answered, for a peer to score the same ids:
+/// `prefix_ids`, `candidate_ids`, and per row `field`, `suffix_ids`, `code_ids` (choice order),
+/// `logits` (the raw candidate logits at the row's code ids) and `argmax_code_id`.
+/// `decision` must come from a score call with `include_prompt`.
+pub fn case_dump(
+    compiled: &CompiledSchema,
+    decision: &Decision,
+) -> anyhow::Result<serde_json::Value> {
+    let prompt = decision
+        .prompt
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("case_dump needs a decision scored with include_prompt"))?;
+    let rows: Vec<serde_json::Value> = compiled
+        .fields()
+        .iter()
+        .zip(&prompt.rows)
+        .map(|(f, row)| {
+            let logits: Vec<f32> = decision.fields[&f.name].logits.values().copied().collect();
+            serde_json::json!({
+                "field": f.name, "suffix_ids": row.suffix_ids, "code_ids": row.code_ids,
+                "logits": logits, "argmax_code_id": f.code_ids[argmax_first(&logits)],
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "prefix_tokens": prompt.prefix_ids.len(), "prefix_ids": prompt.prefix_ids,
+        "candidate_ids": prompt.candidate_ids, "rows": rows,
+    }))
 }
