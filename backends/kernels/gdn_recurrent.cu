@@ -269,3 +269,48 @@ GDN_ENTRY(gdn_recurrent_dk32, 4)
 GDN_ENTRY(gdn_recurrent_dk64, 8)
 GDN_ENTRY(gdn_recurrent_dk128, 16)
 GDN_ENTRY(gdn_recurrent_dk256, 32)
+
+// Causal depthwise conv + SiLU of a Gated DeltaNet layer, with its conv state (what
+// backends/src/candle/gated_deltanet/conv.rs computes with separate candle ops):
+//
+//   x = [state (Kc−1 rows) ; p (L rows)] per row b,   out[b, t, c] = SiLU(Σ_j w[c, j]·x[b, t + j, c])
+//   new_state[b, i, c] = x[b, len_b + i, c]  (the Kc−1 inputs ending at row b's last real token)
+//
+// Layout (f32, contiguous): p (B, L, Cc), state (B, Kc−1, Cc), w (Cc, Kc), lens (B) int32 (the
+// real tokens of each row; nullptr: all L) -> out (B, L, Cc), new_state (B, Kc−1, Cc).
+// Outputs at right-padded positions (t ≥ len_b) are unspecified, as in the candle path.
+// One thread per output element, consecutive threads on consecutive channels (coalesced).
+extern "C" __global__ void gdn_causal_conv_silu(const float* __restrict__ p,
+                                                const float* __restrict__ state,
+                                                const float* __restrict__ w,
+                                                const int32_t* __restrict__ lens,
+                                                float* __restrict__ out,
+                                                float* __restrict__ new_state, int B, int L,
+                                                int Cc, int Kc) {
+    const int keep = Kc - 1;
+    const int64_t n_out = (int64_t)B * L * Cc;
+    const int64_t n_state = (int64_t)B * keep * Cc;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_out + n_state;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        // x[b, s, c] for s in [0, Kc−1+L): state rows first, then p.
+        auto x = [&](int b, int s, int c) -> float {
+            return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
+                            : p[((int64_t)b * L + (s - keep)) * Cc + c];
+        };
+        if (e < n_out) {
+            const int c = (int)(e % Cc);
+            const int64_t bt = e / Cc;
+            const int t = (int)(bt % L), b = (int)(bt / L);
+            float acc = 0.f;
+            for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j, c);
+            out[e] = acc / (1.f + expf(-acc));
+        } else {
+            const int64_t f = e - n_out;
+            const int c = (int)(f % Cc);
+            const int64_t bi = f / Cc;
+            const int i = (int)(bi % keep), b = (int)(bi / keep);
+            const int len = lens ? lens[b] : L;
+            new_state[f] = x(b, len + i, c);
+        }
+    }
+}

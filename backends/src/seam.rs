@@ -84,6 +84,13 @@ pub trait Backend: Send + Sync {
     /// Run the backbone over `ids` (non-empty) and retain its state. No vocabulary projection.
     fn prefill(&self, ids: &[u32]) -> Result<Self::State, BackendError>;
 
+    /// Prefill several prefixes (each non-empty): result `i` is `prefill(prefixes[i])` (equal
+    /// within f32 rounding), in input order, one result per prefix. Backends that can run them
+    /// together (one padded batch on a GPU) override this; the default prefills one by one.
+    fn prefill_many(&self, prefixes: &[&[u32]]) -> Vec<Result<Self::State, BackendError>> {
+        prefixes.iter().map(|ids| self.prefill(ids)).collect()
+    }
+
     /// Continue a retained state with more tokens (`ids` non-empty): the result equals
     /// `prefill(prefix ++ ids)` and `state` is left untouched. Lets one context prefix be
     /// prefilled once and extended per schema.

@@ -15,10 +15,12 @@
 //! modes.json (and the dump) are rewritten after every case.
 //! Each row of modes.json carries the median per-stage telemetry timings of every mode
 //! (`stages_ms`: render, split, prefill, score, assemble, total).
+//! FORKSCORE_BENCH_PROFILE=1 adds, per case, one extra parallel run with the per-layer-kind
+//! profile on (`profile_parallel` in the report; the timed runs stay unprofiled).
 //! Shape of the seeded model (Qwen2.5 layout): FORKSCORE_BENCH_HIDDEN (256), _LAYERS (4),
 //! _HEADS (8), _KV_HEADS (2), _INTERMEDIATE (hidden * 11 / 4); head_dim = hidden / heads.
 
-use forkscore_backends::candle::{ComputeDType, DeviceSpec, LoadOptions};
+use forkscore_backends::candle::{profile, ComputeDType, DeviceSpec, LoadOptions};
 use forkscore_backends::Backend;
 use forkscore_benches::{
     case_dump, context_of, load_engine, median_ms, median_stages, triage_subset,
@@ -165,6 +167,9 @@ fn main() -> anyhow::Result<()> {
         "{:>6} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
         "fields", "prefix", "parallel", "fbs=4", "cached-ser", "independent", "ind/par", "ser/par"
     );
+    // FORKSCORE_BENCH_PROFILE=1: per case, one extra parallel run with the per-layer-kind
+    // profile (embed / attention / linear_attention / mlp / head), reported beside the timings.
+    let profile_cases = std::env::var("FORKSCORE_BENCH_PROFILE").is_ok_and(|v| v == "1");
     for &words in &words_list {
         let context = context_of(words);
         for &fields in &fields_list {
@@ -213,6 +218,30 @@ fn main() -> anyhow::Result<()> {
                 case["context_words"] = words.into();
                 dump.push(case);
             }
+            // One more parallel run with the per-layer-kind profile on (device synchronised around
+            // every region, so it is slower than the timed runs above, which ran without it).
+            let profile = if profile_cases {
+                profile::take();
+                profile::set_enabled(true);
+                let t0 = std::time::Instant::now();
+                let d = engine.score(&context, &compiled, &ScoreOptions::default());
+                let wall = t0.elapsed().as_secs_f64() * 1e3;
+                profile::set_enabled(false);
+                d?;
+                let regions: serde_json::Map<String, serde_json::Value> = profile::take()
+                    .into_iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            serde_json::json!({"calls": v.calls, "ms": v.total.as_secs_f64() * 1e3}),
+                        )
+                    })
+                    .collect();
+                eprintln!("profile {fields} fields, {prefix} prefix tokens (parallel, synchronised, {wall:.1} ms): {}", serde_json::Value::Object(regions.clone()));
+                Some(serde_json::json!({"wall_ms": wall, "regions": regions}))
+            } else {
+                None
+            };
             let ms = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(m, _)| *m);
             let st = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(_, s)| s.clone());
             let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
@@ -233,6 +262,7 @@ fn main() -> anyhow::Result<()> {
                 "parallel_ms": par_ms, "parallel_fbs4_ms": ms(&fbs4), "cached_serial_ms": ser_ms, "independent_ms": ind_ms,
                 "speedup_vs_independent": ratio(ind_ms, par_ms), "speedup_vs_cached_serial": ratio(ser_ms, par_ms),
                 "stages_ms": {"parallel": st(&par), "parallel_fbs4": st(&fbs4), "cached_serial": st(&ser), "independent": st(&ind)},
+                "profile_parallel": profile,
             }));
             write(&rows, &dump)?;
         }

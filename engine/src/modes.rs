@@ -97,16 +97,39 @@ pub fn run_group_from<B: Backend>(
     }
 
     let t = Instant::now();
-    let states = splits
-        .iter()
-        .map(|s| match base {
-            Some((ids, state))
-                if s.prefix_ids.len() > ids.len() && s.prefix_ids.starts_with(ids) =>
-            {
+    // Contexts that extend the retained base are extended one by one; all the others are
+    // prefilled together (one padded pass where the backend can, see `Backend::prefill_many`).
+    let mut states: Vec<Option<B::State>> = splits.iter().map(|_| None).collect();
+    let mut fresh: Vec<usize> = Vec::with_capacity(splits.len());
+    for (c, s) in splits.iter().enumerate() {
+        match base {
+            Some((ids, state)) if s.prefix_ids.len() > ids.len() && s.prefix_ids.starts_with(ids) => {
                 stats.reused_prefix_tokens += ids.len();
-                backend.extend(state, &s.prefix_ids[ids.len()..])
+                states[c] = Some(backend.extend(state, &s.prefix_ids[ids.len()..])?);
             }
-            _ => backend.prefill(&s.prefix_ids),
+            _ => fresh.push(c),
+        }
+    }
+    let prefixes: Vec<&[u32]> = fresh.iter().map(|&c| splits[c].prefix_ids.as_slice()).collect();
+    let results = backend.prefill_many(&prefixes);
+    if results.len() != fresh.len() {
+        return Err(BackendError::InvalidRequest {
+            reason: format!(
+                "prefill_many returned {} states for {} prefixes",
+                results.len(),
+                fresh.len()
+            ),
+        });
+    }
+    for (&c, r) in fresh.iter().zip(results) {
+        states[c] = Some(r?);
+    }
+    let states = states
+        .into_iter()
+        .map(|s| {
+            s.ok_or_else(|| BackendError::InvalidRequest {
+                reason: "a context was left without a prefilled state".into(),
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     stats.prefill_calls = states.len();

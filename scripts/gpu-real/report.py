@@ -151,6 +151,19 @@ def model_section(work: Path, model: str, ckpt: dict, md: list[str]) -> dict:
                 f"| {ratio(row['peer_prefill_over_forkscore'])} | {ratio(row['peer_best_over_forkscore'])} "
                 f"| {peak} | {fmt_ms(floor)} |")
         md.append("")
+        profiled = [r for r in modes.get("rows", []) if r.get("profile_parallel")]
+        if profiled:
+            md.append("Where forkscore's time goes (one extra parallel run per case, device synchronised "
+                      "around every region, ms):")
+            md.append("")
+            names = sorted({k for r in profiled for k in r["profile_parallel"]["regions"]})
+            md.append("| fields | prefix | synchronised wall | " + " | ".join(names) + " |")
+            md.append("|---:|---:|---:|" + "---:|" * len(names))
+            for r in profiled:
+                reg = r["profile_parallel"]["regions"]
+                md.append(f"| {r['fields']} | {r['prefix_tokens']:,} | {fmt_ms(r['profile_parallel']['wall_ms'])} | "
+                          + " | ".join(fmt_ms((reg.get(n) or {}).get("ms")) for n in names) + " |")
+            md.append("")
         mems = {s: mem_max(work, f"{s}-{model}") for s in ["bench", "peer-nofla", "peer-fla", "batch"]}
         mems = {k: v for k, v in mems.items() if v is not None}
         if mems:

@@ -13,12 +13,12 @@
 #   PEER_REPEATS (5), PEER_BUDGET_S (3), PEER_TIMEOUT_<key> (qwen35_4b 70 per fla/nofla run,
 #   else 50), PEER_CASES (8:600,28:600,28:40,8:40,3:600,3:40,1:600,1:40: priority order),
 #   BATCH_CONTEXTS (64), BATCH_FIELDS (8), BATCH_TOKENS (830), BATCH_TIMEOUT (45 per mode),
-#   FORKSCORE_PROFILE (1, passed through to forkscore), CARRY (carry), WORK (/tmp/gpu-real),
+#   FORKSCORE_BENCH_PROFILE (1: one extra profiled parallel run per bench case), CARRY (carry), WORK (/tmp/gpu-real),
 #   COMMIT (else git rev-parse HEAD), PY (python3), TOTAL_S (530).
 # CPU smoke test of the whole pipeline (no GPU, tiny dimensions, real vocabularies):
 #   DEVICE=cpu DTYPE=f32 TINY=1 BIN_DIR=target/debug-bins (holding forkscore and modes-bench).
 # Output ($OUT, 8 files at most): run.log (everything printed; the report table last),
-#   report.md, report.json, bench-<model>.log (bench stdout+stderr incl. FORKSCORE_PROFILE
+#   report.md, report.json, bench-<model>.log (bench stdout+stderr incl. the profile
 #   output), peer.log, batch.log, raw.tar.gz (modes/peer/batch JSON, dumps, memory samples).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -39,7 +39,7 @@ DEVICE="${DEVICE:-cuda}"
 DTYPE="${DTYPE:-bf16}"
 case "$DTYPE" in bf16) PT_DTYPE=bfloat16 ;; f16) PT_DTYPE=float16 ;; *) PT_DTYPE=float32 ;; esac
 TINY_FLAG=""; [[ "${TINY:-0}" == 1 ]] && TINY_FLAG=--tiny
-export FORKSCORE_PROFILE="${FORKSCORE_PROFILE:-1}"
+export FORKSCORE_BENCH_PROFILE="${FORKSCORE_BENCH_PROFILE:-1}"
 rm -rf "$W" && mkdir -p "$W/ckpt" "$B"
 RUN="$B/run.sh"
 
@@ -91,7 +91,7 @@ timeout "$(budget 120 15)" "$PY" "$S/write_checkpoints.py" "$W/ckpt" --models "$
 
 cat > "$W/env.json" <<EOF
 {"commit": "$COMMIT", "gpu": "$GPU", "driver": "$DRIVER", "command": "OUT=... bash scripts/gpu-real/run.sh",
- "models": "$MODELS", "total_s": $TOTAL_S, "forkscore_profile": "$FORKSCORE_PROFILE"}
+ "models": "$MODELS", "total_s": $TOTAL_S, "forkscore_bench_profile": "$FORKSCORE_BENCH_PROFILE"}
 EOF
 
 IFS=, read -ra MODEL_LIST <<<"$MODELS"

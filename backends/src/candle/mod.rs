@@ -441,6 +441,10 @@ impl Backend for CandleBackend {
         self.prefill_chunked(ids, self.prefill_chunk)
     }
 
+    fn prefill_many(&self, prefixes: &[&[u32]]) -> Vec<Result<CandleState, BackendError>> {
+        self.prefill_batch(prefixes)
+    }
+
     fn extend(&self, state: &CandleState, ids: &[u32]) -> Result<CandleState, BackendError> {
         self.continue_chunked(Some(state), ids, self.prefill_chunk)
     }

@@ -1,9 +1,11 @@
-//! The delta rule as one fused CUDA kernel (`kernels/gdn_recurrent.cu`), for prefill and scoring
-//! on NVIDIA GPUs. It computes the same function as [`super::recurrence`] token by token, but
-//! keeps the recurrent state in registers for the whole call and fuses the q | k | v split, the
-//! L2 normalisation, the q scale, the key-head sharing and the head-major transposes around it.
+//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`), for prefill and
+//! scoring on NVIDIA GPUs: [`causal_conv_silu`] (the causal conv, SiLU and new conv state in one
+//! pass) and [`gated_delta_rule`], the delta rule. The delta rule computes the same function as
+//! [`super::recurrence`] token by token, but keeps the recurrent state in registers for the
+//! whole call and fuses the q | k | v split, the L2 normalisation, the q scale, the key-head
+//! sharing and the head-major transposes around it.
 //!
-//! In: the conv output `qkv: (B, L, Cc)` f32 (`Cc = 2·Hk·dk + Hv·dv`), `beta, g: (B, L, Hv)` f32
+//! Delta rule in: the conv output `qkv: (B, L, Cc)` f32 (`Cc = 2·Hk·dk + Hv·dv`), `beta, g: (B, L, Hv)` f32
 //! (already 0 at right-padded positions), `state: (B, Hv, dk, dv)` f32.
 //! Out: `o: (B, L, Hv, dv)` f32 (token-major, ready for the gated norm) and the final state.
 //!
@@ -33,6 +35,31 @@ pub fn gated_delta_rule(
     dims: &GdnDims,
 ) -> Result<(Tensor, Tensor)> {
     cuda::run(qkv, beta, g, state, dims)
+}
+
+/// Causal depthwise conv + SiLU with its new conv state, in one kernel: the same function as
+/// [`super::conv::causal_conv_silu`] (`p: (B, L, Cc)`, `state: (B, Kc−1, Cc)`, `weight: (Cc, Kc)`,
+/// all f32; `lengths`: each row's real tokens when right-padded). Outputs at padded positions are
+/// unspecified, as there.
+#[cfg(feature = "cuda")]
+pub fn causal_conv_silu(
+    p: &Tensor,
+    state: &Tensor,
+    weight: &Tensor,
+    lengths: Option<&[usize]>,
+) -> Result<(Tensor, Tensor)> {
+    cuda::conv(p, state, weight, lengths)
+}
+
+/// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
+#[cfg(not(feature = "cuda"))]
+pub fn causal_conv_silu(
+    _p: &Tensor,
+    _state: &Tensor,
+    _weight: &Tensor,
+    _lengths: Option<&[usize]>,
+) -> Result<(Tensor, Tensor)> {
+    candle_core::bail!("the fused Gated DeltaNet kernels need the `cuda` feature")
 }
 
 /// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
@@ -191,6 +218,128 @@ mod cuda {
                 Shape::from(n_out + n_state),
             ))
         }
+    }
+
+    /// The conv op: applied to `p`, holding the state, weight and lengths. One output, the flat
+    /// concatenation `[out (B·L·Cc) | new_state (B·(Kc−1)·Cc)]`, split by [`conv`].
+    struct CausalConvSilu {
+        state: Tensor,
+        weight: Tensor,
+        /// `(B,)` u32 lengths, or None when no row is padded.
+        lengths: Option<Tensor>,
+    }
+
+    impl CustomOp1 for CausalConvSilu {
+        fn name(&self) -> &'static str {
+            "fused-causal-conv-silu"
+        }
+
+        fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("the fused causal conv runs on CUDA only")
+        }
+
+        fn cuda_fwd(&self, p: &CudaStorage, p_l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (b, l, cc) = p_l.shape().dims3()?;
+            let kc = self.weight.dim(1)?;
+            let dev = p.device().clone();
+            if !p_l.is_contiguous() {
+                candle_core::bail!("fused conv: p is not contiguous");
+            }
+            let p = p
+                .as_cuda_slice::<f32>()?
+                .slice(p_l.start_offset()..p_l.start_offset() + p_l.shape().elem_count());
+            let (st_s, st_l) = self.state.storage_and_layout();
+            let st = cuda_f32(&st_s, st_l, "conv state")?;
+            let (w_s, w_l) = self.weight.storage_and_layout();
+            let w = cuda_f32(&w_s, w_l, "conv weight")?;
+            let lens_guard = self.lengths.as_ref().map(|t| t.storage_and_layout());
+            let lens = match &lens_guard {
+                Some((s, layout)) => {
+                    let Storage::Cuda(s) = &**s else {
+                        candle_core::bail!("fused conv: lengths are not on a CUDA device")
+                    };
+                    let o = layout.start_offset();
+                    Some(s.as_cuda_slice::<u32>()?.slice(o..o + b))
+                }
+                None => None,
+            };
+            let n_out = b * l * cc;
+            let n_state = b * (kc - 1) * cc;
+            // SAFETY: the kernel writes every output element and every state element.
+            let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
+            let (mut out, mut ns) = dst.split_at_mut(n_out);
+            let func = module(&dev)?.load_function("gdn_causal_conv_silu").w()?;
+            let stream = dev.cuda_stream();
+            let total = (n_out + n_state) as u64;
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (b_i, l_i, cc_i, kc_i) = (b as i32, l as i32, cc as i32, kc as i32);
+            let null: u64 = 0;
+            let mut builder = stream.launch_builder(&func);
+            builder.arg(&p);
+            builder.arg(&st);
+            builder.arg(&w);
+            match &lens {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
+            builder.arg(&mut out);
+            builder.arg(&mut ns);
+            builder.arg(&b_i);
+            builder.arg(&l_i);
+            builder.arg(&cc_i);
+            builder.arg(&kc_i);
+            // SAFETY: argument types and order match the kernel's signature; shapes were
+            // checked by `conv`.
+            unsafe { builder.launch(cfg) }.w()?;
+            drop(builder);
+            Ok((CudaStorage::wrap_cuda_slice(dst, dev), Shape::from(n_out + n_state)))
+        }
+    }
+
+    pub(super) fn conv(
+        p: &Tensor,
+        state: &Tensor,
+        weight: &Tensor,
+        lengths: Option<&[usize]>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (b, l, cc) = p.dims3()?;
+        let (wc, kc) = weight.dims2()?;
+        if wc != cc || kc == 0 || state.dims() != [b, kc - 1, cc] {
+            candle_core::bail!(
+                "fused conv: p {:?}, state {:?}, weight {:?} do not fit",
+                p.dims(),
+                state.dims(),
+                weight.dims()
+            );
+        }
+        let lengths = match lengths {
+            Some(ls) => {
+                if ls.len() != b || ls.iter().any(|&n| n == 0 || n > l) {
+                    candle_core::bail!("fused conv: lengths {ls:?} for a ({b}, {l}) call");
+                }
+                let v: Vec<u32> = ls.iter().map(|&n| n as u32).collect();
+                Some(Tensor::new(v.as_slice(), p.device())?)
+            }
+            None => None,
+        };
+        let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+        let op = CausalConvSilu {
+            state: f32c(state)?,
+            weight: f32c(weight)?,
+            lengths,
+        };
+        // (B·L·Cc + B·(Kc−1)·Cc,) -> (B, L, Cc), (B, Kc−1, Cc)
+        let flat = f32c(p)?.apply_op1_no_bwd(&op)?;
+        let n_out = b * l * cc;
+        let out = flat.narrow(0, 0, n_out)?.reshape((b, l, cc))?;
+        let new_state = flat
+            .narrow(0, n_out, b * (kc - 1) * cc)?
+            .reshape((b, kc - 1, cc))?;
+        Ok((out, new_state))
     }
 
     pub(super) fn run(

@@ -378,7 +378,12 @@ impl GdnLayer {
         let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
         let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
 
-        let (c, conv_state) = conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)?;
+        let (c, conv_state) = if rule == DeltaRule::Fused {
+            let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
+            fused::causal_conv_silu(&p, &state.conv, &self.conv, lengths)?
+        } else {
+            conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)?
+        };
 
         // (B, L, Hv) each
         let mut beta = gates::beta(&b_logits)?;
