@@ -89,7 +89,7 @@ fn main() -> anyhow::Result<()> {
         options.dtype = parse_dtype(&d)?;
     }
     let engine = load_engine(&dir, &options)?;
-    let dtype = engine.backend().facts().dtype.clone();
+    let dtype = engine.backend().facts().dtype;
     let mut rows = Vec::new();
     println!("model: {label} on {device} ({dtype})");
     println!(
@@ -108,13 +108,13 @@ fn main() -> anyhow::Result<()> {
                     ..ScoreOptions::default()
                 };
                 median_ms(1, repeats, || {
-                    engine.score(&context, &compiled, &opts)?;
+                    engine.decide(&context, &compiled, &opts)?;
                     Ok(())
                 })
             };
             let prefix = engine
                 .prepare(&context, &compiled, usize::MAX)?
-                .split
+                .split()
                 .prefix_ids
                 .len();
             let par = run(Mode::Parallel, None)?;

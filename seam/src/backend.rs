@@ -1,0 +1,71 @@
+//! The [`Backend`] trait and its retained [`PrefixState`].
+//!
+//! Flow per context group: `prefill(prefix ids) -> State` (once per prefix, retained and never
+//! mutated afterwards) then `score(request) -> CandidateLogits` (one call for many rows, each
+//! row naming the state it continues from). `forward_full` is the independent reference path:
+//! the complete prompt from scratch, no state reuse.
+//!
+//! Invariants every implementation keeps:
+//! - `score` never mutates a state; a row's logits depend only on its own state's prefix and its
+//!   own suffix (not on siblings, padding, slot order or how rows are batched);
+//! - `score` and `forward_full` return logits for exactly the candidate ids, in their order,
+//!   computed in f32 (only the candidate rows of the output head are projected);
+//! - `prefill(a ++ b)` then scoring `c` equals `forward_full(a ++ b ++ c)` (within the backend's
+//!   numeric tolerance).
+
+use crate::error::BackendError;
+use crate::facts::ModelFacts;
+use crate::request::{CandidateLogits, ScoreRequest, ScoreRow};
+
+/// A retained prefix state (attention K/V, and conv + recurrent state for linear-attention
+/// layers). Produced by [`Backend::prefill`]; read-only afterwards.
+pub trait PrefixState: Send + Sync {
+    /// Number of prefix tokens this state covers.
+    fn len(&self) -> usize;
+    /// True when the state covers no token.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes held by the state (for memory budgets and telemetry).
+    fn nbytes(&self) -> usize;
+}
+
+/// The seam. One implementation per family of devices/runtimes (candle covers CPU/CUDA/Metal);
+/// a deterministic fake lives in `forkscore-testkit` for engine tests.
+pub trait Backend: Send + Sync {
+    /// The retained prefix state.
+    type State: PrefixState;
+
+    /// Facts about the loaded model.
+    fn facts(&self) -> &ModelFacts;
+
+    /// Run the backbone over `ids` (non-empty) and retain its state. No vocabulary projection.
+    fn prefill(&self, ids: &[u32]) -> Result<Self::State, BackendError>;
+
+    /// Continue a retained state with more tokens (`ids` non-empty): the result equals
+    /// `prefill(prefix ++ ids)` and `state` is left untouched. Lets one context prefix be
+    /// prefilled once and extended per schema.
+    fn extend(&self, state: &Self::State, ids: &[u32]) -> Result<Self::State, BackendError>;
+
+    /// Score a validated request in one call. Row `i` continues `request.states()[row.state]`
+    /// with its suffix; the result holds, per row, the logits at the row's last suffix token for
+    /// each candidate id. States are never mutated; branch state is discarded.
+    fn score(
+        &self,
+        request: &ScoreRequest<'_, Self::State>,
+    ) -> Result<CandidateLogits, BackendError>;
+
+    /// [`ScoreRequest::new`] then [`Backend::score`]: for callers holding raw slices.
+    fn score_rows(
+        &self,
+        states: &[&Self::State],
+        rows: &[ScoreRow<'_>],
+        candidates: &[u32],
+    ) -> Result<CandidateLogits, BackendError> {
+        self.score(&ScoreRequest::new(states, rows, candidates)?)
+    }
+
+    /// The independent reference path: run the complete prompt `ids` from scratch and return
+    /// the logits at its last position for each id of `candidates`.
+    fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError>;
+}
