@@ -58,12 +58,18 @@ fn loads_both_architectures_with_truthful_facts() {
     ] {
         let m = common::load(&spec);
         let f = m.facts();
-        assert_eq!((f.architecture.as_str(), f.family.map(|f| f.as_str())), (arch, Some(family)));
+        assert_eq!(
+            (f.architecture.as_str(), f.family.map(|f| f.as_str())),
+            (arch, Some(family))
+        );
         assert_eq!(
             (f.vocab_size, f.num_layers, f.hidden_size),
             (151_936, spec.layers, spec.hidden)
         );
-        assert_eq!((f.dtype.as_str(), f.device.to_string().as_str()), ("f32", "cpu"));
+        assert_eq!(
+            (f.dtype.as_str(), f.device.to_string().as_str()),
+            ("f32", "cpu")
+        );
         assert_eq!(m.tied_head(), tied);
     }
 }

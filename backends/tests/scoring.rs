@@ -106,11 +106,15 @@ fn scoring_leaves_the_state_bit_identical() {
                 suffix: &s2,
             },
         ];
-        let first = m.score_rows(&[&state], &rows, &candidates()).expect("score");
+        let first = m
+            .score_rows(&[&state], &rows, &candidates())
+            .expect("score");
         assert_eq!(snapshot(&state), before, "{name}: state changed");
         assert_eq!((state.len(), state.nbytes()), (len, nbytes));
         // scoring again from the same state gives the same answer bit for bit
-        let again = m.score_rows(&[&state], &rows, &candidates()).expect("score");
+        let again = m
+            .score_rows(&[&state], &rows, &candidates())
+            .expect("score");
         assert_eq!(first, again, "{name}");
     }
 }

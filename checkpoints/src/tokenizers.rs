@@ -89,7 +89,9 @@ impl Fixture for Family {
         match self {
             Family::Qwen2 => include_str!("../../fixtures/tokenizers/qwen2.5/chat_template.jinja"),
             Family::Qwen3 => include_str!("../../fixtures/tokenizers/qwen3/chat_template.jinja"),
-            Family::Qwen3_5 => include_str!("../../fixtures/tokenizers/qwen3.5/chat_template.jinja"),
+            Family::Qwen3_5 => {
+                include_str!("../../fixtures/tokenizers/qwen3.5/chat_template.jinja")
+            }
         }
     }
 
@@ -113,20 +115,20 @@ impl Fixture for Family {
 }
 
 fn tokenizer_json_gz(family: Family) -> &'static [u8] {
-        match family {
-            Family::Qwen2 => include_bytes!("../../fixtures/tokenizers/qwen2.5/tokenizer.json.gz"),
-            Family::Qwen3 => include_bytes!("../../fixtures/tokenizers/qwen3/tokenizer.json.gz"),
-            Family::Qwen3_5 => include_bytes!("../../fixtures/tokenizers/qwen3.5/tokenizer.json.gz"),
-        }
+    match family {
+        Family::Qwen2 => include_bytes!("../../fixtures/tokenizers/qwen2.5/tokenizer.json.gz"),
+        Family::Qwen3 => include_bytes!("../../fixtures/tokenizers/qwen3/tokenizer.json.gz"),
+        Family::Qwen3_5 => include_bytes!("../../fixtures/tokenizers/qwen3.5/tokenizer.json.gz"),
     }
+}
 
-    /// Roughly the decompressed size, to allocate once.
-    fn tokenizer_json_len_hint(family: Family) -> usize {
-        match family {
-            Family::Qwen2 | Family::Qwen3 => 5_400_000,
-            Family::Qwen3_5 => 10_100_000,
-        }
+/// Roughly the decompressed size, to allocate once.
+fn tokenizer_json_len_hint(family: Family) -> usize {
+    match family {
+        Family::Qwen2 | Family::Qwen3 => 5_400_000,
+        Family::Qwen3_5 => 10_100_000,
     }
+}
 
 #[cfg(test)]
 mod tests {

@@ -9,11 +9,11 @@ use crate::engine::ScoreOptions;
 use crate::fork::{Mode, RunStats};
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
-use std::time::Instant;
 use crate::schema::FieldKind;
 use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value;
+use std::time::Instant;
 
 /// The decision for one context.
 #[derive(Debug, Clone, Serialize)]

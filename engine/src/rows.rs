@@ -6,8 +6,8 @@
 //! checked row by row (see `engine`), so a tokenizer that merges differently cannot go unseen.
 
 use crate::prepare::render::{code, code_text, render_prefix, selector};
-use crate::schema::{Choice, Field, FieldKind, Schema};
 use crate::prepare::split::{split_exact, SplitError};
+use crate::schema::{Choice, Field, FieldKind, Schema};
 use crate::template::TemplateError;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 

@@ -152,12 +152,13 @@ impl ChatTokenizer {
         } else if let Some(src) = chat_template_jinja {
             ChatTemplate::new(src, TemplateOrigin::ChatTemplateFile, bos, eos)?
         } else {
-            let family = model_family.parse::<Family>().map_err(|_| {
-                TokenizerError::NoTemplate {
-                    dir: origin_dir.to_path_buf(),
-                    family: model_family.to_string(),
-                }
-            })?;
+            let family =
+                model_family
+                    .parse::<Family>()
+                    .map_err(|_| TokenizerError::NoTemplate {
+                        dir: origin_dir.to_path_buf(),
+                        family: model_family.to_string(),
+                    })?;
             ChatTemplate::built_in(family)
         };
         Ok(ChatTokenizer::new(tokenizer, template))

@@ -4,10 +4,10 @@
 //! meaning: the weights are random.
 
 use anyhow::{bail, Context, Result};
-use forkscore_checkpoints::tiny_model::{write_hf_folder, TinySpec};
-use forkscore_checkpoints::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use forkscore_backends::Family;
+use forkscore_checkpoints::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_checkpoints::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use std::path::PathBuf;
 
 /// Marks a folder as a demo model, so writing it again (same command) may replace it.

@@ -39,7 +39,11 @@ impl<'a, S: PrefixState> ScoreRequest<'a, S> {
         }
         for (i, r) in rows.iter().enumerate() {
             if r.state >= states.len() {
-                return invalid(format!("row {i} names state {} of {}", r.state, states.len()));
+                return invalid(format!(
+                    "row {i} names state {} of {}",
+                    r.state,
+                    states.len()
+                ));
             }
             if r.suffix.is_empty() {
                 return invalid(format!("row {i} has an empty suffix"));
@@ -84,7 +88,9 @@ impl CandidateLogits {
 
     /// Check the shape against what was asked for (`rows` × `candidates`).
     pub fn check_shape(&self, rows: usize, candidates: usize) -> Result<(), BackendError> {
-        if self.rows != rows || self.candidates != candidates || self.data.len() != rows * candidates
+        if self.rows != rows
+            || self.candidates != candidates
+            || self.data.len() != rows * candidates
         {
             return Err(BackendError::InvalidRequest {
                 reason: format!(

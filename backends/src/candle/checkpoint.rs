@@ -173,8 +173,7 @@ fn fingerprint(dir: &Path) -> Result<String, CandleError> {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    let read =
-        |p: PathBuf| std::fs::read(&p).map_err(|source| CandleError::Io { path: p, source });
+    let read = |p: PathBuf| std::fs::read(&p).map_err(|source| CandleError::Io { path: p, source });
     let config = dir.join("config.json");
     if !config.is_file() {
         return Err(CandleError::MissingFile {

@@ -24,11 +24,7 @@ pub(crate) fn linear(
 }
 
 /// `(.., in) -> (.., out)`.
-pub(crate) fn apply(
-    layer: &Linear,
-    x: &Tensor,
-    name: &'static str,
-) -> Result<Tensor, CandleError> {
+pub(crate) fn apply(layer: &Linear, x: &Tensor, name: &'static str) -> Result<Tensor, CandleError> {
     layer.forward(x).map_err(CandleError::tensor(name))
 }
 

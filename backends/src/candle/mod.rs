@@ -413,7 +413,11 @@ impl CandleBackend {
         })
     }
 
-    fn forward_full_candle(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, CandleError> {
+    fn forward_full_candle(
+        &self,
+        ids: &[u32],
+        candidates: &[u32],
+    ) -> Result<Vec<f32>, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot run an empty prompt"));
         }

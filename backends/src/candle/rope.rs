@@ -70,9 +70,7 @@ impl RopeTables {
             .cos
             .dim(D::Minus1)
             .map_err(CandleError::tensor("rope dims"))?;
-        let head_dim = x
-            .dim(D::Minus1)
-            .map_err(CandleError::tensor("rope dims"))?;
+        let head_dim = x.dim(D::Minus1).map_err(CandleError::tensor("rope dims"))?;
         if r == head_dim {
             let x = x
                 .contiguous()

@@ -13,8 +13,8 @@
 
 use candle_core::Tensor;
 
-use forkscore_seam::PrefixState;
 use crate::error::CandleError;
+use forkscore_seam::PrefixState;
 
 /// State of one decoder layer after a prefix.
 #[derive(Debug, Clone)]

@@ -441,4 +441,3 @@ fn parse_choice_descriptions(
     }
     Ok(out)
 }
-

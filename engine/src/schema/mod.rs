@@ -7,11 +7,10 @@
 //! all be choices; field order is the schema's order. Every rejection names the JSON path of the
 //! offending value and the rule it breaks.
 
-
 mod fields;
 
-use fields::{is_json_schema, parse_flat_field, parse_json_schema};
 use crate::strict_json::{parse_strict, StrictJsonError};
+use fields::{is_json_schema, parse_flat_field, parse_json_schema};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;

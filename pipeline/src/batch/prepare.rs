@@ -164,4 +164,3 @@ impl<B: Backend> Preparer<'_, B> {
         }
     }
 }
-

@@ -84,9 +84,9 @@ impl LineError {
     /// The error record kind of an engine error.
     pub fn from_engine(e: &EngineError) -> LineError {
         let kind = match e {
-            EngineError::Compile(_)
-            | EngineError::ForeignSchema
-            | EngineError::ForeignPrepared => ErrorKind::Compile,
+            EngineError::Compile(_) | EngineError::ForeignSchema | EngineError::ForeignPrepared => {
+                ErrorKind::Compile
+            }
             EngineError::Template(_) => ErrorKind::Template,
             EngineError::Split(_) => ErrorKind::Split,
             // the scoring stage: the backend, or what it returned not fitting the request

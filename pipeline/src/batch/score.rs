@@ -164,8 +164,7 @@ impl<'a, B: Backend> Scorer<'a, B> {
         if let Some((line, d)) = self.reuse.lookup(&key) {
             return self.decided(first, Ok(d.clone()), Some(line));
         }
-        self.reuse
-            .refresh_shared(self.engine, first, key.1, items);
+        self.reuse.refresh_shared(self.engine, first, key.1, items);
         let d = match self.reuse.shared() {
             Some(shared) => self.engine.decide_prepared(
                 Some(shared),
