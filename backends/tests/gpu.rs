@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
 use common::{candidates, ids};
+use forkscore_backends::candle::OpenDevice;
 use forkscore_backends::{
     Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
 };
