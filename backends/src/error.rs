@@ -1,9 +1,14 @@
-//! Typed backend errors. Variants name what failed and carry named fields.
+//! The candle backend's own error: everything loading or running a model on candle can fail
+//! with. Loading returns it whole ([`CandleError`]: files, config, tensors, device); calls
+//! through the seam convert it into the backend-neutral [`forkscore_seam::BackendError`], so
+//! nothing above the seam sees a candle type.
 
 use std::path::PathBuf;
 
+use forkscore_seam::BackendError;
+
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub enum CandleError {
     #[error("invalid scoring request: {reason}")]
     InvalidRequest { reason: String },
     #[error("token id {id} is outside the model's embedding ({vocab_size} rows)")]
@@ -48,9 +53,55 @@ pub enum BackendError {
     },
 }
 
-impl BackendError {
+impl CandleError {
     /// Wrap a candle error with the name of the operation that failed.
-    pub fn tensor(op: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
-        move |source| BackendError::Tensor { op, source }
+    pub fn tensor(op: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
+        move |source| CandleError::Tensor { op, source }
+    }
+}
+
+impl From<BackendError> for CandleError {
+    /// Seam-level errors (e.g. a parse error of a device name) seen by loading code.
+    fn from(e: BackendError) -> CandleError {
+        match e {
+            BackendError::InvalidRequest { reason } => CandleError::InvalidRequest { reason },
+            BackendError::TokenOutOfRange { id, vocab_size } => {
+                CandleError::TokenOutOfRange { id, vocab_size }
+            }
+            BackendError::Device { reason } => CandleError::Device { reason },
+            BackendError::Compute { op, message } => CandleError::InvalidRequest {
+                reason: format!("`{op}` failed: {message}"),
+            },
+        }
+    }
+}
+
+impl From<CandleError> for BackendError {
+    /// Run-time errors keep their kind; a tensor error becomes [`BackendError::Compute`] with
+    /// candle's message; a load-time variant (not produced by a run-time call) keeps its text.
+    fn from(e: CandleError) -> BackendError {
+        match e {
+            CandleError::InvalidRequest { reason } => BackendError::InvalidRequest { reason },
+            CandleError::TokenOutOfRange { id, vocab_size } => {
+                BackendError::TokenOutOfRange { id, vocab_size }
+            }
+            CandleError::Device { reason } => BackendError::Device { reason },
+            CandleError::Tensor { op, source } => BackendError::Compute {
+                op,
+                message: source.to_string(),
+            },
+            other @ (CandleError::MissingFile { .. }
+            | CandleError::InvalidConfig { .. }
+            | CandleError::UnsupportedArchitecture { .. }
+            | CandleError::MissingTensor { .. }
+            | CandleError::WrongShape { .. }
+            | CandleError::WrongDtype { .. }
+            | CandleError::InvalidCheckpoint { .. }
+            | CandleError::InvalidModelRef { .. }
+            | CandleError::Io { .. }) => BackendError::Compute {
+                op: "load",
+                message: other.to_string(),
+            },
+        }
     }
 }

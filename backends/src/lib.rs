@@ -1,16 +1,19 @@
-//! forkscore backends: the one seam the engine calls ([`Backend`]) and its candle implementation.
+//! forkscore backends: the candle implementation of the seam ([`forkscore_seam::Backend`]).
 //!
 //! The engine never sees a tensor. It hands a backend token ids and gets back retained prefix
 //! states and f32 logits over a candidate-id list. Everything about devices, dtypes, model
-//! architectures and checkpoint layouts lives below this seam.
+//! architectures and checkpoint layouts lives below the seam, here. The seam's types are
+//! re-exported so callers that load a model need one import path.
 
 pub mod candle;
 pub mod error;
-pub mod seam;
 
 pub use candle::{
     CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions,
     ResolvedCheckpoint,
 };
-pub use error::BackendError;
-pub use seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};
+pub use error::CandleError;
+pub use forkscore_seam::{
+    Architecture, Backend, BackendError, CandidateLogits, DType, Device, Family, ModelFacts,
+    PrefixState, ScoreRequest, ScoreRow,
+};

@@ -105,7 +105,8 @@ fn chunked_core_equals_recurrence_across_chunks_with_start_state() -> Result<()>
 
 #[test]
 fn chunked_core_is_stable_for_identical_keys_without_decay() -> Result<()> {
-    // Worst case of the triangular solve (spec §6.5): identical unit keys, β ≈ 1, g = 0.
+    // Worst case of the triangular solve (forward substitution in `chunked`): identical unit
+    // keys, β ≈ 1, g = 0.
     let (b, hv, l, dk, dv) = (1, 2, 128, 8, 4);
     let mut rng = Rng(11);
     let key = l2(&rng.tensor(&[1, 1, 1, dk], -1.0, 1.0)?)?;

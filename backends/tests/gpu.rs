@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
 use common::{candidates, ids};
+use forkscore_backends::candle::OpenDevice;
 use forkscore_backends::{
     Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
 };
@@ -307,7 +308,7 @@ fn cuda_prefill_score_tracks_cpu_f32() {
                     .map(|p| m.prefill(p).expect("prefill"))
                     .collect();
                 let refs: Vec<_> = states.iter().collect();
-                m.score(&refs, &rows, &cands).expect("score")
+                m.score_rows(&refs, &rows, &cands).expect("score")
             };
             let want = run(&t.cpu);
             let gpus = [
@@ -355,7 +356,7 @@ fn cuda_score_equals_cuda_forward_full() {
             (ComputeDType::Bf16, &t.gpu_bf16),
         ] {
             let state = gpu.prefill(&prefix).expect("prefill");
-            let got = gpu.score(&[&state], &rows, &cands).expect("score");
+            let got = gpu.score_rows(&[&state], &rows, &cands).expect("score");
             for (r, s) in suffixes.iter().enumerate() {
                 let full = gpu.forward_full(&concat(&prefix, s), &cands).expect("full");
                 report.check(
@@ -376,9 +377,9 @@ fn cuda_score_equals_cuda_forward_full() {
 fn cuda_facts_name_the_device() {
     let Some(trios) = trios() else { return };
     for t in trios {
-        assert_eq!(t.gpu_f32.facts().device, "cuda:0", "{}", t.name);
-        assert_eq!(t.gpu_f32.facts().dtype, "f32", "{}", t.name);
-        assert_eq!(t.gpu_bf16.facts().dtype, "bf16", "{}", t.name);
+        assert_eq!(t.gpu_f32.facts().device.to_string(), "cuda:0", "{}", t.name);
+        assert_eq!(t.gpu_f32.facts().dtype.as_str(), "f32", "{}", t.name);
+        assert_eq!(t.gpu_bf16.facts().dtype.as_str(), "bf16", "{}", t.name);
     }
 }
 

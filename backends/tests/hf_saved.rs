@@ -220,7 +220,7 @@ fn check_fixture(name: &str) -> Result<()> {
                     suffix: &case.ids[k..e],
                 })
                 .collect();
-            let scored = backend.score(&[&state], &rows, &all_ids)?;
+            let scored = backend.score_rows(&[&state], &rows, &all_ids)?;
             for (r, &e) in ends.iter().enumerate() {
                 let want = if e == n {
                     full.clone()

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use forkscore_backends::candle::ModelConfig;
 use forkscore_backends::{
-    Backend, BackendError, CandleBackend, CheckpointSource, LoadOptions, ResolvedCheckpoint,
-    ScoreRow,
+    Backend, BackendError, CandleBackend, CandleError, CheckpointSource, LoadOptions,
+    ResolvedCheckpoint, ScoreRow,
 };
 use forkscore_testkit::tiny_model::{
     config_json, tiny_tensors, write_hf_cache, write_hf_folder, write_safetensors, TinySpec,
@@ -28,7 +28,7 @@ fn small(spec: TinySpec) -> TinySpec {
     }
 }
 
-fn load_dir(dir: &Path) -> Result<CandleBackend, BackendError> {
+fn load_dir(dir: &Path) -> Result<CandleBackend, CandleError> {
     let ckpt = ResolvedCheckpoint::from_folder(dir, "test")?;
     CandleBackend::load(&ckpt, &LoadOptions::default())
 }
@@ -58,12 +58,18 @@ fn loads_both_architectures_with_truthful_facts() {
     ] {
         let m = common::load(&spec);
         let f = m.facts();
-        assert_eq!((f.architecture.as_str(), f.family.as_str()), (arch, family));
+        assert_eq!(
+            (f.architecture.as_str(), f.family.map(|f| f.as_str())),
+            (arch, Some(family))
+        );
         assert_eq!(
             (f.vocab_size, f.num_layers, f.hidden_size),
             (151_936, spec.layers, spec.hidden)
         );
-        assert_eq!((f.dtype.as_str(), f.device.as_str()), ("f32", "cpu"));
+        assert_eq!(
+            (f.dtype.as_str(), f.device.to_string().as_str()),
+            ("f32", "cpu")
+        );
         assert_eq!(m.tied_head(), tied);
     }
 }
@@ -140,19 +146,19 @@ fn hf_cache_snapshot_resolves_offline() {
     assert_eq!(folder.fingerprint, ckpt.fingerprint);
     assert_eq!(folder.source, CheckpointSource::Folder);
     let m = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load");
-    assert_eq!(m.facts().architecture, "Qwen3ForCausalLM");
+    assert_eq!(m.facts().architecture.as_str(), "Qwen3ForCausalLM");
 
     // a revision that is not downloaded, and a model that is not cached
     let other = "f".repeat(40);
     let err =
         ResolvedCheckpoint::from_hf_cache("tiny-org/Tiny-Qwen3", &other, Some(tmp.path())).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not downloaded")),
+        matches!(&err, Some(CandleError::MissingFile { reason, .. }) if reason.contains("not downloaded")),
         "{err:?}"
     );
     let err = ResolvedCheckpoint::from_hf_cache("tiny-org/Absent", REV, Some(tmp.path())).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingFile { reason, .. }) if reason.contains("not in the Hugging Face cache")),
+        matches!(&err, Some(CandleError::MissingFile { reason, .. }) if reason.contains("not in the Hugging Face cache")),
         "{err:?}"
     );
 
@@ -168,16 +174,16 @@ fn bad_revisions_and_references_are_rejected() {
     for rev in ["main", "0123456", &REV.to_uppercase(), &format!("{REV}0")] {
         let err = ResolvedCheckpoint::from_hf_cache("Qwen/Qwen3-0.6B", rev, Some(tmp.path())).err();
         assert!(
-            matches!(&err, Some(BackendError::InvalidModelRef { reason }) if reason.contains("not reproducible")),
+            matches!(&err, Some(CandleError::InvalidModelRef { reason }) if reason.contains("not reproducible")),
             "{rev}: {err:?}"
         );
     }
     let err = ResolvedCheckpoint::from_hf_cache("not-a-hub-id", REV, Some(tmp.path())).err();
-    assert!(matches!(err, Some(BackendError::InvalidModelRef { .. })));
+    assert!(matches!(err, Some(CandleError::InvalidModelRef { .. })));
     let err = ResolvedCheckpoint::from_folder(tmp.path(), "  ").err();
-    assert!(matches!(err, Some(BackendError::InvalidModelRef { .. })));
+    assert!(matches!(err, Some(CandleError::InvalidModelRef { .. })));
     let err = ResolvedCheckpoint::from_folder(&tmp.path().join("absent"), "x").err();
-    assert!(matches!(err, Some(BackendError::MissingFile { .. })));
+    assert!(matches!(err, Some(CandleError::MissingFile { .. })));
 }
 
 #[test]
@@ -189,13 +195,13 @@ fn missing_files_are_named() {
     std::fs::remove_file(dir.join("model.safetensors")).expect("rm");
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("model.safetensors")),
+        matches!(&err, Some(CandleError::MissingFile { path, .. }) if path.ends_with("model.safetensors")),
         "{err:?}"
     );
     std::fs::remove_file(dir.join("config.json")).expect("rm");
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("config.json")),
+        matches!(&err, Some(CandleError::MissingFile { path, .. }) if path.ends_with("config.json")),
         "{err:?}"
     );
 
@@ -212,7 +218,7 @@ fn missing_files_are_named() {
     std::fs::remove_file(sharded.join("model-00002-of-00002.safetensors")).expect("rm");
     let err = load_dir(&sharded).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingFile { path, .. }) if path.ends_with("model-00002-of-00002.safetensors")),
+        matches!(&err, Some(CandleError::MissingFile { path, .. }) if path.ends_with("model-00002-of-00002.safetensors")),
         "{err:?}"
     );
 }
@@ -226,7 +232,7 @@ fn missing_tensor_is_named() {
     });
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingTensor { name, .. }) if name == "model.layers.1.self_attn.k_norm.weight"),
+        matches!(&err, Some(CandleError::MissingTensor { name, .. }) if name == "model.layers.1.self_attn.k_norm.weight"),
         "{err:?}"
     );
     // untied config without lm_head.weight
@@ -236,7 +242,7 @@ fn missing_tensor_is_named() {
     });
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::MissingTensor { name, .. }) if name == "lm_head.weight"),
+        matches!(&err, Some(CandleError::MissingTensor { name, .. }) if name == "lm_head.weight"),
         "{err:?}"
     );
 }
@@ -255,7 +261,7 @@ fn wrong_shape_names_tensor_and_both_shapes() {
     });
     let err = load_dir(&dir).err();
     match &err {
-        Some(BackendError::WrongShape {
+        Some(CandleError::WrongShape {
             name,
             expected,
             actual,
@@ -286,7 +292,7 @@ fn wrong_dtype_is_named() {
     });
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::WrongDtype { name, actual, .. }) if name == "model.norm.weight" && actual == "I32"),
+        matches!(&err, Some(CandleError::WrongDtype { name, actual, .. }) if name == "model.norm.weight" && actual == "I32"),
         "{err:?}"
     );
 }
@@ -302,18 +308,18 @@ fn truncated_and_corrupt_files_are_rejected() {
     std::fs::write(&path, &bytes[..bytes.len() - 100]).expect("truncate");
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::InvalidCheckpoint { path: p, reason }) if p == &path && reason.contains("truncated")),
+        matches!(&err, Some(CandleError::InvalidCheckpoint { path: p, reason }) if p == &path && reason.contains("truncated")),
         "{err:?}"
     );
     std::fs::write(&path, &bytes[..4]).expect("truncate header");
     assert!(matches!(
         load_dir(&dir),
-        Err(BackendError::InvalidCheckpoint { .. })
+        Err(CandleError::InvalidCheckpoint { .. })
     ));
     std::fs::write(&path, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!").expect("garbage");
     assert!(matches!(
         load_dir(&dir),
-        Err(BackendError::InvalidCheckpoint { .. })
+        Err(CandleError::InvalidCheckpoint { .. })
     ));
 }
 
@@ -328,7 +334,7 @@ fn unknown_architecture_and_bad_config_are_rejected() {
     std::fs::write(dir.join("config.json"), cfg.to_string()).expect("config");
     let err = load_dir(&dir).err();
     assert!(
-        matches!(&err, Some(BackendError::UnsupportedArchitecture { name, supported }) if name == "MistralForCausalLM" && supported.contains("Qwen3ForCausalLM")),
+        matches!(&err, Some(CandleError::UnsupportedArchitecture { name, supported }) if name == "MistralForCausalLM" && supported.contains("Qwen3ForCausalLM")),
         "{err:?}"
     );
     cfg["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
@@ -336,12 +342,12 @@ fn unknown_architecture_and_bad_config_are_rejected() {
     std::fs::write(dir.join("config.json"), cfg.to_string()).expect("config");
     assert!(matches!(
         load_dir(&dir),
-        Err(BackendError::InvalidConfig { .. })
+        Err(CandleError::InvalidConfig { .. })
     ));
     std::fs::write(dir.join("config.json"), "{ not json").expect("config");
     assert!(matches!(
         load_dir(&dir),
-        Err(BackendError::InvalidConfig { .. })
+        Err(CandleError::InvalidConfig { .. })
     ));
 }
 
@@ -421,7 +427,7 @@ fn token_ids_beyond_the_embedding_are_rejected() {
     );
     let st = m.prefill(&[1, 2]).expect("prefill");
     let err = m
-        .score(
+        .score_rows(
             &[&st],
             &[ScoreRow {
                 state: 0,
@@ -474,14 +480,14 @@ fn bf16_compute_tracks_f32() {
             },
         )
         .expect("bf16");
-        assert_eq!(bf16.facts().dtype, "bf16");
+        assert_eq!(bf16.facts().dtype.as_str(), "bf16");
         let ids = common::ids(77, 40, 151_643);
         let cands = common::candidates();
         let a = f32m.forward_full(&ids, &cands).expect("f32");
         let b = bf16.forward_full(&ids, &cands).expect("bf16");
         let st = bf16.prefill(&ids[..30]).expect("prefill");
         let c = bf16
-            .score(
+            .score_rows(
                 &[&st],
                 &[ScoreRow {
                     state: 0,
@@ -527,7 +533,7 @@ fn prefill_chunk_option_drives_prefill() {
     let cands = common::candidates();
     let score = |m: &CandleBackend| {
         let st = m.prefill(&ids).expect("prefill");
-        m.score(
+        m.score_rows(
             &[&st],
             &[ScoreRow {
                 state: 0,
@@ -547,7 +553,7 @@ fn prefill_chunk_option_drives_prefill() {
         },
     )
     .err();
-    assert!(matches!(zero, Some(BackendError::InvalidRequest { .. })));
+    assert!(matches!(zero, Some(CandleError::InvalidRequest { .. })));
 }
 
 /// The head is tied exactly when transformers ties it: `tie_word_embeddings: false` never

@@ -64,8 +64,8 @@ fn config_and_facts() -> Result<()> {
     let (_dir, b) = load(1, Qwen35Layout::Multimodal)?;
     let f = b.facts();
     assert_eq!(
-        (f.family.as_str(), f.architecture.as_str()),
-        ("qwen3_5", "Qwen3_5ForConditionalGeneration")
+        (f.family.map(|f| f.as_str()), f.architecture.as_str()),
+        (Some("qwen3_5"), "Qwen3_5ForConditionalGeneration")
     );
     assert_eq!(
         (f.vocab_size, f.num_layers, f.hidden_size),
@@ -105,7 +105,7 @@ fn vision_and_mtp_tensors_are_never_read() -> Result<()> {
 fn both_layouts_load_the_same_model() -> Result<()> {
     let (_d1, mm) = load(3, Qwen35Layout::Multimodal)?;
     let (_d2, text) = load(3, Qwen35Layout::TextOnly)?;
-    assert_eq!(text.facts().architecture, "Qwen3_5ForCausalLM");
+    assert_eq!(text.facts().architecture.as_str(), "Qwen3_5ForCausalLM");
     assert!(text.tensors_read().iter().all(|n| n.starts_with("model.")));
     let prompt = ids(30, 80);
     Tolerance::EXACT.assert_close(
@@ -137,13 +137,13 @@ fn score_equals_forward_full_and_parallel_equals_one_at_a_time() -> Result<()> {
                 suffix: s,
             })
             .collect();
-        let all = b.score(&[&state], &rows, &CANDIDATES)?;
+        let all = b.score_rows(&[&state], &rows, &CANDIDATES)?;
         for (r, s) in suffixes.iter().enumerate() {
             let full = b.forward_full(&cat(&prefix, s), &CANDIDATES)?;
             let what = format!("prefix {plen}, suffix {}: score vs forward_full", s.len());
             TOL.assert_close(&what, all.row(r), &full);
             worst = worst.max(Tolerance::max_abs_diff(all.row(r), &full));
-            let alone = b.score(&[&state], &rows[r..r + 1], &CANDIDATES)?;
+            let alone = b.score_rows(&[&state], &rows[r..r + 1], &CANDIDATES)?;
             let what = format!("prefix {plen}, suffix {}: parallel vs alone", s.len());
             TOL.assert_close(&what, all.row(r), alone.row(0));
         }
@@ -175,13 +175,13 @@ fn slot_merge_of_prefixes_with_different_lengths() -> Result<()> {
             suffix: &suffixes[x],
         })
         .collect();
-    let merged = b.score(&refs, &rows, &CANDIDATES)?;
+    let merged = b.score_rows(&refs, &rows, &CANDIDATES)?;
     let mut worst = 0f32;
     for (r, &(s, x)) in plan.iter().enumerate() {
         let full = b.forward_full(&cat(&prefixes[s], &suffixes[x]), &CANDIDATES)?;
         TOL.assert_close(&format!("merged row {r}"), merged.row(r), &full);
         worst = worst.max(Tolerance::max_abs_diff(merged.row(r), &full));
-        let alone = b.score(
+        let alone = b.score_rows(
             &refs[s..s + 1],
             &[ScoreRow {
                 state: 0,
@@ -212,7 +212,7 @@ fn chunked_prefill_equals_one_shot() -> Result<()> {
             suffix: s,
         })
         .collect();
-    let want = b.score(&[&one], &rows, &CANDIDATES)?;
+    let want = b.score_rows(&[&one], &rows, &CANDIDATES)?;
     let one_vals = state_values(&one)?;
     let mut worst = 0f32;
     for chunk in [1usize, 7, 64, 65] {
@@ -221,7 +221,7 @@ fn chunked_prefill_equals_one_shot() -> Result<()> {
             TOL.assert_close(&format!("state, chunk {chunk}"), a, w);
             worst = worst.max(Tolerance::max_abs_diff(a, w));
         }
-        let got = b.score(&[&st], &rows, &CANDIDATES)?;
+        let got = b.score_rows(&[&st], &rows, &CANDIDATES)?;
         TOL.assert_close(&format!("logits, chunk {chunk}"), &got.data, &want.data);
         worst = worst.max(Tolerance::max_abs_diff(&got.data, &want.data));
     }
@@ -248,7 +248,7 @@ fn bf16_compute_tracks_f32() -> Result<()> {
     let a = f32m.forward_full(&prompt, &CANDIDATES)?;
     let b = bf16.forward_full(&prompt, &CANDIDATES)?;
     let st = bf16.prefill(&prompt[..90])?;
-    let c = bf16.score(
+    let c = bf16.score_rows(
         &[&st],
         &[ScoreRow {
             state: 0,
@@ -299,7 +299,7 @@ mod props {
                 let states = [b.prefill(&prefixes[0])?, b.prefill(&prefixes[1])?];
                 let suffixes: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &(_, n))| ids(seed + 10 + i as u64, n)).collect();
                 let rows: Vec<ScoreRow<'_>> = lens.iter().zip(&suffixes).map(|(&(s, _), x)| ScoreRow { state: s, suffix: x }).collect();
-                let got = b.score(&[&states[0], &states[1]], &rows, &CANDIDATES)?;
+                let got = b.score_rows(&[&states[0], &states[1]], &rows, &CANDIDATES)?;
                 let mut worst = 0f32;
                 for (r, &(s, _)) in lens.iter().enumerate() {
                     let full = b.forward_full(&cat(&prefixes[s], &suffixes[r]), &CANDIDATES)?;

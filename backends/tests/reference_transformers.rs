@@ -377,7 +377,7 @@ fn compare_model(name: &str) -> Result<Measured> {
                 p.name,
                 c.prefix_len
             );
-            let got = backend.score(&[&state], &row, cand)?;
+            let got = backend.score_rows(&[&state], &row, cand)?;
             let got = got.row(0);
             let d_cont = max_abs_diff(got, &want_cont);
             let d_full = max_abs_diff(got, &want_full);
@@ -392,7 +392,7 @@ fn compare_model(name: &str) -> Result<Measured> {
             );
 
             let state = backend.prefill_chunked(prefix, SMALL_PREFILL_CHUNK)?;
-            let got = backend.score(&[&state], &row, cand)?;
+            let got = backend.score_rows(&[&state], &row, cand)?;
             let d_chunk = max_abs_diff(got.row(0), &want_full);
             m.chunked_vs_ref_full = m.chunked_vs_ref_full.max(d_chunk);
             ensure!(
@@ -420,7 +420,7 @@ fn compare_model(name: &str) -> Result<Measured> {
                 suffix: &p.token_ids[c.prefix_len..],
             })
             .collect();
-        let got = backend.score(&state_refs, &rows, cand)?;
+        let got = backend.score_rows(&state_refs, &rows, cand)?;
         for (i, c) in p.continuations.iter().enumerate() {
             let d = max_abs_diff(got.row(i), &ordered(&c.logits, cand)?);
             m.batched_vs_ref_continuation = m.batched_vs_ref_continuation.max(d);

@@ -77,7 +77,7 @@ fn score_equals_forward_full_per_row() {
                 suffix: s,
             })
             .collect();
-        let got = m.score(&[&state], &rows, &cands).expect("score");
+        let got = m.score_rows(&[&state], &rows, &cands).expect("score");
         let mut worst = 0f32;
         for (r, s) in suffixes.iter().enumerate() {
             let full = m.forward_full(&concat(&prefix, s), &cands).expect("full");
@@ -106,11 +106,15 @@ fn scoring_leaves_the_state_bit_identical() {
                 suffix: &s2,
             },
         ];
-        let first = m.score(&[&state], &rows, &candidates()).expect("score");
+        let first = m
+            .score_rows(&[&state], &rows, &candidates())
+            .expect("score");
         assert_eq!(snapshot(&state), before, "{name}: state changed");
         assert_eq!((state.len(), state.nbytes()), (len, nbytes));
         // scoring again from the same state gives the same answer bit for bit
-        let again = m.score(&[&state], &rows, &candidates()).expect("score");
+        let again = m
+            .score_rows(&[&state], &rows, &candidates())
+            .expect("score");
         assert_eq!(first, again, "{name}");
     }
 }
@@ -150,11 +154,11 @@ fn slot_merged_rows_equal_each_state_alone_and_forward_full() {
                 suffix: s,
             })
             .collect();
-        let merged = m.score(&refs, &rows, &cands).expect("merged");
+        let merged = m.score_rows(&refs, &rows, &cands).expect("merged");
         let mut worst = 0f32;
         for (r, row) in rows.iter().enumerate() {
             let alone = m
-                .score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands)
+                .score_rows(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands)
                 .expect("alone");
             worst = worst.max(Tolerance::max_abs_diff(merged.row(r), alone.row(0)));
             BATCH_VS_SINGLE.assert_close(
@@ -173,7 +177,7 @@ fn slot_merged_rows_equal_each_state_alone_and_forward_full() {
         }
         eprintln!("{name}: slot-merged vs alone max |diff| = {worst:e}");
         // states named but unused by any row are fine; the shortest-prefix row is unaffected
-        let unused = m.score(&refs, &rows[1..2], &cands).expect("subset");
+        let unused = m.score_rows(&refs, &rows[1..2], &cands).expect("subset");
         BATCH_VS_SINGLE.assert_close(&format!("{name} subset"), unused.row(0), merged.row(1));
     }
 }
@@ -190,7 +194,7 @@ fn chunked_prefill_equals_one_shot() {
             state: 0,
             suffix: &suffix,
         }];
-        let one_scores = m.score(&[&one], &rows, &cands).expect("score");
+        let one_scores = m.score_rows(&[&one], &rows, &cands).expect("score");
         let (mut worst, mut worst_scores) = (0f32, 0f32);
         for chunk in [1, 2, 5, 8, 28] {
             let st = m.prefill_chunked(&prefix, chunk).expect("chunked");
@@ -199,7 +203,7 @@ fn chunked_prefill_equals_one_shot() {
                 worst = worst.max(Tolerance::max_abs_diff(a, b));
                 CHUNKED_STATE.assert_close(&format!("{name} chunk {chunk} state"), a, b);
             }
-            let s = m.score(&[&st], &rows, &cands).expect("score");
+            let s = m.score_rows(&[&st], &rows, &cands).expect("score");
             worst_scores = worst_scores.max(Tolerance::max_abs_diff(s.row(0), one_scores.row(0)));
             CHUNKED_VS_ONESHOT.assert_close(
                 &format!("{name} chunk {chunk} scores"),
@@ -224,7 +228,7 @@ fn invalid_requests_are_typed_errors() {
         state: 0,
         suffix: &suffix,
     };
-    let bad_id = m.score(
+    let bad_id = m.score_rows(
         &[&state],
         &[ScoreRow {
             state: 0,
@@ -240,7 +244,7 @@ fn invalid_requests_are_typed_errors() {
         })
     ));
     assert!(matches!(
-        m.score(&[&state], &[row], &too_big),
+        m.score_rows(&[&state], &[row], &too_big),
         Err(BackendError::TokenOutOfRange { .. })
     ));
     assert!(matches!(
@@ -252,7 +256,7 @@ fn invalid_requests_are_typed_errors() {
         Err(BackendError::TokenOutOfRange { .. })
     ));
     assert!(matches!(
-        m.score(
+        m.score_rows(
             &[&state],
             &[ScoreRow {
                 state: 1,
@@ -263,7 +267,7 @@ fn invalid_requests_are_typed_errors() {
         Err(BackendError::InvalidRequest { .. })
     ));
     assert!(matches!(
-        m.score(
+        m.score_rows(
             &[&state],
             &[ScoreRow {
                 state: 0,
@@ -274,11 +278,11 @@ fn invalid_requests_are_typed_errors() {
         Err(BackendError::InvalidRequest { .. })
     ));
     assert!(matches!(
-        m.score(&[&state], &[], &[1]),
+        m.score_rows(&[&state], &[], &[1]),
         Err(BackendError::InvalidRequest { .. })
     ));
     assert!(matches!(
-        m.score(&[&state], &[row], &[]),
+        m.score_rows(&[&state], &[row], &[]),
         Err(BackendError::InvalidRequest { .. })
     ));
     assert!(matches!(
@@ -305,9 +309,9 @@ proptest! {
         for (name, m) in models() {
             let state = m.prefill(&prefix).expect("prefill");
             let rows: Vec<ScoreRow> = suffixes.iter().map(|s| ScoreRow { state: 0, suffix: s }).collect();
-            let batch = m.score(&[&state], &rows, &cands).expect("batch");
+            let batch = m.score_rows(&[&state], &rows, &cands).expect("batch");
             for (r, row) in rows.iter().enumerate() {
-                let one = m.score(&[&state], &[*row], &cands).expect("one");
+                let one = m.score_rows(&[&state], &[*row], &cands).expect("one");
                 let d = Tolerance::max_abs_diff(batch.row(r), one.row(0));
                 prop_assert!(d <= BATCH_VS_SINGLE.abs, "{} row {}: {:e}", name, r, d);
             }
@@ -329,9 +333,9 @@ proptest! {
             let short = m.prefill(&short_prefix).expect("prefill");
             let long = m.prefill(&long_prefix).expect("prefill");
             let row = ScoreRow { state: 0, suffix: &suffix };
-            let alone = m.score(&[&short], &[row], &cands).expect("alone");
-            let right_padded = m.score(&[&short], &[ScoreRow { state: 0, suffix: &long_suffix }, row], &cands).expect("rp");
-            let left_padded = m.score(&[&long, &short], &[ScoreRow { state: 0, suffix: &long_suffix }, ScoreRow { state: 1, suffix: &suffix }], &cands).expect("lp");
+            let alone = m.score_rows(&[&short], &[row], &cands).expect("alone");
+            let right_padded = m.score_rows(&[&short], &[ScoreRow { state: 0, suffix: &long_suffix }, row], &cands).expect("rp");
+            let left_padded = m.score_rows(&[&long, &short], &[ScoreRow { state: 0, suffix: &long_suffix }, ScoreRow { state: 1, suffix: &suffix }], &cands).expect("lp");
             let d1 = Tolerance::max_abs_diff(right_padded.row(1), alone.row(0));
             let d2 = Tolerance::max_abs_diff(left_padded.row(1), alone.row(0));
             prop_assert!(d1 <= BATCH_VS_SINGLE.abs, "{} right padding: {:e}", name, d1);
@@ -351,9 +355,9 @@ proptest! {
             let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
             let refs: Vec<&CandleState> = states.iter().collect();
             let rows: Vec<ScoreRow> = rows.iter().map(|(s, suf)| ScoreRow { state: s % refs.len(), suffix: suf }).collect();
-            let merged = m.score(&refs, &rows, &cands).expect("merged");
+            let merged = m.score_rows(&refs, &rows, &cands).expect("merged");
             for (r, row) in rows.iter().enumerate() {
-                let alone = m.score(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands).expect("alone");
+                let alone = m.score_rows(&[refs[row.state]], &[ScoreRow { state: 0, ..*row }], &cands).expect("alone");
                 let d = Tolerance::max_abs_diff(merged.row(r), alone.row(0));
                 prop_assert!(d <= BATCH_VS_SINGLE.abs, "{} row {}: {:e}", name, r, d);
             }

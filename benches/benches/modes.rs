@@ -136,7 +136,7 @@ fn main() -> anyhow::Result<()> {
         options.dtype = parse_dtype(&d)?;
     }
     let engine = load_engine(&dir, &options)?;
-    let dtype = engine.backend().facts().dtype.clone();
+    let dtype = engine.backend().facts().dtype;
     let fields_list = counts("FORKSCORE_BENCH_FIELDS", &[1, 3, 8, 28])?;
     let words_list = counts("FORKSCORE_BENCH_WORDS", &[40, 600])?;
     let modes = bench_modes()?;
@@ -191,7 +191,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 let mut stages = Vec::with_capacity(repeats + 1);
                 let ms = median_ms(1, repeats, || {
-                    let d = engine.score(&context, &compiled, &opts)?;
+                    let d = engine.decide(&context, &compiled, &opts)?;
                     stages.push(d.telemetry.timings_ms);
                     Ok(())
                 })?;
@@ -200,7 +200,7 @@ fn main() -> anyhow::Result<()> {
             };
             let prefix = engine
                 .prepare(&context, &compiled, usize::MAX)?
-                .split
+                .split()
                 .prefix_ids
                 .len();
             let par = run("parallel", Mode::Parallel, None)?;
@@ -212,7 +212,7 @@ fn main() -> anyhow::Result<()> {
                     include_prompt: true,
                     ..ScoreOptions::default()
                 };
-                let decision = engine.score(&context, &compiled, &opts)?;
+                let decision = engine.decide(&context, &compiled, &opts)?;
                 let mut case = case_dump(&compiled, &decision)?;
                 case["fields"] = fields.into();
                 case["context_words"] = words.into();
@@ -224,7 +224,7 @@ fn main() -> anyhow::Result<()> {
                 profile::take();
                 profile::set_enabled(true);
                 let t0 = std::time::Instant::now();
-                let d = engine.score(&context, &compiled, &ScoreOptions::default());
+                let d = engine.decide(&context, &compiled, &ScoreOptions::default());
                 let wall = t0.elapsed().as_secs_f64() * 1e3;
                 profile::set_enabled(false);
                 d?;

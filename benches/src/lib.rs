@@ -17,7 +17,7 @@ use std::time::Instant;
 pub fn load_engine(dir: &Path, options: &LoadOptions) -> anyhow::Result<Engine<CandleBackend>> {
     let ckpt = ResolvedCheckpoint::from_folder(dir, "bench")?;
     let backend = CandleBackend::load(&ckpt, options)?;
-    let tok = ChatTokenizer::from_folder(dir, &backend.facts().family)?;
+    let tok = ChatTokenizer::for_model(dir, backend.facts().family)?;
     Ok(Engine::new(
         backend,
         tok,

@@ -1,15 +1,19 @@
-//! Assembly: per row, the field's own candidate logits in; a typed value, per-choice
-//! probabilities and logits out. softmax(logits / T) over the field's codes only, in f64;
+//! Stage 6, assemble: per row, the field's own candidate logits in; a [`Decision`] out — the
+//! typed value, per-choice probabilities and logits of every field, telemetry, and (opt-in) the
+//! prompt exactly as the model was fed. softmax(logits / T) over the field's codes only, in f64;
 //! argmax on the raw logits with a deterministic tie-break (the first choice wins), so the
-//! temperature never changes the selection.
+//! temperature never changes the selection. One row of logits per field, or an error.
 
 use crate::calibration::Temperature;
-use crate::modes::{Mode, RunStats};
+use crate::engine::ScoreOptions;
+use crate::fork::{Mode, RunStats};
+use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
 use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value;
+use std::time::Instant;
 
 /// The decision for one context.
 #[derive(Debug, Clone, Serialize)]
@@ -137,12 +141,25 @@ pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f6
     }
 }
 
-/// Assemble all fields of one context.
+/// What assembly refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssembleError {
+    #[error("{rows} rows of logits for a schema of {fields} fields")]
+    RowCount { fields: usize, rows: usize },
+}
+
+/// Assemble all fields of one context: `rows[i]` are the logits of field `i`.
 pub fn assemble_fields(
     compiled: &CompiledSchema,
     rows: &[Vec<f32>],
     temperature: f64,
-) -> (IndexMap<String, Value>, IndexMap<String, FieldResult>) {
+) -> Result<(IndexMap<String, Value>, IndexMap<String, FieldResult>), AssembleError> {
+    if rows.len() != compiled.fields().len() {
+        return Err(AssembleError::RowCount {
+            fields: compiled.fields().len(),
+            rows: rows.len(),
+        });
+    }
     let mut output = IndexMap::new();
     let mut fields = IndexMap::new();
     for (f, logits) in compiled.fields().iter().zip(rows) {
@@ -150,7 +167,69 @@ pub fn assemble_fields(
         output.insert(f.name.clone(), r.value.clone());
         fields.insert(f.name.clone(), r);
     }
-    (output, fields)
+    Ok((output, fields))
+}
+
+/// Everything one decision is assembled from.
+pub(crate) struct Assembly<'a> {
+    pub compiled: &'a CompiledSchema,
+    pub prepared: &'a PreparedContext,
+    /// One row of candidate logits per field.
+    pub rows: Vec<Vec<f32>>,
+    /// What the prefill + score run did (a whole group's counts when grouped).
+    pub stats: &'a RunStats,
+    pub temperature: Temperature,
+    pub opts: &'a ScoreOptions,
+    /// When `timings_ms.total` starts counting.
+    pub start: Instant,
+}
+
+impl Assembly<'_> {
+    /// The decision, with telemetry and (when asked for) the debug prompt.
+    pub fn decision(self) -> Result<Decision, AssembleError> {
+        let t = Instant::now();
+        let (output, fields) = assemble_fields(self.compiled, &self.rows, self.temperature.value)?;
+        let split = self.prepared.split();
+        let mut tel = telemetry(
+            self.opts.mode,
+            self.opts.field_batch_size,
+            (
+                split.prefix_ids.len(),
+                split.suffix_ids.iter().map(Vec::len).collect(),
+            ),
+            self.compiled.candidates().len(),
+            self.stats,
+        );
+        tel.timings_ms.render = self.prepared.render_ms();
+        tel.timings_ms.split = self.prepared.split_ms();
+        tel.timings_ms.assemble = t.elapsed().as_secs_f64() * 1e3;
+        tel.timings_ms.total = self.start.elapsed().as_secs_f64() * 1e3;
+        let prompt = self.opts.include_prompt.then(|| PromptDebug {
+            prefix_text: split.prefix_text.clone(),
+            prefix_ids: split.prefix_ids.clone(),
+            // one suffix per field by construction of the split (checked above via the rows)
+            rows: self
+                .compiled
+                .fields()
+                .iter()
+                .zip(&split.suffix_ids)
+                .map(|(f, s)| RowDebug {
+                    field: f.name.clone(),
+                    selector: f.selector.clone(),
+                    suffix_ids: s.clone(),
+                    code_ids: f.code_ids.clone(),
+                })
+                .collect(),
+            candidate_ids: self.compiled.candidates().to_vec(),
+        });
+        Ok(Decision {
+            output,
+            fields,
+            temperature: self.temperature,
+            telemetry: tel,
+            prompt,
+        })
+    }
 }
 
 /// Telemetry from run stats (timings other than prefill/score filled by the caller).

@@ -1,4 +1,4 @@
-//! Temperature policy (seed 000, "Probability temperature" and "V2 probability default").
+//! Temperature policy: which temperature a decision uses, and where it comes from.
 //!
 //! Unspecified temperature → the checkpoint's calibrated default when the registry knows the
 //! checkpoint, else 1. The registry (engine/data/calibration.json, extendable with a user file)

@@ -1,19 +1,22 @@
-//! The staged engine for one backend: compile rows → render + split → prefill → score → assemble.
+//! The staged engine for one backend: compile rows → prepare (render + split) → group →
+//! prefill + score (fork) → assemble.
 //!
-//! `Engine::score` runs one context; `decide_many` (see `many`) runs many through bounded groups.
-//! Every entry point goes through the same stage functions, so modes and groupings differ only
-//! in how rows are batched.
+//! Public verbs: [`Engine::compile`] (stage 1) and [`Engine::prepare`] (stage 2) build the typed
+//! inputs; the `decide*` family answers them — [`Engine::decide`] (one context),
+//! [`Engine::decide_prepared`] (one prepared context, optionally extending a [`SharedPrefix`]),
+//! [`Engine::decide_many`] and [`Engine::decide_group`] (many contexts, see `many`). Every entry
+//! point goes through the same stage functions, so modes and groupings differ only in how rows
+//! are batched.
 
-use crate::assemble::{assemble_fields, telemetry, Decision, PromptDebug, RowDebug};
-use crate::calibration::{CalibrationError, CalibrationRegistry, CheckpointIdentity, Temperature};
-use crate::modes::{run_group, Mode};
-use crate::render::render_prefix;
-use crate::rows::{CompileError, CompiledSchema};
+use crate::assemble::{Assembly, Decision};
+use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
+use crate::error::EngineError;
+use crate::fork::{score_group, GroupLogits, Mode, RunStats, SharedPrefix};
+use crate::prepare::PreparedContext;
+use crate::rows::CompiledSchema;
 use crate::schema::Schema;
-use crate::split::{split_anchored, SplitError, SplitPrompt};
-use crate::template::TemplateError;
 use crate::tokenizer::ChatTokenizer;
-use forkscore_backends::{Backend, BackendError};
+use forkscore_seam::{Backend, BackendError};
 use std::time::Instant;
 
 /// Default bound on prefix + longest suffix tokens.
@@ -43,48 +46,6 @@ impl Default for ScoreOptions {
             include_prompt: false,
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Compile(#[from] CompileError),
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error(transparent)]
-    Split(#[from] SplitError),
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    #[error(transparent)]
-    Calibration(#[from] CalibrationError),
-    #[error("the context is empty")]
-    EmptyContext,
-    #[error("prompt is {total} tokens (prefix {prefix} + longest field suffix {suffix}), over max_input_tokens = {max}; forkscore never truncates — shorten the context or raise --max-input-tokens")]
-    TooManyTokens {
-        prefix: usize,
-        suffix: usize,
-        total: usize,
-        max: usize,
-    },
-    #[error("field_batch_size must be at least 1")]
-    ZeroFieldBatch,
-    #[error("max_input_tokens must be at least 1")]
-    ZeroMaxInputTokens,
-    #[error("the tokenizer can produce ids up to {tokenizer_ids} but the model's embedding has only {embedding_rows} rows")]
-    TokenizerLargerThanEmbedding {
-        tokenizer_ids: usize,
-        embedding_rows: usize,
-    },
-    #[error("compiled schema belongs to another tokenizer/template (compiled rows must come from this engine)")]
-    ForeignSchema,
-}
-
-/// A context rendered and split, ready for prefill.
-#[derive(Debug, Clone)]
-pub struct PreparedContext {
-    pub split: SplitPrompt,
-    pub render_ms: f64,
-    pub split_ms: f64,
 }
 
 /// An engine over one backend and its tokenizer.
@@ -147,151 +108,108 @@ impl<B: Backend> Engine<B> {
         compiled: &CompiledSchema,
         max_input_tokens: usize,
     ) -> Result<PreparedContext, EngineError> {
-        if max_input_tokens == 0 {
-            return Err(EngineError::ZeroMaxInputTokens);
-        }
-        if compiled.tokenizer_identity() != self.tokenizer.identity() {
-            return Err(EngineError::ForeignSchema);
-        }
-        if context.trim().is_empty() {
-            return Err(EngineError::EmptyContext);
-        }
-        let t = Instant::now();
-        let prefix_text =
-            render_prefix(self.tokenizer.template(), context, compiled.schema_fields())?;
-        let render_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        let split = split_anchored(&self.tokenizer, &prefix_text, &compiled.selectors())?;
-        let split_ms = t.elapsed().as_secs_f64() * 1e3;
-        if split.input_tokens() > max_input_tokens {
-            return Err(EngineError::TooManyTokens {
-                prefix: split.prefix_ids.len(),
-                suffix: split.longest_suffix(),
-                total: split.input_tokens(),
-                max: max_input_tokens,
-            });
-        }
-        Ok(PreparedContext {
-            split,
-            render_ms,
-            split_ms,
-        })
+        crate::prepare::prepare(&self.tokenizer, context, compiled, max_input_tokens)
     }
 
-    pub(crate) fn check_options(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
+    /// Validate `opts` once for a run of many decisions: the temperature every decision uses.
+    pub fn check_request(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }
         self.resolve_temperature(opts)
     }
 
-    /// Score one context against a compiled schema.
-    pub fn score(
+    /// Decide one context against a compiled schema.
+    pub fn decide(
         &self,
         context: &str,
         compiled: &CompiledSchema,
         opts: &ScoreOptions,
     ) -> Result<Decision, EngineError> {
         let start = Instant::now();
-        let temperature = self.check_options(opts)?;
+        let temperature = self.check_request(opts)?;
         let prepared = self.prepare(context, compiled, opts.max_input_tokens)?;
-        let (mut logits, stats) = run_group(
-            &self.backend,
-            &[&prepared.split],
-            compiled.candidates(),
-            opts.mode,
-            opts.field_batch_size,
-        )?;
-        let rows = logits.pop().unwrap_or_default();
-        Ok(self.finish(compiled, &prepared, rows, &stats, temperature, opts, start))
+        self.decide_one(None, compiled, &prepared, opts, temperature, start)
     }
 
-    /// Score one prepared context, extending the retained `base` state (of the token prefix
-    /// `base_ids`, e.g. a context shared by many schemas) when the context's prefix strictly
-    /// extends it; otherwise exactly like [`Engine::score`]. Same tokens, same result.
-    pub fn decide_from(
+    /// Decide one prepared context, extending the retained `shared` prefix state when the
+    /// context's prefix strictly extends it (e.g. a context shared by many schemas); otherwise
+    /// exactly like [`Engine::decide`]. Same tokens, same result.
+    pub fn decide_prepared(
         &self,
-        base: Option<(&[u32], &B::State)>,
+        shared: Option<&SharedPrefix<B::State>>,
         compiled: &CompiledSchema,
         prepared: &PreparedContext,
         opts: &ScoreOptions,
         temperature: &Temperature,
     ) -> Result<Decision, EngineError> {
         let start = Instant::now();
+        self.decide_one(shared, compiled, prepared, opts, temperature.clone(), start)
+    }
+
+    /// Prefill `ids` once as a prefix that several prepared contexts extend
+    /// ([`Engine::decide_prepared`]).
+    pub fn share_prefix(&self, ids: &[u32]) -> Result<SharedPrefix<B::State>, BackendError> {
+        SharedPrefix::prefill(&self.backend, ids)
+    }
+
+    fn decide_one(
+        &self,
+        shared: Option<&SharedPrefix<B::State>>,
+        compiled: &CompiledSchema,
+        prepared: &PreparedContext,
+        opts: &ScoreOptions,
+        temperature: Temperature,
+        start: Instant,
+    ) -> Result<Decision, EngineError> {
+        let (logits, stats) = self.fork(shared, compiled, &[prepared], opts)?;
+        let [rows]: [Vec<Vec<f32>>; 1] =
+            logits
+                .try_into()
+                .map_err(|l: GroupLogits| BackendError::InvalidRequest {
+                    reason: format!("{} contexts of logits for one context", l.len()),
+                })?;
+        Ok(Assembly {
+            compiled,
+            prepared,
+            rows,
+            stats: &stats,
+            temperature,
+            opts,
+            start,
+        }
+        .decision()?)
+    }
+
+    /// Stages 4 + 5 for `members` (each prepared for `compiled`): prefill, then score every row.
+    pub(crate) fn fork(
+        &self,
+        shared: Option<&SharedPrefix<B::State>>,
+        compiled: &CompiledSchema,
+        members: &[&PreparedContext],
+        opts: &ScoreOptions,
+    ) -> Result<(GroupLogits, RunStats), EngineError> {
         if compiled.tokenizer_identity() != self.tokenizer.identity() {
             return Err(EngineError::ForeignSchema);
         }
-        let (mut logits, stats) = crate::modes::run_group_from(
+        if !members.iter().all(|p| p.belongs_to(compiled)) {
+            return Err(EngineError::ForeignPrepared);
+        }
+        let splits: Vec<_> = members.iter().map(|p| p.split()).collect();
+        let (logits, stats) = score_group(
             &self.backend,
-            base,
-            &[&prepared.split],
+            shared,
+            &splits,
             compiled.candidates(),
             opts.mode,
             opts.field_batch_size,
         )?;
-        let rows = logits.pop().unwrap_or_default();
-        Ok(self.finish(
-            compiled,
-            prepared,
-            rows,
-            &stats,
-            temperature.clone(),
-            opts,
-            start,
-        ))
-    }
-
-    /// Stage 6 for one context.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish(
-        &self,
-        compiled: &CompiledSchema,
-        prepared: &PreparedContext,
-        rows: Vec<Vec<f32>>,
-        stats: &crate::modes::RunStats,
-        temperature: Temperature,
-        opts: &ScoreOptions,
-        start: Instant,
-    ) -> Decision {
-        let t = Instant::now();
-        let (output, fields) = assemble_fields(compiled, &rows, temperature.value);
-        let split = &prepared.split;
-        let mut tel = telemetry(
-            opts.mode,
-            opts.field_batch_size,
-            (
-                split.prefix_ids.len(),
-                split.suffix_ids.iter().map(Vec::len).collect(),
-            ),
-            compiled.candidates().len(),
-            stats,
-        );
-        tel.timings_ms.render = prepared.render_ms;
-        tel.timings_ms.split = prepared.split_ms;
-        tel.timings_ms.assemble = t.elapsed().as_secs_f64() * 1e3;
-        tel.timings_ms.total = start.elapsed().as_secs_f64() * 1e3;
-        let prompt = opts.include_prompt.then(|| PromptDebug {
-            prefix_text: split.prefix_text.clone(),
-            prefix_ids: split.prefix_ids.clone(),
-            rows: compiled
-                .fields()
-                .iter()
-                .zip(&split.suffix_ids)
-                .map(|(f, s)| RowDebug {
-                    field: f.name.clone(),
-                    selector: f.selector.clone(),
-                    suffix_ids: s.clone(),
-                    code_ids: f.code_ids.clone(),
-                })
-                .collect(),
-            candidate_ids: compiled.candidates().to_vec(),
-        });
-        Decision {
-            output,
-            fields,
-            temperature,
-            telemetry: tel,
-            prompt,
+        if logits.len() != members.len() {
+            return Err(BackendError::InvalidRequest {
+                reason: format!("{} contexts of logits for {}", logits.len(), members.len()),
+            }
+            .into());
         }
+        Ok((logits, stats))
     }
 }

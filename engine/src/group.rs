@@ -16,19 +16,19 @@
 //! contexts with prefix lengths `p_i` (`P` = sum, `p_max` = longest), `r` rows in all and the
 //! longest suffix `s`:
 //! - state: `kv · (P + n · p_max)` — every retained prefix state, plus one merged copy whose
-//!   attention K/V is left-padded to the longest prefix; `kv = 2 · layers · hidden · dtype bytes`
-//!   (K and V at full width: an upper bound for grouped-query attention);
+//!   attention K/V is left-padded to the longest prefix;
+//!   `kv = 2 · layers · kv_heads · head_dim · dtype bytes` (every layer charged as attention);
 //! - activations: `act · (p_max + r · s)` — the longest prefill and every scored suffix token,
 //!   `act = 8 · hidden · dtype bytes` (residual stream, q/k/v/o and MLP intermediates);
 //! - attention scores of the scoring pass: `r · s · (p_max + s) · heads · 4` bytes (f32), with
-//!   `heads = max(1, hidden / 128)`.
+//!   `heads` = the model's query heads ([`ModelFacts::attention_heads`]).
 //!
 //! It is an estimate for sizing groups, not an allocator measurement; the token and row bounds
 //! hold regardless of it. Linear-attention layers (Qwen3.5) keep a fixed-size state smaller than
 //! the K/V this formula charges for them, so the estimate stays on the safe side.
 
-use crate::split::SplitPrompt;
-use forkscore_backends::ModelFacts;
+use crate::prepare::split::SplitPrompt;
+use forkscore_seam::ModelFacts;
 use serde::Serialize;
 
 /// Bytes the CPU default allows one group (state + activations): 512 MiB.
@@ -111,21 +111,13 @@ pub struct MemoryModel {
     pub fixed_state_bytes: usize,
 }
 
-/// Bytes per element of a dtype name (`f32`, `bf16`, `f16`; anything else counts as 4).
-fn dtype_bytes(dtype: &str) -> usize {
-    match dtype {
-        "bf16" | "f16" => 2,
-        _ => 4,
-    }
-}
-
 impl MemoryModel {
     pub fn from_facts(facts: &ModelFacts) -> MemoryModel {
-        let d = dtype_bytes(&facts.dtype);
+        let d = facts.dtype.size_in_bytes();
         MemoryModel {
-            state_bytes_per_token: 2 * facts.num_layers * facts.hidden_size * d,
+            state_bytes_per_token: 2 * facts.num_layers * facts.kv_heads * facts.head_dim * d,
             activation_bytes_per_token: 8 * facts.hidden_size * d,
-            heads: (facts.hidden_size / 128).max(1),
+            heads: facts.attention_heads.max(1),
             fixed_state_bytes: facts.fixed_state_bytes,
         }
     }
@@ -242,6 +234,13 @@ impl ContextGroup {
     pub fn cost(&self) -> &GroupCost {
         &self.cost
     }
+    /// A group of one context, which runs alone whatever its size (no budget applies).
+    pub fn single(item: GroupItem, model: &MemoryModel) -> ContextGroup {
+        ContextGroup {
+            members: vec![item.index],
+            cost: GroupCost::default().with(&item, model),
+        }
+    }
     /// True for a single context that alone exceeds the budget (it runs alone).
     pub fn oversized(&self, budget: &GroupBudget) -> bool {
         !budget.admits(&self.cost)
@@ -323,6 +322,7 @@ pub struct GroupTelemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forkscore_seam::{Architecture, DType, Device, Family};
 
     fn item(index: usize, prefix_tokens: usize, rows: usize) -> GroupItem {
         GroupItem {
@@ -366,14 +366,17 @@ mod tests {
     #[test]
     fn memory_model_charges_padding_to_the_longest_prefix() {
         let facts = ModelFacts {
-            architecture: "x".into(),
-            family: "qwen2".into(),
+            architecture: Architecture::Qwen2ForCausalLM,
+            family: Some(Family::Qwen2),
             vocab_size: 10,
             num_layers: 2,
             hidden_size: 128,
+            attention_heads: 1,
+            kv_heads: 1,
+            head_dim: 128,
             fixed_state_bytes: 0,
-            dtype: "bf16".into(),
-            device: "cuda:0".into(),
+            dtype: DType::Bf16,
+            device: Device::Cuda(0),
         };
         let m = MemoryModel::from_facts(&facts);
         assert_eq!(m.state_bytes_per_token, 2 * 2 * 128 * 2);
@@ -397,14 +400,17 @@ mod tests {
         // Qwen3.5-4B-like: 24 GDN layers of 32 value heads × 128 × 128 f32 = 48 MiB per sequence.
         let per_seq = 24 * 32 * 128 * 128 * 4;
         let facts = ModelFacts {
-            architecture: "x".into(),
-            family: "qwen3_5".into(),
+            architecture: Architecture::Qwen3_5ForConditionalGeneration,
+            family: Some(Family::Qwen3_5),
             vocab_size: 10,
             num_layers: 32,
             hidden_size: 2560,
+            attention_heads: 16,
+            kv_heads: 4,
+            head_dim: 256,
             fixed_state_bytes: per_seq,
-            dtype: "bf16".into(),
-            device: "cuda:0".into(),
+            dtype: DType::Bf16,
+            device: Device::Cuda(0),
         };
         let m = MemoryModel::from_facts(&facts);
         let cost = GroupCost {

@@ -1,31 +1,35 @@
 //! forkscore engine: one context + a schema of enum/boolean fields in, a typed decision with a
 //! probability for every choice out — without generating or parsing model text.
 //!
-//! Stages (one module each): [`schema`] (parse, validate) → [`rows`] (compile rows once per
-//! schema) → [`render`] + [`split`] (one shared prefix, exact token split) → [`modes`] (prefill
-//! once, score rows over the backend seam) → [`assemble`] (softmax over each field's codes,
-//! typed values). [`calibration`] holds the temperature policy; [`engine`] wires the stages; [`group`] bounds
-//! context groups and [`many`] runs many contexts through them (`Engine::decide_many`).
+//! Stages (one module each): [`schema`] (parse, validate) → [`rows`] (1: compile rows once per
+//! schema) → [`prepare`] (2: render + exact token split) → [`group`] (3: bounded context
+//! groups) → [`fork`] (4 + 5: prefill once, score every row over the backend seam) →
+//! [`assemble`] (6: softmax over each field's codes, typed values, telemetry). [`calibration`]
+//! holds the temperature policy; [`engine`] wires the stages for one context and [`many`] for
+//! many (`Engine::decide_many`). The engine depends on the seam only (`forkscore-seam`): it never
+//! sees a tensor.
 
 pub mod assemble;
 pub mod calibration;
 pub mod engine;
+pub mod error;
+pub mod fork;
 pub mod group;
 pub mod many;
-pub mod modes;
-pub mod render;
+pub mod prepare;
 pub mod rows;
 pub mod schema;
-pub mod split;
 pub mod strict_json;
 pub mod template;
 pub mod tokenizer;
 
 pub use assemble::{Decision, FieldResult};
 pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, TemperatureSource};
-pub use engine::{Engine, EngineError, PreparedContext, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+pub use error::EngineError;
+pub use fork::{Mode, SharedPrefix};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
-pub use modes::Mode;
+pub use prepare::PreparedContext;
 pub use rows::CompiledSchema;
 pub use schema::{Schema, SchemaError, SchemaErrorKind};
 pub use tokenizer::ChatTokenizer;

@@ -6,11 +6,11 @@
 //! Flow: render + split + tokenize every context in parallel (rayon, through
 //! [`Engine::prepare`]) → bounded groups ([`plan_groups`]) over the contexts that prepared →
 //! per group, N prefills then ONE slot-merged scoring pass over all N × R rows
-//! ([`run_group`] with the request's mode; `field_batch_size` still splits that pass) →
-//! assemble each decision ([`Engine::finish`]) and attach its group telemetry.
+//! (`fork::score_group` with the request's mode; `field_batch_size` still splits that pass) →
+//! assemble each decision and attach its group telemetry.
 //!
 //! Invariants:
-//! - decisions equal separate [`Engine::score`] calls (bit-identical on deterministic backends;
+//! - decisions equal separate [`Engine::decide`] calls (bit-identical on deterministic backends;
 //!   within f32 summation order on real ones): rows, prompts and candidates are the same,
 //!   only the batching differs;
 //! - a context that fails to prepare (empty, over the token limit) yields an `Err` entry for
@@ -19,16 +19,16 @@
 //! - for a grouped decision, the call counts, `state_bytes` and prefill/score timings in its
 //!   telemetry are those of its whole group, and `telemetry.group` says the group's size.
 
-use crate::assemble::Decision;
+use crate::assemble::{Assembly, Decision};
 use crate::calibration::Temperature;
-use crate::engine::{Engine, EngineError, PreparedContext, ScoreOptions};
+use crate::engine::{Engine, ScoreOptions};
+use crate::error::EngineError;
 use crate::group::{
     plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel,
 };
-use crate::modes::run_group;
+use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
-use crate::split::SplitPrompt;
-use forkscore_backends::Backend;
+use forkscore_seam::Backend;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -36,11 +36,6 @@ impl<B: Backend> Engine<B> {
     /// The memory model of this engine's backend (for sizing groups).
     pub fn memory_model(&self) -> MemoryModel {
         MemoryModel::from_facts(self.backend().facts())
-    }
-
-    /// Validate `opts` once for a run of many decisions: the temperature every decision uses.
-    pub fn check_request(&self, opts: &ScoreOptions) -> Result<Temperature, EngineError> {
-        self.check_options(opts)
     }
 
     /// Decide every context against `compiled`, in bounded groups. Results are in input order;
@@ -56,7 +51,7 @@ impl<B: Backend> Engine<B> {
         if contexts.is_empty() {
             return Vec::new();
         }
-        let temperature = match self.check_options(opts) {
+        let temperature = match self.check_request(opts) {
             Ok(t) => t,
             Err(e) => {
                 let mut out: Vec<Result<Decision, EngineError>> = (1..contexts.len())
@@ -73,7 +68,7 @@ impl<B: Backend> Engine<B> {
         let items = prepared
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| p.as_ref().ok().map(|p| GroupItem::of(i, &p.split)));
+            .filter_map(|(i, p)| p.as_ref().ok().map(|p| GroupItem::of(i, p.split())));
         let groups = plan_groups(items, budget, &self.memory_model());
 
         let mut slots: Vec<Option<Result<Decision, EngineError>>> =
@@ -92,12 +87,14 @@ impl<B: Backend> Engine<B> {
             }
         }
         for group in &groups {
-            let members: Vec<&PreparedContext> = group
-                .members()
-                .iter()
-                .filter_map(|&i| ready[i].as_ref())
-                .collect();
-            let decided = self.decide_group(compiled, group, &members, opts, &temperature, start);
+            let decided = self.decide_group(
+                compiled,
+                group,
+                |i| ready[i].as_ref(),
+                opts,
+                &temperature,
+                start,
+            );
             for (&i, d) in group.members().iter().zip(decided) {
                 slots[i] = Some(d);
             }
@@ -109,18 +106,31 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Stages 4–6 for one group: prefill each member, score all rows in one slot-merged pass
-    /// (per `opts.mode`), assemble each decision. `members[i]` is the prepared context of
-    /// `group.members()[i]`. Results are in member order. `start` is when the decisions'
-    /// `timings_ms.total` starts counting.
-    pub fn decide_group(
+    /// (per `opts.mode`), assemble each decision. `prepared(i)` is the prepared context of the
+    /// group member with index `i` (the index the group was planned with). Results are in member
+    /// order, one per member. `start` is when the decisions' `timings_ms.total` starts counting.
+    pub fn decide_group<'p>(
         &self,
         compiled: &CompiledSchema,
         group: &ContextGroup,
-        members: &[&PreparedContext],
+        prepared: impl Fn(usize) -> Option<&'p PreparedContext>,
         opts: &ScoreOptions,
         temperature: &Temperature,
         start: Instant,
     ) -> Vec<Result<Decision, EngineError>> {
+        let mut members: Vec<&PreparedContext> = Vec::with_capacity(group.len());
+        for &index in group.members() {
+            match prepared(index) {
+                Some(p) => members.push(p),
+                None => {
+                    return group
+                        .members()
+                        .iter()
+                        .map(|_| Err(EngineError::MissingMember { index }))
+                        .collect()
+                }
+            }
+        }
         let cost = group.cost();
         let tel = |slot: usize| GroupTelemetry {
             size: members.len(),
@@ -129,7 +139,7 @@ impl<B: Backend> Engine<B> {
             prefix_tokens: cost.prefix_tokens,
             estimated_bytes: cost.estimated_bytes,
         };
-        self.run_members(compiled, members, opts, temperature, start)
+        self.decide_members(compiled, &members, opts, temperature, start)
             .into_iter()
             .enumerate()
             .map(|(slot, d)| {
@@ -142,7 +152,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Prefill + score + assemble `members` together; on a backend error, each member alone.
-    fn run_members(
+    fn decide_members(
         &self,
         compiled: &CompiledSchema,
         members: &[&PreparedContext],
@@ -150,33 +160,35 @@ impl<B: Backend> Engine<B> {
         temperature: &Temperature,
         start: Instant,
     ) -> Vec<Result<Decision, EngineError>> {
-        let splits: Vec<&SplitPrompt> = members.iter().map(|p| &p.split).collect();
-        match run_group(
-            self.backend(),
-            &splits,
-            compiled.candidates(),
-            opts.mode,
-            opts.field_batch_size,
-        ) {
+        match self.fork(None, compiled, members, opts) {
             Ok((logits, stats)) => logits
                 .into_iter()
                 .zip(members)
-                .map(|(rows, p)| {
-                    Ok(self.finish(compiled, p, rows, &stats, temperature.clone(), opts, start))
+                .map(|(rows, &prepared)| {
+                    Ok(Assembly {
+                        compiled,
+                        prepared,
+                        rows,
+                        stats: &stats,
+                        temperature: temperature.clone(),
+                        opts,
+                        start,
+                    }
+                    .decision()?)
                 })
                 .collect(),
-            Err(e) if members.len() == 1 => vec![Err(e.into())],
+            Err(e) if members.len() == 1 => vec![Err(e)],
             Err(_) => members
                 .iter()
                 .flat_map(|p| {
-                    self.run_members(compiled, std::slice::from_ref(p), opts, temperature, start)
+                    self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
                 })
                 .collect(),
         }
     }
 }
 
-/// The same option error for every entry (engine errors are not `Clone`; `check_options` only
+/// The same option error for every entry (engine errors are not `Clone`; `check_request` only
 /// returns a calibration error or `ZeroFieldBatch`).
 fn repeat_option_error(e: &EngineError) -> EngineError {
     match e {

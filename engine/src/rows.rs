@@ -5,9 +5,9 @@
 //! context. Suffix ids are computed on a probe context; every real context's split is still
 //! checked row by row (see `engine`), so a tokenizer that merges differently cannot go unseen.
 
-use crate::render::{code, code_text, render_prefix, selector};
+use crate::prepare::render::{code, code_text, render_prefix, selector};
+use crate::prepare::split::{split_exact, SplitError};
 use crate::schema::{Choice, Field, FieldKind, Schema};
-use crate::split::{split_exact, SplitError};
 use crate::template::TemplateError;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 

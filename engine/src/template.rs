@@ -14,40 +14,20 @@ pub enum TemplateOrigin {
     /// The separate `chat_template.jinja` that transformers 5 writes.
     ChatTemplateFile,
     /// A built-in template of the named family: the checkpoint shipped none.
-    BuiltIn { family: TemplateFamily },
+    BuiltIn { family: Family },
     /// Supplied by the caller.
     Custom,
 }
 
-/// Families with a built-in fallback template.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TemplateFamily {
-    /// Qwen2 / Qwen2.5 (default system prompt, no think block).
-    Qwen2,
-    /// Qwen3 (non-thinking: empty think block after the assistant header).
-    Qwen3,
-    /// Qwen3.5 (no default system prompt, trimmed content, empty think block when not thinking).
-    Qwen3_5,
-}
+/// The model families; each has a built-in fallback template.
+pub use forkscore_seam::Family;
 
-impl TemplateFamily {
-    /// The family of a `config.json` `model_type` / backend family name.
-    pub fn from_model_family(family: &str) -> Option<TemplateFamily> {
-        match family {
-            "qwen2" | "qwen2.5" | "qwen2_5" => Some(TemplateFamily::Qwen2),
-            "qwen3" => Some(TemplateFamily::Qwen3),
-            "qwen3_5" | "qwen3_5_text" | "qwen3.5" => Some(TemplateFamily::Qwen3_5),
-            _ => None,
-        }
-    }
-
-    fn source(self) -> &'static str {
-        match self {
-            TemplateFamily::Qwen2 => QWEN2_TEMPLATE,
-            TemplateFamily::Qwen3 => QWEN3_TEMPLATE,
-            TemplateFamily::Qwen3_5 => QWEN3_5_TEMPLATE,
-        }
+/// The built-in template source of a family.
+fn built_in_source(family: Family) -> &'static str {
+    match family {
+        Family::Qwen2 => QWEN2_TEMPLATE,
+        Family::Qwen3 => QWEN3_TEMPLATE,
+        Family::Qwen3_5 => QWEN3_5_TEMPLATE,
     }
 }
 
@@ -126,9 +106,9 @@ impl ChatTemplate {
     }
 
     /// The built-in template of `family`.
-    pub fn built_in(family: TemplateFamily) -> ChatTemplate {
+    pub fn built_in(family: Family) -> ChatTemplate {
         ChatTemplate::new(
-            family.source().to_string(),
+            built_in_source(family).to_string(),
             TemplateOrigin::BuiltIn { family },
             None,
             Some("<|im_end|>".to_string()),
@@ -212,18 +192,18 @@ mod tests {
 
     #[test]
     fn built_in_templates_render_the_documented_shapes() {
-        let q2 = ChatTemplate::built_in(TemplateFamily::Qwen2)
+        let q2 = ChatTemplate::built_in(Family::Qwen2)
             .render(&msgs())
             .unwrap();
         assert_eq!(q2, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\n Hello \n<|im_end|>\n<|im_start|>assistant\n");
-        let q3 = ChatTemplate::built_in(TemplateFamily::Qwen3)
+        let q3 = ChatTemplate::built_in(Family::Qwen3)
             .render(&msgs())
             .unwrap();
         assert!(
             q3.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
             "{q3:?}"
         );
-        let q35 = ChatTemplate::built_in(TemplateFamily::Qwen3_5)
+        let q35 = ChatTemplate::built_in(Family::Qwen3_5)
             .render(&msgs())
             .unwrap();
         assert_eq!(q35, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");

@@ -4,7 +4,7 @@
 //! named templates where `default` wins), then `chat_template.jinja`, then the built-in template
 //! of the model family (the provenance then says so).
 
-use crate::template::{ChatTemplate, TemplateError, TemplateFamily, TemplateOrigin};
+use crate::template::{ChatTemplate, Family, TemplateError, TemplateOrigin};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -77,8 +77,8 @@ impl ChatTokenizer {
         }
     }
 
-    /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (the
-    /// backend's family, e.g. `qwen2`) picks the built-in template when the folder has none.
+    /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (a
+    /// [`Family`] name, e.g. `qwen2`) picks the built-in template when the folder has none.
     pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
         let tok_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tok_path).map_err(|e| TokenizerError::Read {
@@ -152,15 +152,22 @@ impl ChatTokenizer {
         } else if let Some(src) = chat_template_jinja {
             ChatTemplate::new(src, TemplateOrigin::ChatTemplateFile, bos, eos)?
         } else {
-            let family = TemplateFamily::from_model_family(model_family).ok_or_else(|| {
-                TokenizerError::NoTemplate {
-                    dir: origin_dir.to_path_buf(),
-                    family: model_family.to_string(),
-                }
-            })?;
+            let family =
+                model_family
+                    .parse::<Family>()
+                    .map_err(|_| TokenizerError::NoTemplate {
+                        dir: origin_dir.to_path_buf(),
+                        family: model_family.to_string(),
+                    })?;
             ChatTemplate::built_in(family)
         };
         Ok(ChatTokenizer::new(tokenizer, template))
+    }
+
+    /// [`ChatTokenizer::from_folder`] for a model of `family` (None: a model with no family,
+    /// which then needs a template in the folder).
+    pub fn for_model(dir: &Path, family: Option<Family>) -> Result<ChatTokenizer, TokenizerError> {
+        Self::from_folder(dir, family.map_or("", Family::as_str))
     }
 
     /// Fingerprint of this tokenizer + template (see the field docs).

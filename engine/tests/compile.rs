@@ -4,7 +4,7 @@
 mod support;
 
 use forkscore_engine::rows::CompileError;
-use forkscore_engine::template::{ChatTemplate, TemplateFamily};
+use forkscore_engine::template::ChatTemplate;
 use forkscore_engine::{
     CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError, Schema,
 };
@@ -59,7 +59,7 @@ fn bytes_only_tokenizer() -> tokenizers::Tokenizer {
 fn a_tokenizer_without_single_token_codes_fails_clearly() {
     let tok = ChatTokenizer::new(
         bytes_only_tokenizer(),
-        ChatTemplate::built_in(TemplateFamily::Qwen2),
+        ChatTemplate::built_in(Family::Qwen2),
     );
     let engine = Engine::new(
         FakeBackend::new(1),
@@ -84,7 +84,7 @@ fn a_tokenizer_without_single_token_codes_fails_clearly() {
 
 #[test]
 fn a_tokenizer_larger_than_the_embedding_is_refused() {
-    let tok = support::chat_tokenizer(Family::Qwen25);
+    let tok = support::chat_tokenizer(Family::Qwen2);
     let small = FakeBackend::new(1).with_vocab_size(151_000);
     match Engine::new(
         small,
@@ -123,11 +123,11 @@ fn codes_are_single_tokens_and_the_candidate_union_is_shared() {
 #[test]
 fn rows_compiled_for_another_tokenizer_are_refused() {
     let schema = Schema::from_json_str(r#"{"flag": {"type": "boolean"}}"#).unwrap();
-    let qwen25 = support::fake_engine(Family::Qwen25);
-    let qwen35 = support::fake_engine(Family::Qwen35);
+    let qwen25 = support::fake_engine(Family::Qwen2);
+    let qwen35 = support::fake_engine(Family::Qwen3_5);
     let compiled = qwen25.compile(&schema).unwrap();
     assert!(matches!(
-        qwen35.score(
+        qwen35.decide(
             "context",
             &compiled,
             &forkscore_engine::ScoreOptions::default()
@@ -135,9 +135,9 @@ fn rows_compiled_for_another_tokenizer_are_refused() {
         Err(EngineError::ForeignSchema)
     ));
     // The same tokenizer loaded twice is the same identity.
-    let again = support::fake_engine_with(Family::Qwen25, CheckpointIdentity::default(), 9);
+    let again = support::fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 9);
     assert!(again
-        .score(
+        .decide(
             "context",
             &compiled,
             &forkscore_engine::ScoreOptions::default()

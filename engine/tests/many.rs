@@ -71,14 +71,14 @@ proptest! {
         budget in arb_budget(),
         fbs in prop::option::of(1usize..5),
     ) {
-        let engine = fake_engine(Family::Qwen25);
+        let engine = fake_engine(Family::Qwen2);
         let compiled = engine.compile(&Schema::from_json_str(&example("parallel_schema.json")).unwrap()).unwrap();
         let contexts: Vec<&str> = picks.iter().map(|&i| CONTEXTS.get(i).copied().unwrap_or("   ")).collect();
         let opts = ScoreOptions { field_batch_size: fbs, ..ScoreOptions::default() };
         let many = engine.decide_many(&contexts, &compiled, &opts, &budget);
         prop_assert_eq!(many.len(), contexts.len());
         for (c, got) in contexts.iter().zip(&many) {
-            match (engine.score(c, &compiled, &opts), got) {
+            match (engine.decide(c, &compiled, &opts), got) {
                 (Ok(want), Ok(got)) => {
                     prop_assert_eq!(logits_of(&want), logits_of(got));
                     prop_assert_eq!(scores_of(&want), scores_of(got));
@@ -155,12 +155,12 @@ fn empty_input_gives_empty_output() {
 
 #[test]
 fn a_bad_context_is_an_error_entry_for_itself_only() {
-    let engine = fake_engine(Family::Qwen25);
+    let engine = fake_engine(Family::Qwen2);
     let compiled = engine
         .compile(&Schema::from_json_str(&example("parallel_schema.json")).unwrap())
         .unwrap();
     let fine = engine
-        .score(CONTEXTS[0], &compiled, &ScoreOptions::default())
+        .decide(CONTEXTS[0], &compiled, &ScoreOptions::default())
         .unwrap();
     let limit = fine.telemetry.input_tokens + 5;
     let long = "word ".repeat(200);
@@ -202,7 +202,7 @@ fn a_bad_context_is_an_error_entry_for_itself_only() {
 
 #[test]
 fn one_prefill_per_context_and_one_scoring_pass_per_group() {
-    let engine = fake_engine_with(Family::Qwen25, CheckpointIdentity::default(), 3);
+    let engine = fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 3);
     let compiled = engine
         .compile(&Schema::from_json_str(&example("code_security.json")).unwrap())
         .unwrap();
@@ -240,7 +240,7 @@ fn one_prefill_per_context_and_one_scoring_pass_per_group() {
 
 #[test]
 fn every_mode_through_decide_many_matches_score() {
-    let engine = fake_engine(Family::Qwen35);
+    let engine = fake_engine(Family::Qwen3_5);
     let compiled = engine
         .compile(&Schema::from_json_str(&example("support_triage.json")).unwrap())
         .unwrap();
@@ -251,7 +251,7 @@ fn every_mode_through_decide_many_matches_score() {
         };
         let many = engine.decide_many(&CONTEXTS[..4], &compiled, &opts, &GroupBudget::default());
         for (c, got) in CONTEXTS[..4].iter().zip(&many) {
-            let want = engine.score(c, &compiled, &opts).unwrap();
+            let want = engine.decide(c, &compiled, &opts).unwrap();
             assert_eq!(
                 logits_of(&want),
                 logits_of(got.as_ref().unwrap()),
@@ -264,8 +264,8 @@ fn every_mode_through_decide_many_matches_score() {
 fn tiny_engine(dir: &std::path::Path) -> Engine<CandleBackend> {
     let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-test").expect("resolve tiny model");
     let backend = CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load tiny model");
-    let family = backend.facts().family.clone();
-    let tok = ChatTokenizer::from_folder(dir, &family).expect("tiny model tokenizer");
+    let family = backend.facts().family;
+    let tok = ChatTokenizer::for_model(dir, family).expect("tiny model tokenizer");
     Engine::new(
         backend,
         tok,
@@ -313,7 +313,7 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
                 .iter()
                 .map(|c| {
                     engine
-                        .score(c, &compiled, &ScoreOptions::default())
+                        .decide(c, &compiled, &ScoreOptions::default())
                         .unwrap()
                 })
                 .collect();
@@ -324,7 +324,7 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
             };
             let mut base = 0.0f64;
             for (c, a) in contexts.iter().zip(&alone) {
-                let b = engine.score(c, &compiled, &serial).unwrap();
+                let b = engine.decide(c, &compiled, &serial).unwrap();
                 for (x, y) in scores_of(a).iter().zip(scores_of(&b)) {
                     base = base.max((x - y).abs());
                 }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use forkscore_engine::render::{render_prefix, selector};
+use forkscore_engine::prepare::render::{render_prefix, selector};
 use forkscore_engine::{Decision, EngineError, Mode, Schema, ScoreOptions};
 use forkscore_testkit::tokenizers::Family;
 use proptest::prelude::*;
@@ -72,9 +72,9 @@ fn arb_context() -> impl Strategy<Value = String> {
 
 fn families() -> impl Strategy<Value = Family> {
     prop_oneof![
-        Just(Family::Qwen25),
+        Just(Family::Qwen2),
         Just(Family::Qwen3),
-        Just(Family::Qwen35)
+        Just(Family::Qwen3_5)
     ]
 }
 
@@ -87,7 +87,7 @@ proptest! {
         let schema = Schema::from_json_str(&schema).unwrap();
         let compiled = engine.compile(&schema).unwrap();
         let run = |mode, field_batch_size| {
-            engine.score(&context, &compiled, &ScoreOptions { mode, field_batch_size, include_prompt: true, ..ScoreOptions::default() }).unwrap()
+            engine.decide(&context, &compiled, &ScoreOptions { mode, field_batch_size, include_prompt: true, ..ScoreOptions::default() }).unwrap()
         };
         let parallel = run(Mode::Parallel, None);
         let serial = run(Mode::CachedSerial, None);
@@ -133,7 +133,7 @@ fn suffixes_do_not_depend_on_the_context() {
             "ends in colon:",
         ] {
             let prep = engine.prepare(context, &compiled, 4096).unwrap();
-            for (f, s) in compiled.fields().iter().zip(&prep.split.suffix_ids) {
+            for (f, s) in compiled.fields().iter().zip(&prep.split().suffix_ids) {
                 assert_eq!(&f.suffix_ids, s, "{fam:?} field {}", f.name);
             }
         }
@@ -142,11 +142,11 @@ fn suffixes_do_not_depend_on_the_context() {
 
 #[test]
 fn over_long_prompts_are_rejected_with_counts_never_truncated() {
-    let engine = fake_engine(Family::Qwen25);
+    let engine = fake_engine(Family::Qwen2);
     let schema = Schema::from_json_str(&example("parallel_schema.json")).unwrap();
     let compiled = engine.compile(&schema).unwrap();
     let ok = engine
-        .score(
+        .decide(
             "The payment service is down.",
             &compiled,
             &ScoreOptions::default(),
@@ -157,7 +157,7 @@ fn over_long_prompts_are_rejected_with_counts_never_truncated() {
         max_input_tokens: total - 1,
         ..ScoreOptions::default()
     };
-    match engine.score("The payment service is down.", &compiled, &opts) {
+    match engine.decide("The payment service is down.", &compiled, &opts) {
         Err(EngineError::TooManyTokens {
             prefix,
             suffix,
@@ -173,10 +173,10 @@ fn over_long_prompts_are_rejected_with_counts_never_truncated() {
         ..ScoreOptions::default()
     };
     assert!(engine
-        .score("The payment service is down.", &compiled, &exact)
+        .decide("The payment service is down.", &compiled, &exact)
         .is_ok());
     assert!(matches!(
-        engine.score("  \n ", &compiled, &ScoreOptions::default()),
+        engine.decide("  \n ", &compiled, &ScoreOptions::default()),
         Err(EngineError::EmptyContext)
     ));
     let zero = ScoreOptions {
@@ -184,7 +184,7 @@ fn over_long_prompts_are_rejected_with_counts_never_truncated() {
         ..ScoreOptions::default()
     };
     assert!(matches!(
-        engine.score("x", &compiled, &zero),
+        engine.decide("x", &compiled, &zero),
         Err(EngineError::ZeroFieldBatch)
     ));
 }
@@ -197,7 +197,7 @@ fn booleans_stay_json_booleans_with_string_score_keys() {
             .unwrap();
     let compiled = engine.compile(&schema).unwrap();
     let d = engine
-        .score("Is the sky blue?", &compiled, &ScoreOptions::default())
+        .decide("Is the sky blue?", &compiled, &ScoreOptions::default())
         .unwrap();
     assert!(d.output["flag"].is_boolean());
     let keys: Vec<&String> = d.fields["flag"].scores.keys().collect();
@@ -228,7 +228,7 @@ proptest! {
     /// also when the context itself contains special-token text.
     #[test]
     fn anchored_split_equals_exact_split(schema in arb_schema(), context in arb_context_with_specials(), fam in families()) {
-        use forkscore_engine::split::{split_anchored, split_exact};
+        use forkscore_engine::prepare::split::{split_anchored, split_exact};
         let engine = fake_engine(fam);
         let schema = Schema::from_json_str(&schema).unwrap();
         let compiled = engine.compile(&schema).unwrap();

@@ -25,7 +25,7 @@ fn engine_for(dir: &std::path::Path) -> Engine<CandleBackend> {
         },
     )
     .unwrap();
-    let tok = ChatTokenizer::from_folder(dir, &backend.facts().family).unwrap();
+    let tok = ChatTokenizer::for_model(dir, backend.facts().family).unwrap();
     Engine::new(
         backend,
         tok,
@@ -76,7 +76,7 @@ fn check_modes(
     let compiled = engine.compile(schema).unwrap();
     let run = |mode, field_batch_size| {
         engine
-            .score(
+            .decide(
                 context,
                 &compiled,
                 &ScoreOptions {
@@ -192,8 +192,8 @@ fn extending_a_retained_state_equals_prefilling_the_whole_prefix() {
         let base = b.prefill(&ids[..70]).unwrap();
         let extended = b.extend(&base, &ids[70..]).unwrap();
         assert_eq!(extended.len(), whole.len());
-        let want = b.score(&[&whole], &rows, &candidates).unwrap();
-        let got = b.score(&[&extended], &rows, &candidates).unwrap();
+        let want = b.score_rows(&[&whole], &rows, &candidates).unwrap();
+        let got = b.score_rows(&[&extended], &rows, &candidates).unwrap();
         Tolerance::CPU_F32_LOGITS.assert_close(
             &format!("{name} extend vs prefill"),
             &got.data,
@@ -201,7 +201,7 @@ fn extending_a_retained_state_equals_prefilling_the_whole_prefix() {
         );
         // The base is untouched: extending it again gives the same state.
         let again = b
-            .score(&[&b.extend(&base, &ids[70..]).unwrap()], &rows, &candidates)
+            .score_rows(&[&b.extend(&base, &ids[70..]).unwrap()], &rows, &candidates)
             .unwrap();
         assert_eq!(again.data, got.data, "{name}");
         assert_eq!(base.len(), 70);

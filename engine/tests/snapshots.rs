@@ -13,7 +13,7 @@ fn snapshot(schema_file: &str, family: Family, include_prompt: bool) -> serde_js
     let schema = Schema::from_json_str(&support::example(schema_file)).unwrap();
     let compiled = engine.compile(&schema).unwrap();
     let d = engine
-        .score(
+        .decide(
             CONTEXT,
             &compiled,
             &ScoreOptions {
@@ -38,13 +38,13 @@ macro_rules! result_snapshot {
 result_snapshot!(
     parallel_schema_qwen25,
     "parallel_schema.json",
-    Family::Qwen25,
+    Family::Qwen2,
     true
 );
 result_snapshot!(
     parallel_schema_qwen35,
     "parallel_schema.json",
-    Family::Qwen35,
+    Family::Qwen3_5,
     true
 );
 result_snapshot!(
@@ -56,18 +56,18 @@ result_snapshot!(
 result_snapshot!(
     fintech_fraud_qwen25,
     "fintech_fraud.json",
-    Family::Qwen25,
+    Family::Qwen2,
     false
 );
 result_snapshot!(
     code_security_qwen25,
     "code_security.json",
-    Family::Qwen25,
+    Family::Qwen2,
     false
 );
 result_snapshot!(
     support_triage_qwen35,
     "support_triage.json",
-    Family::Qwen35,
+    Family::Qwen3_5,
     false
 );

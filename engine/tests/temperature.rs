@@ -1,5 +1,6 @@
-//! Temperature policy, one test per case of seed 000 ("Probability temperature", "V2 probability
-//! default"), through the engine so the value used and its source land in the result.
+//! Temperature policy, one test per case of the policy in `engine::calibration` (unspecified,
+//! calibrated default, explicit values, refusals), through the engine so the value used and its
+//! source land in the result.
 
 mod support;
 
@@ -125,15 +126,15 @@ fn explicit_one_on_a_calibrated_checkpoint_needs_allow_uncalibrated() {
 #[test]
 fn temperature_scales_probabilities_but_never_logits_or_selection() {
     let schema = Schema::from_json_str(&support::example("parallel_schema.json")).unwrap();
-    let calibrated = support::fake_engine_with(Family::Qwen25, id(V2, "any"), 3);
-    let plain = support::fake_engine_with(Family::Qwen25, CheckpointIdentity::default(), 3);
+    let calibrated = support::fake_engine_with(Family::Qwen2, id(V2, "any"), 3);
+    let plain = support::fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 3);
     let compiled = calibrated.compile(&schema).unwrap();
     let ctx = "The payment service is down for all customers.";
     let hot = calibrated
-        .score(ctx, &compiled, &ScoreOptions::default())
+        .decide(ctx, &compiled, &ScoreOptions::default())
         .unwrap();
     let raw = plain
-        .score(ctx, &compiled, &ScoreOptions::default())
+        .decide(ctx, &compiled, &ScoreOptions::default())
         .unwrap();
     assert_eq!(hot.temperature.value, 2.179078721266035);
     assert_eq!(raw.temperature.source, TemperatureSource::Default);
@@ -146,7 +147,7 @@ fn temperature_scales_probabilities_but_never_logits_or_selection() {
         );
         assert_eq!(h.scores.values().copied().collect::<Vec<_>>(), scaled);
     }
-    let refused = calibrated.score(
+    let refused = calibrated.decide(
         ctx,
         &compiled,
         &ScoreOptions {

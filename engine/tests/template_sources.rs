@@ -1,10 +1,10 @@
 //! Where the chat template comes from: tokenizer_config.json, else chat_template.jinja (what
 //! transformers 5 writes), else the family's built-in template — recorded as the origin.
 
-use forkscore_engine::template::{TemplateFamily, TemplateOrigin};
+use forkscore_engine::template::TemplateOrigin;
 use forkscore_engine::tokenizer::TokenizerError;
 use forkscore_engine::ChatTokenizer;
-use forkscore_testkit::tokenizers::Family;
+use forkscore_testkit::tokenizers::{Family, Fixture};
 
 fn folder(config_has_template: bool, jinja: bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -30,7 +30,7 @@ fn folder(config_has_template: bool, jinja: bool) -> tempfile::TempDir {
 }
 
 fn render(tok: &ChatTokenizer) -> String {
-    forkscore_engine::render::render_prefix(tok.template(), "ctx", &[]).unwrap()
+    forkscore_engine::prepare::render::render_prefix(tok.template(), "ctx", &[]).unwrap()
 }
 
 #[test]
@@ -43,7 +43,7 @@ fn template_lookup_order_and_origin() {
     assert_eq!(
         neither.template().origin(),
         &TemplateOrigin::BuiltIn {
-            family: TemplateFamily::Qwen3
+            family: Family::Qwen3
         }
     );
     // The real template and the separate file render the same prompt; the built-in fallback
@@ -69,7 +69,7 @@ fn no_template_and_unknown_family_is_a_clear_error() {
 #[test]
 fn truncation_and_padding_in_tokenizer_json_are_ignored() {
     let mut json: serde_json::Value =
-        serde_json::from_slice(&Family::Qwen25.tokenizer_json().unwrap()).unwrap();
+        serde_json::from_slice(&Family::Qwen2.tokenizer_json().unwrap()).unwrap();
     json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0});
     json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
                                          "pad_id": 151643, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
@@ -77,7 +77,7 @@ fn truncation_and_padding_in_tokenizer_json_are_ignored() {
     std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
     std::fs::write(
         dir.path().join("tokenizer_config.json"),
-        Family::Qwen25.tokenizer_config_json(),
+        Family::Qwen2.tokenizer_config_json(),
     )
     .unwrap();
     let tok = ChatTokenizer::from_folder(dir.path(), "qwen2").unwrap();

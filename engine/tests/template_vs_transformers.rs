@@ -3,17 +3,17 @@
 //! (fixtures/reference/*.json: messages, template arguments and the rendered text).
 
 use forkscore_engine::template::{ChatTemplate, TemplateOrigin};
-use forkscore_testkit::tokenizers::Family;
+use forkscore_testkit::tokenizers::{Family, Fixture};
 
 #[test]
 fn fixture_templates_render_exactly_like_transformers() {
     let root = format!("{}/../fixtures/reference", env!("CARGO_MANIFEST_DIR"));
     let mut checked = 0;
     for (file, family) in [
-        ("qwen25.json", Family::Qwen25),
+        ("qwen25.json", Family::Qwen2),
         ("qwen3.json", Family::Qwen3),
-        ("qwen35.json", Family::Qwen35),
-        ("qwen35_text.json", Family::Qwen35),
+        ("qwen35.json", Family::Qwen3_5),
+        ("qwen35_text.json", Family::Qwen3_5),
     ] {
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(format!("{root}/{file}")).unwrap())

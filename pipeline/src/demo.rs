@@ -4,22 +4,29 @@
 //! meaning: the weights are random.
 
 use anyhow::{bail, Context, Result};
-use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
-use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use forkscore_backends::Family;
+use forkscore_checkpoints::tiny_model::{write_hf_folder, TinySpec};
+use forkscore_checkpoints::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use std::path::PathBuf;
 
 /// Marks a folder as a demo model, so writing it again (same command) may replace it.
 const MARKER: &str = "FORKSCORE_DEMO_MODEL";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DemoArch {
-    #[value(name = "qwen2.5")]
-    Qwen25,
-    #[value(name = "qwen3")]
-    Qwen3,
-    /// Qwen3.5 hybrid (Gated DeltaNet + gated attention), multimodal checkpoint layout.
-    #[value(name = "qwen3.5")]
-    Qwen35,
+/// The `--arch` names and the family each writes (Qwen3.5: the hybrid in the multimodal
+/// checkpoint layout).
+const ARCH_NAMES: [(&str, Family); 3] = [
+    ("qwen2.5", Family::Qwen2),
+    ("qwen3", Family::Qwen3),
+    ("qwen3.5", Family::Qwen3_5),
+];
+
+fn parse_arch(name: String) -> Result<Family, String> {
+    ARCH_NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, f)| f)
+        .ok_or_else(|| format!("unknown architecture `{name}`"))
 }
 
 #[derive(Debug, clap::Args)]
@@ -27,8 +34,12 @@ pub struct DemoArgs {
     /// Folder to write (must not exist, or be empty).
     pub dir: PathBuf,
     /// Architecture of the tiny model.
-    #[arg(long, value_enum, default_value = "qwen2.5")]
-    pub arch: DemoArch,
+    #[arg(
+        long,
+        default_value = "qwen2.5",
+        value_parser = PossibleValuesParser::new(ARCH_NAMES.map(|(n, _)| n)).try_map(parse_arch)
+    )]
+    pub arch: Family,
 }
 
 pub fn run(args: &DemoArgs) -> Result<()> {
@@ -43,13 +54,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         );
     }
     let written = match args.arch {
-        DemoArch::Qwen25 => {
+        Family::Qwen2 => {
             write_hf_folder(&args.dir, &TinySpec::qwen25()).map_err(anyhow::Error::from)
         }
-        DemoArch::Qwen3 => {
+        Family::Qwen3 => {
             write_hf_folder(&args.dir, &TinySpec::qwen3()).map_err(anyhow::Error::from)
         }
-        DemoArch::Qwen35 => TinyQwen35::new(35, Qwen35Layout::Multimodal)
+        Family::Qwen3_5 => TinyQwen35::new(35, Qwen35Layout::Multimodal)
             .write(&args.dir)
             .map(|_| ())
             .map_err(anyhow::Error::from),
@@ -61,7 +72,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     )
     .with_context(|| format!("cannot write {}", marker.display()))?;
     eprintln!(
-        "wrote a tiny {:?} demo checkpoint (random weights: its scores carry no meaning) to {}",
+        "wrote a tiny {} demo checkpoint (random weights: its scores carry no meaning) to {}",
         args.arch,
         args.dir.display()
     );

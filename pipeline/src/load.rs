@@ -3,10 +3,10 @@
 //! and chat template, and pair them in an engine with the calibration registry.
 
 use crate::provenance::{ModelProvenance, GIT_COMMIT, VERSION};
-use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
+use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
 use forkscore_backends::candle::{CandleBackend, LoadOptions, DEFAULT_PREFILL_CHUNK};
-use forkscore_backends::{Backend, BackendError};
+use forkscore_backends::{Backend, CandleError};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
 use forkscore_engine::tokenizer::TokenizerError;
 use forkscore_engine::{
@@ -23,12 +23,12 @@ pub struct ModelArgs {
     /// For ORG/NAME: the exact 40-hex commit. For a folder: a free-text label recorded in provenance.
     #[arg(long)]
     pub revision: Option<String>,
-    /// cpu, cuda[:N] or metal[:N].
+    /// cpu, cuda[:N] or metal[:N] (parsed once, here, into the seam's typed device).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: DeviceSpec,
     /// f32, bf16 or f16 (default: f32 on CPU, bf16 on GPUs).
     #[arg(long)]
-    pub dtype: Option<String>,
+    pub dtype: Option<ComputeDType>,
     /// Prefix tokens per prefill chunk.
     #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
@@ -41,10 +41,8 @@ pub struct ModelArgs {
 pub enum LoadError {
     #[error("--revision is required: for ORG/NAME give the exact 40-hex commit; for a local folder give a label (e.g. `--revision local-2026-11-29`) that provenance records")]
     MissingRevision,
-    #[error("{0}")]
-    BadArgument(String),
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(#[from] CandleError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
@@ -61,16 +59,8 @@ pub struct LoadedModel {
 
 pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
-    let device: DeviceSpec = args
-        .device
-        .parse()
-        .map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?;
-    let dtype: ComputeDType = match &args.dtype {
-        Some(d) => d
-            .parse()
-            .map_err(|e: BackendError| LoadError::BadArgument(e.to_string()))?,
-        None => device.default_dtype(),
-    };
+    let device = args.device;
+    let dtype = args.dtype.unwrap_or_else(|| device.default_dtype());
     let checkpoint = ResolvedCheckpoint::resolve(&args.model, revision)?;
     let options = LoadOptions {
         device,
@@ -78,7 +68,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         prefill_chunk: args.prefill_chunk,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
-    let tokenizer = ChatTokenizer::from_folder(&checkpoint.dir, &backend.facts().family)?;
+    let tokenizer = ChatTokenizer::for_model(&checkpoint.dir, backend.facts().family)?;
     let mut registry = CalibrationRegistry::built_in();
     if let Some(path) = &args.calibration_file {
         registry.extend_from_file(path)?;
@@ -98,8 +88,8 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         model_id: checkpoint.model_id.clone(),
         revision: checkpoint.revision.clone(),
         source: match checkpoint.source {
-            forkscore_backends::candle::checkpoint::CheckpointSource::Folder => "folder".into(),
-            forkscore_backends::candle::checkpoint::CheckpointSource::HfCache => "hf_cache".into(),
+            CheckpointSource::Folder => "folder".into(),
+            CheckpointSource::HfCache => "hf_cache".into(),
         },
         fingerprint: checkpoint.fingerprint.clone(),
         architecture: facts.architecture,

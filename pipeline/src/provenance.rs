@@ -2,6 +2,7 @@
 //! folder fingerprint), on which device and dtype, with which template, mode and temperature,
 //! for which schema.
 
+use forkscore_backends::{Architecture, DType, Device};
 use forkscore_engine::template::TemplateOrigin;
 use serde::Serialize;
 
@@ -19,9 +20,9 @@ pub struct ModelProvenance {
     pub source: String,
     /// Hash of config, weight index/headers and tokenizer (local folders and snapshots alike).
     pub fingerprint: String,
-    pub architecture: String,
-    pub dtype: String,
-    pub device: String,
+    pub architecture: Architecture,
+    pub dtype: DType,
+    pub device: Device,
     pub chat_template: TemplateOrigin,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_sha256: Option<String>,
@@ -36,4 +37,46 @@ pub struct Provenance<'a> {
     pub temperature: f64,
     pub temperature_source: &'a forkscore_engine::TemperatureSource,
     pub schema_hash: &'a str,
+}
+
+/// Per-record provenance of a batch job: the model side plus the job's request side (typed;
+/// serialized once per job by [`BatchProvenance::record`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchProvenance<'a> {
+    #[serde(flatten)]
+    pub model: &'a ModelProvenance,
+    pub mode: forkscore_engine::Mode,
+    pub batch_mode: crate::batch::BatchMode,
+    pub temperature: f64,
+    pub temperature_source: &'a forkscore_engine::TemperatureSource,
+}
+
+impl BatchProvenance<'_> {
+    /// The JSON object every record of the job starts from.
+    pub fn record(&self) -> serde_json::Result<RecordProvenance> {
+        match serde_json::to_value(self)? {
+            serde_json::Value::Object(base) => Ok(RecordProvenance { base }),
+            other => Err(serde::ser::Error::custom(format!(
+                "batch provenance serialized to {other}, not an object"
+            ))),
+        }
+    }
+}
+
+/// [`BatchProvenance`] serialized, ready to take each record's schema hash.
+#[derive(Debug, Clone)]
+pub struct RecordProvenance {
+    base: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RecordProvenance {
+    /// The provenance object of one record (`schema_hash` null when the line had no schema).
+    pub fn with_schema(&self, schema_hash: Option<&str>) -> serde_json::Value {
+        let mut m = self.base.clone();
+        m.insert(
+            "schema_hash".into(),
+            schema_hash.map_or(serde_json::Value::Null, |h| h.into()),
+        );
+        serde_json::Value::Object(m)
+    }
 }

@@ -129,7 +129,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let opts = args.scoring.options();
     let loaded = load::open(&args.model)?;
     let compiled = loaded.engine.compile(&schema)?;
-    let decision = loaded.engine.score(&context, &compiled, &opts)?;
+    let decision = loaded.engine.decide(&context, &compiled, &opts)?;
     let provenance = Provenance {
         model: &loaded.provenance,
         mode: opts.mode,

@@ -3,6 +3,7 @@
 //! budget gives the same results, resume after a cut at many points, output protection,
 //! --fail-fast, shared mode.
 
+use forkscore_backends::{Architecture, DType, Device};
 use forkscore_engine::template::TemplateOrigin;
 use forkscore_engine::{
     CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, GroupBudget, Schema,
@@ -12,7 +13,7 @@ use forkscore_pipeline::batch::resume::OutputPolicy;
 use forkscore_pipeline::batch::{run_job, BatchMode, Job};
 use forkscore_pipeline::provenance::ModelProvenance;
 use forkscore_testkit::fake::FakeBackend;
-use forkscore_testkit::tokenizers::Family;
+use forkscore_testkit::tokenizers::{Family, Fixture};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -20,7 +21,7 @@ use std::sync::OnceLock;
 fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
     static E: OnceLock<(Engine<FakeBackend>, ModelProvenance)> = OnceLock::new();
     E.get_or_init(|| {
-        let f = Family::Qwen25;
+        let f = Family::Qwen2;
         let json = f.tokenizer_json().expect("tokenizer fixture");
         let tok = ChatTokenizer::from_parts(
             &json,
@@ -45,9 +46,9 @@ fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
             revision: "fake".into(),
             source: "folder".into(),
             fingerprint: "fake".into(),
-            architecture: "FakeForTests".into(),
-            dtype: "f32".into(),
-            device: "cpu".into(),
+            architecture: Architecture::Fake,
+            dtype: DType::F32,
+            device: Device::Cpu,
             chat_template,
             adapter_sha256: None,
         };
@@ -353,7 +354,7 @@ fn shared_mode_scores_each_line_schema_against_one_context() {
     ]) {
         let compiled = e.compile(&Schema::from_value(&schema).unwrap()).unwrap();
         let d = e
-            .score(context, &compiled, &ScoreOptions::default())
+            .decide(context, &compiled, &ScoreOptions::default())
             .unwrap();
         assert_eq!(r["output"], serde_json::to_value(&d.output).unwrap());
     }

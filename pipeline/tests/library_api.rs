@@ -13,7 +13,7 @@ fn readme_library_example_runs() -> anyhow::Result<()> {
     let dir = ensure_tiny_model(&TinySpec::qwen25());
     let ckpt = ResolvedCheckpoint::resolve(dir.to_str().unwrap(), "my-label")?;
     let backend = CandleBackend::load(&ckpt, &LoadOptions::default())?;
-    let tokenizer = ChatTokenizer::from_folder(&ckpt.dir, &backend.facts().family)?;
+    let tokenizer = ChatTokenizer::for_model(&ckpt.dir, backend.facts().family)?;
     let identity = CheckpointIdentity {
         model_id: Some(ckpt.model_id.clone()),
         revision: Some(ckpt.revision.clone()),
@@ -31,7 +31,7 @@ fn readme_library_example_runs() -> anyhow::Result<()> {
     );
     let schema = Schema::from_json_str(&std::fs::read_to_string(path)?)?;
     let compiled = engine.compile(&schema)?;
-    let decision = engine.score(
+    let decision = engine.decide(
         "The payment service is down for all customers.",
         &compiled,
         &ScoreOptions::default(),

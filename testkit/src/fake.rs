@@ -8,7 +8,8 @@
 //! bit-identical logits.
 
 use forkscore_backends::{
-    Backend, BackendError, CandidateLogits, ModelFacts, PrefixState, ScoreRow,
+    Architecture, Backend, BackendError, CandidateLogits, DType, Device, ModelFacts, PrefixState,
+    ScoreRequest,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -63,14 +64,17 @@ impl FakeBackend {
     pub fn new(seed: u64) -> FakeBackend {
         FakeBackend {
             facts: ModelFacts {
-                architecture: "FakeForTests".into(),
-                family: "fake".into(),
+                architecture: Architecture::Fake,
+                family: None,
                 vocab_size: FAKE_VOCAB,
                 num_layers: 0,
                 hidden_size: 0,
+                attention_heads: 0,
+                kv_heads: 0,
+                head_dim: 0,
                 fixed_state_bytes: 0,
-                dtype: "f32".into(),
-                device: "cpu".into(),
+                dtype: DType::F32,
+                device: Device::Cpu,
             },
             seed,
             calls: CallCounts::default(),
@@ -158,26 +162,16 @@ impl Backend for FakeBackend {
 
     fn score(
         &self,
-        states: &[&FakeState],
-        rows: &[ScoreRow<'_>],
-        candidates: &[u32],
+        request: &ScoreRequest<'_, FakeState>,
     ) -> Result<CandidateLogits, BackendError> {
+        let (states, rows, candidates) = (request.states(), request.rows(), request.candidates());
         self.calls.score.fetch_add(1, Ordering::SeqCst);
         self.calls
             .rows_scored
             .fetch_add(rows.len(), Ordering::SeqCst);
         let mut data = Vec::with_capacity(rows.len() * candidates.len());
-        for (i, row) in rows.iter().enumerate() {
-            let state = states
-                .get(row.state)
-                .ok_or_else(|| BackendError::InvalidRequest {
-                    reason: format!("row {i} names state {} of {}", row.state, states.len()),
-                })?;
-            if row.suffix.is_empty() {
-                return Err(BackendError::InvalidRequest {
-                    reason: format!("row {i} has an empty suffix"),
-                });
-            }
+        for row in rows {
+            let state = states[row.state];
             let hash = self.advance(state.hash, state.len, row.suffix)?;
             data.extend(Self::logits(hash, candidates));
         }
@@ -205,6 +199,7 @@ impl Backend for FakeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forkscore_backends::ScoreRow;
 
     #[test]
     fn prefill_then_score_equals_full_forward_and_order_matters() {
@@ -212,7 +207,7 @@ mod tests {
         let s = b.prefill(&[1, 2, 3]).unwrap();
         let cands = [10, 11, 12];
         let scored = b
-            .score(
+            .score_rows(
                 &[&s],
                 &[ScoreRow {
                     state: 0,
@@ -234,7 +229,7 @@ mod tests {
             b.forward_full(&[2, 3, 4, 5], &cands).unwrap().as_slice()
         );
         assert!(b
-            .score(
+            .score_rows(
                 &[&s],
                 &[ScoreRow {
                     state: 1,

@@ -1,9 +1,9 @@
-//! forkscore test kit: tiny real-architecture models, a deterministic fake backend, proptest
-//! strategies and named tolerances.
+//! forkscore test kit: a deterministic fake backend, named tolerances and snapshot rounding;
+//! the tiny real-architecture checkpoints and tokenizer fixtures are re-exported from
+//! `forkscore-checkpoints` (which the binary also uses, for `demo-model`).
 
 pub mod fake;
 pub mod snapshot;
-pub mod tiny_model;
-pub mod tiny_qwen35;
-pub mod tokenizers;
 pub mod tolerance;
+
+pub use forkscore_checkpoints::{tiny_model, tiny_qwen35, tokenizers};

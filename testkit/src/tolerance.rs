@@ -34,7 +34,7 @@ impl Tolerance {
     };
     /// forkscore CPU f32 vs Hugging Face transformers f32 (different kernels and op order;
     /// transformers' own cached continuation differs from its full forward by up to ~1.3e-4 on
-    /// Qwen3.5 token-by-token, see shared/docs/FIXTURES.md).
+    /// Qwen3.5 token-by-token).
     pub const VS_TRANSFORMERS_F32: Tolerance = Tolerance {
         name: "vs-transformers-f32",
         abs: 1e-4,

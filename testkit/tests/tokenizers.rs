@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use anyhow::{ensure, Context, Result};
-use forkscore_testkit::tokenizers::Family;
+use forkscore_testkit::tokenizers::{Family, Fixture};
 use serde::Deserialize;
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::{NormalizedString, Normalizer, Tokenizer};
@@ -62,12 +62,12 @@ const QWEN35_EXTRA: [(&str, bool); 7] = [
 fn real_added(family: Family) -> (u32, Vec<(&'static str, bool)>) {
     let mut tokens = QWEN25_ADDED.to_vec();
     match family {
-        Family::Qwen25 => (QWEN2_RANKS, tokens),
+        Family::Qwen2 => (QWEN2_RANKS, tokens),
         Family::Qwen3 => {
             tokens.extend(QWEN3_EXTRA);
             (QWEN2_RANKS, tokens)
         }
-        Family::Qwen35 => {
+        Family::Qwen3_5 => {
             tokens.extend(QWEN3_EXTRA);
             tokens.extend(QWEN35_EXTRA);
             (QWEN35_RANKS, tokens)
@@ -93,9 +93,9 @@ fn load(family: Family) -> Result<&'static Tokenizer> {
     static CACHE: [OnceLock<Result<Tokenizer, String>>; 3] =
         [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = match family {
-        Family::Qwen25 => &CACHE[0],
+        Family::Qwen2 => &CACHE[0],
         Family::Qwen3 => &CACHE[1],
-        Family::Qwen35 => &CACHE[2],
+        Family::Qwen3_5 => &CACHE[2],
     };
     slot.get_or_init(|| {
         let json = family.tokenizer_json().map_err(|e| e.to_string())?;
@@ -278,9 +278,9 @@ fn tokenizer_config_matches_the_tokenizer() -> Result<()> {
 fn chat_prompts_tokenize_to_the_real_control_ids() -> Result<()> {
     // `<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n` with the family's control ids.
     for (family, im_start, im_end) in [
-        (Family::Qwen25, 151_644, 151_645),
+        (Family::Qwen2, 151_644, 151_645),
         (Family::Qwen3, 151_644, 151_645),
-        (Family::Qwen35, 248_045, 248_046),
+        (Family::Qwen3_5, 248_045, 248_046),
     ] {
         let tokenizer = load(family)?;
         let prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";

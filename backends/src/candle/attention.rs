@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// The retained keys/values of `S` slots, each `(Hkv, S, P, hd)`.
 pub(crate) struct PastKv<'a> {
@@ -32,8 +32,8 @@ pub(crate) struct AttnMasks<'a> {
     pub past: Option<&'a Tensor>,
 }
 
-fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
-    BackendError::tensor(name)
+fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
+    CandleError::tensor(name)
 }
 
 /// Attention output `(B, L, H*hd)`.
@@ -43,7 +43,7 @@ pub(crate) fn attend(
     v_new: &Tensor,
     past: Option<PastKv<'_>>,
     masks: &AttnMasks<'_>,
-) -> Result<Tensor, BackendError> {
+) -> Result<Tensor, CandleError> {
     let (b, h, l, hd) = q.dims4().map_err(op("attention q dims"))?;
     let hkv = k_new.dim(1).map_err(op("attention k dims"))?;
     let g = h / hkv;
@@ -86,7 +86,7 @@ pub(crate) fn attend(
                 k.dim(2).map_err(op("past dims"))?,
             );
             if slots == 0 || b % slots != 0 {
-                return Err(BackendError::InvalidRequest {
+                return Err(CandleError::InvalidRequest {
                     reason: format!("{b} rows cannot be split evenly over {slots} past slots"),
                 });
             }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::shards::{header_and_size, WeightFiles};
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// Where a checkpoint was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -44,14 +44,14 @@ pub struct ResolvedCheckpoint {
 impl ResolvedCheckpoint {
     /// A local Hugging Face folder. `revision_label` is free text (e.g. a git describe or a
     /// date) recorded in provenance; it must not be empty.
-    pub fn from_folder(dir: &Path, revision_label: &str) -> Result<Self, BackendError> {
+    pub fn from_folder(dir: &Path, revision_label: &str) -> Result<Self, CandleError> {
         if revision_label.trim().is_empty() {
-            return Err(BackendError::InvalidModelRef {
+            return Err(CandleError::InvalidModelRef {
                 reason: "a local checkpoint folder needs a non-empty revision label".into(),
             });
         }
         if !dir.is_dir() {
-            return Err(BackendError::MissingFile {
+            return Err(CandleError::MissingFile {
                 path: dir.to_path_buf(),
                 reason: "checkpoint folder does not exist".into(),
             });
@@ -71,12 +71,12 @@ impl ResolvedCheckpoint {
         model_id: &str,
         revision: &str,
         cache_root: Option<&Path>,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, CandleError> {
         let (org, name) = parse_model_id(model_id)?;
         validate_revision(revision)?;
         let root = match cache_root {
             Some(r) => r.to_path_buf(),
-            None => hf_cache_root().ok_or_else(|| BackendError::InvalidModelRef {
+            None => hf_cache_root().ok_or_else(|| CandleError::InvalidModelRef {
                 reason: "cannot locate the Hugging Face cache: none of HF_HUB_CACHE, HF_HOME, HOME is set".into(),
             })?,
         };
@@ -90,7 +90,7 @@ impl ResolvedCheckpoint {
                     "{model_id} is not in the Hugging Face cache (offline: nothing is downloaded)"
                 )
             };
-            return Err(BackendError::MissingFile { path: dir, reason });
+            return Err(CandleError::MissingFile { path: dir, reason });
         }
         Ok(ResolvedCheckpoint {
             fingerprint: fingerprint(&dir)?,
@@ -103,12 +103,12 @@ impl ResolvedCheckpoint {
 
     /// `reference` is a folder when such a directory exists, else a hub id resolved in the
     /// default cache (where `revision` must be a 40-hex commit).
-    pub fn resolve(reference: &str, revision: &str) -> Result<Self, BackendError> {
+    pub fn resolve(reference: &str, revision: &str) -> Result<Self, CandleError> {
         let path = Path::new(reference);
         if path.is_dir() {
             Self::from_folder(path, revision)
         } else {
-            Self::from_hf_cache(reference, revision, None).map_err(|e| BackendError::InvalidModelRef {
+            Self::from_hf_cache(reference, revision, None).map_err(|e| CandleError::InvalidModelRef {
                 reason: format!(
                     "`{reference}` is not a local checkpoint folder (no such directory), and as a Hugging Face id: {e}"
                 ),
@@ -130,7 +130,7 @@ pub fn hf_cache_root() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
 }
 
-fn parse_model_id(model_id: &str) -> Result<(&str, &str), BackendError> {
+fn parse_model_id(model_id: &str) -> Result<(&str, &str), CandleError> {
     let ok_part = |p: &str| {
         !p.is_empty()
             && p != "."
@@ -140,7 +140,7 @@ fn parse_model_id(model_id: &str) -> Result<(&str, &str), BackendError> {
     };
     match model_id.split_once('/') {
         Some((org, name)) if ok_part(org) && ok_part(name) => Ok((org, name)),
-        _ => Err(BackendError::InvalidModelRef {
+        _ => Err(CandleError::InvalidModelRef {
             reason: format!(
                 "`{model_id}` is neither an existing folder nor a hub id of the form ORG/NAME"
             ),
@@ -149,7 +149,7 @@ fn parse_model_id(model_id: &str) -> Result<(&str, &str), BackendError> {
 }
 
 /// A hub revision must be a full 40-hex commit id.
-pub fn validate_revision(revision: &str) -> Result<(), BackendError> {
+pub fn validate_revision(revision: &str) -> Result<(), CandleError> {
     if revision.len() == 40
         && revision
             .chars()
@@ -157,7 +157,7 @@ pub fn validate_revision(revision: &str) -> Result<(), BackendError> {
     {
         return Ok(());
     }
-    Err(BackendError::InvalidModelRef {
+    Err(CandleError::InvalidModelRef {
         reason: format!(
             "revision `{revision}` is not a full 40-character lowercase hex commit id; branch names \
              and short hashes are not reproducible (they can point at different weights over time)"
@@ -165,7 +165,7 @@ pub fn validate_revision(revision: &str) -> Result<(), BackendError> {
     })
 }
 
-fn fingerprint(dir: &Path) -> Result<String, BackendError> {
+fn fingerprint(dir: &Path) -> Result<String, CandleError> {
     let mut h = Sha256::new();
     let mut part = |label: &str, bytes: &[u8]| {
         h.update((label.len() as u64).to_le_bytes());
@@ -173,11 +173,10 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    let read =
-        |p: PathBuf| std::fs::read(&p).map_err(|source| BackendError::Io { path: p, source });
+    let read = |p: PathBuf| std::fs::read(&p).map_err(|source| CandleError::Io { path: p, source });
     let config = dir.join("config.json");
     if !config.is_file() {
-        return Err(BackendError::MissingFile {
+        return Err(CandleError::MissingFile {
             path: config,
             reason: "the checkpoint has no config.json".into(),
         });

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub mod qwen3_5;
 
@@ -55,12 +55,21 @@ impl Architecture {
         }
     }
 
-    /// The family name reported in [`crate::ModelFacts::family`].
-    pub fn family(self) -> &'static str {
+    /// The family reported in [`forkscore_seam::ModelFacts::family`].
+    pub fn family(self) -> forkscore_seam::Family {
         match self {
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Qwen3 => "qwen3",
-            Architecture::Qwen3_5 => "qwen3_5",
+            Architecture::Qwen2 => forkscore_seam::Family::Qwen2,
+            Architecture::Qwen3 => forkscore_seam::Family::Qwen3,
+            Architecture::Qwen3_5 => forkscore_seam::Family::Qwen3_5,
+        }
+    }
+
+    /// The model class reported when `config.json` names none of its own.
+    pub fn model_class(self) -> forkscore_seam::Architecture {
+        match self {
+            Architecture::Qwen2 => forkscore_seam::Architecture::Qwen2ForCausalLM,
+            Architecture::Qwen3 => forkscore_seam::Architecture::Qwen3ForCausalLM,
+            Architecture::Qwen3_5 => forkscore_seam::Architecture::Qwen3_5ForConditionalGeneration,
         }
     }
 
@@ -95,8 +104,8 @@ impl Architecture {
             .join(", ")
     }
 
-    fn from_names(arch: Option<&str>, model_type: Option<&str>) -> Result<Self, BackendError> {
-        let unsupported = |name: &str| BackendError::UnsupportedArchitecture {
+    fn from_names(arch: Option<&str>, model_type: Option<&str>) -> Result<Self, CandleError> {
+        let unsupported = |name: &str| CandleError::UnsupportedArchitecture {
             name: name.to_string(),
             supported: Self::supported_list(),
         };
@@ -233,19 +242,19 @@ struct RawText {
 
 impl ModelConfig {
     /// Read and validate `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self, BackendError> {
+    pub fn from_file(path: &Path) -> Result<Self, CandleError> {
         let bytes = std::fs::read(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => BackendError::MissingFile {
+            std::io::ErrorKind::NotFound => CandleError::MissingFile {
                 path: path.to_path_buf(),
                 reason: "the checkpoint has no config.json".into(),
             },
-            _ => BackendError::Io {
+            _ => CandleError::Io {
                 path: path.to_path_buf(),
                 source,
             },
         })?;
         let root: Value =
-            serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidConfig {
+            serde_json::from_slice(&bytes).map_err(|e| CandleError::InvalidConfig {
                 path: path.to_path_buf(),
                 reason: format!("not valid JSON: {e}"),
             })?;
@@ -253,8 +262,8 @@ impl ModelConfig {
     }
 
     /// Validate an already-read `config.json` value (`path` is only used in messages).
-    pub fn from_json(path: &Path, root: &Value) -> Result<Self, BackendError> {
-        let invalid = |reason: String| BackendError::InvalidConfig {
+    pub fn from_json(path: &Path, root: &Value) -> Result<Self, CandleError> {
+        let invalid = |reason: String| CandleError::InvalidConfig {
             path: path.to_path_buf(),
             reason,
         };
@@ -294,8 +303,8 @@ impl ModelConfig {
 fn validate_text(
     raw: RawText,
     defaults: ClassDefaults,
-    invalid: &dyn Fn(String) -> BackendError,
-) -> Result<TextConfig, BackendError> {
+    invalid: &dyn Fn(String) -> CandleError,
+) -> Result<TextConfig, CandleError> {
     if raw.use_sliding_window == Some(true) {
         return Err(invalid("use_sliding_window=true is not supported".into()));
     }
@@ -396,8 +405,8 @@ fn validate_text(
 
 fn layer_kinds(
     raw: &RawText,
-    invalid: &dyn Fn(String) -> BackendError,
-) -> Result<Vec<LayerKind>, BackendError> {
+    invalid: &dyn Fn(String) -> CandleError,
+) -> Result<Vec<LayerKind>, CandleError> {
     let n = raw.num_hidden_layers;
     match (&raw.layer_types, raw.full_attention_interval) {
         (Some(types), _) => {

@@ -1,144 +1,70 @@
 //! Device and compute-dtype selection, parsed once from user strings into typed values.
 //!
 //! In: `cpu` | `cuda` | `cuda:N` | `metal` | `metal:N`, and `f32` | `bf16` | `f16`.
-//! Out: [`DeviceSpec`] / [`ComputeDType`], and the candle [`Device`] they open.
+//! Out: [`DeviceSpec`] / [`ComputeDType`] (the seam's `Device` / `DType`, parsed there), and
+//! the candle [`Device`] they open.
 //! A device whose cargo feature is not compiled in is rejected with a message naming the feature.
-
-use std::fmt;
-use std::str::FromStr;
 
 use candle_core::{DType, Device};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceSpec {
-    #[default]
-    Cpu,
-    Cuda(usize),
-    Metal(usize),
+/// Where the model runs: the seam's typed device (parsed once from the user's string).
+pub use forkscore_seam::Device as DeviceSpec;
+
+/// The dtype of the backbone's weights and activations: the seam's typed dtype. Softmax and
+/// the candidate head always run in f32 whatever this is.
+pub use forkscore_seam::DType as ComputeDType;
+
+/// Opening a [`DeviceSpec`] on candle.
+pub trait OpenDevice {
+    /// Open the candle device. Fails with a clear message when the backend's feature is off.
+    fn open(self) -> Result<Device, CandleError>;
 }
 
-impl DeviceSpec {
-    /// Open the candle device. Fails with a clear message when the backend's feature is off.
-    pub fn open(self) -> Result<Device, BackendError> {
+impl OpenDevice for DeviceSpec {
+    fn open(self) -> Result<Device, CandleError> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
             DeviceSpec::Cuda(ordinal) => {
                 if !cfg!(feature = "cuda") {
-                    return Err(BackendError::Device {
+                    return Err(CandleError::Device {
                         reason: format!(
                             "{self} requested but forkscore-backends was built without the `cuda` feature"
                         ),
                     });
                 }
-                Device::new_cuda(ordinal).map_err(|e| BackendError::Device {
+                Device::new_cuda(ordinal).map_err(|e| CandleError::Device {
                     reason: format!("cannot open {self}: {e}"),
                 })
             }
             DeviceSpec::Metal(ordinal) => {
                 if !cfg!(feature = "metal") {
-                    return Err(BackendError::Device {
+                    return Err(CandleError::Device {
                         reason: format!(
                             "{self} requested but forkscore-backends was built without the `metal` feature"
                         ),
                     });
                 }
-                Device::new_metal(ordinal).map_err(|e| BackendError::Device {
+                Device::new_metal(ordinal).map_err(|e| CandleError::Device {
                     reason: format!("cannot open {self}: {e}"),
                 })
             }
         }
     }
-
-    /// The dtype used when the caller does not choose one: f32 on CPU, bf16 on accelerators.
-    pub fn default_dtype(self) -> ComputeDType {
-        match self {
-            DeviceSpec::Cpu => ComputeDType::F32,
-            DeviceSpec::Cuda(_) | DeviceSpec::Metal(_) => ComputeDType::Bf16,
-        }
-    }
 }
 
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Cpu => write!(f, "cpu"),
-            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
-            DeviceSpec::Metal(n) => write!(f, "metal:{n}"),
-        }
-    }
+/// The candle dtype of a [`ComputeDType`].
+pub trait CandleDType {
+    fn dtype(self) -> DType;
 }
 
-impl FromStr for DeviceSpec {
-    type Err = BackendError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| BackendError::Device {
-            reason: format!(
-                "cannot parse device `{s}` ({why}); expected cpu, cuda[:N] or metal[:N]"
-            ),
-        };
-        let lower = s.trim().to_ascii_lowercase();
-        let (kind, ordinal) = match lower.split_once(':') {
-            Some((kind, n)) => {
-                let n: usize = n.parse().map_err(|_| bad("the ordinal is not a number"))?;
-                (kind.to_string(), Some(n))
-            }
-            None => (lower.clone(), None),
-        };
-        match (kind.as_str(), ordinal) {
-            ("cpu", None) => Ok(DeviceSpec::Cpu),
-            ("cpu", Some(_)) => Err(bad("cpu takes no ordinal")),
-            ("cuda", n) => Ok(DeviceSpec::Cuda(n.unwrap_or(0))),
-            ("metal", n) => Ok(DeviceSpec::Metal(n.unwrap_or(0))),
-            _ => Err(bad("unknown device kind")),
-        }
-    }
-}
-
-/// The dtype of the backbone's weights and activations. Softmax and the candidate head always
-/// run in f32 whatever this is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ComputeDType {
-    #[default]
-    F32,
-    Bf16,
-    F16,
-}
-
-impl ComputeDType {
-    pub fn dtype(self) -> DType {
+impl CandleDType for ComputeDType {
+    fn dtype(self) -> DType {
         match self {
             ComputeDType::F32 => DType::F32,
             ComputeDType::Bf16 => DType::BF16,
             ComputeDType::F16 => DType::F16,
-        }
-    }
-}
-
-impl fmt::Display for ComputeDType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ComputeDType::F32 => "f32",
-            ComputeDType::Bf16 => "bf16",
-            ComputeDType::F16 => "f16",
-        })
-    }
-}
-
-impl FromStr for ComputeDType {
-    type Err = BackendError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(ComputeDType::F32),
-            "bf16" | "bfloat16" => Ok(ComputeDType::Bf16),
-            "f16" | "float16" => Ok(ComputeDType::F16),
-            _ => Err(BackendError::Device {
-                reason: format!("cannot parse dtype `{s}`; expected f32, bf16 or f16"),
-            }),
         }
     }
 }

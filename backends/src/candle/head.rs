@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub(crate) struct CandidateHead {
     /// `(V, D)` in the compute dtype; shares storage with the embedding when tied.
@@ -29,9 +29,9 @@ impl CandidateHead {
         hidden: &Tensor,
         candidates: &[u32],
         device: &Device,
-    ) -> Result<Tensor, BackendError> {
-        let op = BackendError::tensor("candidate head");
-        let ids = Tensor::new(candidates, device).map_err(BackendError::tensor("candidate ids"))?;
+    ) -> Result<Tensor, CandleError> {
+        let op = CandleError::tensor("candidate head");
+        let ids = Tensor::new(candidates, device).map_err(CandleError::tensor("candidate ids"))?;
         // (V, D) -> (C, D) -> f32
         let rows = self
             .weight
@@ -42,6 +42,6 @@ impl CandidateHead {
         hidden
             .to_dtype(DType::F32)
             .and_then(|h| h.matmul(&rows.t()?))
-            .map_err(BackendError::tensor("candidate projection"))
+            .map_err(CandleError::tensor("candidate projection"))
     }
 }

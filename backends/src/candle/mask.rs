@@ -9,14 +9,14 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// `(1, 1, 1, L, L)` causal mask over the new tokens.
-pub(crate) fn causal(len: usize, device: &Device) -> Result<Tensor, BackendError> {
+pub(crate) fn causal(len: usize, device: &Device) -> Result<Tensor, CandleError> {
     let data: Vec<f32> = (0..len)
         .flat_map(|i| (0..len).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
-    Tensor::from_vec(data, (1, 1, 1, len, len), device).map_err(BackendError::tensor("causal mask"))
+    Tensor::from_vec(data, (1, 1, 1, len, len), device).map_err(CandleError::tensor("causal mask"))
 }
 
 /// `(1, B, 1, 1, P)` mask hiding each row's left padding in a merged past of length `p`.
@@ -25,11 +25,11 @@ pub(crate) fn left_padding(
     past_lens: &[usize],
     p: usize,
     device: &Device,
-) -> Result<Tensor, BackendError> {
+) -> Result<Tensor, CandleError> {
     let data: Vec<f32> = past_lens
         .iter()
         .flat_map(|&len| (0..p).map(move |j| if j + len >= p { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     Tensor::from_vec(data, (1, past_lens.len(), 1, 1, p), device)
-        .map_err(BackendError::tensor("padding mask"))
+        .map_err(CandleError::tensor("padding mask"))
 }

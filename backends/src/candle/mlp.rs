@@ -4,7 +4,7 @@ use candle_core::Tensor;
 use candle_nn::{Linear, Module};
 
 use super::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// Load `name.weight` `(out, in)` and, when `bias`, `name.bias` `(out,)`.
 pub(crate) fn linear(
@@ -13,7 +13,7 @@ pub(crate) fn linear(
     in_dim: usize,
     out_dim: usize,
     bias: bool,
-) -> Result<Linear, BackendError> {
+) -> Result<Linear, CandleError> {
     let weight = w.get(&format!("{name}.weight"), &[out_dim, in_dim])?;
     let bias = if bias {
         Some(w.get(&format!("{name}.bias"), &[out_dim])?)
@@ -24,12 +24,8 @@ pub(crate) fn linear(
 }
 
 /// `(.., in) -> (.., out)`.
-pub(crate) fn apply(
-    layer: &Linear,
-    x: &Tensor,
-    name: &'static str,
-) -> Result<Tensor, BackendError> {
-    layer.forward(x).map_err(BackendError::tensor(name))
+pub(crate) fn apply(layer: &Linear, x: &Tensor, name: &'static str) -> Result<Tensor, CandleError> {
+    layer.forward(x).map_err(CandleError::tensor(name))
 }
 
 pub(crate) struct Mlp {
@@ -45,7 +41,7 @@ impl Mlp {
         prefix: &str,
         hidden: usize,
         intermediate: usize,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, CandleError> {
         Ok(Mlp {
             gate: linear(
                 w,
@@ -66,12 +62,12 @@ impl Mlp {
     }
 
     /// `(B, L, D) -> (B, L, D)`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, BackendError> {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, CandleError> {
         let gate = apply(&self.gate, x, "mlp gate")?; // (B, L, F)
         let up = apply(&self.up, x, "mlp up")?; // (B, L, F)
         let h = candle_nn::ops::silu(&gate)
             .and_then(|g| g * up)
-            .map_err(BackendError::tensor("mlp swiglu"))?;
+            .map_err(CandleError::tensor("mlp swiglu"))?;
         apply(&self.down, &h, "mlp down") // (B, L, D)
     }
 }

@@ -36,11 +36,14 @@ use candle_core::Tensor;
 
 pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint};
 pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
-pub use device::{ComputeDType, DeviceSpec};
+pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
 pub use state::{CandleState, LayerState};
 
-use crate::seam::{Backend, CandidateLogits, ModelFacts, PrefixState, ScoreRow};
-use crate::BackendError;
+use crate::error::CandleError;
+use forkscore_seam::{
+    Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PrefixState,
+    ScoreRequest, ScoreRow,
+};
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
 use state::{merge_slots, LayerPast};
@@ -115,8 +118,8 @@ fn fixed_state_bytes(config: &ModelConfig) -> usize {
     layers * (conv + recurrent) * std::mem::size_of::<f32>()
 }
 
-fn invalid(reason: impl Into<String>) -> BackendError {
-    BackendError::InvalidRequest {
+fn invalid(reason: impl Into<String>) -> CandleError {
+    CandleError::InvalidRequest {
         reason: reason.into(),
     }
 }
@@ -125,7 +128,7 @@ impl CandleBackend {
     pub fn load(
         checkpoint: &ResolvedCheckpoint,
         options: &LoadOptions,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, CandleError> {
         if options.prefill_chunk == 0 {
             return Err(invalid("prefill_chunk must be positive"));
         }
@@ -136,14 +139,18 @@ impl CandleBackend {
         let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
-            architecture: config.architecture_name.clone(),
-            family: config.architecture.family().to_string(),
+            architecture: ModelClass::from_name(&config.architecture_name)
+                .unwrap_or_else(|| config.architecture.model_class()),
+            family: Some(config.architecture.family()),
             vocab_size: backbone.vocab_size(),
             num_layers: backbone.layers.len(),
             hidden_size: backbone.hidden_size(),
+            attention_heads: config.text.num_heads,
+            kv_heads: config.text.num_kv_heads,
+            head_dim: config.text.head_dim,
             fixed_state_bytes: fixed_state_bytes(&config),
-            dtype: options.dtype.to_string(),
-            device: options.device.to_string(),
+            dtype: options.dtype,
+            device: options.device,
         };
         let tensors_read = shards.names_read();
         Ok(CandleBackend {
@@ -178,15 +185,15 @@ impl CandleBackend {
         self.backbone.head.tied()
     }
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), BackendError> {
+    fn check_ids(&self, ids: &[u32]) -> Result<(), CandleError> {
         let vocab_size = self.backbone.vocab_size();
         match ids.iter().find(|&&id| id as usize >= vocab_size) {
-            Some(&id) => Err(BackendError::TokenOutOfRange { id, vocab_size }),
+            Some(&id) => Err(CandleError::TokenOutOfRange { id, vocab_size }),
             None => Ok(()),
         }
     }
 
-    fn check_candidates(&self, candidates: &[u32]) -> Result<(), BackendError> {
+    fn check_candidates(&self, candidates: &[u32]) -> Result<(), CandleError> {
         if candidates.is_empty() {
             return Err(invalid("no candidate ids"));
         }
@@ -194,7 +201,7 @@ impl CandleBackend {
     }
 
     /// Prefill with an explicit chunk size (`prefill` uses the loaded `prefill_chunk`).
-    pub fn prefill_chunked(&self, ids: &[u32], chunk: usize) -> Result<CandleState, BackendError> {
+    pub fn prefill_chunked(&self, ids: &[u32], chunk: usize) -> Result<CandleState, CandleError> {
         self.continue_chunked(None, ids, chunk)
     }
 
@@ -205,7 +212,7 @@ impl CandleBackend {
         start: Option<&CandleState>,
         ids: &[u32],
         chunk: usize,
-    ) -> Result<CandleState, BackendError> {
+    ) -> Result<CandleState, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot prefill an empty prefix"));
         }
@@ -297,14 +304,14 @@ impl CandleBackend {
             start = end;
         }
         out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(invalid("prefix left unprefilled"))))
+            .map(|r| r.unwrap_or_else(|| Err(invalid("prefix left unprefilled").into())))
             .collect()
     }
 
     /// One forward pass over `prefixes` right-padded to the longest: `(N, Lmax)` ids from empty
     /// pasts, then each row's layer updates cut to its own length. No chunking and no budget:
     /// [`CandleBackend::prefill_batch`] decides what goes into one pass.
-    pub fn prefill_padded(&self, prefixes: &[&[u32]]) -> Result<Vec<CandleState>, BackendError> {
+    pub fn prefill_padded(&self, prefixes: &[&[u32]]) -> Result<Vec<CandleState>, CandleError> {
         let b = &self.backbone;
         if prefixes.iter().any(|p| p.is_empty()) {
             return Err(invalid("cannot prefill an empty prefix"));
@@ -320,7 +327,7 @@ impl CandleBackend {
         let step = Step::new(&b.rope, &zeros, &lens, len, None, b.dtype, &b.device)?;
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
         let (_, updates) = b.forward(&ids, &pasts, &step)?;
-        let op = |e: candle_core::Error| BackendError::tensor("split batched prefill")(e);
+        let op = |e: candle_core::Error| CandleError::tensor("split batched prefill")(e);
         let mut per_row: Vec<Vec<LayerState>> = prefixes
             .iter()
             .map(|_| Vec::with_capacity(updates.len()))
@@ -359,19 +366,19 @@ impl CandleBackend {
         hidden: &Tensor,
         flat_index: &[u32],
         candidates: &[u32],
-    ) -> Result<Vec<f32>, BackendError> {
+    ) -> Result<Vec<f32>, CandleError> {
         let b = &self.backbone;
         let idx =
-            Tensor::new(flat_index, &b.device).map_err(BackendError::tensor("gather index"))?;
+            Tensor::new(flat_index, &b.device).map_err(CandleError::tensor("gather index"))?;
         // (B, L, D) -> (B*L, D) -> (N, D)
         let last = hidden
             .flatten_to(1)
             .and_then(|h| h.index_select(&idx, 0))
-            .map_err(BackendError::tensor("gather last positions"))?;
+            .map_err(CandleError::tensor("gather last positions"))?;
         b.logits(&last, candidates)?
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(BackendError::tensor("logits to host"))
+            .map_err(CandleError::tensor("logits to host"))
     }
 }
 
@@ -438,7 +445,7 @@ impl Backend for CandleBackend {
     }
 
     fn prefill(&self, ids: &[u32]) -> Result<CandleState, BackendError> {
-        self.prefill_chunked(ids, self.prefill_chunk)
+        Ok(self.prefill_chunked(ids, self.prefill_chunk)?)
     }
 
     fn prefill_many(&self, prefixes: &[&[u32]]) -> Vec<Result<CandleState, BackendError>> {
@@ -446,19 +453,31 @@ impl Backend for CandleBackend {
     }
 
     fn extend(&self, state: &CandleState, ids: &[u32]) -> Result<CandleState, BackendError> {
-        self.continue_chunked(Some(state), ids, self.prefill_chunk)
+        Ok(self.continue_chunked(Some(state), ids, self.prefill_chunk)?)
     }
 
     fn score(
         &self,
-        states: &[&CandleState],
-        rows: &[ScoreRow<'_>],
-        candidates: &[u32],
+        request: &ScoreRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, BackendError> {
-        if rows.is_empty() {
-            return Err(invalid("no rows to score"));
-        }
-        self.check_candidates(candidates)?;
+        Ok(self.score_request(request)?)
+    }
+
+    fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+        Ok(self.forward_full_candle(ids, candidates)?)
+    }
+}
+
+impl CandleBackend {
+    /// [`Backend::score`] in candle's own error type. The request is valid by construction
+    /// (rows name existing states, suffixes and candidates are non-empty); what is left to check
+    /// here is what only this model knows: token ids against its embedding, state layer counts.
+    fn score_request(
+        &self,
+        request: &ScoreRequest<'_, CandleState>,
+    ) -> Result<CandidateLogits, CandleError> {
+        let (states, rows, candidates) = (request.states(), request.rows(), request.candidates());
+        self.check_ids(candidates)?;
         let b = &self.backbone;
         for (i, s) in states.iter().enumerate() {
             if s.layers().len() != b.layers.len() {
@@ -469,17 +488,7 @@ impl Backend for CandleBackend {
                 )));
             }
         }
-        for (i, r) in rows.iter().enumerate() {
-            if r.state >= states.len() {
-                return Err(invalid(format!(
-                    "row {i} names state {} of {}",
-                    r.state,
-                    states.len()
-                )));
-            }
-            if r.suffix.is_empty() {
-                return Err(invalid(format!("row {i} has an empty suffix")));
-            }
+        for r in rows {
             self.check_ids(r.suffix)?;
         }
         let layout = SlotLayout::new(rows);
@@ -517,7 +526,11 @@ impl Backend for CandleBackend {
         })
     }
 
-    fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
+    fn forward_full_candle(
+        &self,
+        ids: &[u32],
+        candidates: &[u32],
+    ) -> Result<Vec<f32>, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot run an empty prompt"));
         }

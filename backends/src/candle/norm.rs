@@ -8,7 +8,7 @@
 use candle_core::Tensor;
 
 use super::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub(crate) struct RmsNorm {
     /// `(dim,)` in the compute dtype, the effective multiplier.
@@ -18,7 +18,7 @@ pub(crate) struct RmsNorm {
 
 impl RmsNorm {
     /// Plain convention: the stored weight multiplies the normalised input.
-    pub fn plain(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, BackendError> {
+    pub fn plain(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, CandleError> {
         Ok(RmsNorm {
             weight: w.get(name, &[dim])?,
             eps: eps as f32,
@@ -26,10 +26,10 @@ impl RmsNorm {
     }
 
     /// Offset convention: `1 + stored weight` multiplies the normalised input.
-    pub fn offset(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, BackendError> {
+    pub fn offset(w: &Weights<'_>, name: &str, dim: usize, eps: f64) -> Result<Self, CandleError> {
         let weight = (w.get_f32(name, &[dim])? + 1.0)
             .and_then(|t| t.to_dtype(w.dtype()))
-            .map_err(BackendError::tensor("rms_norm offset weight"))?;
+            .map_err(CandleError::tensor("rms_norm offset weight"))?;
         Ok(RmsNorm {
             weight,
             eps: eps as f32,
@@ -37,17 +37,17 @@ impl RmsNorm {
     }
 
     /// `(.., dim) -> (.., dim)`, same dtype as `x`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, BackendError> {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, CandleError> {
         let x = x
             .contiguous()
-            .map_err(BackendError::tensor("rms_norm contiguous"))?;
+            .map_err(CandleError::tensor("rms_norm contiguous"))?;
         let w = if x.dtype() == self.weight.dtype() {
             self.weight.clone()
         } else {
             self.weight
                 .to_dtype(x.dtype())
-                .map_err(BackendError::tensor("rms_norm weight dtype"))?
+                .map_err(CandleError::tensor("rms_norm weight dtype"))?
         };
-        candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(BackendError::tensor("rms_norm"))
+        candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(CandleError::tensor("rms_norm"))
     }
 }

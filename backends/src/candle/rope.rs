@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub(crate) struct Rope {
     /// `(R/2,)` frequencies; `R` is the rotary dim.
@@ -41,7 +41,7 @@ impl Rope {
         len: usize,
         dtype: DType,
         device: &Device,
-    ) -> Result<RopeTables, BackendError> {
+    ) -> Result<RopeTables, CandleError> {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -56,27 +56,25 @@ impl Rope {
             Tensor::from_vec(v, (rows, len, half), device).and_then(|t| t.to_dtype(dtype))
         };
         Ok(RopeTables {
-            cos: make(cos).map_err(BackendError::tensor("rope cos"))?,
-            sin: make(sin).map_err(BackendError::tensor("rope sin"))?,
+            cos: make(cos).map_err(CandleError::tensor("rope cos"))?,
+            sin: make(sin).map_err(CandleError::tensor("rope sin"))?,
         })
     }
 }
 
 impl RopeTables {
     /// `(B, H, L, hd) -> (B, H, L, hd)`, rotating the first `R` dims (`R = 2 * cos.dim(2)`).
-    pub fn apply(&self, x: &Tensor) -> Result<Tensor, BackendError> {
-        let op = BackendError::tensor("rope");
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor, CandleError> {
+        let op = CandleError::tensor("rope");
         let r = 2 * self
             .cos
             .dim(D::Minus1)
-            .map_err(BackendError::tensor("rope dims"))?;
-        let head_dim = x
-            .dim(D::Minus1)
-            .map_err(BackendError::tensor("rope dims"))?;
+            .map_err(CandleError::tensor("rope dims"))?;
+        let head_dim = x.dim(D::Minus1).map_err(CandleError::tensor("rope dims"))?;
         if r == head_dim {
             let x = x
                 .contiguous()
-                .map_err(BackendError::tensor("rope contiguous"))?;
+                .map_err(CandleError::tensor("rope contiguous"))?;
             return candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin).map_err(op);
         }
         let rot = x.narrow(D::Minus1, 0, r).and_then(|v| v.contiguous());
@@ -93,22 +91,22 @@ mod tests {
 
     /// Rotating by p then reading relative dot products: <R(p)q, R(p+d)k> depends only on d.
     #[test]
-    fn rotation_is_relative() -> Result<(), BackendError> {
+    fn rotation_is_relative() -> Result<(), CandleError> {
         let rope = Rope::new(10_000.0, 8);
         let dev = Device::Cpu;
         let q = Tensor::arange(0f32, 12.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
         let k = Tensor::arange(3f32, 15.0, &dev).and_then(|t| t.reshape((1, 1, 1, 12)));
         let (q, k) = (
-            q.map_err(BackendError::tensor("t"))?,
-            k.map_err(BackendError::tensor("t"))?,
+            q.map_err(CandleError::tensor("t"))?,
+            k.map_err(CandleError::tensor("t"))?,
         );
-        let dot = |pq: u32, pk: u32| -> Result<f32, BackendError> {
+        let dot = |pq: u32, pk: u32| -> Result<f32, CandleError> {
             let a = rope.tables(&[pq], 1, 1, DType::F32, &dev)?.apply(&q)?;
             let b = rope.tables(&[pk], 1, 1, DType::F32, &dev)?.apply(&k)?;
             (a * b)
                 .and_then(|t| t.sum_all())
                 .and_then(|t| t.to_scalar::<f32>())
-                .map_err(BackendError::tensor("dot"))
+                .map_err(CandleError::tensor("dot"))
         };
         let (d1, d2) = (dot(3, 5)?, dot(10, 12)?);
         assert!((d1 - d2).abs() < 1e-3, "{d1} vs {d2}");
@@ -119,7 +117,7 @@ mod tests {
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>());
         assert_eq!(
-            tail.map_err(BackendError::tensor("tail"))?,
+            tail.map_err(CandleError::tensor("tail"))?,
             vec![8.0, 9.0, 10.0, 11.0]
         );
         Ok(())

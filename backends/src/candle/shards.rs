@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub(crate) const SINGLE_FILE: &str = "model.safetensors";
 pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -62,10 +62,10 @@ pub(crate) struct WeightFiles {
 }
 
 impl WeightFiles {
-    pub fn discover(dir: &Path) -> Result<Self, BackendError> {
+    pub fn discover(dir: &Path) -> Result<Self, CandleError> {
         let index = dir.join(INDEX_FILE);
         if index.is_file() {
-            let bytes = std::fs::read(&index).map_err(|source| BackendError::Io {
+            let bytes = std::fs::read(&index).map_err(|source| CandleError::Io {
                 path: index.clone(),
                 source,
             })?;
@@ -74,12 +74,12 @@ impl WeightFiles {
                 weight_map: BTreeMap<String, String>,
             }
             let parsed: Index =
-                serde_json::from_slice(&bytes).map_err(|e| BackendError::InvalidCheckpoint {
+                serde_json::from_slice(&bytes).map_err(|e| CandleError::InvalidCheckpoint {
                     path: index.clone(),
                     reason: format!("not a safetensors index (needs a `weight_map` object): {e}"),
                 })?;
             if parsed.weight_map.is_empty() {
-                return Err(BackendError::InvalidCheckpoint {
+                return Err(CandleError::InvalidCheckpoint {
                     path: index.clone(),
                     reason: "`weight_map` is empty: the index names no tensor".into(),
                 });
@@ -90,14 +90,14 @@ impl WeightFiles {
             let mut shards = Vec::with_capacity(files.len());
             for f in files {
                 if f.contains('/') || f.contains('\\') || f.starts_with('.') {
-                    return Err(BackendError::InvalidCheckpoint {
+                    return Err(CandleError::InvalidCheckpoint {
                         path: index.clone(),
                         reason: format!("weight_map names a file outside the folder: `{f}`"),
                     });
                 }
                 let p = dir.join(f);
                 if !p.is_file() {
-                    return Err(BackendError::MissingFile {
+                    return Err(CandleError::MissingFile {
                         path: p,
                         reason: format!("shard named by {INDEX_FILE}"),
                     });
@@ -118,29 +118,29 @@ impl WeightFiles {
                 weight_map: BTreeMap::new(),
             });
         }
-        Err(BackendError::MissingFile {
+        Err(CandleError::MissingFile {
             path: single,
             reason: format!("the checkpoint has neither {SINGLE_FILE} nor {INDEX_FILE}"),
         })
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap, BackendError> {
-    let file = File::open(path).map_err(|source| BackendError::Io {
+fn map_file(path: &Path) -> Result<Mmap, CandleError> {
+    let file = File::open(path).map_err(|source| CandleError::Io {
         path: path.to_path_buf(),
         source,
     })?;
     // SAFETY: the map is read-only and private to this process. Checkpoint files are not expected
     // to change while loaded; if one is truncated underneath us the process may fault, which is the
     // documented limit of every memory-mapped safetensors loader.
-    unsafe { Mmap::map(&file) }.map_err(|source| BackendError::Io {
+    unsafe { Mmap::map(&file) }.map_err(|source| CandleError::Io {
         path: path.to_path_buf(),
         source,
     })
 }
 
-fn corrupt(path: &Path, e: impl std::fmt::Display) -> BackendError {
-    BackendError::InvalidCheckpoint {
+fn corrupt(path: &Path, e: impl std::fmt::Display) -> CandleError {
+    CandleError::InvalidCheckpoint {
         path: path.to_path_buf(),
         reason: format!("truncated or corrupt safetensors file: {e}"),
     }
@@ -149,7 +149,7 @@ fn corrupt(path: &Path, e: impl std::fmt::Display) -> BackendError {
 impl ShardSet {
     /// Map every file and validate its header (and, when sharded, that each tensor named by
     /// the index is where the index says).
-    pub fn open(files: &WeightFiles) -> Result<Self, BackendError> {
+    pub fn open(files: &WeightFiles) -> Result<Self, CandleError> {
         let mut shards = Vec::with_capacity(files.shards.len());
         let mut by_name = HashMap::new();
         for (i, path) in files.shards.iter().enumerate() {
@@ -170,7 +170,7 @@ impl ShardSet {
                     },
                 );
                 if by_name.insert(name.clone(), i).is_some() {
-                    return Err(BackendError::InvalidCheckpoint {
+                    return Err(CandleError::InvalidCheckpoint {
                         path: path.clone(),
                         reason: format!("tensor `{name}` is stored in more than one file"),
                     });
@@ -185,7 +185,7 @@ impl ShardSet {
         for (name, file) in &files.weight_map {
             let found = by_name.get(name).map(|&i| &shards[i].path);
             if found.and_then(|p| p.file_name()).and_then(|f| f.to_str()) != Some(file.as_str()) {
-                return Err(BackendError::InvalidCheckpoint {
+                return Err(CandleError::InvalidCheckpoint {
                     path: files.index.clone().unwrap_or_default(),
                     reason: format!(
                         "index maps `{name}` to `{file}` but that file does not hold it"
@@ -217,13 +217,13 @@ impl ShardSet {
         self.by_name.contains_key(name)
     }
 
-    /// The stored tensor `name`, or [`BackendError::MissingTensor`].
-    pub fn get(&self, name: &str) -> Result<RawTensor<'_>, BackendError> {
+    /// The stored tensor `name`, or [`CandleError::MissingTensor`].
+    pub fn get(&self, name: &str) -> Result<RawTensor<'_>, CandleError> {
         let shard = self
             .by_name
             .get(name)
             .map(|&i| &self.shards[i])
-            .ok_or_else(|| BackendError::MissingTensor {
+            .ok_or_else(|| CandleError::MissingTensor {
                 name: name.to_string(),
                 path: self.describe.clone(),
             })?;
@@ -246,9 +246,9 @@ impl ShardSet {
 
 /// The raw header bytes and the size of a safetensors file, read without mapping it
 /// (used by the checkpoint fingerprint).
-pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), BackendError> {
+pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), CandleError> {
     use std::io::Read;
-    let io = |source| BackendError::Io {
+    let io = |source| CandleError::Io {
         path: path.to_path_buf(),
         source,
     };

@@ -13,8 +13,8 @@
 
 use candle_core::Tensor;
 
-use crate::seam::PrefixState;
-use crate::BackendError;
+use crate::error::CandleError;
+use forkscore_seam::PrefixState;
 
 /// State of one decoder layer after a prefix.
 #[derive(Debug, Clone)]
@@ -45,13 +45,13 @@ impl LayerState {
     pub(crate) fn extend(
         prev: Option<&LayerState>,
         update: LayerUpdate,
-    ) -> Result<LayerState, BackendError> {
+    ) -> Result<LayerState, CandleError> {
         match (prev, update) {
             (None, LayerUpdate::Attention { k, v }) => Ok(LayerState::Attention { k, v }),
             (Some(LayerState::Attention { k: pk, v: pv }), LayerUpdate::Attention { k, v }) => {
                 // (1, Hkv, T, hd) ++ (1, Hkv, L, hd) -> (1, Hkv, T + L, hd)
                 let cat = |a: &Tensor, b: &Tensor| {
-                    Tensor::cat(&[a, b], 2).map_err(BackendError::tensor("state append"))
+                    Tensor::cat(&[a, b], 2).map_err(CandleError::tensor("state append"))
                 };
                 Ok(LayerState::Attention {
                     k: cat(pk, &k)?,
@@ -61,7 +61,7 @@ impl LayerState {
             (None | Some(LayerState::Linear { .. }), LayerUpdate::Linear { conv, recurrent }) => {
                 Ok(LayerState::Linear { conv, recurrent })
             }
-            _ => Err(BackendError::InvalidRequest {
+            _ => Err(CandleError::InvalidRequest {
                 reason: "layer update does not match the layer's state kind".into(),
             }),
         }
@@ -73,7 +73,6 @@ pub(crate) enum LayerUpdate {
     /// The new tokens' K and V `(B, Hkv, L, hd)`.
     Attention { k: Tensor, v: Tensor },
     /// The conv and recurrent states after the new tokens (leading dim `B`).
-    #[allow(dead_code)] // produced by linear-attention mixers (Qwen3.5)
     Linear { conv: Tensor, recurrent: Tensor },
 }
 
@@ -87,7 +86,6 @@ pub(crate) enum LayerPast {
     Attention { k: Tensor, v: Tensor },
     /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
     /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
-    #[allow(dead_code)]
     Linear {
         conv: Tensor,
         recurrent: Tensor,
@@ -97,7 +95,7 @@ pub(crate) enum LayerPast {
 
 impl LayerPast {
     /// The whole of one retained state, shared by every row of the call.
-    pub(crate) fn whole(state: &LayerState) -> Result<LayerPast, BackendError> {
+    pub(crate) fn whole(state: &LayerState) -> Result<LayerPast, CandleError> {
         Ok(match state {
             LayerState::Attention { k, v } => LayerPast::Attention {
                 k: head_major(k)?,
@@ -113,11 +111,11 @@ impl LayerPast {
 }
 
 /// `(1, Hkv, T, hd) -> (Hkv, 1, T, hd)`: the same memory (a reshape of a size-1 axis).
-fn head_major(t: &Tensor) -> Result<Tensor, BackendError> {
-    let op = BackendError::tensor("head-major past");
-    let (one, hkv, len, hd) = t.dims4().map_err(BackendError::tensor("past dims"))?;
+fn head_major(t: &Tensor) -> Result<Tensor, CandleError> {
+    let op = CandleError::tensor("head-major past");
+    let (one, hkv, len, hd) = t.dims4().map_err(CandleError::tensor("past dims"))?;
     if one != 1 {
-        return Err(BackendError::InvalidRequest {
+        return Err(CandleError::InvalidRequest {
             reason: format!("a retained K/V has {one} rows, expected 1"),
         });
     }
@@ -166,8 +164,8 @@ pub(crate) fn merge_slots(
     states: &[&CandleState],
     slots: &[usize],
     batch_slot: &[u32],
-) -> Result<(Vec<LayerPast>, usize), BackendError> {
-    let op = |e| BackendError::Tensor {
+) -> Result<(Vec<LayerPast>, usize), CandleError> {
+    let op = |e| CandleError::Tensor {
         op: "merge slots",
         source: e,
     };
@@ -192,8 +190,8 @@ pub(crate) fn merge_slots(
     else {
         return Ok((Vec::new(), p));
     };
-    let batch_slot = Tensor::new(batch_slot, &device).map_err(BackendError::tensor("row slots"))?;
-    let mismatch = || BackendError::InvalidRequest {
+    let batch_slot = Tensor::new(batch_slot, &device).map_err(CandleError::tensor("row slots"))?;
+    let mismatch = || CandleError::InvalidRequest {
         reason: "states disagree on layer kinds".into(),
     };
     let mut views = Vec::with_capacity(first.layers.len());

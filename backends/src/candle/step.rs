@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use super::attention::AttnMasks;
 use super::mask;
 use super::rope::{Rope, RopeTables};
-use crate::BackendError;
+use crate::error::CandleError;
 
 pub(crate) struct Step {
     pub rows: usize,
@@ -25,11 +25,7 @@ pub(crate) struct Step {
     /// Per row: number of real new tokens (`<= len`); later ones are right padding.
     /// (Attention needs no padding mask for them; linear-attention mixers must not let pads
     /// update the state they return — only relevant for prefill, which never pads.)
-    #[allow(dead_code)]
     pub valid: Vec<usize>,
-    /// Per row: length of its own retained prefix.
-    #[allow(dead_code)]
-    pub past_lens: Vec<usize>,
 }
 
 impl Step {
@@ -42,7 +38,7 @@ impl Step {
         merged_past: Option<usize>,
         dtype: DType,
         device: &Device,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, CandleError> {
         let rows = past_lens.len();
         let positions: Vec<u32> = past_lens
             .iter()
@@ -67,7 +63,6 @@ impl Step {
             causal,
             past_mask,
             valid: valid.to_vec(),
-            past_lens: past_lens.to_vec(),
         })
     }
 

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use safetensors::Dtype;
 
 use super::shards::ShardSet;
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// A view of the checkpoint under a name prefix.
 #[derive(Clone, Copy)]
@@ -55,28 +55,28 @@ impl<'a> Weights<'a> {
 
     /// Whether the stored tensors `prefix + a` and `prefix + b` hold the same dtype, shape and
     /// bytes (compared in the mapped files, nothing converted or copied).
-    pub fn stored_identical(&self, a: &str, b: &str) -> Result<bool, BackendError> {
+    pub fn stored_identical(&self, a: &str, b: &str) -> Result<bool, CandleError> {
         let a = self.shards.get(&self.full_name(a))?;
         let b = self.shards.get(&self.full_name(b))?;
         Ok(a.dtype == b.dtype && a.shape == b.shape && a.data == b.data)
     }
 
     /// Tensor `prefix + name` with exactly `shape`, in the compute dtype.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, BackendError> {
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, CandleError> {
         self.get_as(name, shape, self.dtype)
     }
 
     /// Tensor `prefix + name` with exactly `shape`, in f32 whatever the compute dtype (for
     /// parameters that must stay f32, e.g. Gated DeltaNet's `A_log`).
-    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor, BackendError> {
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor, CandleError> {
         self.get_as(name, shape, DType::F32)
     }
 
-    fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, BackendError> {
+    fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, CandleError> {
         let full = self.full_name(name);
         let raw = self.shards.get(&full)?;
         if raw.shape != shape {
-            return Err(BackendError::WrongShape {
+            return Err(CandleError::WrongShape {
                 name: full,
                 expected: shape.to_vec(),
                 actual: raw.shape.to_vec(),
@@ -87,7 +87,7 @@ impl<'a> Weights<'a> {
             Dtype::BF16 => DType::BF16,
             Dtype::F16 => DType::F16,
             other => {
-                return Err(BackendError::WrongDtype {
+                return Err(CandleError::WrongDtype {
                     name: full,
                     expected: ACCEPTED.into(),
                     actual: format!("{other:?}"),
@@ -95,13 +95,13 @@ impl<'a> Weights<'a> {
             }
         };
         let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
-            BackendError::InvalidCheckpoint {
+            CandleError::InvalidCheckpoint {
                 path: raw.path.to_path_buf(),
                 reason: format!("tensor `{full}`: {e}"),
             }
         })?;
         t.to_dtype(dtype)
             .and_then(|t| t.to_device(self.device))
-            .map_err(BackendError::tensor("load weight"))
+            .map_err(CandleError::tensor("load weight"))
     }
 }

@@ -6,7 +6,7 @@ EXPORT_DIR holds `model/` (written by testkit's TinyQwen35, text-only layout) an
 `export_for_transformers` in backends/tests/qwen35_hf_reference.rs. Writes
 EXPORT_DIR/hf_reference.json with the last-position logits of every prompt at the candidate ids.
 Runs transformers' pure-torch paths (no flash-linear-attention / causal-conv1d kernels), eager
-attention, float32 -- the recommended reference of QWEN35_SPEC §8.
+attention, float32 -- the plainest reference transformers offers.
 """
 import json
 import sys

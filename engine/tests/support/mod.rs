@@ -3,15 +3,15 @@
 
 use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine};
 use forkscore_testkit::fake::FakeBackend;
-use forkscore_testkit::tokenizers::Family;
+use forkscore_testkit::tokenizers::{Family, Fixture};
 use std::path::Path;
 use std::sync::OnceLock;
 
 pub fn model_family(f: Family) -> &'static str {
     match f {
-        Family::Qwen25 => "qwen2",
+        Family::Qwen2 => "qwen2",
         Family::Qwen3 => "qwen3",
-        Family::Qwen35 => "qwen3_5",
+        Family::Qwen3_5 => "qwen3_5",
     }
 }
 
@@ -43,9 +43,9 @@ pub fn fake_engine(f: Family) -> &'static Engine<FakeBackend> {
     static E3: OnceLock<Engine<FakeBackend>> = OnceLock::new();
     static E35: OnceLock<Engine<FakeBackend>> = OnceLock::new();
     let cell = match f {
-        Family::Qwen25 => &E25,
+        Family::Qwen2 => &E25,
         Family::Qwen3 => &E3,
-        Family::Qwen35 => &E35,
+        Family::Qwen3_5 => &E35,
     };
     cell.get_or_init(|| fake_engine_with(f, CheckpointIdentity::default(), 1))
 }

@@ -12,22 +12,31 @@
 //!
 //! Prefill and scoring share one stage: they use the same device one after the other, and
 //! `Engine::decide_group` runs them back to back over a group's retained states.
-//! Module map: [`records`] (line formats), [`reader`], [`stages`], [`writer`], [`resume`].
+//! Module map, by job: [`records`] (line formats), [`reader`], [`schema_cache`] (each distinct
+//! schema compiled once), [`prepare`] (the CPU stage), [`score`] (the accelerator stage),
+//! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
+//! (output side and input side of `--resume`).
 
+pub mod prepare;
 pub mod reader;
 pub mod records;
 pub mod resume;
-pub mod stages;
+pub mod reuse;
+pub mod schema_cache;
+pub mod score;
 pub mod writer;
 
 use crate::load::{self, ModelArgs};
-use crate::provenance::ModelProvenance;
+use crate::provenance::{BatchProvenance, ModelProvenance};
 use crate::score_cmd::{ContextArgs, SchemaArgs, ScoringArgs};
 use anyhow::{bail, Context, Result};
-use forkscore_backends::Backend;
+use forkscore_backends::{Backend, DeviceSpec};
 use forkscore_engine::{Engine, GroupBudget, Schema, ScoreOptions};
+use prepare::{OutLine, Preparer};
+use resume::ResumeCheck;
 use resume::{open_output, OutputPolicy, ResumePoint};
-use stages::{OutLine, Preparer, ProvenanceBase, ResumeCheck, SchemaCache, Scorer};
+use schema_cache::SchemaCache;
+use score::Scorer;
 use std::collections::HashSet;
 use std::io::BufReader;
 use std::path::PathBuf;
@@ -165,18 +174,14 @@ pub fn run_job<B: Backend>(
         None
     };
 
-    let mut base = match serde_json::to_value(model)? {
-        serde_json::Value::Object(m) => m,
-        _ => serde_json::Map::new(),
-    };
-    base.insert("mode".into(), serde_json::to_value(job.options.mode)?);
-    base.insert("batch_mode".into(), serde_json::to_value(job.batch_mode)?);
-    base.insert("temperature".into(), temperature.value.into());
-    base.insert(
-        "temperature_source".into(),
-        serde_json::to_value(&temperature.source)?,
-    );
-    let provenance = ProvenanceBase { base };
+    let provenance = BatchProvenance {
+        model,
+        mode: job.options.mode,
+        batch_mode: job.batch_mode,
+        temperature: temperature.value,
+        temperature_source: &temperature.source,
+    }
+    .record()?;
 
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
     let schemas = SchemaCache::new(engine, job.default_schema.as_ref(), &base_dir);
@@ -205,7 +210,7 @@ pub fn run_job<B: Backend>(
     let stopped = AtomicBool::new(false);
 
     let (raw_tx, raw_rx) = crossbeam_channel::bounded::<Vec<reader::RawLine>>(2);
-    let (item_tx, item_rx) = crossbeam_channel::bounded::<Vec<stages::Item>>(2);
+    let (item_tx, item_rx) = crossbeam_channel::bounded::<Vec<prepare::Item>>(2);
     let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<OutLine>>(8);
 
     let (read, prepared, written) = std::thread::scope(|s| {
@@ -217,7 +222,7 @@ pub fn run_job<B: Backend>(
                 &raw_tx,
             )
         });
-        let prepare = s.spawn(move || -> Result<Option<ResumeCheck>, stages::StageError> {
+        let prepare = s.spawn(move || -> Result<Option<ResumeCheck>, resume::StageError> {
             for chunk in raw_rx {
                 let items = preparer.prepare_chunk(chunk)?;
                 if !items.is_empty() && item_tx.send(items).is_err() {
@@ -270,8 +275,8 @@ pub fn run_job<B: Backend>(
 /// Total memory of a CUDA device from nvidia-smi (None when unavailable or not CUDA). The
 /// ordinal is forkscore's (`cuda:N`); nvidia-smi numbers physical GPUs, so it is mapped through
 /// `CUDA_VISIBLE_DEVICES` when that lists indices.
-fn cuda_memory_bytes(device: &str) -> Option<u64> {
-    let forkscore_backends::DeviceSpec::Cuda(ordinal) = device.parse().ok()? else {
+fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
+    let DeviceSpec::Cuda(ordinal) = device else {
         return None;
     };
     let physical = match std::env::var("CUDA_VISIBLE_DEVICES") {
@@ -298,7 +303,7 @@ impl BatchArgs {
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
-            None => cuda_memory_bytes(&self.model.device),
+            None => cuda_memory_bytes(self.model.device),
         };
         let mut budget = GroupBudget::for_device(device_bytes, memory);
         if let Some(r) = self.group_max_rows {

@@ -84,10 +84,15 @@ impl LineError {
     /// The error record kind of an engine error.
     pub fn from_engine(e: &EngineError) -> LineError {
         let kind = match e {
-            EngineError::Compile(_) | EngineError::ForeignSchema => ErrorKind::Compile,
+            EngineError::Compile(_) | EngineError::ForeignSchema | EngineError::ForeignPrepared => {
+                ErrorKind::Compile
+            }
             EngineError::Template(_) => ErrorKind::Template,
             EngineError::Split(_) => ErrorKind::Split,
-            EngineError::Backend(_) => ErrorKind::Backend,
+            // the scoring stage: the backend, or what it returned not fitting the request
+            EngineError::Backend(_)
+            | EngineError::Assemble(_)
+            | EngineError::MissingMember { .. } => ErrorKind::Backend,
             EngineError::Calibration(_)
             | EngineError::ZeroFieldBatch
             | EngineError::ZeroMaxInputTokens

@@ -9,7 +9,8 @@
 //! then checks that every kept record is a JSON object with a `line` number, in increasing
 //! order. Because records are written in input order, one per line, "lines up to the last
 //! record's `line`" is exactly the done set: resuming continues right after it, so no id is
-//! duplicated or skipped.
+//! duplicated or skipped. The input side of the same check ([`ResumeCheck`]: the input's line
+//! at the output's last record carries the same id) runs in the prepare stage.
 
 use serde_json::Value;
 use std::fs::{File, OpenOptions};
@@ -192,4 +193,25 @@ mod tests {
             Err(ResumeError::NotARecord { record: 2, .. })
         ));
     }
+}
+
+/// Where a resumed job stopped (checked against the input).
+#[derive(Debug, Clone)]
+pub struct ResumeCheck {
+    pub last_line: u64,
+    pub last_id: Value,
+    pub seen: bool,
+}
+
+/// Errors that stop the whole job (not one line).
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("--resume: the output's last record is line {line} with id {output_id}, but input line {line} has id {input_id}; the output belongs to another input")]
+    ResumeMismatch {
+        line: u64,
+        output_id: String,
+        input_id: String,
+    },
+    #[error("--resume: the output ends at input line {line} but the input has no record on that line; the output belongs to another input")]
+    ResumeLineMissing { line: u64 },
 }

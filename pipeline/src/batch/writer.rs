@@ -3,7 +3,7 @@
 //! flight — and `--resume` cuts a torn last line. Also drives the progress bar (stderr, only
 //! when it is a terminal and the job is not `--quiet`): lines done, rows/s, ETA.
 
-use super::stages::OutLine;
+use super::prepare::OutLine;
 use crossbeam_channel::Receiver;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};

@@ -1,4 +1,4 @@
-//! Qwen3.5 additions to `config.json` parsing (QWEN35_SPEC §1).
+//! Qwen3.5 additions to `config.json` parsing (the `linear_*` keys, layer types, partial rotary).
 //!
 //! In: the architecture, the text-config object (`text_config` for
 //! `Qwen3_5ForConditionalGeneration`, the root for `Qwen3_5ForCausalLM` / `qwen3_5_text`) and the
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Architecture, LayerKind, TextConfig};
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// HF's default `partial_rotary_factor` for Qwen3.5.
 pub const DEFAULT_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
@@ -78,8 +78,8 @@ pub(crate) fn extend(
     architecture: Architecture,
     text_json: &Value,
     text: &mut TextConfig,
-    invalid: &dyn Fn(String) -> BackendError,
-) -> Result<Option<LinearAttentionConfig>, BackendError> {
+    invalid: &dyn Fn(String) -> CandleError,
+) -> Result<Option<LinearAttentionConfig>, CandleError> {
     if architecture != Architecture::Qwen3_5 {
         return Ok(None);
     }
@@ -151,7 +151,7 @@ mod tests {
     }
 
     #[test]
-    fn multimodal_layout_reads_text_config() -> Result<(), BackendError> {
+    fn multimodal_layout_reads_text_config() -> Result<(), CandleError> {
         let root = json!({
             "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
             "tie_word_embeddings": true, "image_token_id": 248056, "vision_config": {"depth": 2},
@@ -179,7 +179,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_keys_take_qwen3_5_class_defaults() -> Result<(), BackendError> {
+    fn missing_keys_take_qwen3_5_class_defaults() -> Result<(), CandleError> {
         let mut t = text();
         t["architectures"] = json!(["Qwen3_5ForCausalLM"]);
         let o = t.as_object_mut().ok_or_else(|| invalid_err("object"))?;
@@ -209,12 +209,12 @@ mod tests {
         Ok(())
     }
 
-    fn invalid_err(s: &str) -> BackendError {
-        BackendError::InvalidRequest { reason: s.into() }
+    fn invalid_err(s: &str) -> CandleError {
+        CandleError::InvalidRequest { reason: s.into() }
     }
 
     #[test]
-    fn text_only_layout_and_defaults() -> Result<(), BackendError> {
+    fn text_only_layout_and_defaults() -> Result<(), CandleError> {
         let mut t = text();
         t["architectures"] = json!(["Qwen3_5ForCausalLM"]);
         let o = t.as_object_mut().ok_or_else(|| invalid_err("object"))?;

@@ -29,7 +29,7 @@ use candle_nn::Linear;
 
 pub use conv::RightPadding;
 
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// Shapes of one Gated DeltaNet layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -232,9 +232,9 @@ pub struct GdnLayer {
     norm: Tensor,
 }
 
-fn check_shape(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), BackendError> {
+fn check_shape(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), CandleError> {
     if t.dims() != expected {
-        return Err(BackendError::WrongShape {
+        return Err(CandleError::WrongShape {
             name: name.to_string(),
             expected: expected.to_vec(),
             actual: t.dims().to_vec(),
@@ -246,9 +246,9 @@ fn check_shape(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), Backend
 impl GdnLayer {
     /// Check shapes and cast: projections to `dtype` (the activation dtype), conv weight,
     /// `A_log`, `dt_bias` and the norm weight to f32.
-    pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, BackendError> {
+    pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, CandleError> {
         dims.validate()
-            .map_err(|reason| BackendError::InvalidRequest { reason })?;
+            .map_err(|reason| CandleError::InvalidRequest { reason })?;
         let (d, cc, cv, hv) = (
             dims.hidden,
             dims.conv_channels(),
@@ -267,7 +267,7 @@ impl GdnLayer {
             [c, 1, k] if *c == cc && *k == dims.conv_kernel => w
                 .conv1d
                 .squeeze(1)
-                .map_err(BackendError::tensor("gdn.load.conv"))?,
+                .map_err(CandleError::tensor("gdn.load.conv"))?,
             _ => {
                 check_shape(
                     "linear_attn.conv1d.weight",
@@ -277,16 +277,16 @@ impl GdnLayer {
                 w.conv1d
             }
         };
-        let lin = |t: Tensor| -> Result<Linear, BackendError> {
+        let lin = |t: Tensor| -> Result<Linear, CandleError> {
             Ok(Linear::new(
                 t.to_dtype(dtype)
-                    .map_err(BackendError::tensor("gdn.load.cast"))?,
+                    .map_err(CandleError::tensor("gdn.load.cast"))?,
                 None,
             ))
         };
         let f32 = |t: Tensor| {
             t.to_dtype(DType::F32)
-                .map_err(BackendError::tensor("gdn.load.cast"))
+                .map_err(CandleError::tensor("gdn.load.cast"))
         };
         Ok(Self {
             dims,
@@ -312,7 +312,7 @@ impl GdnLayer {
         x: &Tensor,
         state: &GdnState,
         padding: Option<&RightPadding>,
-    ) -> Result<(Tensor, GdnState), BackendError> {
+    ) -> Result<(Tensor, GdnState), CandleError> {
         let rule = DeltaRule::for_call(
             x.dims().get(1).copied().unwrap_or(0),
             &self.dims,
@@ -328,16 +328,16 @@ impl GdnLayer {
         state: &GdnState,
         padding: Option<&RightPadding>,
         rule: DeltaRule,
-    ) -> Result<(Tensor, GdnState), BackendError> {
-        let (b, l, _) = x.dims3().map_err(BackendError::tensor("gdn.input"))?;
+    ) -> Result<(Tensor, GdnState), CandleError> {
+        let (b, l, _) = x.dims3().map_err(CandleError::tensor("gdn.input"))?;
         if state.batch() != b {
-            return Err(BackendError::InvalidRequest {
+            return Err(CandleError::InvalidRequest {
                 reason: format!("GDN state holds {} rows, input has {b}", state.batch()),
             });
         }
         if let Some(pad) = padding {
             if pad.lengths().len() != b || pad.padded_len() != l {
-                return Err(BackendError::InvalidRequest {
+                return Err(CandleError::InvalidRequest {
                     reason: format!(
                         "padding describes {} rows of length {}, input is ({b}, {l})",
                         pad.lengths().len(),
@@ -347,7 +347,7 @@ impl GdnLayer {
             }
         }
         self.run(x, state, padding, rule)
-            .map_err(BackendError::tensor("gdn.forward"))
+            .map_err(CandleError::tensor("gdn.forward"))
     }
 
     fn run(

@@ -7,7 +7,7 @@
 //! `x += mixer(norm1(x), past, step); x += mlp(norm2(x))` -> hidden `(B, L, D)` (before the final
 //! norm, which [`Backbone::logits`] applies to the gathered last positions only).
 //! Adding an architecture: a variant of [`Architecture`], a file here with
-//! `pub(crate) fn load(&ModelConfig, &Weights) -> Result<Backbone, BackendError>`, one match arm.
+//! `pub(crate) fn load(&ModelConfig, &Weights) -> Result<Backbone, CandleError>`, one match arm.
 
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
@@ -25,7 +25,7 @@ use super::rope::Rope;
 use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
 use super::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 use self_attn::{SelfAttention, SelfAttentionSpec};
 
 /// The token mixer of one decoder layer.
@@ -39,7 +39,7 @@ pub(crate) trait Mixer: Send + Sync {
         x: &Tensor,
         past: &LayerPast,
         step: &Step,
-    ) -> Result<(Tensor, LayerUpdate), BackendError>;
+    ) -> Result<(Tensor, LayerUpdate), CandleError>;
 }
 
 /// One pre-norm decoder layer.
@@ -57,8 +57,8 @@ impl DecoderLayer {
         x: &Tensor,
         past: &LayerPast,
         step: &Step,
-    ) -> Result<(Tensor, LayerUpdate), BackendError> {
-        let add = BackendError::tensor("residual add");
+    ) -> Result<(Tensor, LayerUpdate), CandleError> {
+        let add = CandleError::tensor("residual add");
         let region = match self.mixer.kind() {
             LayerKind::FullAttention => "attention",
             LayerKind::LinearAttention => "linear_attention",
@@ -70,7 +70,7 @@ impl DecoderLayer {
         let m = profile::region("mlp", x.device(), || {
             self.mlp.forward(&self.post_norm.forward(&x)?)
         })?;
-        let x = (x + m).map_err(BackendError::tensor("residual add"))?;
+        let x = (x + m).map_err(CandleError::tensor("residual add"))?;
         Ok((x, update))
     }
 }
@@ -103,9 +103,9 @@ impl Backbone {
         ids: &[u32],
         pasts: &[LayerPast],
         step: &Step,
-    ) -> Result<(Tensor, Vec<LayerUpdate>), BackendError> {
+    ) -> Result<(Tensor, Vec<LayerUpdate>), CandleError> {
         if pasts.len() != self.layers.len() {
-            return Err(BackendError::InvalidRequest {
+            return Err(CandleError::InvalidRequest {
                 reason: format!(
                     "{} layer states for a model of {} layers",
                     pasts.len(),
@@ -113,14 +113,14 @@ impl Backbone {
                 ),
             });
         }
-        let ids = Tensor::new(ids, &self.device).map_err(BackendError::tensor("ids"))?;
+        let ids = Tensor::new(ids, &self.device).map_err(CandleError::tensor("ids"))?;
         // (B*L,) -> (B*L, D) -> (B, L, D)
         let mut x = profile::region("embed", &self.device, || {
             self.embed
                 .index_select(&ids, 0)
                 .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
         })
-        .map_err(BackendError::tensor("embed"))?;
+        .map_err(CandleError::tensor("embed"))?;
         let mut updates = Vec::with_capacity(self.layers.len());
         for (layer, past) in self.layers.iter().zip(pasts) {
             let (next, update) = layer.forward(&x, past, step)?;
@@ -131,7 +131,7 @@ impl Backbone {
     }
 
     /// Final norm and candidate head: `(N, D)` -> `(N, C)` f32.
-    pub fn logits(&self, last_hidden: &Tensor, candidates: &[u32]) -> Result<Tensor, BackendError> {
+    pub fn logits(&self, last_hidden: &Tensor, candidates: &[u32]) -> Result<Tensor, CandleError> {
         profile::region("head", &self.device, || {
             let h = self.final_norm.forward(last_hidden)?;
             self.head.project(&h, candidates, &self.device)
@@ -152,7 +152,7 @@ pub(crate) fn output_head(
     root: &Weights<'_>,
     embed: &Tensor,
     embed_name: &str,
-) -> Result<CandidateHead, BackendError> {
+) -> Result<CandidateHead, CandleError> {
     const HEAD: &str = "lm_head.weight";
     let tied = match (cfg.tie_word_embeddings, root.contains(HEAD)) {
         (Some(false), _) => false,
@@ -167,7 +167,7 @@ pub(crate) fn output_head(
 }
 
 /// Build the backbone of `cfg.architecture` from `weights` (rooted at the checkpoint's top level).
-pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone, BackendError> {
+pub(crate) fn load(cfg: &ModelConfig, weights: &Weights<'_>) -> Result<Backbone, CandleError> {
     match cfg.architecture {
         Architecture::Qwen2 => qwen2::load(cfg, weights),
         Architecture::Qwen3 => qwen3::load(cfg, weights),
@@ -181,7 +181,7 @@ pub(crate) fn dense_backbone(
     cfg: &ModelConfig,
     root: &Weights<'_>,
     spec: SelfAttentionSpec,
-) -> Result<Backbone, BackendError> {
+) -> Result<Backbone, CandleError> {
     require_full_attention(cfg)?;
     let t = &cfg.text;
     let w = root.with_prefix("model.");
@@ -209,14 +209,14 @@ pub(crate) fn dense_backbone(
 }
 
 /// Reject `layer_types` other than full attention for attention-only architectures.
-pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), BackendError> {
+pub(crate) fn require_full_attention(cfg: &ModelConfig) -> Result<(), CandleError> {
     if let Some(i) = cfg
         .text
         .layer_kinds
         .iter()
         .position(|k| *k != LayerKind::FullAttention)
     {
-        return Err(BackendError::InvalidConfig {
+        return Err(CandleError::InvalidConfig {
             path: cfg.path.clone(),
             reason: format!(
                 "{} has only full-attention layers, but layer {i} is {:?}",

@@ -6,9 +6,9 @@ use super::self_attn::{NormConvention, SelfAttentionSpec};
 use super::{dense_backbone, Backbone};
 use crate::candle::config::ModelConfig;
 use crate::candle::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 
-pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, BackendError> {
+pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, CandleError> {
     let t = &cfg.text;
     let bias = t.attention_bias.unwrap_or(false);
     let spec = SelfAttentionSpec {

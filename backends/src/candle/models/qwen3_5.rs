@@ -29,7 +29,7 @@ use crate::candle::rope::Rope;
 use crate::candle::state::{LayerPast, LayerUpdate};
 use crate::candle::step::Step;
 use crate::candle::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// Where the text model may live, in the order tried. mlx-style conversions
 /// (`language_model.model.*`) are deliberately not accepted: they also store the conv weight as
@@ -38,12 +38,12 @@ use crate::BackendError;
 pub(crate) const TEXT_PREFIXES: [&str; 2] = ["model.language_model.", "model."];
 
 /// The first of [`TEXT_PREFIXES`] under which `embed_tokens.weight` is stored.
-fn text_prefix(root: &Weights<'_>, cfg: &ModelConfig) -> Result<&'static str, BackendError> {
+fn text_prefix(root: &Weights<'_>, cfg: &ModelConfig) -> Result<&'static str, CandleError> {
     TEXT_PREFIXES
         .iter()
         .copied()
         .find(|p| root.contains(&format!("{p}embed_tokens.weight")))
-        .ok_or_else(|| BackendError::MissingTensor {
+        .ok_or_else(|| CandleError::MissingTensor {
             name: format!("embed_tokens.weight (under any of {TEXT_PREFIXES:?})"),
             path: cfg
                 .path
@@ -61,7 +61,7 @@ pub(crate) struct LinearAttention {
 impl LinearAttention {
     /// Load `prefix.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, A_log, dt_bias,
     /// norm, out_proj}`.
-    fn load(w: &Weights<'_>, prefix: &str, dims: GdnDims) -> Result<Self, BackendError> {
+    fn load(w: &Weights<'_>, prefix: &str, dims: GdnDims) -> Result<Self, CandleError> {
         let (d, cc, cv, hv) = (
             dims.hidden,
             dims.conv_channels(),
@@ -92,8 +92,8 @@ impl LinearAttention {
         past: &LayerPast,
         rows: usize,
         device: &Device,
-    ) -> Result<GdnState, BackendError> {
-        let op = BackendError::tensor("gdn start state");
+    ) -> Result<GdnState, CandleError> {
+        let op = CandleError::tensor("gdn start state");
         match past {
             LayerPast::Empty => GdnState::zeros(self.layer.dims(), rows, device).map_err(op),
             LayerPast::Linear {
@@ -112,7 +112,7 @@ impl LinearAttention {
                     Ok(state)
                 }
             }
-            LayerPast::Attention { .. } => Err(BackendError::InvalidRequest {
+            LayerPast::Attention { .. } => Err(CandleError::InvalidRequest {
                 reason: "linear-attention layer given an attention K/V state".into(),
             }),
         }
@@ -129,11 +129,11 @@ impl Mixer for LinearAttention {
         x: &Tensor,
         past: &LayerPast,
         step: &Step,
-    ) -> Result<(Tensor, LayerUpdate), BackendError> {
+    ) -> Result<(Tensor, LayerUpdate), CandleError> {
         let state = self.start_state(past, step.rows, x.device())?;
         let padding = if step.valid.iter().any(|&v| v < step.len) {
             let pad = RightPadding::new(step.valid.clone(), step.len).ok_or_else(|| {
-                BackendError::InvalidRequest {
+                CandleError::InvalidRequest {
                     reason: "a row has more valid tokens than the call".into(),
                 }
             })?;
@@ -164,7 +164,7 @@ fn gdn_dims(cfg: &ModelConfig, la: &LinearAttentionConfig) -> GdnDims {
     }
 }
 
-pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, BackendError> {
+pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, CandleError> {
     let t = &cfg.text;
     let w = root.with_prefix(text_prefix(root, cfg)?);
     let bias = t.attention_bias.unwrap_or(false);
@@ -194,7 +194,7 @@ pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, Ba
                 dims,
             )?),
             (LayerKind::LinearAttention, None) => {
-                return Err(BackendError::InvalidConfig {
+                return Err(CandleError::InvalidConfig {
                     path: cfg.path.clone(),
                     reason: format!(
                         "layer {i} is linear attention but the config has no linear_* fields"

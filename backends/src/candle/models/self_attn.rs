@@ -17,7 +17,7 @@ use crate::candle::norm::RmsNorm;
 use crate::candle::state::{LayerPast, LayerUpdate};
 use crate::candle::step::Step;
 use crate::candle::weights::Weights;
-use crate::BackendError;
+use crate::error::CandleError;
 
 /// Which RMSNorm weight convention q/k norms use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,6 @@ pub(crate) enum NormConvention {
     /// `x̂ * w` (Qwen3).
     Plain,
     /// `x̂ * (1 + w)` (Qwen3.5).
-    #[allow(dead_code)] // used by the Qwen3.5 loader
     Offset,
 }
 
@@ -51,8 +50,8 @@ pub(crate) struct SelfAttention {
     spec: SelfAttentionSpec,
 }
 
-fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> BackendError {
-    BackendError::tensor(name)
+fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
+    CandleError::tensor(name)
 }
 
 impl SelfAttention {
@@ -61,7 +60,7 @@ impl SelfAttention {
         w: &Weights<'_>,
         prefix: &str,
         spec: SelfAttentionSpec,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, CandleError> {
         let s = &spec;
         let q_out = s.heads * s.head_dim * if s.output_gate { 2 } else { 1 };
         let kv_out = s.kv_heads * s.head_dim;
@@ -102,7 +101,7 @@ impl SelfAttention {
         n: usize,
         norm: Option<&RmsNorm>,
         step: &Step,
-    ) -> Result<Tensor, BackendError> {
+    ) -> Result<Tensor, CandleError> {
         let t = t
             .reshape((step.rows, step.len, n, self.spec.head_dim))
             .map_err(op("split heads"))?;
@@ -126,7 +125,7 @@ impl Mixer for SelfAttention {
         x: &Tensor,
         past: &LayerPast,
         step: &Step,
-    ) -> Result<(Tensor, LayerUpdate), BackendError> {
+    ) -> Result<(Tensor, LayerUpdate), CandleError> {
         let s = &self.spec;
         let (b, l) = (step.rows, step.len);
         let q = apply(&self.q_proj, x, "q_proj")?; // (B, L, H*hd) or (B, L, H*2hd)
@@ -159,7 +158,7 @@ impl Mixer for SelfAttention {
             LayerPast::Empty => None,
             LayerPast::Attention { k, v } => Some(PastKv { k, v }),
             LayerPast::Linear { .. } => {
-                return Err(BackendError::InvalidRequest {
+                return Err(CandleError::InvalidRequest {
                     reason: "attention layer given a linear-attention state".into(),
                 })
             }

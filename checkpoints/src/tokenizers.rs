@@ -15,16 +15,11 @@ use std::io::Read;
 
 use flate2::read::GzDecoder;
 
-/// A Qwen tokenizer family with a committed fixture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    /// Qwen2.5 (Instruct): 151,643 BPE ranks, added tokens 151643–151664.
-    Qwen25,
-    /// Qwen3: the Qwen2.5 BPE plus `<tool_response>`, `</tool_response>`, `<think>`, `</think>`.
-    Qwen3,
-    /// Qwen3.5: 248,044 BPE ranks, 33 added tokens from 248044.
-    Qwen35,
-}
+/// The model families (one enum for the whole workspace); each has a committed tokenizer
+/// fixture, reached through [`Fixture`]. Qwen2.5 (Instruct): 151,643 BPE ranks, added tokens
+/// 151643–151664. Qwen3: the Qwen2.5 BPE plus `<tool_response>`, `</tool_response>`, `<think>`,
+/// `</think>`. Qwen3.5: 248,044 BPE ranks, 33 added tokens from 248044.
+pub use forkscore_seam::Family;
 
 /// Failure to turn an embedded fixture into usable bytes.
 #[derive(Debug, thiserror::Error)]
@@ -38,23 +33,36 @@ pub enum TokenizerFixtureError {
     },
 }
 
-impl Family {
-    /// Every family, in a fixed order.
-    pub const ALL: [Family; 3] = [Family::Qwen25, Family::Qwen3, Family::Qwen35];
-
+/// The committed tokenizer fixture of a family.
+pub trait Fixture: Copy {
     /// Directory name under `fixtures/tokenizers/`.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str;
+    /// The Hugging Face `tokenizer.json`, decompressed from the embedded gzip fixture.
+    fn tokenizer_json(self) -> Result<Vec<u8>, TokenizerFixtureError>;
+    /// The `tokenizer_config.json` text (added tokens, eos/pad, `chat_template`, …).
+    fn tokenizer_config_json(self) -> &'static str;
+    /// The family's real chat template (the same text as `chat_template` in the config).
+    fn chat_template(self) -> &'static str;
+    /// `samples.json`: `{"family", "seed", "samples": [{"category", "text", "ids"}]}` with the ids
+    /// the package's tiktoken encoder gives (added tokens matched as tokens).
+    fn samples_json(self) -> &'static str;
+    /// Rows of the real models' input embedding / output head (vocabulary plus padding).
+    fn embedding_rows(self) -> usize;
+}
+
+impl Fixture for Family {
+    fn name(self) -> &'static str {
         match self {
-            Family::Qwen25 => "qwen2.5",
+            Family::Qwen2 => "qwen2.5",
             Family::Qwen3 => "qwen3",
-            Family::Qwen35 => "qwen3.5",
+            Family::Qwen3_5 => "qwen3.5",
         }
     }
 
     /// The Hugging Face `tokenizer.json`, decompressed from the embedded gzip fixture.
-    pub fn tokenizer_json(self) -> Result<Vec<u8>, TokenizerFixtureError> {
-        let mut out = Vec::with_capacity(self.tokenizer_json_len_hint());
-        GzDecoder::new(self.tokenizer_json_gz())
+    fn tokenizer_json(self) -> Result<Vec<u8>, TokenizerFixtureError> {
+        let mut out = Vec::with_capacity(tokenizer_json_len_hint(self));
+        GzDecoder::new(tokenizer_json_gz(self))
             .read_to_end(&mut out)
             .map_err(|source| TokenizerFixtureError::Decompress {
                 family: self.name(),
@@ -64,59 +72,61 @@ impl Family {
     }
 
     /// The `tokenizer_config.json` text (added tokens, eos/pad, `chat_template`, …).
-    pub fn tokenizer_config_json(self) -> &'static str {
+    fn tokenizer_config_json(self) -> &'static str {
         match self {
-            Family::Qwen25 => {
+            Family::Qwen2 => {
                 include_str!("../../fixtures/tokenizers/qwen2.5/tokenizer_config.json")
             }
             Family::Qwen3 => include_str!("../../fixtures/tokenizers/qwen3/tokenizer_config.json"),
-            Family::Qwen35 => {
+            Family::Qwen3_5 => {
                 include_str!("../../fixtures/tokenizers/qwen3.5/tokenizer_config.json")
             }
         }
     }
 
     /// The family's real chat template (the same text as `chat_template` in the config).
-    pub fn chat_template(self) -> &'static str {
+    fn chat_template(self) -> &'static str {
         match self {
-            Family::Qwen25 => include_str!("../../fixtures/tokenizers/qwen2.5/chat_template.jinja"),
+            Family::Qwen2 => include_str!("../../fixtures/tokenizers/qwen2.5/chat_template.jinja"),
             Family::Qwen3 => include_str!("../../fixtures/tokenizers/qwen3/chat_template.jinja"),
-            Family::Qwen35 => include_str!("../../fixtures/tokenizers/qwen3.5/chat_template.jinja"),
+            Family::Qwen3_5 => {
+                include_str!("../../fixtures/tokenizers/qwen3.5/chat_template.jinja")
+            }
         }
     }
 
     /// `samples.json`: `{"family", "seed", "samples": [{"category", "text", "ids"}]}` with the ids
     /// the package's tiktoken encoder gives (added tokens matched as tokens).
-    pub fn samples_json(self) -> &'static str {
+    fn samples_json(self) -> &'static str {
         match self {
-            Family::Qwen25 => include_str!("../../fixtures/tokenizers/qwen2.5/samples.json"),
+            Family::Qwen2 => include_str!("../../fixtures/tokenizers/qwen2.5/samples.json"),
             Family::Qwen3 => include_str!("../../fixtures/tokenizers/qwen3/samples.json"),
-            Family::Qwen35 => include_str!("../../fixtures/tokenizers/qwen3.5/samples.json"),
+            Family::Qwen3_5 => include_str!("../../fixtures/tokenizers/qwen3.5/samples.json"),
         }
     }
 
     /// Rows of the real models' input embedding / output head (vocabulary plus padding).
-    pub fn embedding_rows(self) -> usize {
+    fn embedding_rows(self) -> usize {
         match self {
-            Family::Qwen25 | Family::Qwen3 => 151_936,
-            Family::Qwen35 => 248_320,
+            Family::Qwen2 | Family::Qwen3 => 151_936,
+            Family::Qwen3_5 => 248_320,
         }
     }
+}
 
-    fn tokenizer_json_gz(self) -> &'static [u8] {
-        match self {
-            Family::Qwen25 => include_bytes!("../../fixtures/tokenizers/qwen2.5/tokenizer.json.gz"),
-            Family::Qwen3 => include_bytes!("../../fixtures/tokenizers/qwen3/tokenizer.json.gz"),
-            Family::Qwen35 => include_bytes!("../../fixtures/tokenizers/qwen3.5/tokenizer.json.gz"),
-        }
+fn tokenizer_json_gz(family: Family) -> &'static [u8] {
+    match family {
+        Family::Qwen2 => include_bytes!("../../fixtures/tokenizers/qwen2.5/tokenizer.json.gz"),
+        Family::Qwen3 => include_bytes!("../../fixtures/tokenizers/qwen3/tokenizer.json.gz"),
+        Family::Qwen3_5 => include_bytes!("../../fixtures/tokenizers/qwen3.5/tokenizer.json.gz"),
     }
+}
 
-    /// Roughly the decompressed size, to allocate once.
-    fn tokenizer_json_len_hint(self) -> usize {
-        match self {
-            Family::Qwen25 | Family::Qwen3 => 5_400_000,
-            Family::Qwen35 => 10_100_000,
-        }
+/// Roughly the decompressed size, to allocate once.
+fn tokenizer_json_len_hint(family: Family) -> usize {
+    match family {
+        Family::Qwen2 | Family::Qwen3 => 5_400_000,
+        Family::Qwen3_5 => 10_100_000,
     }
 }
 

@@ -1,40 +1,21 @@
-//! The backend seam: the only interface between the staged engine and a model.
+//! The [`Backend`] trait and its retained [`PrefixState`].
 //!
 //! Flow per context group: `prefill(prefix ids) -> State` (once per prefix, retained and never
-//! mutated afterwards) then `score(&[&State], rows, candidates) -> CandidateLogits` (one call for
-//! many rows, each row naming the state it continues from). `forward_full` is the independent
-//! reference path: the complete prompt from scratch, no state reuse.
+//! mutated afterwards) then `score(request) -> CandidateLogits` (one call for many rows, each
+//! row naming the state it continues from). `forward_full` is the independent reference path:
+//! the complete prompt from scratch, no state reuse.
 //!
 //! Invariants every implementation keeps:
 //! - `score` never mutates a state; a row's logits depend only on its own state's prefix and its
 //!   own suffix (not on siblings, padding, slot order or how rows are batched);
-//! - `score` and `forward_full` return logits for exactly the `candidates` ids, in that order,
+//! - `score` and `forward_full` return logits for exactly the candidate ids, in their order,
 //!   computed in f32 (only the candidate rows of the output head are projected);
 //! - `prefill(a ++ b)` then scoring `c` equals `forward_full(a ++ b ++ c)` (within the backend's
 //!   numeric tolerance).
 
-use crate::BackendError;
-
-/// Facts about the loaded model the engine and the provenance record need.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ModelFacts {
-    /// `config.json` architecture name, e.g. `Qwen2ForCausalLM`, or `fake` for test backends.
-    pub architecture: String,
-    /// Model family, e.g. `qwen2`, `qwen3`, `qwen3_5`, `fake`.
-    pub family: String,
-    /// Number of rows of the embedding / output head (may exceed the tokenizer's vocabulary).
-    pub vocab_size: usize,
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    /// Bytes of state one sequence holds whatever its length: the f32 conv + recurrent states of
-    /// linear-attention (Gated DeltaNet) layers; 0 for attention-only models. A scoring call
-    /// holds this per row (each row's branch state), so memory budgets must count it.
-    pub fixed_state_bytes: usize,
-    /// Compute dtype of the backbone, e.g. `f32`, `bf16`.
-    pub dtype: String,
-    /// Device, e.g. `cpu`, `cuda:0`, `metal:0`.
-    pub device: String,
-}
+use crate::error::BackendError;
+use crate::facts::ModelFacts;
+use crate::request::{CandidateLogits, ScoreRequest, ScoreRow};
 
 /// A retained prefix state (attention K/V, and conv + recurrent state for linear-attention
 /// layers). Produced by [`Backend::prefill`]; read-only afterwards.
@@ -47,29 +28,6 @@ pub trait PrefixState: Send + Sync {
     }
     /// Bytes held by the state (for memory budgets and telemetry).
     fn nbytes(&self) -> usize;
-}
-
-/// One row to score: the index (into the `states` slice passed to [`Backend::score`]) of the
-/// prefix state it continues, and its suffix token ids (non-empty).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScoreRow<'a> {
-    pub state: usize,
-    pub suffix: &'a [u32],
-}
-
-/// f32 logits, row-major `[rows, candidates]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CandidateLogits {
-    pub rows: usize,
-    pub candidates: usize,
-    pub data: Vec<f32>,
-}
-
-impl CandidateLogits {
-    /// Logits of row `r`, one per candidate id, in the order of the candidate list.
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.candidates..(r + 1) * self.candidates]
-    }
 }
 
 /// The seam. One implementation per family of devices/runtimes (candle covers CPU/CUDA/Metal);
@@ -96,15 +54,23 @@ pub trait Backend: Send + Sync {
     /// prefilled once and extended per schema.
     fn extend(&self, state: &Self::State, ids: &[u32]) -> Result<Self::State, BackendError>;
 
-    /// Score `rows` in one call. Row `i` continues `states[rows[i].state]` with its suffix; the
-    /// result holds, per row, the logits at the row's last suffix token for each id of
-    /// `candidates`. States are never mutated; branch state is discarded.
+    /// Score a validated request in one call. Row `i` continues `request.states()[row.state]`
+    /// with its suffix; the result holds, per row, the logits at the row's last suffix token for
+    /// each candidate id. States are never mutated; branch state is discarded.
     fn score(
+        &self,
+        request: &ScoreRequest<'_, Self::State>,
+    ) -> Result<CandidateLogits, BackendError>;
+
+    /// [`ScoreRequest::new`] then [`Backend::score`]: for callers holding raw slices.
+    fn score_rows(
         &self,
         states: &[&Self::State],
         rows: &[ScoreRow<'_>],
         candidates: &[u32],
-    ) -> Result<CandidateLogits, BackendError>;
+    ) -> Result<CandidateLogits, BackendError> {
+        self.score(&ScoreRequest::new(states, rows, candidates)?)
+    }
 
     /// The independent reference path: run the complete prompt `ids` from scratch and return
     /// the logits at its last position for each id of `candidates`.

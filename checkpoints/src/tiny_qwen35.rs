@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::tiny_model::{write_safetensors, TinyModelError, TinyTensor, GENERATOR_VERSION};
-use crate::tokenizers::{Family, TokenizerFixtureError};
+use crate::tokenizers::{Family, Fixture, TokenizerFixtureError};
 
 /// Which checkpoint layout to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl TinyQwen35 {
             linear_key_dim: 8,
             linear_value_dim: 8,
             conv_kernel: 4,
-            vocab: Family::Qwen35.embedding_rows(),
+            vocab: Family::Qwen3_5.embedding_rows(),
             rope_theta: 1e7,
             partial_rotary_factor: 0.25,
         }
@@ -410,14 +410,14 @@ impl TinyQwen35 {
         )?;
         let files: [(&str, Vec<u8>); 4] = [
             ("config.json", pretty(&self.config())),
-            ("tokenizer.json", Family::Qwen35.tokenizer_json()?),
+            ("tokenizer.json", Family::Qwen3_5.tokenizer_json()?),
             (
                 "tokenizer_config.json",
-                Family::Qwen35.tokenizer_config_json().as_bytes().to_vec(),
+                Family::Qwen3_5.tokenizer_config_json().as_bytes().to_vec(),
             ),
             (
                 "chat_template.jinja",
-                Family::Qwen35.chat_template().as_bytes().to_vec(),
+                Family::Qwen3_5.chat_template().as_bytes().to_vec(),
             ),
         ];
         for (name, data) in files {

@@ -1,17 +1,71 @@
-//! Prefill + score over the backend seam, in each mode.
+//! Stages 4 and 5, prefill and score: fork one retained prefix state per context into its rows.
 //!
-//! In: split prompts (one per context of a group) and the candidate id union. Out: per context,
+//! In: split prompts (one per context of a group), the candidate id union, and optionally a
+//! [`SharedPrefix`] (a retained state that several contexts' prefixes extend). Out: per context,
 //! per row, f32 logits over the candidates, plus call counts and stage timings. Every mode feeds
 //! the model exactly the same tokens and projects the same candidates; only the batching differs:
 //! - parallel: one prefill per context, rows scored together (`row_batch` splits them into
 //!   several calls, still one prefill);
 //! - cached-serial: one prefill per context, one row per call;
 //! - independent: each full prompt from scratch (the reference path).
+//!
+//! A context whose prefix strictly extends a [`SharedPrefix`] is prefilled by extending the
+//! shared state with its remaining tokens (the same tokens, so the same result).
 
-use crate::split::SplitPrompt;
-use forkscore_backends::{Backend, BackendError, PrefixState, ScoreRow};
+use crate::prepare::split::SplitPrompt;
+use forkscore_seam::{Backend, BackendError, PrefixState, ScoreRequest, ScoreRow};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
+
+/// Shortest shared prefix worth a separate prefill.
+pub const MIN_SHARED_PREFIX: usize = 16;
+
+/// A retained state of a token prefix that several prompts extend (e.g. instructions + one
+/// context, scored against many schemas). Built by [`SharedPrefix::prefill`].
+pub struct SharedPrefix<S> {
+    ids: Vec<u32>,
+    state: S,
+}
+
+impl<S: PrefixState> SharedPrefix<S> {
+    /// The longest common token prefix of `first` and every prompt of `others`, less one token
+    /// so each of them still extends it; None when `others` is empty or that prefix is shorter
+    /// than [`MIN_SHARED_PREFIX`] (nothing worth sharing).
+    pub fn common_prefix<'a>(
+        first: &'a [u32],
+        others: impl IntoIterator<Item = &'a [u32]>,
+    ) -> Option<&'a [u32]> {
+        let mut common = first.len().saturating_sub(1);
+        let mut any = false;
+        for other in others {
+            let lcp = first.iter().zip(other).take_while(|(a, b)| a == b).count();
+            common = common.min(lcp).min(other.len().saturating_sub(1));
+            any = true;
+        }
+        (any && common >= MIN_SHARED_PREFIX).then(|| &first[..common])
+    }
+
+    /// Prefill `ids` once and keep the state.
+    pub fn prefill<B: Backend<State = S>>(
+        backend: &B,
+        ids: &[u32],
+    ) -> Result<SharedPrefix<S>, BackendError> {
+        Ok(SharedPrefix {
+            ids: ids.to_vec(),
+            state: backend.prefill(ids)?,
+        })
+    }
+
+    /// The token ids the state covers.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// True when `prefix` strictly extends this shared prefix (so it can be extended from it).
+    pub fn covers(&self, prefix: &[u32]) -> bool {
+        prefix.len() > self.ids.len() && prefix.starts_with(&self.ids)
+    }
+}
 
 /// How rows are evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -56,24 +110,11 @@ pub type GroupLogits = Vec<Vec<Vec<f32>>>;
 
 /// Evaluate every row of every context in `splits`. With `Mode::Parallel`, rows of all contexts
 /// go into shared score calls of at most `row_batch` rows (None = all rows in one call): the
-/// slot-merged pass of decide_many.
-pub fn run_group<B: Backend>(
+/// slot-merged pass of a group. A context whose prefix strictly extends `shared` is prefilled by
+/// extending it; any other context is prefilled whole.
+pub fn score_group<B: Backend>(
     backend: &B,
-    splits: &[&SplitPrompt],
-    candidates: &[u32],
-    mode: Mode,
-    row_batch: Option<usize>,
-) -> Result<(GroupLogits, RunStats), BackendError> {
-    run_group_from(backend, None, splits, candidates, mode, row_batch)
-}
-
-/// [`run_group`], with an optional retained `base` state of the token prefix `base_ids`: a
-/// context whose prefix strictly extends `base_ids` is prefilled by extending `base` with its
-/// remaining tokens instead of from scratch (the same tokens, so the same result); any other
-/// context is prefilled whole.
-pub fn run_group_from<B: Backend>(
-    backend: &B,
-    base: Option<(&[u32], &B::State)>,
+    shared: Option<&SharedPrefix<B::State>>,
     splits: &[&SplitPrompt],
     candidates: &[u32],
     mode: Mode,
@@ -97,15 +138,16 @@ pub fn run_group_from<B: Backend>(
     }
 
     let t = Instant::now();
-    // Contexts that extend the retained base are extended one by one; all the others are
+    // Contexts that extend the shared prefix are extended one by one; all the others are
     // prefilled together (one padded pass where the backend can, see `Backend::prefill_many`).
     let mut states: Vec<Option<B::State>> = splits.iter().map(|_| None).collect();
     let mut fresh: Vec<usize> = Vec::with_capacity(splits.len());
     for (c, s) in splits.iter().enumerate() {
-        match base {
-            Some((ids, state)) if s.prefix_ids.len() > ids.len() && s.prefix_ids.starts_with(ids) => {
-                stats.reused_prefix_tokens += ids.len();
-                states[c] = Some(backend.extend(state, &s.prefix_ids[ids.len()..])?);
+        match shared {
+            Some(shared) if shared.covers(&s.prefix_ids) => {
+                let n = shared.ids.len();
+                stats.reused_prefix_tokens += n;
+                states[c] = Some(backend.extend(&shared.state, &s.prefix_ids[n..])?);
             }
             _ => fresh.push(c),
         }
@@ -149,29 +191,25 @@ pub fn run_group_from<B: Backend>(
         _ => row_batch.unwrap_or(pairs.len()).max(1),
     };
     for chunk in pairs.chunks(batch) {
-        // Only the states this chunk uses are passed, so a small batch never carries other slots.
-        let mut used: Vec<usize> = chunk.iter().map(|&(c, _)| c).collect();
-        used.dedup();
-        let call_states: Vec<&B::State> = used.iter().map(|&c| state_refs[c]).collect();
-        let rows: Vec<ScoreRow<'_>> = chunk
-            .iter()
-            .map(|&(c, r)| ScoreRow {
-                state: used.iter().position(|&u| u == c).unwrap_or_default(),
+        // Only the states this chunk uses are passed, so a small batch never carries other slots;
+        // `slot_of[c]` is context c's index among them.
+        let mut used: Vec<usize> = Vec::new();
+        let mut slot_of: Vec<Option<usize>> = vec![None; splits.len()];
+        let mut rows: Vec<ScoreRow<'_>> = Vec::with_capacity(chunk.len());
+        for &(c, r) in chunk {
+            let state = *slot_of[c].get_or_insert_with(|| {
+                used.push(c);
+                used.len() - 1
+            });
+            rows.push(ScoreRow {
+                state,
                 suffix: &splits[c].suffix_ids[r],
-            })
-            .collect();
-        let logits = backend.score(&call_states, &rows, candidates)?;
-        if logits.rows != rows.len() || logits.candidates != candidates.len() {
-            return Err(BackendError::InvalidRequest {
-                reason: format!(
-                    "backend returned {}x{} logits for {}x{} requested",
-                    logits.rows,
-                    logits.candidates,
-                    rows.len(),
-                    candidates.len()
-                ),
             });
         }
+        let call_states: Vec<&B::State> = used.iter().map(|&c| state_refs[c]).collect();
+        let request = ScoreRequest::new(&call_states, &rows, candidates)?;
+        let logits = backend.score(&request)?;
+        logits.check_shape(rows.len(), candidates.len())?;
         stats.score_calls += 1;
         for (i, &(c, _)) in chunk.iter().enumerate() {
             out[c].push(logits.row(i).to_vec());

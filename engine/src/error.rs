@@ -1,0 +1,48 @@
+//! [`EngineError`]: every way a decision can fail, one variant per stage error.
+
+use crate::assemble::AssembleError;
+use crate::calibration::CalibrationError;
+use crate::prepare::split::SplitError;
+use crate::rows::CompileError;
+use crate::template::TemplateError;
+use forkscore_seam::BackendError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Split(#[from] SplitError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
+    #[error(transparent)]
+    Assemble(#[from] AssembleError),
+    #[error("the context is empty")]
+    EmptyContext,
+    #[error("prompt is {total} tokens (prefix {prefix} + longest field suffix {suffix}), over max_input_tokens = {max}; forkscore never truncates — shorten the context or raise --max-input-tokens")]
+    TooManyTokens {
+        prefix: usize,
+        suffix: usize,
+        total: usize,
+        max: usize,
+    },
+    #[error("field_batch_size must be at least 1")]
+    ZeroFieldBatch,
+    #[error("max_input_tokens must be at least 1")]
+    ZeroMaxInputTokens,
+    #[error("the tokenizer can produce ids up to {tokenizer_ids} but the model's embedding has only {embedding_rows} rows")]
+    TokenizerLargerThanEmbedding {
+        tokenizer_ids: usize,
+        embedding_rows: usize,
+    },
+    #[error("compiled schema belongs to another tokenizer/template (compiled rows must come from this engine)")]
+    ForeignSchema,
+    #[error("prepared context belongs to another compiled schema (prepare it with the schema it is decided with)")]
+    ForeignPrepared,
+    #[error("group member {index} has no prepared context")]
+    MissingMember { index: usize },
+}

@@ -1,0 +1,248 @@
+//! Schema parsing: raw JSON (the flat form or the JSON Schema form) in, a validated
+//! [`Schema`] out. Nothing downstream ever sees unvalidated schema JSON.
+//!
+//! Rules: an enum has 1–26 distinct non-empty string choices; a boolean defaults to
+//! `[false, true]` and explicit `"choices": [true, false]` reverses that order; selected booleans
+//! stay JSON booleans while score keys are `"false"`/`"true"`; `choice_descriptions` keys must
+//! all be choices; field order is the schema's order. Every rejection names the JSON path of the
+//! offending value and the rule it breaks.
+
+mod fields;
+
+use crate::strict_json::{parse_strict, StrictJsonError};
+use fields::{is_json_schema, parse_flat_field, parse_json_schema};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// Most choices a code-scored field may have: one single-token code letter (A–Z) each.
+pub const MAX_CHOICES: usize = 26;
+
+/// A validated schema: fields in the schema's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema {
+    fields: Vec<Field>,
+}
+
+/// One enum or boolean field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Field {
+    pub name: String,
+    pub description: Option<String>,
+    pub kind: FieldKind,
+    /// Allowed values, in the order the codes A, B, C… are assigned.
+    pub choices: Vec<Choice>,
+    /// Per choice (same order), its optional description.
+    pub choice_descriptions: Vec<Option<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldKind {
+    Enum,
+    Boolean,
+}
+
+/// One allowed value: a string (enum) or a boolean.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    Str(String),
+    Bool(bool),
+}
+
+impl Choice {
+    /// The string used as a key in score maps and in prompts (`"true"`/`"false"` for booleans).
+    pub fn key(&self) -> String {
+        match self {
+            Choice::Str(s) => s.clone(),
+            Choice::Bool(b) => b.to_string(),
+        }
+    }
+    /// The typed JSON value (booleans stay JSON booleans).
+    pub fn to_json(&self) -> Value {
+        match self {
+            Choice::Str(s) => Value::String(s.clone()),
+            Choice::Bool(b) => Value::Bool(*b),
+        }
+    }
+}
+
+/// A schema rejection: where, and which rule.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("schema error at `{path}`: {kind}")]
+pub struct SchemaError {
+    /// JSON path of the offending value (`<root>` for the whole schema).
+    pub path: String,
+    pub kind: SchemaErrorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchemaErrorKind {
+    #[error("{0}")]
+    Json(StrictJsonError),
+    #[error("a schema must be a JSON object, found {found}")]
+    NotAnObject { found: &'static str },
+    #[error("the schema has no fields")]
+    Empty,
+    #[error("unknown key `{key}` (allowed: {allowed})")]
+    UnknownKey { key: String, allowed: &'static str },
+    #[error("a field must be a JSON object, found {found}")]
+    FieldNotAnObject { found: &'static str },
+    #[error("invalid field name {name:?}: {reason}")]
+    InvalidFieldName { name: String, reason: &'static str },
+    #[error("missing `type` (expected \"enum\" or \"boolean\")")]
+    MissingType,
+    #[error("`type` must be a string, found {found}")]
+    TypeNotString { found: &'static str },
+    #[error("nested objects are not supported: only flat enum and boolean fields can be scored")]
+    NestedObject,
+    #[error("arrays are not supported: only enum and boolean fields can be scored")]
+    Array,
+    #[error("{ty} fields are not supported: only enum and boolean fields can be scored")]
+    Number { ty: String },
+    #[error("a string field needs an `enum` of choices: free text cannot be scored")]
+    StringWithoutEnum,
+    #[error("null fields are not supported")]
+    Null,
+    #[error("unknown type {ty:?} (expected \"enum\" or \"boolean\")")]
+    UnknownType { ty: String },
+    #[error("an enum field needs `{key}`: a list of 1–26 string choices")]
+    MissingChoices { key: &'static str },
+    #[error("`{key}` must be an array, found {found}")]
+    ChoicesNotArray {
+        key: &'static str,
+        found: &'static str,
+    },
+    #[error("an enum needs at least 1 choice")]
+    NoChoices,
+    #[error("{count} choices exceed the limit of 26 single-token codes (A–Z); literal-choice scoring lifts this limit")]
+    TooManyChoices { count: usize },
+    #[error("enum choices must be strings, found {found}")]
+    ChoiceNotString { found: &'static str },
+    #[error("enum choices must be non-empty strings")]
+    EmptyChoice,
+    #[error("duplicate choice {choice:?}")]
+    DuplicateChoice { choice: String },
+    #[error("boolean choices must be exactly [false, true] or [true, false]")]
+    BadBooleanChoices,
+    #[error("`description` must be a string, found {found}")]
+    DescriptionNotString { found: &'static str },
+    #[error("`choice_descriptions` must be an object mapping choices to strings, found {found}")]
+    ChoiceDescriptionsNotObject { found: &'static str },
+    #[error("`choice_descriptions` key {key:?} is not one of the choices ({choices})")]
+    ChoiceDescriptionUnknown { key: String, choices: String },
+    #[error("a choice description must be a string, found {found}")]
+    ChoiceDescriptionNotString { found: &'static str },
+    #[error("`properties` must be an object, found {found}")]
+    PropertiesNotObject { found: &'static str },
+    #[error("`required` must be an array of property names")]
+    RequiredNotNames,
+    #[error("`required` names {name:?}, which is not a property")]
+    RequiredUnknown { name: String },
+    #[error("{key} must be {expected}")]
+    BadAnnotation {
+        key: &'static str,
+        expected: &'static str,
+    },
+}
+
+pub(crate) fn err(path: impl Into<String>, kind: SchemaErrorKind) -> SchemaError {
+    SchemaError {
+        path: path.into(),
+        kind,
+    }
+}
+
+pub(crate) fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl Schema {
+    /// Parse schema text, rejecting duplicate keys (a repeated field name included).
+    pub fn from_json_str(text: &str) -> Result<Schema, SchemaError> {
+        let value = parse_strict(text).map_err(|e| {
+            let path = match &e {
+                StrictJsonError::DuplicateKey { path, .. } => path.clone(),
+                StrictJsonError::Syntax { .. } => "<root>".to_string(),
+            };
+            err(path, SchemaErrorKind::Json(e))
+        })?;
+        Schema::from_value(&value)
+    }
+
+    /// Validate an already parsed JSON value (duplicate keys can no longer be seen here).
+    pub fn from_value(value: &Value) -> Result<Schema, SchemaError> {
+        let root = value.as_object().ok_or_else(|| {
+            err(
+                "<root>",
+                SchemaErrorKind::NotAnObject {
+                    found: type_name(value),
+                },
+            )
+        })?;
+        let fields = if is_json_schema(root) {
+            parse_json_schema(root)?
+        } else {
+            root.iter()
+                .map(|(name, spec)| parse_flat_field(name, spec))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        if fields.is_empty() {
+            return Err(err("<root>", SchemaErrorKind::Empty));
+        }
+        Ok(Schema { fields })
+    }
+
+    pub fn fields(&self) -> &[Field] {
+        &self.fields
+    }
+
+    /// The schema in the flat canonical form (field order kept).
+    pub fn to_canonical_json(&self) -> Value {
+        let mut root = Map::new();
+        for f in &self.fields {
+            let mut spec = Map::new();
+            spec.insert(
+                "type".into(),
+                serde_json::to_value(f.kind).unwrap_or(Value::Null),
+            );
+            spec.insert(
+                "choices".into(),
+                Value::Array(f.choices.iter().map(Choice::to_json).collect()),
+            );
+            if let Some(d) = &f.description {
+                spec.insert("description".into(), Value::String(d.clone()));
+            }
+            let cd: Map<String, Value> = f
+                .choices
+                .iter()
+                .zip(&f.choice_descriptions)
+                .filter_map(|(c, d)| d.as_ref().map(|d| (c.key(), Value::String(d.clone()))))
+                .collect();
+            if !cd.is_empty() {
+                spec.insert("choice_descriptions".into(), Value::Object(cd));
+            }
+            root.insert(f.name.clone(), Value::Object(spec));
+        }
+        Value::Object(root)
+    }
+
+    /// SHA-256 of the canonical form: equal schemas written differently hash the same.
+    pub fn hash(&self) -> String {
+        let text = self.to_canonical_json().to_string();
+        hex::encode(Sha256::digest(text.as_bytes()))
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key())
+    }
+}

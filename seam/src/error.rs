@@ -1,0 +1,20 @@
+//! The backend-neutral run-time error. A backend converts its own errors (tensor library,
+//! device) into these variants; loading a model is backend-specific and has its own error type
+//! in the backend's crate.
+
+/// What a call through the seam can fail with. Variants carry named fields.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// The request breaks a rule of the seam (empty prompt, unknown state, wrong state shape).
+    #[error("invalid scoring request: {reason}")]
+    InvalidRequest { reason: String },
+    /// A token id the model's embedding does not have.
+    #[error("token id {id} is outside the model's embedding ({vocab_size} rows)")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    /// A computation failed inside the backend (`op` names it; `message` is the backend's text).
+    #[error("tensor operation `{op}` failed: {message}")]
+    Compute { op: &'static str, message: String },
+    /// The device failed or is unavailable.
+    #[error("device error: {reason}")]
+    Device { reason: String },
+}

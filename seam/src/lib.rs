@@ -1,0 +1,22 @@
+//! The backend seam: the only interface between the staged engine and a model.
+//!
+//! This crate has no tensor library in it. The engine hands a backend token ids and gets back
+//! retained prefix states and f32 logits over a candidate-id list; everything about devices,
+//! dtypes, layer types and checkpoint layouts lives below this seam, in `forkscore-backends`.
+//!
+//! - [`Backend`] and [`PrefixState`]: the five verbs and the retained state;
+//! - [`ScoreRequest`]: rows, states and candidates checked once, in one constructor, and
+//!   accepted by every backend as is;
+//! - [`ModelFacts`]: typed facts about a loaded model (family, architecture, dtype, device,
+//!   sizes and attention head counts);
+//! - [`BackendError`]: what a run-time call can fail with, independent of any backend's types.
+
+pub mod backend;
+pub mod error;
+pub mod facts;
+pub mod request;
+
+pub use backend::{Backend, PrefixState};
+pub use error::BackendError;
+pub use facts::{Architecture, DType, Device, Family, ModelFacts, UnknownName};
+pub use request::{CandidateLogits, ScoreRequest, ScoreRow};
