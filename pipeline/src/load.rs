@@ -5,7 +5,7 @@
 use crate::provenance::{ModelProvenance, GIT_COMMIT, VERSION};
 use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
-use forkscore_backends::candle::{CandleBackend, LoadOptions, DEFAULT_PREFILL_CHUNK};
+use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::{Backend, CandleError};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
 use forkscore_engine::tokenizer::TokenizerError;
@@ -29,9 +29,9 @@ pub struct ModelArgs {
     /// f32, bf16 or f16 (default: f32 on CPU, bf16 on GPUs).
     #[arg(long)]
     pub dtype: Option<ComputeDType>,
-    /// Prefix tokens per prefill chunk.
-    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
-    pub prefill_chunk: usize,
+    /// Prefix tokens per prefill chunk (default: 512 on CPU, 4096 on GPUs).
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
     /// Extra temperature calibrations (same format as engine/data/calibration.json).
     #[arg(long)]
     pub calibration_file: Option<PathBuf>,
@@ -65,7 +65,9 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     let options = LoadOptions {
         device,
         dtype,
-        prefill_chunk: args.prefill_chunk,
+        prefill_chunk: args
+            .prefill_chunk
+            .unwrap_or_else(|| LoadOptions::for_device(device).prefill_chunk),
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     let tokenizer = ChatTokenizer::for_model(&checkpoint.dir, backend.facts().family)?;

@@ -50,8 +50,12 @@ use state::{merge_slots, LayerPast};
 use step::Step;
 use weights::Weights;
 
-/// Default number of prefix tokens per prefill chunk.
+/// Default number of prefix tokens per prefill chunk on the CPU (bounds activation memory).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// Default prefill chunk on GPUs: a whole long prefix in one pass (fewer, larger GEMMs and one
+/// launch of each fused kernel per layer), activations still in the hundreds of MiB.
+pub const GPU_PREFILL_CHUNK: usize = 4096;
 
 /// Padded tokens (rows × longest prefix) of one batched prefill pass ([`CandleBackend::prefill_batch`]):
 /// large enough that the GEMMs run at full rate, small enough that the f32 attention scores of
@@ -79,12 +83,17 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
-    /// `device` with its default dtype (f32 on CPU, bf16 on accelerators).
+    /// `device` with its default dtype (f32 on CPU, bf16 on accelerators) and prefill chunk
+    /// ([`DEFAULT_PREFILL_CHUNK`] on CPU, [`GPU_PREFILL_CHUNK`] on accelerators).
     pub fn for_device(device: DeviceSpec) -> Self {
         LoadOptions {
             device,
             dtype: device.default_dtype(),
-            ..Self::default()
+            prefill_chunk: if matches!(device, DeviceSpec::Cpu) {
+                DEFAULT_PREFILL_CHUNK
+            } else {
+                GPU_PREFILL_CHUNK
+            },
         }
     }
 }

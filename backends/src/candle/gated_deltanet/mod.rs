@@ -25,6 +25,8 @@ pub mod norm;
 pub mod recurrence;
 
 use candle_core::{DType, Device, Module, Tensor};
+
+use crate::candle::profile;
 use candle_nn::Linear;
 
 pub use conv::RightPadding;
@@ -368,35 +370,46 @@ impl GdnLayer {
         let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
         let act = x.dtype();
 
+        let dev = x.device();
         // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
-        let p = self.in_proj_qkv.forward(x)?.to_dtype(DType::F32)?;
-        let z = self
-            .in_proj_z
-            .forward(x)?
-            .to_dtype(DType::F32)?
-            .reshape((b, l, hv, dv))?;
-        let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
-        let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
+        let (p, z, b_logits, a_in) = profile::region("gdn.projections", dev, || {
+            let p = self.in_proj_qkv.forward(x)?.to_dtype(DType::F32)?;
+            let z = self
+                .in_proj_z
+                .forward(x)?
+                .to_dtype(DType::F32)?
+                .reshape((b, l, hv, dv))?;
+            let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
+            let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
+            Ok::<_, candle_core::Error>((p, z, b_logits, a_in))
+        })?;
 
-        let (c, conv_state) = if rule == DeltaRule::Fused {
-            let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
-            fused::causal_conv_silu(&p, &state.conv, &self.conv, lengths)?
-        } else {
-            conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)?
-        };
+        let (c, conv_state) = profile::region("gdn.conv", dev, || {
+            if rule == DeltaRule::Fused {
+                let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
+                fused::causal_conv_silu(&p, &state.conv, &self.conv, lengths)
+            } else {
+                conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)
+            }
+        })?;
 
         // (B, L, Hv) each
-        let mut beta = gates::beta(&b_logits)?;
-        let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
-        if let Some(pad) = padding.filter(|p| !p.is_full()) {
-            let mask = pad.mask(x.device())?;
-            beta = gates::apply_mask(&beta, &mask)?;
-            g = gates::apply_mask(&g, &mask)?;
-        }
+        let (beta, g) = profile::region("gdn.gates", dev, || {
+            let mut beta = gates::beta(&b_logits)?;
+            let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
+            if let Some(pad) = padding.filter(|p| !p.is_full()) {
+                let mask = pad.mask(x.device())?;
+                beta = gates::apply_mask(&beta, &mask)?;
+                g = gates::apply_mask(&g, &mask)?;
+            }
+            Ok::<_, candle_core::Error>((beta, g))
+        })?;
 
         // o: (B, L, Hv, dv)
         let (o, recurrent) = if rule == DeltaRule::Fused {
-            fused::gated_delta_rule(&c, &beta, &g, &state.recurrent, &self.dims)?
+            profile::region("gdn.delta_rule", dev, || {
+                fused::gated_delta_rule(&c, &beta, &g, &state.recurrent, &self.dims)
+            })?
         } else {
             // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
             let q = c.narrow(2, 0, ck)?.reshape((b, l, hk, dk))?;
@@ -445,10 +458,12 @@ impl GdnLayer {
             // (B, Hv, L, dv) -> (B, L, Hv, dv)
             (o.transpose(1, 2)?.contiguous()?, recurrent)
         };
-        let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
-        // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
-        let y = y.reshape((b, l, cv))?.to_dtype(act)?;
-        let out = self.out_proj.forward(&y)?;
+        let out = profile::region("gdn.norm_out", dev, || {
+            let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
+            // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
+            let y = y.reshape((b, l, cv))?.to_dtype(act)?;
+            self.out_proj.forward(&y)
+        })?;
         Ok((
             out,
             GdnState {
