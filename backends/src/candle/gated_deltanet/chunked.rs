@@ -1,4 +1,4 @@
-//! The chunked gated delta rule for multi-token calls (QWEN35_SPEC §6): the same function as
+//! The chunked gated delta rule for multi-token calls: the same function as
 //! [`super::recurrence::recurrent_gated_delta_rule`], computed chunk-parallel.
 //!
 //! In/out: exactly as the recurrent form — `q, k: (B, Hv, L, dk)`, `v: (B, Hv, L, dv)`,
@@ -7,7 +7,7 @@
 //! Algorithm (per batch row, value head and chunk of `C` tokens; `G` = cumulative log-decay
 //! **restarted per chunk**, `Γ = e^G`):
 //! `A = tril₋₁(β_i (k_i·k_j) e^{G_i−G_j})`, `T = (I + A)⁻¹` by forward substitution (never a
-//! power series: its intermediate powers overflow, spec §6.5), `U = T·diag(β)·V`,
+//! power series: its intermediate powers overflow in f32), `U = T·diag(β)·V`,
 //! `W = T·diag(βΓ)·K`, `P = (QKᵀ) ⊙ tril₀(e^{G_i−G_j})`; then a sequential scan over chunks:
 //! `Δ = U − W S`, `O = diag(Γ) Q S + P Δ`, `S ← Γ_last S + (diag(e^{G_last−G}) K)ᵀ Δ`.
 //!

@@ -1,5 +1,4 @@
-//! Causal depthwise conv1d + SiLU over the `[q | k | v]` channels, with its carried state
-//! (QWEN35_SPEC §5.2, §7.3 step 3).
+//! Causal depthwise conv1d + SiLU over the `[q | k | v]` channels, with its carried state.
 //!
 //! In: pre-conv projections `p` `(B, L, Cc)` f32, the conv state `(B, Kc−1, Cc)` f32 (the last
 //! `Kc−1` pre-conv rows of the tokens before this call; zeros for a fresh sequence), the weight
@@ -7,7 +6,7 @@
 //! optionally the per-row valid lengths `ℓ_b` of a right-padded batch.
 //! Out: `SiLU(conv)` `(B, L, Cc)` and the new conv state `(B, Kc−1, Cc)`.
 //!
-//! The state keeps `Kc−1` positions (spec §7.1: only those are mathematically needed; HF keeps a
+//! The state keeps `Kc−1` positions (only those are mathematically needed; HF keeps a
 //! `Kc`-wide window whose oldest column is never read). With padding, row `b`'s new state is rows
 //! `[ℓ_b, ℓ_b + Kc − 1)` of `X̃ = [old state; p]`, i.e. it ends at the row's own last valid token
 //! (and keeps part of the old state when `ℓ_b < Kc − 1`). Padded inputs are zeroed first, which is

@@ -1,10 +1,10 @@
-//! The per-token write strength β and log-decay g of a Gated DeltaNet layer (QWEN35_SPEC §5.4).
+//! The per-token write strength β and log-decay g of a Gated DeltaNet layer.
 //!
 //! In: β logits `b` and decay inputs `a`, `(B, L, Hv)` f32; parameters `A_log`, `dt_bias`,
 //! `(Hv,)` f32; optionally a right-padding mask `(B, L)` (1 = valid, 0 = pad).
 //! Out: `β = σ(b)` and `g = −exp(A_log) · softplus(a + dt_bias)`, `(B, L, Hv)` f32, with β = 0 and
 //! g = 0 at padded positions so that the recurrent state passes through those steps exactly
-//! (spec §7.3 step 4 — zeroing the layer input alone would still decay the state).
+//! (zeroing the layer input alone would still decay the state, because g depends on a bias).
 //!
 //! Invariant: `g ≤ 0` everywhere (so cumulative decays are non-increasing within a chunk), which
 //! the chunked form relies on to clamp the upper triangle of its decay differences safely.

@@ -1,5 +1,4 @@
-//! Gated DeltaNet linear attention, the recurrent half of the Qwen3.5 hybrid backbone
-//! (QWEN35_SPEC §5, §6, §7, §9).
+//! Gated DeltaNet linear attention, the recurrent half of the Qwen3.5 hybrid backbone.
 //!
 //! In: the `input_layernorm`-ed residual `(B, L, D)` in the activation dtype, the layer's
 //! [`GdnState`] (conv + recurrent, both f32) and optionally the [`RightPadding`] of a ragged batch.
@@ -125,21 +124,6 @@ impl GdnState {
         self.recurrent.dims().first().copied().unwrap_or(0)
     }
 
-    /// Bytes held (both tensors).
-    pub fn nbytes(&self) -> usize {
-        (self.conv.elem_count() + self.recurrent.elem_count()) * DType::F32.size_in_bytes()
-    }
-
-    /// Stack the states of several batches along the batch dim (slot merge).
-    pub fn cat(states: &[&GdnState]) -> candle_core::Result<Self> {
-        let convs: Vec<&Tensor> = states.iter().map(|s| &s.conv).collect();
-        let recs: Vec<&Tensor> = states.iter().map(|s| &s.recurrent).collect();
-        Ok(Self {
-            conv: Tensor::cat(&convs, 0)?,
-            recurrent: Tensor::cat(&recs, 0)?,
-        })
-    }
-
     /// A new batch whose row `i` is a copy of row `rows[i]` of `self` (fork: rows start from
     /// their slot's state; `self` is untouched).
     pub fn select_rows(&self, rows: &[u32]) -> candle_core::Result<Self> {
@@ -178,9 +162,9 @@ pub struct GdnWeights {
 /// Which form of the delta rule a call uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeltaRule {
-    /// Token by token (§5.6).
+    /// Token by token ([`recurrence`]).
     Recurrent,
-    /// Chunk-parallel with the given chunk length (§6).
+    /// Chunk-parallel with the given chunk length ([`chunked`]).
     Chunked(usize),
     /// The fused CUDA kernel ([`fused`]): token by token with the state held on chip.
     Fused,

@@ -1,10 +1,10 @@
 //! The two normalisations of a Gated DeltaNet layer, both over the last dim and in f32.
 //!
 //! - [`l2_normalize`]: `x · rsqrt(Σ x² + 1e-6)` — the epsilon is added to the **sum** of squares
-//!   and is hard-coded ([`L2_EPS`]); it is not `rms_norm_eps` (QWEN35_SPEC §5.3, pitfall 6).
+//!   and is hard-coded ([`L2_EPS`]); it is not `rms_norm_eps` (as in transformers' and flash-linear-attention's `l2norm`).
 //! - [`gated_rms_norm`]: `(w · x · rsqrt(mean(x²) + eps)) · SiLU(z)` — norm first, then the gate;
 //!   `w` is the **plain** weight (`Qwen3_5RMSNormGated`, initialised to ones), not `1 + w`
-//!   (spec §3.1(2), pitfall 1).
+//!   (transformers initialises it to ones; the other norms of the model store `w` for `1 + w`).
 //!
 //! Inputs are expected in f32; outputs keep the input shape.
 

@@ -1,4 +1,4 @@
-//! The gated delta rule, token by token (QWEN35_SPEC §5.6): the decode path (L = 1) and the
+//! The gated delta rule, token by token: the decode path (L = 1) and the
 //! plain reference every chunked prefill is tested against.
 //!
 //! In (all f32, head-major, key heads already repeated onto value heads):

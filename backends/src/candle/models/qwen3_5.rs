@@ -1,4 +1,4 @@
-//! Qwen3.5 text backbone (QWEN35_SPEC §2–§5): Gated DeltaNet layers ([`LinearAttention`]) and
+//! Qwen3.5 text backbone: Gated DeltaNet layers ([`LinearAttention`]) and
 //! gated full-attention layers, in the order of `layer_types`.
 //!
 //! In: the parsed [`ModelConfig`] and the checkpoint rooted at its top level. The text model is
@@ -34,7 +34,7 @@ use crate::error::CandleError;
 /// Where the text model may live, in the order tried. mlx-style conversions
 /// (`language_model.model.*`) are deliberately not accepted: they also store the conv weight as
 /// `[Cc, Kc, 1]` and the offset norms already shifted by `+1`, so reading them as HF tensors
-/// would silently double-shift the norms (QWEN35_SPEC §2.2).
+/// would silently double-shift the norms.
 pub(crate) const TEXT_PREFIXES: [&str; 2] = ["model.language_model.", "model."];
 
 /// The first of [`TEXT_PREFIXES`] under which `embed_tokens.weight` is stored.
