@@ -176,7 +176,7 @@ fn fingerprint(dir: &Path) -> Result<String, BackendError> {
     let read =
         |p: PathBuf| std::fs::read(&p).map_err(|source| BackendError::Io { path: p, source });
     let config = dir.join("config.json");
-    if !config.is_file() {
+    if super::limits::regular_file_len(&config)?.is_none() {
         return Err(BackendError::MissingFile {
             path: config,
             reason: "the checkpoint has no config.json".into(),

@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod gated_deltanet;
+pub mod limits;
 pub mod state;
 
 mod attention;
@@ -125,6 +126,7 @@ impl CandleBackend {
         let config = ModelConfig::from_file(&checkpoint.dir.join("config.json"))?;
         let device = options.device.open()?;
         let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
+        limits::check_against_tensors(&config, shards.shapes())?;
         let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
