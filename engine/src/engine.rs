@@ -10,7 +10,7 @@ use crate::modes::{run_group, Mode};
 use crate::render::render_prefix;
 use crate::rows::{CompileError, CompiledSchema};
 use crate::schema::Schema;
-use crate::split::{split_anchored, SplitError, SplitPrompt};
+use crate::split::{SplitError, SplitPrompt};
 use crate::template::TemplateError;
 use crate::tokenizer::ChatTokenizer;
 use forkscore_backends::{Backend, BackendError};
@@ -77,6 +77,10 @@ pub enum EngineError {
     },
     #[error("compiled schema belongs to another tokenizer/template (compiled rows must come from this engine)")]
     ForeignSchema,
+    #[error("the chat template dropped or rewrote the user message: the context does not appear in the rendered prompt, so every context would score the same")]
+    ContextNotInPrompt,
+    #[error("field `{field}`: the model produced a non-finite logit ({value}); the weights or the compute dtype overflow, so no choice can be selected")]
+    NonFiniteLogits { field: String, value: String },
 }
 
 /// A context rendered and split, ready for prefill.
@@ -93,6 +97,9 @@ pub struct Engine<B: Backend> {
     tokenizer: ChatTokenizer,
     identity: CheckpointIdentity,
     registry: CalibrationRegistry,
+    /// Whether special-token text inside a context is tokenized as control tokens (opt-out of
+    /// the default, see [`crate::untrusted`]).
+    context_special_tokens: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -115,7 +122,16 @@ impl<B: Backend> Engine<B> {
             tokenizer,
             identity,
             registry,
+            context_special_tokens: false,
         })
+    }
+
+    /// Opt out of tokenizing contexts as text: with `true`, special-token text inside a
+    /// context (e.g. `<|im_end|>`) becomes real control tokens, as in a plain tokenizer call.
+    /// Only for trusted contexts; the default (`false`) encodes it as ordinary text.
+    pub fn with_context_special_tokens(mut self, allow: bool) -> Self {
+        self.context_special_tokens = allow;
+        self
     }
 
     pub fn backend(&self) -> &B {
@@ -161,7 +177,14 @@ impl<B: Backend> Engine<B> {
             render_prefix(self.tokenizer.template(), context, compiled.schema_fields())?;
         let render_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let split = split_anchored(&self.tokenizer, &prefix_text, &compiled.selectors())?;
+        let span = crate::untrusted::context_span(&prefix_text, context, compiled.schema_fields())?;
+        let split = crate::untrusted::split_context(
+            &self.tokenizer,
+            &prefix_text,
+            span,
+            self.context_special_tokens,
+            &compiled.selectors(),
+        )?;
         let split_ms = t.elapsed().as_secs_f64() * 1e3;
         if split.input_tokens() > max_input_tokens {
             return Err(EngineError::TooManyTokens {
@@ -203,6 +226,7 @@ impl<B: Backend> Engine<B> {
             opts.field_batch_size,
         )?;
         let rows = logits.pop().unwrap_or_default();
+        crate::finite::check_rows(compiled, &rows)?;
         Ok(self.finish(compiled, &prepared, rows, &stats, temperature, opts, start))
     }
 
@@ -230,6 +254,7 @@ impl<B: Backend> Engine<B> {
             opts.field_batch_size,
         )?;
         let rows = logits.pop().unwrap_or_default();
+        crate::finite::check_rows(compiled, &rows)?;
         Ok(self.finish(
             compiled,
             prepared,

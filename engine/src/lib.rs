@@ -10,6 +10,7 @@
 pub mod assemble;
 pub mod calibration;
 pub mod engine;
+pub mod finite;
 pub mod group;
 pub mod many;
 pub mod modes;
@@ -20,6 +21,7 @@ pub mod split;
 pub mod strict_json;
 pub mod template;
 pub mod tokenizer;
+pub mod untrusted;
 
 pub use assemble::{Decision, FieldResult};
 pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, TemperatureSource};

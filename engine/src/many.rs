@@ -162,6 +162,7 @@ impl<B: Backend> Engine<B> {
                 .into_iter()
                 .zip(members)
                 .map(|(rows, p)| {
+                    crate::finite::check_rows(compiled, &rows)?;
                     Ok(self.finish(compiled, p, rows, &stats, temperature.clone(), opts, start))
                 })
                 .collect(),

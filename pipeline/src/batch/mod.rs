@@ -14,6 +14,8 @@
 //! `Engine::decide_group` runs them back to back over a group's retained states.
 //! Module map: [`records`] (line formats), [`reader`], [`stages`], [`writer`], [`resume`].
 
+pub mod lock;
+pub mod provenance_check;
 pub mod reader;
 pub mod records;
 pub mod resume;
@@ -73,6 +75,10 @@ pub struct BatchArgs {
     /// Overwrite an existing output.
     #[arg(long, conflicts_with = "resume")]
     pub force: bool,
+    /// With --resume: continue even when the output's records come from another model,
+    /// revision, dtype, mode, temperature or default schema (the file then mixes runs).
+    #[arg(long, requires = "resume")]
+    pub resume_any_provenance: bool,
     /// Stop at the first line that fails (after writing its error record); exit non-zero.
     #[arg(long)]
     pub fail_fast: bool,
@@ -111,6 +117,8 @@ pub struct Job {
     pub fail_fast: bool,
     pub quiet: bool,
     pub window: usize,
+    /// Resume even when the existing records' provenance differs from this run's.
+    pub resume_any_provenance: bool,
 }
 
 /// What a job did.
@@ -125,10 +133,7 @@ pub struct JobSummary {
 
 /// True when both paths name the same existing file (also through links or `..`).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
+    lock::same_file(a, b)
 }
 
 /// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
@@ -139,11 +144,16 @@ pub fn run_job<B: Backend>(
     job: &Job,
 ) -> Result<JobSummary> {
     let start = std::time::Instant::now();
-    if job.window == 0 {
-        bail!("--window must be at least 1");
-    }
+    crate::input_bounds::check_flags(&[
+        ("--window", Some(job.window)),
+        ("--max-input-tokens", Some(job.options.max_input_tokens)),
+        ("--field-batch-size", job.options.field_batch_size),
+    ])?;
     match (job.batch_mode, &job.shared_context) {
         (BatchMode::Shared, None) => bail!("--batch-mode shared needs --context or --context-file"),
+        (BatchMode::Shared, Some(c)) if c.trim().is_empty() => {
+            bail!("--batch-mode shared: the shared context is empty")
+        }
         (m, Some(_)) if m != BatchMode::Shared => {
             bail!("--context/--context-file is for --batch-mode shared")
         }
@@ -156,14 +166,15 @@ pub fn run_job<B: Backend>(
             job.output.display()
         );
     }
-    let input = std::fs::File::open(&job.input)
+    if let Some(c) = &job.shared_context {
+        crate::input_bounds::check_context_len(c, job.options.max_input_tokens)?;
+    }
+    let mut input = std::fs::File::open(&job.input)
         .with_context(|| format!("cannot open input {}", job.input.display()))?;
+    // held until the job returns: a second job on this output is refused
+    let _lock = lock::OutputLock::acquire(&job.output)?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = if writer::progress_shown(job.quiet) {
-        reader::count_lines(&job.input).ok()
-    } else {
-        None
-    };
+    let total = crate::input_bounds::progress_total(&mut input, writer::progress_shown(job.quiet));
 
     let mut base = match serde_json::to_value(model)? {
         serde_json::Value::Object(m) => m,
@@ -176,6 +187,13 @@ pub fn run_job<B: Backend>(
         "temperature_source".into(),
         serde_json::to_value(&temperature.source)?,
     );
+    base.insert(
+        "default_schema_hash".into(),
+        job.default_schema.as_ref().map(|s| s.hash()).into(),
+    );
+    if resumed.is_some() && !job.resume_any_provenance {
+        provenance_check::check_resume(&job.output, &base)?;
+    }
     let provenance = ProvenanceBase { base };
 
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
@@ -210,10 +228,11 @@ pub fn run_job<B: Backend>(
 
     let (read, prepared, written) = std::thread::scope(|s| {
         let read = s.spawn(move || {
-            reader::read_lines(
+            reader::read_lines_bounded(
                 BufReader::with_capacity(1 << 20, input),
                 job.window,
                 done_through,
+                crate::input_bounds::max_line_bytes(job.options.max_input_tokens),
                 &raw_tx,
             )
         });
@@ -294,7 +313,7 @@ fn cuda_memory_bytes(device: &str) -> Option<u64> {
 impl BatchArgs {
     /// The job these arguments describe, for an engine whose memory model is `model`.
     pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
-        let shared_context = self.context.read()?;
+        let shared_context = self.context.read(self.scoring.max_input_tokens)?;
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
@@ -328,6 +347,7 @@ impl BatchArgs {
             fail_fast: self.fail_fast,
             quiet: self.quiet,
             window: self.window,
+            resume_any_provenance: self.resume_any_provenance,
         })
     }
 }
@@ -336,8 +356,7 @@ impl BatchArgs {
 /// Argument checks that need no model, run before loading one (a large checkpoint takes
 /// minutes to load; a typo in the output path should not).
 fn precheck(args: &BatchArgs) -> Result<()> {
-    std::fs::File::open(&args.input)
-        .with_context(|| format!("cannot open input {}", args.input.display()))?;
+    crate::input_bounds::precheck_batch(args)?;
     if same_file(&args.input, &args.output) {
         bail!(
             "--output {} is the input file: choose another output path",
@@ -352,9 +371,6 @@ fn precheck(args: &BatchArgs) -> Result<()> {
             path: args.output.clone(),
         }
         .into());
-    }
-    if args.window == 0 {
-        bail!("--window must be at least 1");
     }
     let has_context = args.context.context.is_some() || args.context.context_file.is_some();
     match (args.batch_mode, has_context) {
@@ -371,8 +387,9 @@ fn precheck(args: &BatchArgs) -> Result<()> {
 pub fn run(args: &BatchArgs) -> Result<()> {
     precheck(args)?;
     let loaded = load::open(&args.model)?;
-    let job = args.job(&loaded.engine.memory_model())?;
-    let summary = run_job(&loaded.engine, &loaded.provenance, &job)?;
+    let engine = loaded.engine.with_context_special_tokens(args.scoring.context_special_tokens);
+    let job = args.job(&engine.memory_model())?;
+    let summary = run_job(&engine, &loaded.provenance, &job)?;
     if !job.quiet {
         let w = summary.written;
         eprintln!(

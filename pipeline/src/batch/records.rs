@@ -64,6 +64,10 @@ pub enum ErrorKind {
     Split,
     Backend,
     Options,
+    /// The model produced NaN/Inf logits for this line: no decision.
+    NonFiniteLogits,
+    /// The line is longer than the byte bound derived from --max-input-tokens.
+    LineTooLong,
 }
 
 /// A line's error: kind + human message.
@@ -85,7 +89,8 @@ impl LineError {
     pub fn from_engine(e: &EngineError) -> LineError {
         let kind = match e {
             EngineError::Compile(_) | EngineError::ForeignSchema => ErrorKind::Compile,
-            EngineError::Template(_) => ErrorKind::Template,
+            EngineError::Template(_) | EngineError::ContextNotInPrompt => ErrorKind::Template,
+            EngineError::NonFiniteLogits { .. } => ErrorKind::NonFiniteLogits,
             EngineError::Split(_) => ErrorKind::Split,
             EngineError::Backend(_) => ErrorKind::Backend,
             EngineError::Calibration(_)

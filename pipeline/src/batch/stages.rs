@@ -14,7 +14,7 @@
 
 use super::reader::RawLine;
 use super::records::{
-    decision_record, error_record, parse_line, question_schema, ErrorKind, Failed, LineError,
+    decision_record, error_record, question_schema, ErrorKind, Failed, LineError,
     Request, SchemaRef,
 };
 use super::BatchMode;
@@ -219,7 +219,7 @@ impl<B: Backend> Preparer<'_, B> {
         let shared = self.shared_context.is_some();
         let parsed: Vec<(bool, Result<Request, Failed>)> = chunk
             .par_iter()
-            .map(|raw| (raw.done, parse_line(raw.line, &raw.bytes, shared)))
+            .map(|raw| (raw.done, crate::input_bounds::parse_bounded(raw, shared)))
             .collect();
         let mut todo: Vec<Result<Request, Failed>> = Vec::with_capacity(parsed.len());
         for (done, p) in parsed {
