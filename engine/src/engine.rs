@@ -54,6 +54,9 @@ pub struct Engine<B: Backend> {
     tokenizer: ChatTokenizer,
     identity: CheckpointIdentity,
     registry: CalibrationRegistry,
+    /// Whether special-token text inside a context is tokenized as control tokens (opt-out of
+    /// the default, see [`crate::prepare::untrusted`]).
+    context_special_tokens: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -76,7 +79,16 @@ impl<B: Backend> Engine<B> {
             tokenizer,
             identity,
             registry,
+            context_special_tokens: false,
         })
+    }
+
+    /// Opt out of tokenizing contexts as text: with `true`, special-token text inside a
+    /// context (e.g. `<|im_end|>`) becomes real control tokens, as in a plain tokenizer call.
+    /// Only for trusted contexts; the default (`false`) encodes it as ordinary text.
+    pub fn with_context_special_tokens(mut self, allow: bool) -> Self {
+        self.context_special_tokens = allow;
+        self
     }
 
     pub fn backend(&self) -> &B {
@@ -108,7 +120,13 @@ impl<B: Backend> Engine<B> {
         compiled: &CompiledSchema,
         max_input_tokens: usize,
     ) -> Result<PreparedContext, EngineError> {
-        crate::prepare::prepare(&self.tokenizer, context, compiled, max_input_tokens)
+        crate::prepare::prepare(
+            &self.tokenizer,
+            context,
+            compiled,
+            max_input_tokens,
+            self.context_special_tokens,
+        )
     }
 
     /// Validate `opts` once for a run of many decisions: the temperature every decision uses.
@@ -169,6 +187,7 @@ impl<B: Backend> Engine<B> {
                 .map_err(|l: GroupLogits| BackendError::InvalidRequest {
                     reason: format!("{} contexts of logits for one context", l.len()),
                 })?;
+        crate::finite::check_rows(compiled, &rows)?;
         Ok(Assembly {
             compiled,
             prepared,

@@ -45,4 +45,8 @@ pub enum EngineError {
     ForeignPrepared,
     #[error("group member {index} has no prepared context")]
     MissingMember { index: usize },
+    #[error("the chat template dropped or rewrote the user message: the context does not appear in the rendered prompt, so every context would score the same")]
+    ContextNotInPrompt,
+    #[error("field `{field}`: the model produced a non-finite logit ({value}); the weights or the compute dtype overflow, so no choice can be selected")]
+    NonFiniteLogits { field: String, value: String },
 }

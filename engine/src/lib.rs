@@ -13,6 +13,7 @@ pub mod assemble;
 pub mod calibration;
 pub mod engine;
 pub mod error;
+pub mod finite;
 pub mod fork;
 pub mod group;
 pub mod many;

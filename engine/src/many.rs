@@ -165,6 +165,7 @@ impl<B: Backend> Engine<B> {
                 .into_iter()
                 .zip(members)
                 .map(|(rows, &prepared)| {
+                    crate::finite::check_rows(compiled, &rows)?;
                     Ok(Assembly {
                         compiled,
                         prepared,

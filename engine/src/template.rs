@@ -75,6 +75,7 @@ impl ChatTemplate {
         // transformers renders chat templates with trim_blocks and lstrip_blocks on.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(crate::prepare::untrusted::TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",

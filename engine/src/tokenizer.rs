@@ -29,6 +29,10 @@ pub struct ChatTokenizer {
     template: ChatTemplate,
     /// Text of every added token (tokenization segments the input at these first).
     added: Vec<String>,
+    /// Text of every special added token (what an untrusted context must not inject).
+    special: Vec<String>,
+    /// The same tokenizer with special tokens encoded as text (built on first use).
+    plain: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// Fingerprint of what row compilation depends on (template, vocabulary, added tokens,
     /// how code-like text tokenizes): compiled rows carry it, and the engine refuses rows
     /// compiled for another tokenizer.
@@ -48,6 +52,13 @@ impl ChatTokenizer {
             .filter(|c| !c.is_empty())
             .collect();
         added.sort();
+        let mut special: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        special.sort();
         let probe = tokenizer
             .encode_fast(
                 "field_name: A B C D E F G H I J K L M N O P Q R S T U V W X Y Z\n",
@@ -73,6 +84,8 @@ impl ChatTokenizer {
             tokenizer,
             template,
             added,
+            special,
+            plain: std::sync::OnceLock::new(),
             identity,
         }
     }
@@ -80,33 +93,15 @@ impl ChatTokenizer {
     /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (a
     /// [`Family`] name, e.g. `qwen2`) picks the built-in template when the folder has none.
     pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
+        use crate::prepare::untrusted::{read_checkpoint_file as read, read_checkpoint_text as read_text};
+        use forkscore_seam::files::{MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
         let tok_path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tok_path).map_err(|e| TokenizerError::Read {
+        let bytes = read(&tok_path, MAX_TOKENIZER_BYTES)?.ok_or_else(|| TokenizerError::Read {
             path: tok_path.clone(),
-            reason: e.to_string(),
+            reason: "the checkpoint has no tokenizer.json".into(),
         })?;
-        let cfg_path = dir.join("tokenizer_config.json");
-        let config = match std::fs::read_to_string(&cfg_path) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(TokenizerError::Read {
-                    path: cfg_path,
-                    reason: e.to_string(),
-                })
-            }
-        };
-        let jinja_path = dir.join("chat_template.jinja");
-        let jinja = match std::fs::read_to_string(&jinja_path) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(TokenizerError::Read {
-                    path: jinja_path,
-                    reason: e.to_string(),
-                })
-            }
-        };
+        let config = read_text(&dir.join("tokenizer_config.json"), MAX_CONFIG_BYTES)?;
+        let jinja = read_text(&dir.join("chat_template.jinja"), MAX_CONFIG_BYTES)?;
         Self::from_parts(&bytes, config.as_deref(), jinja, model_family, dir)
     }
 
@@ -182,6 +177,27 @@ impl ChatTokenizer {
     /// Token ids of `text` (special tokens written in the text are recognised; nothing is added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.tokenizer
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode {
+                reason: e.to_string(),
+            })
+    }
+
+    /// Text of every special added token (e.g. `<|im_start|>`), sorted.
+    pub fn special_tokens(&self) -> &[String] {
+        &self.special
+    }
+
+    /// Token ids of `text` with special tokens written in it encoded as ordinary text (their
+    /// characters), not as control tokens.
+    pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.tokenizer.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        plain
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| TokenizerError::Encode {

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod demo;
+pub mod input_bounds;
 pub mod load;
 pub mod provenance;
 pub mod score_cmd;

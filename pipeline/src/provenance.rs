@@ -49,6 +49,8 @@ pub struct BatchProvenance<'a> {
     pub batch_mode: crate::batch::BatchMode,
     pub temperature: f64,
     pub temperature_source: &'a forkscore_engine::TemperatureSource,
+    /// Hash of the job's default schema (`--schema`), null without one; `--resume` compares it.
+    pub default_schema_hash: Option<String>,
 }
 
 impl BatchProvenance<'_> {
@@ -70,6 +72,10 @@ pub struct RecordProvenance {
 }
 
 impl RecordProvenance {
+    /// The job-wide keys (what `--resume` compares with the existing records).
+    pub fn base(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.base
+    }
     /// The provenance object of one record (`schema_hash` null when the line had no schema).
     pub fn with_schema(&self, schema_hash: Option<&str>) -> serde_json::Value {
         let mut m = self.base.clone();

@@ -47,22 +47,16 @@ pub struct ContextArgs {
 }
 
 impl ContextArgs {
-    /// The context text, if one was given.
-    pub fn read(&self) -> Result<Option<String>> {
+    /// The context text, if one was given: refused by byte length (the bound of
+    /// `max_input_tokens`) before anything tokenizes it; a file or stdin is read only up to it.
+    pub fn read(&self, max_input_tokens: usize) -> Result<Option<String>> {
+        use crate::input_bounds::{check_context_len, read_context_file};
         Ok(match (&self.context, &self.context_file) {
-            (Some(c), _) => Some(c.clone()),
-            (None, Some(path)) if path.as_os_str() == "-" => {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                    .context("cannot read the context from stdin (it must be UTF-8 text)")?;
-                Some(text)
+            (Some(c), _) => {
+                check_context_len(c, max_input_tokens)?;
+                Some(c.clone())
             }
-            (None, Some(path)) => Some(std::fs::read_to_string(path).with_context(|| {
-                format!(
-                    "cannot read context file {} (it must be UTF-8 text)",
-                    path.display()
-                )
-            })?),
+            (None, Some(path)) => Some(read_context_file(path, max_input_tokens)?),
             (None, None) => None,
         })
     }
@@ -89,6 +83,10 @@ pub struct ScoringArgs {
     /// Add the rendered prompt, prefix ids, each row's suffix ids and the candidate ids.
     #[arg(long)]
     pub include_prompt: bool,
+    /// Trust the contexts: special-token text in them (e.g. `<|im_end|>`) becomes real control
+    /// tokens. By default it is tokenized as ordinary text, so a context cannot forge chat turns.
+    #[arg(long)]
+    pub context_special_tokens: bool,
 }
 
 impl ScoringArgs {
@@ -123,13 +121,17 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let Some(schema) = args.schema.load()? else {
         bail!("give a schema with --schema-file FILE or --schema JSON")
     };
-    let Some(context) = args.context.read()? else {
+    crate::input_bounds::precheck_score(args)?;
+    let Some(context) = args.context.read(args.scoring.max_input_tokens)? else {
         bail!("give a context with --context TEXT or --context-file FILE")
     };
     let opts = args.scoring.options();
     let loaded = load::open(&args.model)?;
-    let compiled = loaded.engine.compile(&schema)?;
-    let decision = loaded.engine.decide(&context, &compiled, &opts)?;
+    let engine = loaded
+        .engine
+        .with_context_special_tokens(args.scoring.context_special_tokens);
+    let compiled = engine.compile(&schema)?;
+    let decision = engine.decide(&context, &compiled, &opts)?;
     let provenance = Provenance {
         model: &loaded.provenance,
         mode: opts.mode,

@@ -9,11 +9,13 @@
 //!   accepted by every backend as is;
 //! - [`ModelFacts`]: typed facts about a loaded model (family, architecture, dtype, device,
 //!   sizes and attention head counts);
+//! - [`files`]: bounded reads of untrusted checkpoint files (regular files only, size-capped);
 //! - [`BackendError`]: what a run-time call can fail with, independent of any backend's types.
 
 pub mod backend;
 pub mod error;
 pub mod facts;
+pub mod files;
 pub mod request;
 
 pub use backend::{Backend, PrefixState};

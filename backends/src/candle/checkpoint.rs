@@ -175,7 +175,7 @@ fn fingerprint(dir: &Path) -> Result<String, CandleError> {
     };
     let read = |p: PathBuf| std::fs::read(&p).map_err(|source| CandleError::Io { path: p, source });
     let config = dir.join("config.json");
-    if !config.is_file() {
+    if super::limits::regular_file_len(&config)?.is_none() {
         return Err(CandleError::MissingFile {
             path: config,
             reason: "the checkpoint has no config.json".into(),

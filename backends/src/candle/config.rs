@@ -243,16 +243,11 @@ struct RawText {
 impl ModelConfig {
     /// Read and validate `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, CandleError> {
-        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => CandleError::MissingFile {
+        let bytes = super::limits::read_regular(path, super::limits::MAX_CONFIG_BYTES)?
+            .ok_or_else(|| CandleError::MissingFile {
                 path: path.to_path_buf(),
                 reason: "the checkpoint has no config.json".into(),
-            },
-            _ => CandleError::Io {
-                path: path.to_path_buf(),
-                source,
-            },
-        })?;
+            })?;
         let root: Value =
             serde_json::from_slice(&bytes).map_err(|e| CandleError::InvalidConfig {
                 path: path.to_path_buf(),
@@ -276,6 +271,7 @@ impl ModelConfig {
         let architecture = Architecture::from_names(arch_name, model_type)?;
         let architecture_name = arch_name.or(model_type).unwrap_or_default().to_string();
 
+        super::limits::check_config_sizes(text_root(root), &invalid)?;
         let raw: RawText = serde_json::from_value(text_root(root).clone())
             .map_err(|e| invalid(format!("text fields: {e}")))?;
         let mut text = validate_text(raw, architecture.class_defaults(), &invalid)?;

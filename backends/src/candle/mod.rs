@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod gated_deltanet;
+pub mod limits;
 pub mod profile;
 pub mod state;
 
@@ -145,6 +146,7 @@ impl CandleBackend {
         let device = options.device.open()?;
         warmup::compile_candle_kernels(&device);
         let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
+        limits::check_against_tensors(&config, shards.shapes())?;
         let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {

@@ -154,6 +154,7 @@ impl ShardSet {
         let mut by_name = HashMap::new();
         for (i, path) in files.shards.iter().enumerate() {
             let mmap = map_file(path)?;
+            super::limits::check_mapped_header(path, &mmap)?;
             let (header_len, metadata) =
                 SafeTensors::read_metadata(&mmap).map_err(|e| corrupt(path, format!("{e:?}")))?;
             let base = 8 + header_len;
@@ -213,6 +214,13 @@ impl ShardSet {
             .unwrap_or_default()
     }
 
+    /// Every stored tensor name and its shape (for checks before the model is built).
+    pub fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.shards
+            .iter()
+            .flat_map(|s| s.entries.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice())))
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
@@ -257,9 +265,7 @@ pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), CandleError
     let mut len = [0u8; 8];
     f.read_exact(&mut len).map_err(|e| corrupt(path, e))?;
     let n = u64::from_le_bytes(len);
-    if n.saturating_add(8) > size {
-        return Err(corrupt(path, "header length exceeds the file size"));
-    }
+    super::limits::check_header_len(path, n, size)?;
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(|e| corrupt(path, e))?;
     Ok((header, size))

@@ -1,6 +1,8 @@
 //! Stage 2, prepare: one context and a compiled schema in; a [`PreparedContext`] out — the
 //! prompt rendered ([`render`]) and split exactly into one shared prefix and per-row suffixes
-//! ([`split`]), within the token bound.
+//! ([`split`]), within the token bound. The context is untrusted ([`untrusted`]): it must
+//! appear verbatim in the rendered prompt, and special-token text inside it is tokenized as
+//! text unless the engine opts out.
 //!
 //! Invariants: a [`PreparedContext`] can only be built here, from a compiled schema of the same
 //! tokenizer; it remembers that schema (by hash) and the engine refuses to decide it with
@@ -8,12 +10,13 @@
 
 pub mod render;
 pub mod split;
+pub mod untrusted;
 
 use crate::error::EngineError;
 use crate::rows::CompiledSchema;
 use crate::tokenizer::ChatTokenizer;
 use render::render_prefix;
-use split::{split_anchored, SplitPrompt};
+use split::SplitPrompt;
 use std::time::Instant;
 
 /// A context rendered and split for one compiled schema, ready for prefill.
@@ -52,6 +55,7 @@ pub(crate) fn prepare(
     context: &str,
     compiled: &CompiledSchema,
     max_input_tokens: usize,
+    context_special_tokens: bool,
 ) -> Result<PreparedContext, EngineError> {
     if max_input_tokens == 0 {
         return Err(EngineError::ZeroMaxInputTokens);
@@ -66,7 +70,14 @@ pub(crate) fn prepare(
     let prefix_text = render_prefix(tokenizer.template(), context, compiled.schema_fields())?;
     let render_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    let split = split_anchored(tokenizer, &prefix_text, &compiled.selectors())?;
+    let span = untrusted::context_span(&prefix_text, context, compiled.schema_fields())?;
+    let split = untrusted::split_context(
+        tokenizer,
+        &prefix_text,
+        span,
+        context_special_tokens,
+        &compiled.selectors(),
+    )?;
     let split_ms = t.elapsed().as_secs_f64() * 1e3;
     if split.input_tokens() > max_input_tokens {
         return Err(EngineError::TooManyTokens {

@@ -103,7 +103,7 @@ pub fn split_anchored(
 }
 
 /// The longest common token prefix of all rows (and of the prefix alone), each suffix ≥ 1 token.
-fn split_from_tokenizations(
+pub(crate) fn split_from_tokenizations(
     prefix_text: &str,
     prefix_only: Vec<u32>,
     fulls: Vec<Vec<u32>>,

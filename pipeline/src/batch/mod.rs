@@ -17,7 +17,9 @@
 //! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
 //! (output side and input side of `--resume`).
 
+pub mod lock;
 pub mod prepare;
+pub mod provenance_check;
 pub mod reader;
 pub mod records;
 pub mod resume;
@@ -82,6 +84,10 @@ pub struct BatchArgs {
     /// Overwrite an existing output.
     #[arg(long, conflicts_with = "resume")]
     pub force: bool,
+    /// With --resume: continue even when the output's records come from another model,
+    /// revision, dtype, mode, temperature or default schema (the file then mixes runs).
+    #[arg(long, requires = "resume")]
+    pub resume_any_provenance: bool,
     /// Stop at the first line that fails (after writing its error record); exit non-zero.
     #[arg(long)]
     pub fail_fast: bool,
@@ -120,6 +126,8 @@ pub struct Job {
     pub fail_fast: bool,
     pub quiet: bool,
     pub window: usize,
+    /// Resume even when the existing records' provenance differs from this run's.
+    pub resume_any_provenance: bool,
 }
 
 /// What a job did.
@@ -134,10 +142,7 @@ pub struct JobSummary {
 
 /// True when both paths name the same existing file (also through links or `..`).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
+    lock::same_file(a, b)
 }
 
 /// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
@@ -148,11 +153,16 @@ pub fn run_job<B: Backend>(
     job: &Job,
 ) -> Result<JobSummary> {
     let start = std::time::Instant::now();
-    if job.window == 0 {
-        bail!("--window must be at least 1");
-    }
+    crate::input_bounds::check_flags(&[
+        ("--window", Some(job.window)),
+        ("--max-input-tokens", Some(job.options.max_input_tokens)),
+        ("--field-batch-size", job.options.field_batch_size),
+    ])?;
     match (job.batch_mode, &job.shared_context) {
         (BatchMode::Shared, None) => bail!("--batch-mode shared needs --context or --context-file"),
+        (BatchMode::Shared, Some(c)) if c.trim().is_empty() => {
+            bail!("--batch-mode shared: the shared context is empty")
+        }
         (m, Some(_)) if m != BatchMode::Shared => {
             bail!("--context/--context-file is for --batch-mode shared")
         }
@@ -165,14 +175,15 @@ pub fn run_job<B: Backend>(
             job.output.display()
         );
     }
-    let input = std::fs::File::open(&job.input)
+    if let Some(c) = &job.shared_context {
+        crate::input_bounds::check_context_len(c, job.options.max_input_tokens)?;
+    }
+    let mut input = std::fs::File::open(&job.input)
         .with_context(|| format!("cannot open input {}", job.input.display()))?;
+    // held until the job returns: a second job on this output is refused
+    let _lock = lock::OutputLock::acquire(&job.output)?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = if writer::progress_shown(job.quiet) {
-        reader::count_lines(&job.input).ok()
-    } else {
-        None
-    };
+    let total = crate::input_bounds::progress_total(&mut input, writer::progress_shown(job.quiet));
 
     let provenance = BatchProvenance {
         model,
@@ -180,8 +191,12 @@ pub fn run_job<B: Backend>(
         batch_mode: job.batch_mode,
         temperature: temperature.value,
         temperature_source: &temperature.source,
+        default_schema_hash: job.default_schema.as_ref().map(|s| s.hash()),
     }
     .record()?;
+    if resumed.is_some() && !job.resume_any_provenance {
+        provenance_check::check_resume(&job.output, provenance.base())?;
+    }
 
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
     let schemas = SchemaCache::new(engine, job.default_schema.as_ref(), &base_dir);
@@ -215,10 +230,11 @@ pub fn run_job<B: Backend>(
 
     let (read, prepared, written) = std::thread::scope(|s| {
         let read = s.spawn(move || {
-            reader::read_lines(
+            reader::read_lines_bounded(
                 BufReader::with_capacity(1 << 20, input),
                 job.window,
                 done_through,
+                crate::input_bounds::max_line_bytes(job.options.max_input_tokens),
                 &raw_tx,
             )
         });
@@ -299,7 +315,7 @@ fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
 impl BatchArgs {
     /// The job these arguments describe, for an engine whose memory model is `model`.
     pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
-        let shared_context = self.context.read()?;
+        let shared_context = self.context.read(self.scoring.max_input_tokens)?;
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
@@ -333,6 +349,7 @@ impl BatchArgs {
             fail_fast: self.fail_fast,
             quiet: self.quiet,
             window: self.window,
+            resume_any_provenance: self.resume_any_provenance,
         })
     }
 }
@@ -341,8 +358,7 @@ impl BatchArgs {
 /// Argument checks that need no model, run before loading one (a large checkpoint takes
 /// minutes to load; a typo in the output path should not).
 fn precheck(args: &BatchArgs) -> Result<()> {
-    std::fs::File::open(&args.input)
-        .with_context(|| format!("cannot open input {}", args.input.display()))?;
+    crate::input_bounds::precheck_batch(args)?;
     if same_file(&args.input, &args.output) {
         bail!(
             "--output {} is the input file: choose another output path",
@@ -357,9 +373,6 @@ fn precheck(args: &BatchArgs) -> Result<()> {
             path: args.output.clone(),
         }
         .into());
-    }
-    if args.window == 0 {
-        bail!("--window must be at least 1");
     }
     let has_context = args.context.context.is_some() || args.context.context_file.is_some();
     match (args.batch_mode, has_context) {
@@ -376,8 +389,9 @@ fn precheck(args: &BatchArgs) -> Result<()> {
 pub fn run(args: &BatchArgs) -> Result<()> {
     precheck(args)?;
     let loaded = load::open(&args.model)?;
-    let job = args.job(&loaded.engine.memory_model())?;
-    let summary = run_job(&loaded.engine, &loaded.provenance, &job)?;
+    let engine = loaded.engine.with_context_special_tokens(args.scoring.context_special_tokens);
+    let job = args.job(&engine.memory_model())?;
+    let summary = run_job(&engine, &loaded.provenance, &job)?;
     if !job.quiet {
         let w = summary.written;
         eprintln!(

@@ -5,7 +5,7 @@
 //! ([`ResumeCheck`]).
 
 use super::reader::RawLine;
-use super::records::{parse_line, ErrorKind, Failed, LineError, Request};
+use super::records::{ErrorKind, Failed, LineError, Request};
 use super::resume::{ResumeCheck, StageError};
 use super::schema_cache::SchemaCache;
 use forkscore_backends::Backend;
@@ -80,7 +80,7 @@ impl<B: Backend> Preparer<'_, B> {
         let shared = self.shared_context.is_some();
         let parsed: Vec<(bool, Result<Request, Failed>)> = chunk
             .par_iter()
-            .map(|raw| (raw.done, parse_line(raw.line, &raw.bytes, shared)))
+            .map(|raw| (raw.done, crate::input_bounds::parse_bounded(raw, shared)))
             .collect();
         let mut todo: Vec<Result<Request, Failed>> = Vec::with_capacity(parsed.len());
         for (done, p) in parsed {

@@ -16,26 +16,46 @@ pub struct RawLine {
     pub bytes: Vec<u8>,
     /// Already in the output (resume): parse its id, score nothing.
     pub done: bool,
+    /// The line was this many bytes, over the line bound: `bytes` is empty and the line
+    /// becomes an error record (see `input_bounds`).
+    pub too_long: Option<u64>,
 }
 
 /// Read `input` and send chunks of lines to `out`. Returns the number of physical lines read,
-/// or stops early (Ok) when the receiver hung up.
+/// or stops early (Ok) when the receiver hung up. Lines are unbounded; the batch job uses
+/// [`read_lines_bounded`].
 pub fn read_lines(
-    mut input: impl BufRead,
+    input: impl BufRead,
     chunk_lines: usize,
     done_through: u64,
     out: &Sender<Vec<RawLine>>,
 ) -> std::io::Result<u64> {
+    read_lines_bounded(input, chunk_lines, done_through, u64::MAX, out)
+}
+
+/// [`read_lines`] storing at most `max_line_bytes` of any line: a longer line is passed on as
+/// `too_long` with no bytes (its rest is skipped, not stored).
+pub fn read_lines_bounded(
+    mut input: impl BufRead,
+    chunk_lines: usize,
+    done_through: u64,
+    max_line_bytes: u64,
+    out: &Sender<Vec<RawLine>>,
+) -> std::io::Result<u64> {
+    use crate::input_bounds::{read_line_bounded, LineRead, MAX_SKIP_BYTES};
     let mut line = 0u64;
-    let mut chunk = Vec::with_capacity(chunk_lines);
+    // never pre-allocate from the caller's number
+    let mut chunk = Vec::new();
+    let mut bytes = Vec::new();
     loop {
-        let mut bytes = Vec::new();
-        if input.read_until(b'\n', &mut bytes)? == 0 {
-            break;
-        }
+        let too_long = match read_line_bounded(&mut input, &mut bytes, max_line_bytes, MAX_SKIP_BYTES)? {
+            LineRead::Eof => break,
+            LineRead::Line => None,
+            LineRead::TooLong(n) => Some(n),
+        };
         line += 1;
-        if bytes.last() == Some(&b'\n') {
-            bytes.pop();
+        if too_long.is_some() {
+            bytes.clear();
         }
         if bytes.last() == Some(&b'\r') {
             bytes.pop();
@@ -44,22 +64,16 @@ pub fn read_lines(
             // a UTF-8 byte-order mark (editors on Windows write one) is not part of the JSON
             bytes.drain(..3);
         }
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        if too_long.is_none() && bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         chunk.push(RawLine {
             line,
-            bytes,
+            bytes: std::mem::take(&mut bytes),
             done: line <= done_through,
+            too_long,
         });
-        if chunk.len() >= chunk_lines
-            && out
-                .send(std::mem::replace(
-                    &mut chunk,
-                    Vec::with_capacity(chunk_lines),
-                ))
-                .is_err()
-        {
+        if chunk.len() >= chunk_lines && out.send(std::mem::take(&mut chunk)).is_err() {
             return Ok(line);
         }
     }
@@ -67,22 +81,6 @@ pub fn read_lines(
         let _ = out.send(chunk);
     }
     Ok(line)
-}
-
-/// Count non-blank lines of a file quickly (for the progress bar's length).
-pub fn count_lines(path: &std::path::Path) -> std::io::Result<u64> {
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
-    let mut n = 0u64;
-    let mut bytes = Vec::new();
-    loop {
-        bytes.clear();
-        if reader.read_until(b'\n', &mut bytes)? == 0 {
-            return Ok(n);
-        }
-        if !bytes.iter().all(u8::is_ascii_whitespace) {
-            n += 1;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,10 @@ pub enum ErrorKind {
     Split,
     Backend,
     Options,
+    /// The model produced NaN/Inf logits for this line: no decision.
+    NonFiniteLogits,
+    /// The line is longer than the byte bound derived from --max-input-tokens.
+    LineTooLong,
 }
 
 /// A line's error: kind + human message.
@@ -87,7 +91,8 @@ impl LineError {
             EngineError::Compile(_) | EngineError::ForeignSchema | EngineError::ForeignPrepared => {
                 ErrorKind::Compile
             }
-            EngineError::Template(_) => ErrorKind::Template,
+            EngineError::Template(_) | EngineError::ContextNotInPrompt => ErrorKind::Template,
+            EngineError::NonFiniteLogits { .. } => ErrorKind::NonFiniteLogits,
             EngineError::Split(_) => ErrorKind::Split,
             // the scoring stage: the backend, or what it returned not fitting the request
             EngineError::Backend(_)

@@ -1,0 +1,151 @@
+//! Untrusted input on the text side: checkpoint text files, the rendered prompt, the context.
+//!
+//! - Checkpoint files (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) are
+//!   read only when they are regular files of bounded size ([`read_checkpoint_file`]); a FIFO
+//!   named `tokenizer.json` is refused instead of blocking forever.
+//! - Template rendering is bounded by minijinja fuel ([`TEMPLATE_FUEL`] instructions), so a
+//!   template with nested `range(100000)` loops fails with a render error instead of hanging.
+//! - The context must appear verbatim in the rendered prompt ([`context_span`]): a template that
+//!   drops the user message would otherwise score every context identically.
+//! - The context is tokenized as text ([`split_context`]): a special token written inside it
+//!   (e.g. `<|im_end|>\n<|im_start|>assistant\n`) is encoded as the ordinary tokens of its
+//!   characters, so a context cannot forge chat turns. Everything outside the context (the
+//!   template's own markers, the catalogue, the selectors) is tokenized as before. A context
+//!   without special-token text tokenizes exactly as it always did (same ids, same split); the
+//!   opt-out is [`crate::Engine::with_context_special_tokens`].
+//!
+//! Invariant: for every row, `prefix_ids ++ suffix_ids[i]` equals the guarded tokenization of
+//! `prefix_text ++ selector_i` (checked by the shared split routine, as for the plain split).
+
+use std::ops::Range;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::render::user_message;
+use super::split::{split_anchored, split_from_tokenizations, SplitError, SplitPrompt};
+use crate::error::EngineError;
+use crate::schema::Field;
+use crate::tokenizer::{ChatTokenizer, TokenizerError};
+
+/// Most minijinja instructions one prompt rendering may execute. The built-in and official
+/// Qwen templates use a few thousand for forkscore's two messages.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// Read a checkpoint file that must be a regular file of at most `max` bytes (`Ok(None)` when
+/// it does not exist).
+pub fn read_checkpoint_file(path: &Path, max: u64) -> Result<Option<Vec<u8>>, TokenizerError> {
+    forkscore_seam::files::read_regular(path, max).map_err(|e| TokenizerError::Read {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// [`read_checkpoint_file`] for UTF-8 text.
+pub fn read_checkpoint_text(path: &Path, max: u64) -> Result<Option<String>, TokenizerError> {
+    read_checkpoint_file(path, max)?
+        .map(|b| {
+            String::from_utf8(b).map_err(|e| TokenizerError::Read {
+                path: path.to_path_buf(),
+                reason: format!("not UTF-8 text: {e}"),
+            })
+        })
+        .transpose()
+}
+
+/// Byte range of `context` inside the rendered `prefix_text`. The whole user message is looked
+/// for first (so a context that also occurs in the instructions is located where the user turn
+/// has it), then the context alone. Neither found: the template dropped or rewrote the user
+/// message, and every context would score the same — an error.
+pub fn context_span(
+    prefix_text: &str,
+    context: &str,
+    fields: &[Field],
+) -> Result<Range<usize>, EngineError> {
+    const HEAD: &str = "Context:\n";
+    let message = user_message(context, fields);
+    if message.starts_with(HEAD) {
+        if let Some(at) = prefix_text.find(&message) {
+            let start = at + HEAD.len();
+            return Ok(start..start + context.len());
+        }
+    }
+    match prefix_text.find(context) {
+        Some(start) => Ok(start..start + context.len()),
+        None => Err(EngineError::ContextNotInPrompt),
+    }
+}
+
+/// Special-token occurrences inside `text[span]`: leftmost first, longest at a position,
+/// non-overlapping (as the tokenizer's own added-token split finds them).
+fn special_hits(tok: &ChatTokenizer, text: &str, span: &Range<usize>) -> Vec<Range<usize>> {
+    let Some(inner) = text.get(span.clone()) else {
+        return Vec::new();
+    };
+    let mut all: Vec<Range<usize>> = tok
+        .special_tokens()
+        .iter()
+        .flat_map(|t| {
+            inner
+                .match_indices(t.as_str())
+                .map(|(i, m)| span.start + i..span.start + i + m.len())
+        })
+        .collect();
+    all.sort_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
+    let mut hits: Vec<Range<usize>> = Vec::new();
+    for r in all {
+        if hits.last().is_none_or(|h| r.start >= h.end) {
+            hits.push(r);
+        }
+    }
+    hits
+}
+
+/// Tokenize `text` with the special tokens found at `hits` encoded as text. The tokenizer
+/// splits its input at added tokens before anything else, so the pieces between hits tokenize
+/// exactly as they would inside the whole text.
+pub fn encode_guarded(
+    tok: &ChatTokenizer,
+    text: &str,
+    hits: &[Range<usize>],
+) -> Result<Vec<u32>, TokenizerError> {
+    let mut ids = Vec::new();
+    let mut at = 0;
+    for h in hits {
+        ids.extend(tok.encode(&text[at..h.start])?);
+        ids.extend(tok.encode_as_text(&text[h.clone()])?);
+        at = h.end;
+    }
+    ids.extend(tok.encode(&text[at..])?);
+    Ok(ids)
+}
+
+/// Split the prompt `prefix_text ++ selectors[i]` with the context at `span` tokenized as
+/// text (unless `trust_special` opts out). Without special-token text in the context this is
+/// [`split_anchored`], unchanged.
+pub fn split_context(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    span: Range<usize>,
+    trust_special: bool,
+    selectors: &[String],
+) -> Result<SplitPrompt, SplitError> {
+    let hits = if trust_special {
+        Vec::new()
+    } else {
+        special_hits(tok, prefix_text, &span)
+    };
+    if hits.is_empty() {
+        return split_anchored(tok, prefix_text, selectors);
+    }
+    if let Some(index) = selectors.iter().position(String::is_empty) {
+        return Err(SplitError::EmptySelector { index });
+    }
+    // The selectors follow the prefix, so the hits (inside the prefix) hold for every row.
+    let prefix_only = encode_guarded(tok, prefix_text, &hits)?;
+    let fulls: Vec<Vec<u32>> = selectors
+        .par_iter()
+        .map(|s| encode_guarded(tok, &format!("{prefix_text}{s}"), &hits))
+        .collect::<Result<_, _>>()?;
+    split_from_tokenizations(prefix_text, prefix_only, fulls)
+}

@@ -1,0 +1,134 @@
+//! Output file identity and ownership.
+//!
+//! - [`same_file`]: two paths name the same file when they share device and inode (unix), so a
+//!   hard link, a symlink or `..` cannot make the output the input. Elsewhere: canonical paths.
+//! - [`OutputLock`]: an exclusive advisory lock (`flock`) on the output for the whole job; a
+//!   second job on the same output (fresh or `--resume`) is refused with a clear message
+//!   instead of interleaving duplicate ids. The lock is taken before the output is truncated
+//!   or scanned, and released when the job ends (also when the process dies).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// True when both paths name the same existing file (hard links, symlinks and `..` included).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{path} is in use by another forkscore batch job (it holds the output's lock); wait for it to finish or choose another --output")]
+    Busy { path: PathBuf },
+    #[error("cannot lock output {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An exclusive lock on the output file, held until dropped.
+#[derive(Debug)]
+pub struct OutputLock {
+    _file: File,
+}
+
+fn open_for_lock(path: &Path) -> Result<File, LockError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn try_lock(file: &File, path: &Path) -> Result<(), LockError> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Busy {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+impl OutputLock {
+    /// Lock `path` (created empty if missing, never truncated here) or fail at once.
+    pub fn acquire(path: &Path) -> Result<OutputLock, LockError> {
+        let file = open_for_lock(path)?;
+        try_lock(&file, path)?;
+        Ok(OutputLock { _file: file })
+    }
+
+    /// Fail when another job holds `path`'s lock now (checked before a model loads; the job
+    /// itself takes the lock with [`OutputLock::acquire`]). A missing file is free.
+    pub fn probe(path: &Path) -> Result<(), LockError> {
+        if !path.exists() {
+            return Ok(());
+        }
+        let file = OpenOptions::new().append(true).open(path).map_err(|source| LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        try_lock(&file, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("in.jsonl");
+        std::fs::write(&a, "x\n").unwrap();
+        let hard = dir.path().join("hard.jsonl");
+        std::fs::hard_link(&a, &hard).unwrap();
+        let other = dir.path().join("other.jsonl");
+        std::fs::write(&other, "x\n").unwrap();
+        let dotted = dir.path().join("sub/../in.jsonl");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let cases: &[(&Path, &Path, bool)] = &[
+            (&a, &a, true),
+            (&a, &hard, true),
+            (&a, &dotted, true),
+            (&a, &other, false),
+            (&a, &dir.path().join("missing"), false),
+        ];
+        for (x, y, want) in cases {
+            assert_eq!(same_file(x, y), *want, "{x:?} {y:?}");
+        }
+    }
+
+    #[test]
+    fn a_second_lock_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let first = OutputLock::acquire(&p).unwrap();
+        assert!(matches!(OutputLock::acquire(&p), Err(LockError::Busy { .. })));
+        assert!(matches!(OutputLock::probe(&p), Err(LockError::Busy { .. })));
+        drop(first);
+        assert!(OutputLock::probe(&p).is_ok());
+        assert!(OutputLock::acquire(&p).is_ok());
+    }
+}
