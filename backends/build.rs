@@ -26,7 +26,11 @@ fn main() {
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let cap: String = cap.chars().filter(|c| c.is_ascii_digit()).collect();
     // Hopper's architecture-specific features need the `a` target (sm_90a).
-    let arch = if cap == "90" { "90a".to_string() } else { cap.clone() };
+    let arch = if cap == "90" {
+        "90a".to_string()
+    } else {
+        cap.clone()
+    };
     for k in KERNELS {
         let src = format!("kernels/{k}.cu");
         let dst = out.join(format!("{k}.fatbin"));

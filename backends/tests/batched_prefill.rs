@@ -66,8 +66,12 @@ fn check(name: &str, backend: &CandleBackend) {
             state: 0,
             suffix: &suffix,
         }];
-        let lb = backend.score_rows(&[b], &row, &cands).expect("score batched");
-        let ls = backend.score_rows(&[s], &row, &cands).expect("score single");
+        let lb = backend
+            .score_rows(&[b], &row, &cands)
+            .expect("score batched");
+        let ls = backend
+            .score_rows(&[s], &row, &cands)
+            .expect("score single");
         BATCH_VS_SINGLE.assert_close(&format!("{name} prefix {i} logits"), lb.row(0), ls.row(0));
     }
     // On the CPU the policy runs one prefill per prefix: bit-identical states, input order.

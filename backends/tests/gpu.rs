@@ -428,7 +428,10 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
             conv_kernel: 4,
             rms_norm_eps: 1e-6,
         };
-        assert!(fused::supports(&dims, &dev), "fused kernel must take dk {dk}");
+        assert!(
+            fused::supports(&dims, &dev),
+            "fused kernel must take dk {dk}"
+        );
         let (d, cc, cv) = (64, dims.conv_channels(), dims.value_channels());
         let s = 1.0 / (d as f32).sqrt();
         let w = GdnWeights {
@@ -465,17 +468,28 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                 None => vec![l; b],
             };
             for (row, len) in rows.iter().enumerate() {
-                let cut = |t: &Tensor| t.narrow(0, row, 1).and_then(|t| t.narrow(1, 0, *len)).expect("cut");
-                let (ey_r, ey_c) = (max_diff(&cut(&y_f), &cut(&y_r)), max_diff(&cut(&y_f), &cut(&y_c)));
+                let cut = |t: &Tensor| {
+                    t.narrow(0, row, 1)
+                        .and_then(|t| t.narrow(1, 0, *len))
+                        .expect("cut")
+                };
+                let (ey_r, ey_c) = (
+                    max_diff(&cut(&y_f), &cut(&y_r)),
+                    max_diff(&cut(&y_f), &cut(&y_c)),
+                );
                 worst = worst.max(ey_r).max(ey_c);
                 println!("dk {dk} dv {dv} B {b} L {l} row {row}: |fused - recurrent| {ey_r:e}, |fused - chunked| {ey_c:e}");
             }
-            let es = max_diff(&s_f.recurrent, &s_r.recurrent).max(max_diff(&s_f.recurrent, &s_c.recurrent));
+            let es = max_diff(&s_f.recurrent, &s_r.recurrent)
+                .max(max_diff(&s_f.recurrent, &s_c.recurrent));
             let ec = max_diff(&s_f.conv, &s_r.conv);
             println!("dk {dk} dv {dv} B {b} L {l}: state {es:e}, conv state {ec:e}");
             worst = worst.max(es).max(ec);
         }
     }
     println!("SUMMARY fused delta rule: worst max |diff| {worst:e}");
-    assert!(worst <= 1e-4, "fused kernel differs from the candle forms by {worst:e}");
+    assert!(
+        worst <= 1e-4,
+        "fused kernel differs from the candle forms by {worst:e}"
+    );
 }

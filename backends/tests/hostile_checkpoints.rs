@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use forkscore_backends::{CandleError, CandleBackend, LoadOptions, ResolvedCheckpoint};
-use forkscore_testkit::tiny_model::{config_json, tiny_tensors, write_safetensors, TinySpec, TinyTensor};
+use forkscore_backends::{CandleBackend, CandleError, LoadOptions, ResolvedCheckpoint};
+use forkscore_testkit::tiny_model::{
+    config_json, tiny_tensors, write_safetensors, TinySpec, TinyTensor,
+};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
 use serde_json::{json, Value};
 
@@ -43,14 +45,46 @@ fn absurd_and_mismatched_config_sizes_table() {
     let base = config_json(&spec);
     let tensors = tiny_tensors(&spec).expect("tensors");
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("layers 3e9", with(base.clone(), "num_hidden_layers", json!(3_000_000_000u64)), "implausibly large"),
-        ("layers 2^40", with(base.clone(), "num_hidden_layers", json!(1u64 << 40)), "implausibly large"),
-        ("hidden 1e12", with(base.clone(), "hidden_size", json!(1_000_000_000_000u64)), "implausibly large"),
-        ("vocab 2^60", with(base.clone(), "vocab_size", json!(1u64 << 60)), "implausibly large"),
-        ("layers +1", with(base.clone(), "num_hidden_layers", json!(spec.layers + 1)), "stores tensors for"),
-        ("layers 4000", with(base.clone(), "num_hidden_layers", json!(4000)), "stores tensors for"),
-        ("vocab mismatch", with(base.clone(), "vocab_size", json!(999)), "does not match the stored embedding"),
-        ("negative", with(base.clone(), "hidden_size", json!(-5)), "non-negative integer"),
+        (
+            "layers 3e9",
+            with(base.clone(), "num_hidden_layers", json!(3_000_000_000u64)),
+            "implausibly large",
+        ),
+        (
+            "layers 2^40",
+            with(base.clone(), "num_hidden_layers", json!(1u64 << 40)),
+            "implausibly large",
+        ),
+        (
+            "hidden 1e12",
+            with(base.clone(), "hidden_size", json!(1_000_000_000_000u64)),
+            "implausibly large",
+        ),
+        (
+            "vocab 2^60",
+            with(base.clone(), "vocab_size", json!(1u64 << 60)),
+            "implausibly large",
+        ),
+        (
+            "layers +1",
+            with(base.clone(), "num_hidden_layers", json!(spec.layers + 1)),
+            "stores tensors for",
+        ),
+        (
+            "layers 4000",
+            with(base.clone(), "num_hidden_layers", json!(4000)),
+            "stores tensors for",
+        ),
+        (
+            "vocab mismatch",
+            with(base.clone(), "vocab_size", json!(999)),
+            "does not match the stored embedding",
+        ),
+        (
+            "negative",
+            with(base.clone(), "hidden_size", json!(-5)),
+            "non-negative integer",
+        ),
     ];
     for (i, (name, config, want)) in cases.iter().enumerate() {
         let dir = write_folder(&tmp.path().join(format!("c{i}")), config, &tensors);
@@ -94,7 +128,12 @@ fn implausible_header_lengths_are_refused_before_reading() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spec = small();
     let cases: &[(&str, u64, u64, &str)] = &[
-        ("3 GiB header in a 3 GiB file", 3 << 30, (3 << 30) + 16, "over the limit"),
+        (
+            "3 GiB header in a 3 GiB file",
+            3 << 30,
+            (3 << 30) + 16,
+            "over the limit",
+        ),
         ("longer than the file", 1 << 20, 1_000, "but the file has"),
         ("u64::MAX", u64::MAX, 1_000, "but the file has"),
         ("shorter than 8 bytes", 0, 4, "corrupt"),
@@ -112,7 +151,11 @@ fn implausible_header_lengths_are_refused_before_reading() {
         let t = Instant::now();
         let err = load(&dir).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains(want), "{name}: {err}");
-        assert!(t.elapsed() < Duration::from_secs(2), "{name}: took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{name}: took {:?}",
+            t.elapsed()
+        );
     }
 }
 
@@ -121,7 +164,11 @@ fn implausible_header_lengths_are_refused_before_reading() {
 fn a_fifo_config_is_refused_without_blocking() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spec = small();
-    let dir = write_folder(&tmp.path().join("f"), &config_json(&spec), &tiny_tensors(&spec).expect("t"));
+    let dir = write_folder(
+        &tmp.path().join("f"),
+        &config_json(&spec),
+        &tiny_tensors(&spec).expect("t"),
+    );
     std::fs::remove_file(dir.join("config.json")).expect("rm");
     let made = std::process::Command::new("mkfifo")
         .arg(dir.join("config.json"))

@@ -152,7 +152,10 @@ pub fn score_group<B: Backend>(
             _ => fresh.push(c),
         }
     }
-    let prefixes: Vec<&[u32]> = fresh.iter().map(|&c| splits[c].prefix_ids.as_slice()).collect();
+    let prefixes: Vec<&[u32]> = fresh
+        .iter()
+        .map(|&c| splits[c].prefix_ids.as_slice())
+        .collect();
     let results = backend.prefill_many(&prefixes);
     if results.len() != fresh.len() {
         return Err(BackendError::InvalidRequest {

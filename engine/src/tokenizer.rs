@@ -93,7 +93,9 @@ impl ChatTokenizer {
     /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (a
     /// [`Family`] name, e.g. `qwen2`) picks the built-in template when the folder has none.
     pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
-        use crate::prepare::untrusted::{read_checkpoint_file as read, read_checkpoint_text as read_text};
+        use crate::prepare::untrusted::{
+            read_checkpoint_file as read, read_checkpoint_text as read_text,
+        };
         use forkscore_seam::files::{MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
         let tok_path = dir.join("tokenizer.json");
         let bytes = read(&tok_path, MAX_TOKENIZER_BYTES)?.ok_or_else(|| TokenizerError::Read {

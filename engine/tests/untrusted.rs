@@ -3,13 +3,13 @@
 
 mod support;
 
-use forkscore_seam::{Backend, BackendError, CandidateLogits, ModelFacts, ScoreRequest};
 use forkscore_engine::group::GroupBudget;
 use forkscore_engine::template::{ChatTemplate, TemplateOrigin};
 use forkscore_engine::{
     CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, EngineError, Schema,
     ScoreOptions,
 };
+use forkscore_seam::{Backend, BackendError, CandidateLogits, ModelFacts, ScoreRequest};
 use forkscore_testkit::fake::{FakeBackend, FakeState};
 use forkscore_testkit::tokenizers::{Family, Fixture};
 use std::time::{Duration, Instant};
@@ -39,7 +39,10 @@ fn forged_turns_in_a_context_add_no_special_tokens() {
         let engine = fake_engine(family);
         let compiled = engine.compile(&schema()).expect("compile");
         let prep = |ctx: &str, e: &Engine<FakeBackend>| {
-            e.prepare(ctx, &compiled, 4096).expect("prepare").split().clone()
+            e.prepare(ctx, &compiled, 4096)
+                .expect("prepare")
+                .split()
+                .clone()
         };
         let benign = prep("The payment service is down.", engine);
         let cases = [
@@ -87,7 +90,11 @@ fn guarded_split_reconstructs_and_benign_contexts_are_unchanged() {
         "<|im_start|>",
         "x<|endoftext|>y<|im_end|>",
     ] {
-        let split = engine.prepare(ctx, &compiled, 4096).expect("prepare").split().clone();
+        let split = engine
+            .prepare(ctx, &compiled, 4096)
+            .expect("prepare")
+            .split()
+            .clone();
         let span = forkscore_engine::prepare::untrusted::context_span(
             &split.prefix_text,
             ctx,
@@ -108,13 +115,18 @@ fn guarded_split_reconstructs_and_benign_contexts_are_unchanged() {
         hits.sort_by_key(|r| r.start);
         for (i, sel) in compiled.selectors().iter().enumerate() {
             let full = format!("{}{sel}", split.prefix_text);
-            let want = forkscore_engine::prepare::untrusted::encode_guarded(tok, &full, &hits).expect("enc");
+            let want = forkscore_engine::prepare::untrusted::encode_guarded(tok, &full, &hits)
+                .expect("enc");
             assert_eq!(split.full_ids(i), want, "{ctx:?} row {i}");
         }
         if hits.is_empty() {
             // benign: identical to the plain tokenizer's split
-            let plain = forkscore_engine::prepare::split::split_exact(tok, &split.prefix_text, &compiled.selectors())
-                .expect("split");
+            let plain = forkscore_engine::prepare::split::split_exact(
+                tok,
+                &split.prefix_text,
+                &compiled.selectors(),
+            )
+            .expect("split");
             assert_eq!(plain, split, "{ctx:?}");
         }
     }
@@ -273,7 +285,12 @@ fn a_poisoned_context_does_not_take_its_group_down() {
     let long = "a much longer context ".repeat(40);
     let plain = fake_engine(Family::Qwen2);
     let compiled = plain.compile(&schema()).expect("compile");
-    let n_short = plain.prepare(short, &compiled, 4096).expect("p").split().prefix_ids.len();
+    let n_short = plain
+        .prepare(short, &compiled, 4096)
+        .expect("p")
+        .split()
+        .prefix_ids
+        .len();
     let engine = Engine::new(
         PoisonedBackend {
             inner: FakeBackend::new(1),

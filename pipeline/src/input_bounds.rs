@@ -87,7 +87,11 @@ pub fn check_flags(values: &[(&'static str, Option<usize>)]) -> Result<(), FlagR
 }
 
 /// `--device-memory-gib` and `--temperature`: finite, positive, and not absurd.
-pub fn check_float_flag(flag: &'static str, value: Option<f64>, max: f64) -> Result<(), FlagRangeError> {
+pub fn check_float_flag(
+    flag: &'static str,
+    value: Option<f64>,
+    max: f64,
+) -> Result<(), FlagRangeError> {
     match value {
         Some(v) if !(v.is_finite() && v > 0.0 && v <= max) => Err(FlagRangeError {
             flag,
@@ -153,7 +157,11 @@ pub fn read_context(
 pub fn read_context_file(path: &Path, max_input_tokens: usize) -> Result<String, BoundedReadError> {
     let what = format!("context file {}", path.display());
     if path.as_os_str() == "-" {
-        return read_context(std::io::stdin().lock(), "the context from stdin", max_input_tokens);
+        return read_context(
+            std::io::stdin().lock(),
+            "the context from stdin",
+            max_input_tokens,
+        );
     }
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(BoundedReadError::Directory { what });
@@ -319,7 +327,11 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         ("--group-max-mib", args.group_max_mib),
     ])?;
     check_float_flag("--temperature", args.scoring.temperature, 1e6)?;
-    check_float_flag("--device-memory-gib", args.device_memory_gib, (1u64 << 20) as f64)?;
+    check_float_flag(
+        "--device-memory-gib",
+        args.device_memory_gib,
+        (1u64 << 20) as f64,
+    )?;
     match std::fs::metadata(&args.input) {
         Ok(m) if m.is_dir() => anyhow::bail!("--input {} is a directory", args.input.display()),
         Ok(m) if m.is_file() => {
@@ -331,7 +343,12 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
     }
     check_output_dir("--output", &args.output)?;
     crate::batch::lock::OutputLock::probe(&args.output)?;
-    if args.context.context.as_deref().is_some_and(|c| c.trim().is_empty()) {
+    if args
+        .context
+        .context
+        .as_deref()
+        .is_some_and(|c| c.trim().is_empty())
+    {
         anyhow::bail!("--context is empty: a shared context must have text");
     }
     Ok(())
@@ -359,8 +376,16 @@ mod tests {
     fn bounded_lines_table() {
         // (input, max, expected reads as (kind, stored bytes))
         let cases: &[(&[u8], u64, &[(&str, &[u8])])] = &[
-            (b"ab\ncd", 8, &[("line", b"ab"), ("line", b"cd"), ("eof", b"")]),
-            (b"abcdef\nx\n", 3, &[("long6", b"abc"), ("line", b"x"), ("eof", b"")]),
+            (
+                b"ab\ncd",
+                8,
+                &[("line", b"ab"), ("line", b"cd"), ("eof", b"")],
+            ),
+            (
+                b"abcdef\nx\n",
+                3,
+                &[("long6", b"abc"), ("line", b"x"), ("eof", b"")],
+            ),
             (b"", 3, &[("eof", b"")]),
             (b"\n\n", 3, &[("line", b""), ("line", b""), ("eof", b"")]),
             (b"abc", 3, &[("line", b"abc"), ("eof", b"")]),

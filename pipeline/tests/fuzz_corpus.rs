@@ -35,7 +35,9 @@ fn schema_corpus() {
     let all = inputs("schema");
     assert!(!all.is_empty());
     for (path, data) in all {
-        let Ok(text) = std::str::from_utf8(&data) else { continue };
+        let Ok(text) = std::str::from_utf8(&data) else {
+            continue;
+        };
         if let Ok(schema) = Schema::from_json_str(text) {
             let value: serde_json::Value = serde_json::from_str(text).expect("parsed once");
             let again = Schema::from_value(&value).unwrap_or_else(|e| panic!("{path:?}: {e}"));
@@ -94,10 +96,20 @@ fn config_corpus() {
     let all = inputs("config");
     assert!(!all.is_empty());
     for (path, data) in all {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) else { continue };
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) else {
+            continue;
+        };
         if let Ok(c) = ModelConfig::from_json(Path::new("config.json"), &value) {
-            let limit = |k: &str| MAX_DIMS.iter().find(|(n, _)| *n == k).map_or(u64::MAX, |d| d.1);
-            assert!(c.text.num_layers as u64 <= limit("num_hidden_layers"), "{path:?}");
+            let limit = |k: &str| {
+                MAX_DIMS
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map_or(u64::MAX, |d| d.1)
+            };
+            assert!(
+                c.text.num_layers as u64 <= limit("num_hidden_layers"),
+                "{path:?}"
+            );
             assert_eq!(c.text.layer_kinds.len(), c.text.num_layers, "{path:?}");
             assert!(c.text.head_dim > 0 && c.text.head_dim % 2 == 0, "{path:?}");
         }
@@ -124,8 +136,9 @@ fn prompt_split_corpus() {
         CalibrationRegistry::built_in(),
     )
     .expect("engine");
-    let schema = Schema::from_json_str(include_str!("../../fixtures/examples/parallel_schema.json"))
-        .expect("schema");
+    let schema =
+        Schema::from_json_str(include_str!("../../fixtures/examples/parallel_schema.json"))
+            .expect("schema");
     let compiled = engine.compile(&schema).expect("compile");
     let t = engine.tokenizer();
     let special: Vec<u32> = t
@@ -136,14 +149,28 @@ fn prompt_split_corpus() {
         .map(|ids| ids[0])
         .collect();
     let count = |ids: &[u32]| ids.iter().filter(|i| special.contains(i)).count();
-    let benign = count(&engine.prepare("benign", &compiled, 1 << 20).expect("b").split().prefix_ids);
+    let benign = count(
+        &engine
+            .prepare("benign", &compiled, 1 << 20)
+            .expect("b")
+            .split()
+            .prefix_ids,
+    );
     for (path, data) in all {
-        let Ok(context) = std::str::from_utf8(&data) else { continue };
-        let Ok(p) = engine.prepare(context, &compiled, 1 << 20) else { continue };
+        let Ok(context) = std::str::from_utf8(&data) else {
+            continue;
+        };
+        let Ok(p) = engine.prepare(context, &compiled, 1 << 20) else {
+            continue;
+        };
         let split = p.split();
         assert!(split.suffix_ids.iter().all(|x| !x.is_empty()), "{path:?}");
         assert_eq!(count(&split.prefix_ids), benign, "{path:?}");
-        if !t.special_tokens().iter().any(|s| context.contains(s.as_str())) {
+        if !t
+            .special_tokens()
+            .iter()
+            .any(|s| context.contains(s.as_str()))
+        {
             let plain = split_exact(t, &split.prefix_text, &compiled.selectors()).expect("split");
             assert_eq!(&plain, split, "{path:?}");
         }

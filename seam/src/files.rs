@@ -92,7 +92,10 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FileError>
     let too_big = |n: u64| {
         refuse(
             path,
-            format!("{} is {n} bytes, over the limit of {max} bytes", path.display()),
+            format!(
+                "{} is {n} bytes, over the limit of {max} bytes",
+                path.display()
+            ),
         )
     };
     if len > max {

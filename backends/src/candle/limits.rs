@@ -214,10 +214,22 @@ mod tests {
         let invalid = |reason: String| CandleError::InvalidRequest { reason };
         let cases: &[(Value, Option<&str>)] = &[
             (json!({"num_hidden_layers": 28, "hidden_size": 1536}), None),
-            (json!({"num_hidden_layers": 3_000_000_000u64}), Some("num_hidden_layers")),
-            (json!({"num_hidden_layers": 1u64 << 40}), Some("implausibly large")),
-            (json!({"hidden_size": 1_000_000_000_000u64}), Some("hidden_size")),
-            (json!({"linear_key_head_dim": 1_000_000_000_000u64}), Some("linear_key_head_dim")),
+            (
+                json!({"num_hidden_layers": 3_000_000_000u64}),
+                Some("num_hidden_layers"),
+            ),
+            (
+                json!({"num_hidden_layers": 1u64 << 40}),
+                Some("implausibly large"),
+            ),
+            (
+                json!({"hidden_size": 1_000_000_000_000u64}),
+                Some("hidden_size"),
+            ),
+            (
+                json!({"linear_key_head_dim": 1_000_000_000_000u64}),
+                Some("linear_key_head_dim"),
+            ),
             (json!({"vocab_size": -1}), Some("non-negative integer")),
             (json!({"head_dim": 1.5}), Some("non-negative integer")),
             (json!({"head_dim": null}), None),
@@ -243,7 +255,11 @@ mod tests {
             (MAX_HEADER_BYTES, MAX_HEADER_BYTES + 8, true),
         ];
         for &(declared, len, ok) in cases {
-            assert_eq!(check_header_len(p, declared, len).is_ok(), ok, "{declared} in {len}");
+            assert_eq!(
+                check_header_len(p, declared, len).is_ok(),
+                ok,
+                "{declared} in {len}"
+            );
         }
     }
 
@@ -270,7 +286,10 @@ mod tests {
         let f = dir.path().join("small");
         std::fs::write(&f, b"12345").unwrap();
         assert_eq!(read_regular(&f, 5).unwrap(), Some(b"12345".to_vec()));
-        assert!(read_regular(&f, 4).unwrap_err().to_string().contains("over the limit"));
+        assert!(read_regular(&f, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("over the limit"));
         assert_eq!(read_regular(&dir.path().join("none"), 4).unwrap(), None);
     }
 }

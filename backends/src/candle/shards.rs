@@ -216,9 +216,11 @@ impl ShardSet {
 
     /// Every stored tensor name and its shape (for checks before the model is built).
     pub fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
-        self.shards
-            .iter()
-            .flat_map(|s| s.entries.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice())))
+        self.shards.iter().flat_map(|s| {
+            s.entries
+                .iter()
+                .map(|(n, e)| (n.as_str(), e.shape.as_slice()))
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {

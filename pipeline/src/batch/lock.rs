@@ -85,10 +85,13 @@ impl OutputLock {
         if !path.exists() {
             return Ok(());
         }
-        let file = OpenOptions::new().append(true).open(path).map_err(|source| LockError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|source| LockError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         try_lock(&file, path)
     }
 }
@@ -125,7 +128,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out.jsonl");
         let first = OutputLock::acquire(&p).unwrap();
-        assert!(matches!(OutputLock::acquire(&p), Err(LockError::Busy { .. })));
+        assert!(matches!(
+            OutputLock::acquire(&p),
+            Err(LockError::Busy { .. })
+        ));
         assert!(matches!(OutputLock::probe(&p), Err(LockError::Busy { .. })));
         drop(first);
         assert!(OutputLock::probe(&p).is_ok());

@@ -389,7 +389,9 @@ fn precheck(args: &BatchArgs) -> Result<()> {
 pub fn run(args: &BatchArgs) -> Result<()> {
     precheck(args)?;
     let loaded = load::open(&args.model)?;
-    let engine = loaded.engine.with_context_special_tokens(args.scoring.context_special_tokens);
+    let engine = loaded
+        .engine
+        .with_context_special_tokens(args.scoring.context_special_tokens);
     let job = args.job(&engine.memory_model())?;
     let summary = run_job(&engine, &loaded.provenance, &job)?;
     if !job.quiet {

@@ -48,11 +48,12 @@ pub fn read_lines_bounded(
     let mut chunk = Vec::new();
     let mut bytes = Vec::new();
     loop {
-        let too_long = match read_line_bounded(&mut input, &mut bytes, max_line_bytes, MAX_SKIP_BYTES)? {
-            LineRead::Eof => break,
-            LineRead::Line => None,
-            LineRead::TooLong(n) => Some(n),
-        };
+        let too_long =
+            match read_line_bounded(&mut input, &mut bytes, max_line_bytes, MAX_SKIP_BYTES)? {
+                LineRead::Eof => break,
+                LineRead::Line => None,
+                LineRead::TooLong(n) => Some(n),
+            };
         line += 1;
         if too_long.is_some() {
             bytes.clear();

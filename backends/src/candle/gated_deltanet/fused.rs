@@ -80,9 +80,7 @@ mod cuda {
     use std::sync::{Arc, Mutex, OnceLock};
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaModule, LaunchConfig, PushKernelArg,
-    };
+    use candle_core::cuda_backend::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{
@@ -102,8 +100,9 @@ mod cuda {
     /// Loaded once per device (module loading from machine code takes microseconds; the
     /// compute_80 PTX fallback is compiled by the driver once on other GPUs).
     fn module(dev: &CudaDevice) -> Result<Arc<CudaModule>> {
-        static MODULES: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaModule>>>> =
-            OnceLock::new();
+        static MODULES: OnceLock<
+            Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaModule>>>,
+        > = OnceLock::new();
         let map = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
         let mut map = map
             .lock()
@@ -129,7 +128,11 @@ mod cuda {
         dims: GdnDims,
     }
 
-    fn cuda_f32<'a>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
+    fn cuda_f32<'a>(
+        storage: &'a Storage,
+        layout: &Layout,
+        what: &str,
+    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
         let Storage::Cuda(s) = storage else {
             candle_core::bail!("fused GDN: {what} is not on a CUDA device")
         };
@@ -145,7 +148,11 @@ mod cuda {
             "fused-gated-delta-rule"
         }
 
-        fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
             candle_core::bail!("the fused Gated DeltaNet kernel runs on CUDA only")
         }
 
@@ -184,11 +191,7 @@ mod cuda {
                 .w()?;
             let stream = dev.cuda_stream();
             let cfg = LaunchConfig {
-                grid_dim: (
-                    (b * hv) as u32,
-                    dv.div_ceil(COLUMNS_PER_BLOCK) as u32,
-                    1,
-                ),
+                grid_dim: ((b * hv) as u32, dv.div_ceil(COLUMNS_PER_BLOCK) as u32, 1),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -234,7 +237,11 @@ mod cuda {
             "fused-causal-conv-silu"
         }
 
-        fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
             candle_core::bail!("the fused causal conv runs on CUDA only")
         }
 
@@ -296,7 +303,10 @@ mod cuda {
             // checked by `conv`.
             unsafe { builder.launch(cfg) }.w()?;
             drop(builder);
-            Ok((CudaStorage::wrap_cuda_slice(dst, dev), Shape::from(n_out + n_state)))
+            Ok((
+                CudaStorage::wrap_cuda_slice(dst, dev),
+                Shape::from(n_out + n_state),
+            ))
         }
     }
 
@@ -352,15 +362,26 @@ mod cuda {
         let (b, l, cc) = qkv.dims3()?;
         let (hv, dk, dv) = (dims.value_heads, dims.key_dim, dims.value_dim);
         if cc != dims.conv_channels() {
-            candle_core::bail!("fused GDN: qkv has {cc} channels, expected {}", dims.conv_channels());
+            candle_core::bail!(
+                "fused GDN: qkv has {cc} channels, expected {}",
+                dims.conv_channels()
+            );
         }
         for (name, t) in [("beta", beta), ("g", g)] {
             if t.dims() != [b, l, hv] {
-                candle_core::bail!("fused GDN: {name} is {:?}, expected {:?}", t.dims(), [b, l, hv]);
+                candle_core::bail!(
+                    "fused GDN: {name} is {:?}, expected {:?}",
+                    t.dims(),
+                    [b, l, hv]
+                );
             }
         }
         if state.dims() != [b, hv, dk, dv] {
-            candle_core::bail!("fused GDN: state is {:?}, expected {:?}", state.dims(), [b, hv, dk, dv]);
+            candle_core::bail!(
+                "fused GDN: state is {:?}, expected {:?}",
+                state.dims(),
+                [b, hv, dk, dv]
+            );
         }
         let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
         let op = GatedDeltaRule {

@@ -430,14 +430,9 @@ impl GdnLayer {
                     &state.recurrent,
                     chunk,
                 )?,
-                _ => recurrence::recurrent_gated_delta_rule(
-                    &q,
-                    &k,
-                    &v,
-                    &beta,
-                    &g,
-                    &state.recurrent,
-                )?,
+                _ => {
+                    recurrence::recurrent_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent)?
+                }
             };
             // (B, Hv, L, dv) -> (B, L, Hv, dv)
             (o.transpose(1, 2)?.contiguous()?, recurrent)
