@@ -308,7 +308,10 @@ mod props {
                 Ok(worst)
             };
             let worst = run().map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert!(worst <= TOL.abs, "max |diff| {:e}", worst);
+            // Raw logits of random prompts: one f32 ulp near 32-64 is 3.8e-6, and the merged
+            // rows sum in another order than the independent forward (measured up to 1.4e-5).
+            let tol = Tolerance::CPU_F32_LOGITS;
+            prop_assert!(worst <= tol.abs, "max |diff| {:e} over {}", worst, tol.name);
         }
     }
 }
