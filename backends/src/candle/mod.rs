@@ -13,6 +13,7 @@
 //!   Branch K/V are discarded;
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call.
 
+pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
@@ -21,9 +22,11 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
-mod attention;
+#[cfg(feature = "cuda")]
+mod cuda_module;
+mod flash_attention;
 mod head;
-mod mask;
+pub mod mask;
 mod mlp;
 mod models;
 mod norm;
