@@ -10,7 +10,9 @@
 //! ([`norm`]) → `β = σ(b)`, `g = −exp(A_log)·softplus(a + dt_bias)` ([`gates`]) → value head `h`
 //! reads key head `⌊h / r⌋` → delta rule: token by token for one-token calls
 //! ([`recurrence`]), chunked (C = 64) otherwise ([`chunked`]) → gated RMSNorm with the plain
-//! weight → `W_out`.
+//! weight → `W_out`. On CUDA ([`DeltaRule::Fused`]) the conv, the delta rule ([`fused`]), the
+//! gates and the gated RMSNorm ([`fused_pointwise`]) run as fused kernels computing the same
+//! functions; the candle forms stay the reference and the CPU path.
 //!
 //! Padding rule: at right-padded positions β = 0 and g = 0, so the recurrent state passes through
 //! exactly, and each row's conv state is gathered at its own last valid token. Outputs at padded
@@ -19,6 +21,7 @@
 pub mod chunked;
 pub mod conv;
 pub mod fused;
+pub mod fused_pointwise;
 pub mod gates;
 pub mod norm;
 pub mod recurrence;
@@ -379,6 +382,16 @@ impl GdnLayer {
 
         // (B, L, Hv) each
         let (beta, g) = profile::region("gdn.gates", dev, || {
+            if rule == DeltaRule::Fused {
+                let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
+                return fused_pointwise::gates(
+                    &b_logits,
+                    &a_in,
+                    &self.a_log,
+                    &self.dt_bias,
+                    lengths,
+                );
+            }
             let mut beta = gates::beta(&b_logits)?;
             let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
             if let Some(pad) = padding.filter(|p| !p.is_full()) {
@@ -438,9 +451,14 @@ impl GdnLayer {
             (o.transpose(1, 2)?.contiguous()?, recurrent)
         };
         let out = profile::region("gdn.norm_out", dev, || {
-            let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
+            let eps = self.dims.rms_norm_eps;
+            let y = if rule == DeltaRule::Fused && matches!(act, DType::F32 | DType::BF16) {
+                fused_pointwise::gated_norm(&o, &z, &self.norm, eps, act)?
+            } else {
+                norm::gated_rms_norm(&o, &z, &self.norm, eps)?.to_dtype(act)?
+            };
             // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
-            let y = y.reshape((b, l, cv))?.to_dtype(act)?;
+            let y = y.reshape((b, l, cv))?;
             self.out_proj.forward(&y)
         })?;
         Ok((
