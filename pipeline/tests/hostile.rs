@@ -544,6 +544,7 @@ fn long_lines_are_refused_by_length_and_nothing_else_is_lost() {
     assert_eq!(rs.len(), 3);
     assert_eq!(rs[1]["line"], 2);
     assert_eq!(rs[1]["error"]["kind"], "line_too_long");
+    assert_eq!(rs[1]["id"], "big", "the id leading the long line is kept");
     assert!(rs[0]["output"].is_object() && rs[2]["output"].is_object());
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }
