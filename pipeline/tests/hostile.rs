@@ -421,6 +421,23 @@ fn batch_refusals_table() {
     );
     assert!(!e.contains("/no/such/model"), "{e}");
     assert_eq!(e.lines().count(), 1, "one clear message: {e}");
+    // so do an endless shared context file and a missing schema file
+    for (schema_file, extra, want) in [
+        (
+            schema.as_str(),
+            vec!["--batch-mode", "shared", "--context-file", "/dev/zero"],
+            "longer than",
+        ),
+        ("/no/such/schema.json", vec![], "/no/such/schema.json"),
+    ] {
+        let mut args = batch_args("/no/such/model", &input_s, &out, schema_file);
+        args.extend_from_slice(&extra);
+        let o = run(&args, None);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {e}");
+        assert!(e.contains(want), "{extra:?}: {e}");
+        assert!(!e.contains("/no/such/model"), "{extra:?}: refused before loading: {e}");
+    }
 }
 
 #[test]

@@ -312,10 +312,29 @@ fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
     Some(mib << 20)
 }
 
+/// What a job reads from the files its arguments name (shared context, default schema), read
+/// before the model loads: a missing schema file or an endless `--context-file /dev/zero` is
+/// refused at once, not after the minutes a large checkpoint takes to load.
+pub struct JobInputs {
+    shared_context: Option<String>,
+    default_schema: Option<forkscore_engine::Schema>,
+}
+
 impl BatchArgs {
+    /// Read the files the arguments name; see [`JobInputs`].
+    pub fn read_inputs(&self) -> Result<JobInputs> {
+        Ok(JobInputs {
+            shared_context: self.context.read(self.scoring.max_input_tokens)?,
+            default_schema: self.schema.load()?,
+        })
+    }
+
     /// The job these arguments describe, for an engine whose memory model is `model`.
-    pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
-        let shared_context = self.context.read(self.scoring.max_input_tokens)?;
+    pub fn job(&self, memory: &forkscore_engine::MemoryModel, inputs: JobInputs) -> Result<Job> {
+        let JobInputs {
+            shared_context,
+            default_schema,
+        } = inputs;
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
@@ -339,7 +358,7 @@ impl BatchArgs {
             batch_mode: self.batch_mode,
             options: self.scoring.options(),
             budget,
-            default_schema: self.schema.load()?,
+            default_schema,
             shared_context,
             policy: match (self.resume, self.force) {
                 (true, _) => OutputPolicy::Resume,
@@ -388,11 +407,12 @@ fn precheck(args: &BatchArgs) -> Result<()> {
 
 pub fn run(args: &BatchArgs) -> Result<()> {
     precheck(args)?;
+    let inputs = args.read_inputs()?;
     let loaded = load::open(&args.model)?;
     let engine = loaded
         .engine
         .with_context_special_tokens(args.scoring.context_special_tokens);
-    let job = args.job(&engine.memory_model())?;
+    let job = args.job(&engine.memory_model(), inputs)?;
     let summary = run_job(&engine, &loaded.provenance, &job)?;
     if !job.quiet {
         let w = summary.written;
