@@ -527,15 +527,45 @@ fn cuda_flash_attention_equals_candle_path() {
     let tol = Tolerance::GPU_BF16_ATTENTION;
     let mut worst = 0f32;
     // (name, B, H, Hkv, L, hd, S, P, past lengths per row (None: all see the whole past))
-    type Case = (&'static str, usize, usize, usize, usize, usize, usize, usize, Option<Vec<usize>>);
+    type Case = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        Option<Vec<usize>>,
+    );
     let cases: Vec<Case> = vec![
         ("prefill hd256 16/4", 1, 16, 4, 300, 256, 0, 0, None),
         ("prefill hd128 12/2", 1, 12, 2, 333, 128, 0, 0, None),
         ("prefill hd64 6/3 two rows", 2, 6, 3, 45, 64, 0, 0, None),
         ("chunk over a past", 1, 12, 2, 150, 128, 1, 201, None),
         ("28 rows over one prefix", 28, 12, 2, 9, 128, 1, 257, None),
-        ("6 rows over 2 ragged slots", 6, 16, 4, 13, 256, 2, 120, Some(vec![120, 7, 64, 1, 119, 120])),
-        ("one-token rows", 4, 16, 4, 1, 256, 4, 50, Some(vec![50, 3, 49, 20])),
+        (
+            "6 rows over 2 ragged slots",
+            6,
+            16,
+            4,
+            13,
+            256,
+            2,
+            120,
+            Some(vec![120, 7, 64, 1, 119, 120]),
+        ),
+        (
+            "one-token rows",
+            4,
+            16,
+            4,
+            1,
+            256,
+            4,
+            50,
+            Some(vec![50, 3, 49, 20]),
+        ),
     ];
     for (name, b, h, hkv, l, hd, slots, p, lens) in cases {
         let q = rand(&[b, h, l, hd]);
@@ -576,6 +606,13 @@ fn cuda_flash_attention_equals_candle_path() {
         println!("{name}: max |flash - candle| {d:e}");
         worst = worst.max(d);
     }
-    println!("SUMMARY flash attention: worst max |diff| {worst:e} ({})", tol.name);
-    assert!(worst <= tol.abs, "flash attention differs from candle by {worst:e} > {}", tol.abs);
+    println!(
+        "SUMMARY flash attention: worst max |diff| {worst:e} ({})",
+        tol.name
+    );
+    assert!(
+        worst <= tol.abs,
+        "flash attention differs from candle by {worst:e} > {}",
+        tol.abs
+    );
 }

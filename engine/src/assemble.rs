@@ -148,12 +148,15 @@ pub enum AssembleError {
     RowCount { fields: usize, rows: usize },
 }
 
+/// The selected value and the full result of every field, in schema order.
+pub type AssembledFields = (IndexMap<String, Value>, IndexMap<String, FieldResult>);
+
 /// Assemble all fields of one context: `rows[i]` are the logits of field `i`.
 pub fn assemble_fields(
     compiled: &CompiledSchema,
     rows: &[Vec<f32>],
     temperature: f64,
-) -> Result<(IndexMap<String, Value>, IndexMap<String, FieldResult>), AssembleError> {
+) -> Result<AssembledFields, AssembleError> {
     if rows.len() != compiled.fields().len() {
         return Err(AssembleError::RowCount {
             fields: compiled.fields().len(),

@@ -448,11 +448,23 @@ mod tests {
     fn leading_id_is_found_before_the_first_long_value() {
         let huge = "x".repeat(10_000);
         let cases: Vec<(String, Option<Value>)> = vec![
-            (format!(r#"{{"id": "a1", "context": "{huge}"}}"#), Some(json!("a1"))),
-            (format!(r#"  {{"n": 3, "ok": true, "id":17,"context":"{huge}"}}"#), Some(json!(17))),
-            (format!(r#"{{"id": "q\"uote", "context": "{huge}"}}"#), Some(json!("q\"uote"))),
+            (
+                format!(r#"{{"id": "a1", "context": "{huge}"}}"#),
+                Some(json!("a1")),
+            ),
+            (
+                format!(r#"  {{"n": 3, "ok": true, "id":17,"context":"{huge}"}}"#),
+                Some(json!(17)),
+            ),
+            (
+                format!(r#"{{"id": "q\"uote", "context": "{huge}"}}"#),
+                Some(json!("q\"uote")),
+            ),
             (format!(r#"{{"context": "{huge}", "id": "late"}}"#), None),
-            (format!(r#"{{"schema": {{"a": 1}}, "id": "x", "c": "{huge}"}}"#), None),
+            (
+                format!(r#"{{"schema": {{"a": 1}}, "id": "x", "c": "{huge}"}}"#),
+                None,
+            ),
             (format!(r#"["id", "{huge}"]"#), None),
             (r#"{"id": 12"#.to_string(), None),
             (r#"{"id": "unterminated"#.to_string(), None),

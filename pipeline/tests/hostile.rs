@@ -436,7 +436,10 @@ fn batch_refusals_table() {
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {e}");
         assert!(e.contains(want), "{extra:?}: {e}");
-        assert!(!e.contains("/no/such/model"), "{extra:?}: refused before loading: {e}");
+        assert!(
+            !e.contains("/no/such/model"),
+            "{extra:?}: refused before loading: {e}"
+        );
     }
 }
 

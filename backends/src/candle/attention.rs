@@ -75,7 +75,8 @@ fn kernel() -> AttentionKernel {
         _ => {
             static ENV: OnceLock<AttentionKernel> = OnceLock::new();
             *ENV.get_or_init(|| {
-                if std::env::var("FORKSCORE_ATTENTION").is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
+                if std::env::var("FORKSCORE_ATTENTION")
+                    .is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
                 {
                     AttentionKernel::Candle
                 } else {

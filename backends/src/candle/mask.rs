@@ -21,11 +21,7 @@ pub fn causal(len: usize, device: &Device) -> Result<Tensor, CandleError> {
 
 /// `(1, B, 1, 1, P)` mask hiding each row's left padding in a merged past of length `p`.
 /// `past_lens[r] <= p` is row `r`'s own prefix length.
-pub fn left_padding(
-    past_lens: &[usize],
-    p: usize,
-    device: &Device,
-) -> Result<Tensor, CandleError> {
+pub fn left_padding(past_lens: &[usize], p: usize, device: &Device) -> Result<Tensor, CandleError> {
     let data: Vec<f32> = past_lens
         .iter()
         .flat_map(|&len| (0..p).map(move |j| if j + len >= p { 0.0 } else { f32::NEG_INFINITY }))

@@ -94,6 +94,12 @@ impl<'a> Weights<'a> {
                 })
             }
         };
+        if stored == dtype && !self.device.is_cpu() {
+            // Stored as computed: straight from the mapped file to the device, with no host copy
+            // in between (an 8 GB checkpoint would otherwise pass through a second host buffer).
+            return Tensor::from_raw_buffer(raw.data, stored, shape, self.device)
+                .map_err(CandleError::tensor("load weight"));
+        }
         let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
             CandleError::InvalidCheckpoint {
                 path: raw.path.to_path_buf(),

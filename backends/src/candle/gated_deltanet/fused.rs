@@ -22,7 +22,8 @@ pub fn supports(dims: &GdnDims, device: &Device) -> bool {
     cfg!(feature = "cuda")
         && device.is_cuda()
         && matches!(dims.key_dim, 32 | 64 | 128 | 256)
-        && dims.value_heads % dims.key_heads == 0
+        && dims.key_heads > 0
+        && dims.value_heads.is_multiple_of(dims.key_heads)
 }
 
 /// Run the delta rule over `qkv` from `state`. See the module docs for shapes.

@@ -145,7 +145,11 @@ mod cuda {
             let mut out = unsafe { dev.alloc::<f32>(2 * n)? };
             let func = function(&dev, "gdn_gates")?;
             let cfg = LaunchConfig {
-                grid_dim: ((n as u64).div_ceil(THREADS as u64).clamp(1, 1 << 16) as u32, 1, 1),
+                grid_dim: (
+                    (n as u64).div_ceil(THREADS as u64).clamp(1, 1 << 16) as u32,
+                    1,
+                    1,
+                ),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -253,7 +257,11 @@ mod cuda {
             let w = view(&w_s, w_l, "w")?;
             let warps_per_block = (THREADS / 32) as usize;
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(warps_per_block).clamp(1, 1 << 16) as u32, 1, 1),
+                grid_dim: (
+                    rows.div_ceil(warps_per_block).clamp(1, 1 << 16) as u32,
+                    1,
+                    1,
+                ),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
