@@ -63,8 +63,10 @@ pub fn gated_norm(
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
     use candle_core::{
         CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor,
     };
@@ -265,47 +267,58 @@ mod cuda {
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let (rows_i, dv_i) = (rows as i32, dv as i32);
-            let stream = dev.cuda_stream();
+            let args = NormArgs {
+                x: &x_v,
+                z: &z,
+                w: &w,
+                rows: rows as i32,
+                dv: dv as i32,
+                eps: self.eps,
+                cfg,
+            };
             let storage = match self.out {
-                DType::BF16 => {
-                    // SAFETY: the kernel writes every element of every row.
-                    let mut out = unsafe { dev.alloc::<bf16>(n)? };
-                    let func = function(&dev, "gdn_gated_norm_bf16")?;
-                    let mut builder = stream.launch_builder(&func);
-                    builder.arg(&x_v);
-                    builder.arg(&z);
-                    builder.arg(&w);
-                    builder.arg(&mut out);
-                    builder.arg(&rows_i);
-                    builder.arg(&dv_i);
-                    builder.arg(&self.eps);
-                    // SAFETY: argument types and order match the kernel's signature.
-                    unsafe { builder.launch(cfg) }.w()?;
-                    drop(builder);
-                    CudaStorage::wrap_cuda_slice(out, dev)
-                }
-                DType::F32 => {
-                    // SAFETY: the kernel writes every element of every row.
-                    let mut out = unsafe { dev.alloc::<f32>(n)? };
-                    let func = function(&dev, "gdn_gated_norm_f32")?;
-                    let mut builder = stream.launch_builder(&func);
-                    builder.arg(&x_v);
-                    builder.arg(&z);
-                    builder.arg(&w);
-                    builder.arg(&mut out);
-                    builder.arg(&rows_i);
-                    builder.arg(&dv_i);
-                    builder.arg(&self.eps);
-                    // SAFETY: argument types and order match the kernel's signature.
-                    unsafe { builder.launch(cfg) }.w()?;
-                    drop(builder);
-                    CudaStorage::wrap_cuda_slice(out, dev)
-                }
+                DType::BF16 => launch_norm::<bf16>(&dev, "gdn_gated_norm_bf16", n, &args)?,
+                DType::F32 => launch_norm::<f32>(&dev, "gdn_gated_norm_f32", n, &args)?,
                 other => candle_core::bail!("fused gated norm: no {other:?} output"),
             };
             Ok((storage, shape))
         }
+    }
+
+    /// The operands of one gated-norm launch.
+    struct NormArgs<'a> {
+        x: &'a CudaView<'a, f32>,
+        z: &'a CudaView<'a, f32>,
+        w: &'a CudaView<'a, f32>,
+        rows: i32,
+        dv: i32,
+        eps: f32,
+        cfg: LaunchConfig,
+    }
+
+    /// Launch the gated-norm kernel `name` writing `n` elements of `T`.
+    fn launch_norm<T: CudaDType + DeviceRepr>(
+        dev: &CudaDevice,
+        name: &str,
+        n: usize,
+        a: &NormArgs<'_>,
+    ) -> Result<CudaStorage> {
+        // SAFETY: the kernel writes every element of every row.
+        let mut out = unsafe { dev.alloc::<T>(n)? };
+        let func = function(dev, name)?;
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(a.x);
+        builder.arg(a.z);
+        builder.arg(a.w);
+        builder.arg(&mut out);
+        builder.arg(&a.rows);
+        builder.arg(&a.dv);
+        builder.arg(&a.eps);
+        // SAFETY: argument types and order match the kernel's signature.
+        unsafe { builder.launch(a.cfg) }.w()?;
+        drop(builder);
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
     }
 
     pub(super) fn gated_norm(
