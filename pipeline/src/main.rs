@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, score_cmd};
+use forkscore_pipeline::{batch, demo, merge, score_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +23,8 @@ enum Command {
     DemoModel(demo::DemoArgs),
     /// Score a JSONL file of decisions into a JSONL file of results (resumable).
     Batch(batch::BatchArgs),
+    /// Join the outputs of `batch --shard I/N` jobs into one file in input order.
+    Merge(merge::MergeArgs),
 }
 
 fn main() {
@@ -38,5 +40,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(args) => score_cmd::run(&args),
         Command::DemoModel(args) => demo::run(&args),
         Command::Batch(args) => batch::run(&args),
+        Command::Merge(args) => merge::run(&args),
     }
 }

@@ -51,6 +51,10 @@ pub struct BatchProvenance<'a> {
     pub temperature_source: &'a forkscore_engine::TemperatureSource,
     /// Hash of the job's default schema (`--schema`), null without one; `--resume` compares it.
     pub default_schema_hash: Option<String>,
+    /// `--shard INDEX/COUNT` as `"i/n"`; absent in unsharded jobs. `--resume` compares it, and
+    /// `forkscore merge` removes it from the merged records.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::batch::shard::Shard>,
 }
 
 impl BatchProvenance<'_> {

@@ -404,6 +404,19 @@ fn batch_refusals_table() {
         assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
         assert!(stderr(&o).contains(want), "{name}: {}", stderr(&o));
     }
+    // --shard is refused while the arguments are parsed (usage error, exit 2)
+    for (value, want) in [
+        ("3/2", "below the count"),
+        ("two", "INDEX/COUNT"),
+        ("0/0", "at least 1"),
+    ] {
+        let mut args = batch_args(&model, &input_s, &out, &schema);
+        args.extend_from_slice(&["--shard", value]);
+        let o = run(&args, None);
+        assert_no_panic(&o, value);
+        assert_eq!(o.status.code(), Some(2), "{value}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{value}: {}", stderr(&o));
+    }
     // a missing output folder fails before the model loads: the model does not even exist
     let o = run(
         &batch_args(

@@ -26,6 +26,7 @@ pub mod resume;
 pub mod reuse;
 pub mod schema_cache;
 pub mod score;
+pub mod shard;
 pub mod writer;
 
 use crate::load::{self, ModelArgs};
@@ -110,6 +111,10 @@ pub struct BatchArgs {
     /// nvidia-smi on cuda; on cpu and metal the fixed CPU budget).
     #[arg(long)]
     pub device_memory_gib: Option<f64>,
+    /// Take only shard INDEX of COUNT of the input (e.g. 0/4; one process per shard, each with
+    /// its own --output, then `forkscore merge`). Lines are split by id, deterministically.
+    #[arg(long, value_name = "INDEX/COUNT")]
+    pub shard: Option<shard::Shard>,
 }
 
 /// A validated batch job.
@@ -128,6 +133,8 @@ pub struct Job {
     pub window: usize,
     /// Resume even when the existing records' provenance differs from this run's.
     pub resume_any_provenance: bool,
+    /// `--shard`: this job's share of the input (`None`: all of it).
+    pub shard: Option<shard::Shard>,
 }
 
 /// What a job did.
@@ -183,7 +190,11 @@ pub fn run_job<B: Backend>(
     // held until the job returns: a second job on this output is refused
     let _lock = lock::OutputLock::acquire(&job.output)?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = crate::input_bounds::progress_total(&mut input, writer::progress_shown(job.quiet));
+    // a shard's share of the lines is known only as they are read: no total then
+    let total = crate::input_bounds::progress_total(
+        &mut input,
+        writer::progress_shown(job.quiet) && job.shard.is_none(),
+    );
 
     let provenance = BatchProvenance {
         model,
@@ -192,6 +203,7 @@ pub fn run_job<B: Backend>(
         temperature: temperature.value,
         temperature_source: &temperature.source,
         default_schema_hash: job.default_schema.as_ref().map(|s| s.hash()),
+        shard: job.shard,
     }
     .record()?;
     if resumed.is_some() && !job.resume_any_provenance {
@@ -212,6 +224,7 @@ pub fn run_job<B: Backend>(
             last_id: r.last_id.clone(),
             seen: false,
         }),
+        shard: job.shard,
     };
     let mut scorer = Scorer::new(
         engine,
@@ -369,6 +382,7 @@ impl BatchArgs {
             quiet: self.quiet,
             window: self.window,
             resume_any_provenance: self.resume_any_provenance,
+            shard: self.shard,
         })
     }
 }
