@@ -18,6 +18,7 @@
 //! stays dense. [`QuantSummary`] counts what each weight got.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -33,9 +34,25 @@ pub(crate) enum Linear {
     /// `W` quantized; `bias (out,)` in the compute dtype.
     Quantized {
         weight: QMatMul,
+        /// The same blocks, for [`Linear::forward_dequantized`].
+        blocks: Arc<QTensor>,
         bias: Option<Tensor>,
         ggml: GgmlDType,
     },
+}
+
+/// On the CPU, the most activation rows a call sends through candle's quantized kernel for
+/// `ggml`; above it the weight is dequantized to f32 for that call and multiplied by the f32
+/// GEMM. candle's x86 `Q8_0` / `Q4_0` kernels take one dot product per (row, column) with no
+/// register tiling, so from a handful of rows on they are several times slower than the GEMM
+/// plus the dequantization; its `Q4_K` kernel (repacked, tiled) keeps up with the f32 GEMM at
+/// every row count (`cargo bench -p forkscore-benches --bench qmatmul` measures all three side
+/// by side). GPUs always use the quantized kernels.
+fn cpu_kernel_max_rows(ggml: GgmlDType) -> usize {
+    match ggml {
+        GgmlDType::Q4K => usize::MAX,
+        _ => 4,
+    }
 }
 
 /// The ggml type a weight of input width `in_dim` gets under `q`, `None` when it stays dense.
@@ -94,9 +111,14 @@ impl Linear {
             .to_device(&Device::Cpu)
             .and_then(|w| w.to_dtype(DType::F32))
             .map_err(op("weight to host f32"))?;
-        let qt = QTensor::quantize_onto(&host, ggml, device).map_err(op("quantize"))?;
-        let weight = QMatMul::from_qtensor(qt).map_err(op("quantized matmul"))?;
-        Ok(Linear::Quantized { weight, bias, ggml })
+        let blocks = Arc::new(QTensor::quantize_onto(&host, ggml, device).map_err(op("quantize"))?);
+        let weight = QMatMul::from_arc(blocks.clone()).map_err(op("quantized matmul"))?;
+        Ok(Linear::Quantized {
+            weight,
+            blocks,
+            bias,
+            ggml,
+        })
     }
 
     /// The ggml type of the weight, `None` when dense.
@@ -107,21 +129,59 @@ impl Linear {
         }
     }
 
-    /// `(.., in) -> (.., out)`.
+    /// `(.., in) -> (.., out)`. A quantized layer on the CPU with more activation rows than
+    /// [`cpu_kernel_max_rows`] takes [`Linear::forward_dequantized`].
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Quantized { weight, bias, .. } => {
+            Linear::Quantized {
+                weight, bias, ggml, ..
+            } => {
+                let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
+                if x.device().is_cpu() && rows > cpu_kernel_max_rows(*ggml) {
+                    return self.forward_dequantized(x);
+                }
                 let dtype = x.dtype();
                 // candle's quantized kernels take contiguous f32 activations
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
-                let y = y.to_dtype(dtype)?;
-                match bias {
-                    Some(b) => y.broadcast_add(b),
-                    None => Ok(y),
-                }
+                add_bias(y.to_dtype(dtype)?, bias)
             }
         }
+    }
+
+    /// `(.., in) -> (.., out)` through the quantized kernel whatever the row count (tests
+    /// compare it with [`Linear::forward_dequantized`]); dense layers as [`Linear::forward`].
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized { weight, bias, .. } => {
+                let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+                add_bias(y.to_dtype(x.dtype())?, bias)
+            }
+        }
+    }
+
+    /// `(.., in) -> (.., out)` with the weight dequantized to the activation dtype for this
+    /// call only (the layer keeps its blocks) and a dense matmul; dense layers as
+    /// [`Linear::forward`].
+    pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized { blocks, bias, .. } => {
+                // (out, in) blocks -> (out, in) dense, transient
+                let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
+                let y = candle_nn::Linear::new(w, None).forward(x)?;
+                add_bias(y, bias)
+            }
+        }
+    }
+}
+
+fn add_bias(y: Tensor, bias: &Option<Tensor>) -> candle_core::Result<Tensor> {
+    match bias {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
     }
 }
 
@@ -143,5 +203,63 @@ impl QuantSummary {
             Some(t) => format!("{t:?}").to_ascii_lowercase(),
         };
         *self.by_type.entry(key).or_default() += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quantized kernel (activations rounded to 8-bit blocks) vs the dequantize + GEMM path
+    /// (f32 activations) on the same blocks, for every ggml type a scheme can pick, with a bias:
+    /// they differ only by the activation rounding, bounded here relative to the output scale.
+    #[test]
+    fn kernel_path_equals_dequantized_path() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        // Activation rounding to 8 bits (|error| <= max|x| / 254 per element), summed over
+        // `in` products: measured at most ~0.4% of max|y| here; 2% leaves headroom.
+        const RELATIVE: f32 = 0.02;
+        for (q, in_dim) in [
+            (Quantization::Q8_0, 96),
+            (Quantization::Q4K, 256),
+            (Quantization::Q4K, 96),
+        ] {
+            let w = Tensor::rand(-0.2f32, 0.2, (24, in_dim), &dev)?;
+            let b = Tensor::rand(-1f32, 1.0, 24, &dev)?;
+            let layer = Linear::quantized("w", &w, Some(b), q, DType::F32, &dev)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            assert_eq!(layer.ggml(), ggml_type(q, in_dim));
+            let x = Tensor::rand(-1f32, 1.0, (2, 7, in_dim), &dev)?;
+            let a = layer.forward_kernel(&x)?;
+            let d = layer.forward_dequantized(&x)?;
+            assert_eq!(a.dims(), &[2, 7, 24]);
+            let scale = d.abs()?.max_all()?.to_scalar::<f32>()?;
+            let diff = (&a - &d)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            eprintln!("{q} in {in_dim}: relative difference {}", diff / scale);
+            assert!(
+                diff <= RELATIVE * scale,
+                "{q} in {in_dim}: |kernel - dequantized| {diff} > {RELATIVE} * {scale}"
+            );
+            // forward() picks one of the two (14 rows > the Q8_0 / Q4_0 kernel limit)
+            let f = layer.forward(&x)?;
+            let pick = if cpu_kernel_max_rows(layer.ggml().unwrap_or(GgmlDType::F32)) >= 14 {
+                a
+            } else {
+                d
+            };
+            let same = (f - pick)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!(same, 0.0, "{q} in {in_dim}: forward took neither path");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ggml_types_follow_the_input_width() {
+        assert_eq!(ggml_type(Quantization::Q8_0, 896), Some(GgmlDType::Q8_0));
+        assert_eq!(ggml_type(Quantization::Q8_0, 40), None);
+        assert_eq!(ggml_type(Quantization::Q4K, 4864), Some(GgmlDType::Q4K));
+        assert_eq!(ggml_type(Quantization::Q4K, 896), Some(GgmlDType::Q4_0));
+        assert_eq!(ggml_type(Quantization::Q4K, 40), None);
+        assert_eq!(ggml_type(Quantization::Q4K, 0), None);
     }
 }
