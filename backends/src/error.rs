@@ -45,6 +45,8 @@ pub enum CandleError {
         #[source]
         source: candle_core::Error,
     },
+    #[error("cannot quantize tensor `{name}`: {reason}")]
+    Quantize { name: String, reason: String },
     #[error("I/O error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -98,6 +100,7 @@ impl From<CandleError> for BackendError {
             | CandleError::WrongDtype { .. }
             | CandleError::InvalidCheckpoint { .. }
             | CandleError::InvalidModelRef { .. }
+            | CandleError::Quantize { .. }
             | CandleError::Io { .. }) => BackendError::Compute {
                 op: "load",
                 message: other.to_string(),

@@ -20,5 +20,5 @@ pub mod request;
 
 pub use backend::{Backend, PrefixState};
 pub use error::BackendError;
-pub use facts::{Architecture, DType, Device, Family, ModelFacts, UnknownName};
+pub use facts::{Architecture, DType, Device, Family, ModelFacts, Quantization, UnknownName};
 pub use request::{CandidateLogits, ScoreRequest, ScoreRow};

@@ -75,6 +75,7 @@ impl FakeBackend {
                 fixed_state_bytes: 0,
                 dtype: DType::F32,
                 device: Device::Cpu,
+                quantization: None,
             },
             seed,
             calls: CallCounts::default(),

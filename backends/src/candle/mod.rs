@@ -26,6 +26,7 @@ pub mod state;
 mod cuda_module;
 mod flash_attention;
 mod head;
+mod linear;
 pub mod mask;
 mod mlp;
 mod models;
@@ -41,12 +42,13 @@ use candle_core::Tensor;
 pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint};
 pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
 pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
+pub use linear::QuantSummary;
 pub use state::{CandleState, LayerState};
 
 use crate::error::CandleError;
 use forkscore_seam::{
     Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PrefixState,
-    ScoreRequest, ScoreRow,
+    Quantization, ScoreRequest, ScoreRow,
 };
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
@@ -74,6 +76,9 @@ pub struct LoadOptions {
     /// Prefix tokens per prefill chunk (> 0). Chunking bounds activation memory; results equal
     /// a one-shot prefill within f32 rounding.
     pub prefill_chunk: usize,
+    /// Quantize the decoder's linear weights in memory at load time (the embedding, norms and
+    /// candidate head stay in `dtype`); `None` keeps every weight in `dtype`.
+    pub quantization: Option<Quantization>,
 }
 
 impl Default for LoadOptions {
@@ -82,6 +87,7 @@ impl Default for LoadOptions {
             device: DeviceSpec::Cpu,
             dtype: ComputeDType::F32,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            quantization: None,
         }
     }
 }
@@ -98,6 +104,7 @@ impl LoadOptions {
             } else {
                 GPU_PREFILL_CHUNK
             },
+            quantization: None,
         }
     }
 }
@@ -150,7 +157,8 @@ impl CandleBackend {
         warmup::compile_candle_kernels(&device);
         let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
         limits::check_against_tensors(&config, shards.shapes())?;
-        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
+        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device)
+            .with_quantization(options.quantization);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
             architecture: ModelClass::from_name(&config.architecture_name)
@@ -165,6 +173,7 @@ impl CandleBackend {
             fixed_state_bytes: fixed_state_bytes(&config),
             dtype: options.dtype,
             device: options.device,
+            quantization: options.quantization,
         };
         let tensors_read = shards.names_read();
         Ok(CandleBackend {
@@ -192,6 +201,11 @@ impl CandleBackend {
     /// Names of the checkpoint tensors whose bytes were read at load, sorted.
     pub fn tensors_read(&self) -> &[String] {
         &self.tensors_read
+    }
+
+    /// What each linear weight of the decoder layers was loaded as (ggml type or `dense`).
+    pub fn quant_summary(&self) -> QuantSummary {
+        self.backbone.quant_summary()
     }
 
     /// Whether the output head is the tied embedding.

@@ -48,6 +48,7 @@ pub fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
             architecture: Architecture::Fake,
             dtype: DType::F32,
             device: Device::Cpu,
+            quantization: None,
             chat_template,
             adapter_sha256: None,
         };

@@ -26,10 +26,12 @@ pub mod gates;
 pub mod norm;
 pub mod recurrence;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::candle::profile;
-use candle_nn::Linear;
+use forkscore_seam::Quantization;
+
+use crate::candle::linear::{Linear, QuantSummary};
 
 pub use conv::RightPadding;
 
@@ -236,6 +238,47 @@ impl GdnLayer {
     /// Check shapes and cast: projections to `dtype` (the activation dtype), conv weight,
     /// `A_log`, `dt_bias` and the norm weight to f32.
     pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, CandleError> {
+        Self::build(dims, w, |_, t| {
+            Ok(Linear::dense(
+                t.to_dtype(dtype)
+                    .map_err(CandleError::tensor("gdn.load.cast"))?,
+                None,
+            ))
+        })
+    }
+
+    /// As [`GdnLayer::new`], with the five projections quantized under `q` onto `device`
+    /// (see [`Linear::quantized`]; `dtype` is the activation dtype).
+    pub(crate) fn new_quantized(
+        dims: GdnDims,
+        w: GdnWeights,
+        dtype: DType,
+        q: Quantization,
+        device: &candle_core::Device,
+    ) -> Result<Self, CandleError> {
+        Self::build(dims, w, |name, t| {
+            Linear::quantized(name, &t, None, q, dtype, device)
+        })
+    }
+
+    /// Count the ggml type of each projection.
+    pub(crate) fn summarize(&self, summary: &mut QuantSummary) {
+        for l in [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+            &self.out_proj,
+        ] {
+            summary.count(l);
+        }
+    }
+
+    fn build(
+        dims: GdnDims,
+        w: GdnWeights,
+        lin: impl Fn(&str, Tensor) -> Result<Linear, CandleError>,
+    ) -> Result<Self, CandleError> {
         dims.validate()
             .map_err(|reason| CandleError::InvalidRequest { reason })?;
         let (d, cc, cv, hv) = (
@@ -266,24 +309,17 @@ impl GdnLayer {
                 w.conv1d
             }
         };
-        let lin = |t: Tensor| -> Result<Linear, CandleError> {
-            Ok(Linear::new(
-                t.to_dtype(dtype)
-                    .map_err(CandleError::tensor("gdn.load.cast"))?,
-                None,
-            ))
-        };
         let f32 = |t: Tensor| {
             t.to_dtype(DType::F32)
                 .map_err(CandleError::tensor("gdn.load.cast"))
         };
         Ok(Self {
             dims,
-            in_proj_qkv: lin(w.in_proj_qkv)?,
-            in_proj_z: lin(w.in_proj_z)?,
-            in_proj_b: lin(w.in_proj_b)?,
-            in_proj_a: lin(w.in_proj_a)?,
-            out_proj: lin(w.out_proj)?,
+            in_proj_qkv: lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
+            in_proj_z: lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
+            in_proj_b: lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
+            in_proj_a: lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
+            out_proj: lin("linear_attn.out_proj.weight", w.out_proj)?,
             conv: f32(conv)?,
             a_log: f32(w.a_log)?,
             dt_bias: f32(w.dt_bias)?,
