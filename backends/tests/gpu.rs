@@ -64,6 +64,7 @@ fn load_on(dir: &Path, device: DeviceSpec, dtype: ComputeDType, chunk: usize) ->
             device,
             dtype,
             prefill_chunk: chunk,
+            ..LoadOptions::default()
         },
     )
     .expect("load tiny model")
