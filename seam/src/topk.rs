@@ -149,7 +149,10 @@ pub fn top_k(row: &[f32], k: usize) -> Result<VocabRow, NonFiniteLogit> {
             break;
         }
         let start = b * BLOCK;
-        for (j, &x) in row[start..(start + BLOCK).min(row.len())].iter().enumerate() {
+        for (j, &x) in row[start..(start + BLOCK).min(row.len())]
+            .iter()
+            .enumerate()
+        {
             let cand = TokenLogprob {
                 id: (start + j) as u32,
                 logprob: log_prob(x, lse),

@@ -125,9 +125,7 @@ mod tests {
         assert!(VocabRequest::new(&ids, 2..4, 5).is_err());
         assert!(VocabRequest::new(&ids, 0..1, MAX_TOP_K + 1).is_err());
         assert_eq!(
-            VocabRequest::every_next_token(&ids, 0)
-                .unwrap()
-                .positions(),
+            VocabRequest::every_next_token(&ids, 0).unwrap().positions(),
             0..2
         );
         assert!(VocabRequest::every_next_token(&ids[..1], 1).is_err());
