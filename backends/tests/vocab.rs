@@ -144,5 +144,8 @@ fn bad_requests_are_errors() {
     let e = b
         .vocab_rows(&VocabRequest::every_next_token(&outside, 1).unwrap())
         .unwrap_err();
-    assert!(e.to_string().contains("outside the model's embedding"), "{e}");
+    assert!(
+        e.to_string().contains("outside the model's embedding"),
+        "{e}"
+    );
 }
