@@ -59,7 +59,7 @@ pub fn order(a: &TokenLogprob, b: &TokenLogprob) -> Ordering {
 /// The first NaN or +inf logit of `row`, if any.
 fn first_non_finite(row: &[f32]) -> Option<NonFiniteLogit> {
     row.iter()
-        .position(|x| !(*x < f32::INFINITY))
+        .position(|x| x.is_nan() || *x == f32::INFINITY)
         .map(|i| NonFiniteLogit {
             id: i as u32,
             value: row[i],
