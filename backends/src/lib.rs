@@ -15,5 +15,6 @@ pub use candle::{
 pub use error::CandleError;
 pub use forkscore_seam::{
     Architecture, Backend, BackendError, CandidateLogits, DType, Device, Family, ModelFacts,
-    PrefixState, Quantization, ScoreRequest, ScoreRow,
+    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TokenLogprob, VocabRequest,
+    VocabRow, MAX_TOP_K,
 };

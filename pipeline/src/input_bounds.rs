@@ -67,6 +67,7 @@ pub const FLAG_RANGES: &[(&str, u64, u64)] = &[
     ("--group-max-rows", 1, 1 << 24),
     ("--group-max-prefix-tokens", 1, 1 << 32),
     ("--group-max-mib", 1, 1 << 24),
+    ("--top-k", 0, forkscore_backends::MAX_TOP_K as u64),
 ];
 
 /// Check `(flag, value)` pairs against [`FLAG_RANGES`] (absent optional flags are skipped).
@@ -366,7 +367,7 @@ pub fn progress_total(file: &mut std::fs::File, shown: bool) -> Option<u64> {
 }
 
 /// The folder `output` would be created in exists (checked before a model loads).
-fn check_output_dir(flag: &str, output: &Path) -> anyhow::Result<()> {
+pub fn check_output_dir(flag: &str, output: &Path) -> anyhow::Result<()> {
     let parent = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -392,6 +393,7 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         ("--max-input-tokens", Some(args.scoring.max_input_tokens)),
         ("--field-batch-size", args.scoring.field_batch_size),
         ("--prefill-chunk", args.model.prefill_chunk),
+        ("--top-k", Some(args.scoring.top_k)),
         ("--window", Some(args.window)),
         ("--group-max-rows", args.group_max_rows),
         ("--group-max-prefix-tokens", args.group_max_prefix_tokens),
@@ -431,6 +433,7 @@ pub fn precheck_score(args: &crate::score_cmd::ScoreArgs) -> anyhow::Result<()> 
         ("--max-input-tokens", Some(args.scoring.max_input_tokens)),
         ("--field-batch-size", args.scoring.field_batch_size),
         ("--prefill-chunk", args.model.prefill_chunk),
+        ("--top-k", Some(args.scoring.top_k)),
     ])?;
     check_float_flag("--temperature", args.scoring.temperature, 1e6)?;
     if let Some(out) = &args.output {

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod demo;
 pub mod input_bounds;
 pub mod load;
+pub mod logprobs_cmd;
 pub mod merge;
 pub mod provenance;
 pub mod score_cmd;

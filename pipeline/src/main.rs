@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, merge, score_cmd};
+use forkscore_pipeline::{batch, demo, logprobs_cmd, merge, score_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -25,6 +25,8 @@ enum Command {
     Batch(batch::BatchArgs),
     /// Join the outputs of `batch --shard I/N` jobs into one file in input order.
     Merge(merge::MergeArgs),
+    /// Per-token log-probabilities of a text, with the top-K alternatives at every position.
+    Logprobs(logprobs_cmd::LogprobsArgs),
 }
 
 fn main() {
@@ -41,5 +43,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::DemoModel(args) => demo::run(&args),
         Command::Batch(args) => batch::run(&args),
         Command::Merge(args) => merge::run(&args),
+        Command::Logprobs(args) => logprobs_cmd::run(&args),
     }
 }

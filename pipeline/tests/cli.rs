@@ -381,3 +381,71 @@ fn bad_inputs_fail_with_clear_messages() {
         );
     }
 }
+
+#[test]
+fn allowed_mass_and_logprobs_end_to_end() {
+    let dir = ensure_tiny_model(&TinySpec::qwen25());
+    let d = dir.to_str().unwrap();
+    let schema = example("parallel_schema.json");
+    let base = ["--model", d, "--revision", "tiny"];
+    let plain = ok_json(&forkscore(
+        &[
+            &["score"],
+            &base[..],
+            &["--schema-file", &schema, "--context", CONTEXT],
+        ]
+        .concat(),
+        &[],
+    ));
+    let with = ok_json(&forkscore(
+        &[
+            &["score"],
+            &base[..],
+            &[
+                "--schema-file",
+                &schema,
+                "--context",
+                CONTEXT,
+                "--allowed-mass",
+                "--top-k",
+                "3",
+            ],
+        ]
+        .concat(),
+        &[],
+    ));
+    assert_eq!(plain["output"], with["output"]);
+    for (name, f) in with["fields"].as_object().unwrap() {
+        let a = &f["allowed_mass"];
+        let mass = a["mass"].as_f64().unwrap();
+        assert!(mass > 0.0 && mass <= 1.0, "{name}: {mass}");
+        assert_eq!(a["top"].as_array().unwrap().len(), 3);
+        assert!(plain["fields"][name].get("allowed_mass").is_none());
+    }
+    let text = "The payment service is down.";
+    let lp = ok_json(&forkscore(
+        &[&["logprobs"], &base[..], &["--text", text, "--top-k", "2"]].concat(),
+        &[],
+    ));
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert!(tokens.len() > 2);
+    assert!(tokens[0]["logprob"].is_null());
+    assert!(tokens[1..]
+        .iter()
+        .all(|t| t["logprob"].as_f64().unwrap() <= 0.0 && t["top"].as_array().unwrap().len() == 2));
+    for (args, want) in [
+        (vec!["--text", ""], "empty"),
+        (vec!["--text", "Hello"], "at least 2"),
+        (
+            vec!["--text", text, "--max-input-tokens", "3"],
+            "never truncates",
+        ),
+        (vec!["--text", text, "--top-k", "2000"], "--top-k 2000"),
+    ] {
+        let msg = failure(&forkscore(
+            &[&["logprobs"], &base[..], &args[..]].concat(),
+            &[],
+        ));
+        assert!(msg.contains(want), "{args:?}: {msg}");
+    }
+}

@@ -11,11 +11,14 @@
 //! - `score` and `forward_full` return logits for exactly the candidate ids, in their order,
 //!   computed in f32 (only the candidate rows of the output head are projected);
 //! - `prefill(a ++ b)` then scoring `c` equals `forward_full(a ++ b ++ c)` (within the backend's
-//!   numeric tolerance).
+//!   numeric tolerance);
+//! - full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`) are opt-in: without
+//!   them nothing beyond the candidate rows of the head is projected.
 
 use crate::error::BackendError;
 use crate::facts::ModelFacts;
 use crate::request::{CandidateLogits, ScoreRequest, ScoreRow};
+use crate::vocab::{PositionVocab, VocabRequest};
 
 /// A retained prefix state (attention K/V, and conv + recurrent state for linear-attention
 /// layers). Produced by [`Backend::prefill`]; read-only afterwards.
@@ -75,4 +78,10 @@ pub trait Backend: Send + Sync {
     /// The independent reference path: run the complete prompt `ids` from scratch and return
     /// the logits at its last position for each id of `candidates`.
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError>;
+
+    /// Run `request.ids()` from scratch and summarise the full vocabulary at each position of
+    /// `request.positions()`, in order: one f32 logsumexp and the exact top-K
+    /// ([`crate::topk::top_k`]), plus the log-probability of the next token where there is one.
+    /// Token ids and K are checked against the vocabulary here.
+    fn vocab_rows(&self, request: &VocabRequest<'_>) -> Result<Vec<PositionVocab>, BackendError>;
 }

@@ -9,6 +9,8 @@
 //!   accepted by every backend as is;
 //! - [`ModelFacts`]: typed facts about a loaded model (family, architecture, dtype, device,
 //!   sizes and attention head counts);
+//! - [`vocab`] and [`topk`]: opt-in full-vocabulary summaries (one f32 logsumexp and the exact
+//!   top-K per position, block-max prefiltered, bitwise equal to a full log-softmax + sort);
 //! - [`files`]: bounded reads of untrusted checkpoint files (regular files only, size-capped);
 //! - [`BackendError`]: what a run-time call can fail with, independent of any backend's types.
 
@@ -17,8 +19,12 @@ pub mod error;
 pub mod facts;
 pub mod files;
 pub mod request;
+pub mod topk;
+pub mod vocab;
 
 pub use backend::{Backend, PrefixState};
 pub use error::BackendError;
 pub use facts::{Architecture, DType, Device, Family, ModelFacts, Quantization, UnknownName};
 pub use request::{CandidateLogits, ScoreRequest, ScoreRow};
+pub use topk::NonFiniteLogit;
+pub use vocab::{PositionVocab, TokenLogprob, VocabRequest, VocabRow, MAX_TOP_K};

@@ -441,6 +441,12 @@ pub fn run(args: &BatchArgs) -> Result<()> {
                 r.last_line
             )),
         );
+        if let Some(m) = w.allowed_mass {
+            eprintln!(
+                "forkscore batch: allowed mass over {} scored fields: min {:.6}, median {:.6}",
+                m.fields, m.min, m.median
+            );
+        }
     }
     if summary.stopped_at_error {
         bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");

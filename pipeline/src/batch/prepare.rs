@@ -49,6 +49,9 @@ pub struct OutLine {
     pub is_error: bool,
     /// Rows scored for it (0 for errors and reused decisions).
     pub rows: usize,
+    /// The allowed mass of each field scored for it (only with `--allowed-mass`; empty for
+    /// errors and reused decisions), for the job's summary.
+    pub allowed_masses: Vec<f64>,
 }
 
 /// The CPU stage.

@@ -151,6 +151,14 @@ impl Backbone {
             self.head.project(&h, candidates, &self.device)
         })
     }
+
+    /// Final norm and the full head: `(N, D)` -> `(N, V)` f32 (opt-in diagnostics only).
+    pub fn full_logits(&self, last_hidden: &Tensor) -> Result<Tensor, CandleError> {
+        profile::region("head", &self.device, || {
+            let h = self.final_norm.forward(last_hidden)?;
+            self.head.project_all(&h)
+        })
+    }
 }
 
 /// The output head, tied to the embedding (stored as `embed_name`, a root-level name) exactly
