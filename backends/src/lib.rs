@@ -15,5 +15,5 @@ pub use candle::{
 pub use error::CandleError;
 pub use forkscore_seam::{
     Architecture, Backend, BackendError, CandidateLogits, DType, Device, Family, ModelFacts,
-    PrefixState, ScoreRequest, ScoreRow,
+    PrefixState, ScoreRequest, ScoreRow, TokenTree, TreeNode, TreePacking, TreeRequest,
 };
