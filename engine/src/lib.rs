@@ -16,6 +16,7 @@ pub mod error;
 pub mod finite;
 pub mod fork;
 pub mod group;
+pub mod literal;
 pub mod many;
 pub mod prepare;
 pub mod rows;

@@ -7,7 +7,7 @@
 
 use crate::prepare::render::{code, code_text, render_prefix, selector};
 use crate::prepare::split::{split_exact, SplitError};
-use crate::schema::{Choice, Field, FieldKind, Schema};
+use crate::schema::{Choice, Field, FieldKind, Schema, Scoring};
 use crate::template::TemplateError;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 
@@ -57,6 +57,8 @@ pub enum CompileError {
         selector: String,
         tokens: usize,
     },
+    #[error("field `{field}` asks for {scoring:?} scoring: the schema accepts it and the choice trie exists (`engine::literal`), but scoring literal fields is not wired into the engine yet; use code scoring (at most 26 choices)")]
+    LiteralNotWired { field: String, scoring: &'static str },
     #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
     CodeMergesWithSelector {
         field: String,
@@ -72,6 +74,12 @@ impl CompiledSchema {
         let split = split_exact(tok, &prefix_text, &selectors)?;
         let mut candidates: Vec<u32> = Vec::new();
         let mut fields = Vec::with_capacity(schema.fields().len());
+        if let Some(f) = schema.fields().iter().find(|f| f.scoring != Scoring::Code) {
+            return Err(CompileError::LiteralNotWired {
+                field: f.name.clone(),
+                scoring: f.scoring.name(),
+            });
+        }
         for ((f, sel), suffix) in schema.fields().iter().zip(selectors).zip(split.suffix_ids) {
             let full_ids = [split.prefix_ids.as_slice(), suffix.as_slice()].concat();
             let mut code_ids = Vec::with_capacity(f.choices.len());
