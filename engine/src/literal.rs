@@ -170,11 +170,7 @@ impl ChoiceTrie {
             .collect();
         self.paths
             .iter()
-            .map(|path| {
-                self.passes(path)
-                    .map(|(b, k)| step[b][k])
-                    .product::<f64>()
-            })
+            .map(|path| self.passes(path).map(|(b, k)| step[b][k]).product::<f64>())
             .collect()
     }
 
@@ -233,10 +229,7 @@ impl ChoiceTrie {
                     .position(|&x| x == n)
                     .and_then(|i| path.get(i + 1).copied()),
             }?;
-            br.children
-                .iter()
-                .position(|&c| c == next)
-                .map(|k| (b, k))
+            br.children.iter().position(|&c| c == next).map(|k| (b, k))
         })
     }
 }

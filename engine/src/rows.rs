@@ -58,7 +58,10 @@ pub enum CompileError {
         tokens: usize,
     },
     #[error("field `{field}` asks for {scoring:?} scoring: the schema accepts it and the choice trie exists (`engine::literal`), but scoring literal fields is not wired into the engine yet; use code scoring (at most 26 choices)")]
-    LiteralNotWired { field: String, scoring: &'static str },
+    LiteralNotWired {
+        field: String,
+        scoring: &'static str,
+    },
     #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
     CodeMergesWithSelector {
         field: String,

@@ -153,7 +153,10 @@ fn a_literal_field_is_a_clear_error_until_literal_scoring_is_wired() {
     let schema = Schema::from_json_str_with(example, literal).unwrap();
     match engine.compile(&schema) {
         Err(EngineError::Compile(CompileError::LiteralNotWired { field, scoring })) => {
-            assert_eq!((field.as_str(), scoring), ("tariff_classification", "literal"));
+            assert_eq!(
+                (field.as_str(), scoring),
+                ("tariff_classification", "literal")
+            );
         }
         other => panic!("expected LiteralNotWired, got {other:?}"),
     }

@@ -337,7 +337,10 @@ fn literal_scoring_lifts_the_26_choice_limit_from_the_field_the_root_or_the_requ
     let choices: Vec<String> = (0..27).map(|i| format!("c{i}")).collect();
     let field = serde_json::json!({"a": {"type": "enum", "choices": choices, "scoring": "literal-first-token"}});
     let s = Schema::from_json_str(&field.to_string()).unwrap();
-    assert_eq!(s.fields()[0].scoring, Scoring::Literal(LiteralMethod::FirstToken));
+    assert_eq!(
+        s.fields()[0].scoring,
+        Scoring::Literal(LiteralMethod::FirstToken)
+    );
     let root = serde_json::json!({"scoring": "literal", "a": {"type": "enum", "choices": choices}});
     let s = Schema::from_json_str(&root.to_string()).unwrap();
     assert_eq!((s.fields().len(), s.fields()[0].scoring), (1, literal));

@@ -9,8 +9,7 @@ use serde_json::{Map, Value};
 const FLAT_FIELD_KEYS: &str = "type, choices, description, choice_descriptions, scoring";
 const JSON_SCHEMA_ROOT_KEYS: &str =
     "type, properties, required, title, description, additionalProperties, $schema, $id, scoring";
-const JSON_SCHEMA_FIELD_KEYS: &str =
-    "type, enum, description, title, choice_descriptions, scoring";
+const JSON_SCHEMA_FIELD_KEYS: &str = "type, enum, description, title, choice_descriptions, scoring";
 
 /// The JSON Schema form has `"type": "object"` at the root, or a `properties` object of field
 /// specs. A flat field that happens to be named `properties` has a string `type` of its own.
