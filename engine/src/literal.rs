@@ -261,11 +261,11 @@ mod tests {
         let p = t.exact_probabilities(&logits, 1.0);
         let want = [0.375, 0.375, 0.25];
         for (a, b) in p.iter().zip(want) {
-            assert!((a - b).abs() < 1e-12, "{p:?}");
+            assert!((a - b).abs() < 1e-7, "{p:?}"); // ln 3 rounded to f32
         }
         assert_eq!(t.greedy_choice(&logits), 0);
         let first = t.first_token_probabilities(&logits, 1.0);
-        assert!((first[0] - 0.375).abs() < 1e-12 && (first[2] - 0.25).abs() < 1e-12);
+        assert!((first[0] - 0.375).abs() < 1e-7 && (first[2] - 0.25).abs() < 1e-7);
     }
 
     #[test]
