@@ -72,17 +72,18 @@ pub enum CompileError {
 
 impl CompiledSchema {
     pub fn compile(schema: &Schema, tok: &ChatTokenizer) -> Result<CompiledSchema, CompileError> {
-        let prefix_text = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields())?;
-        let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
-        let split = split_exact(tok, &prefix_text, &selectors)?;
-        let mut candidates: Vec<u32> = Vec::new();
-        let mut fields = Vec::with_capacity(schema.fields().len());
+        // Before rendering: the catalogue labels choices with code letters, at most 26.
         if let Some(f) = schema.fields().iter().find(|f| f.scoring != Scoring::Code) {
             return Err(CompileError::LiteralNotWired {
                 field: f.name.clone(),
                 scoring: f.scoring.name(),
             });
         }
+        let prefix_text = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields())?;
+        let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
+        let split = split_exact(tok, &prefix_text, &selectors)?;
+        let mut candidates: Vec<u32> = Vec::new();
+        let mut fields = Vec::with_capacity(schema.fields().len());
         for ((f, sel), suffix) in schema.fields().iter().zip(selectors).zip(split.suffix_ids) {
             let full_ids = [split.prefix_ids.as_slice(), suffix.as_slice()].concat();
             let mut code_ids = Vec::with_capacity(f.choices.len());
