@@ -18,6 +18,7 @@ pub mod error;
 pub mod finite;
 pub mod fork;
 pub mod group;
+pub mod literal;
 pub mod logprobs;
 pub mod many;
 pub mod prepare;

@@ -7,6 +7,8 @@
 //! - [`Backend`] and [`PrefixState`]: the five verbs and the retained state;
 //! - [`ScoreRequest`]: rows, states and candidates checked once, in one constructor, and
 //!   accepted by every backend as is;
+//! - [`TokenTree`] and [`TreeRequest`]: a forest of suffix tokens (a choice trie, or flat rows
+//!   as chains) with the nodes to project, scored by [`Backend::score_tree`];
 //! - [`ModelFacts`]: typed facts about a loaded model (family, architecture, dtype, device,
 //!   sizes and attention head counts);
 //! - [`vocab`] and [`topk`]: opt-in full-vocabulary summaries (one f32 logsumexp and the exact
@@ -20,11 +22,13 @@ pub mod facts;
 pub mod files;
 pub mod request;
 pub mod topk;
+pub mod tree;
 pub mod vocab;
 
-pub use backend::{Backend, PrefixState};
+pub use backend::{Backend, PrefixState, TreePacking};
 pub use error::BackendError;
 pub use facts::{Architecture, DType, Device, Family, ModelFacts, Quantization, UnknownName};
 pub use request::{CandidateLogits, ScoreRequest, ScoreRow};
 pub use topk::NonFiniteLogit;
+pub use tree::{TokenTree, TreeNode, TreeRequest};
 pub use vocab::{PositionVocab, TokenLogprob, VocabRequest, VocabRow, MAX_TOP_K};
