@@ -75,7 +75,10 @@ fn q8_0_quantizes_every_projection_and_tracks_f32() {
         let q8 = load(&dir, Some(Quantization::Q8_0)).expect("q8_0");
         assert_eq!(q8.facts().quantization, Some(Quantization::Q8_0), "{name}");
         assert_eq!(plain.facts().quantization, None, "{name}");
-        assert_eq!(count(&plain, "dense"), plain.quant_summary().by_type.values().sum::<usize>());
+        assert_eq!(
+            count(&plain, "dense"),
+            plain.quant_summary().by_type.values().sum::<usize>()
+        );
         assert_eq!(count(&q8, "dense"), 0, "{name}: {:?}", q8.quant_summary());
         assert!(count(&q8, "q8_0") > 0, "{name}");
         let (a, _) = full_and_fork(&plain, vocab);
@@ -148,8 +151,18 @@ fn input_width_not_a_multiple_of_32_stays_dense() {
     };
     let dir = ensure_tiny_model(&spec);
     let q8 = load(&dir, Some(Quantization::Q8_0)).expect("q8_0");
-    assert_eq!(count(&q8, "dense"), 5 * spec.layers, "{:?}", q8.quant_summary());
-    assert_eq!(count(&q8, "q8_0"), 2 * spec.layers, "{:?}", q8.quant_summary());
+    assert_eq!(
+        count(&q8, "dense"),
+        5 * spec.layers,
+        "{:?}",
+        q8.quant_summary()
+    );
+    assert_eq!(
+        count(&q8, "q8_0"),
+        2 * spec.layers,
+        "{:?}",
+        q8.quant_summary()
+    );
     let plain = load(&dir, None).expect("f32");
     let (a, _) = full_and_fork(&plain, 1000);
     let (b, _) = full_and_fork(&q8, 1000);

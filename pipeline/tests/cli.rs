@@ -396,13 +396,24 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
         &["demo-model", d35.to_str().unwrap(), "--arch", "qwen3.5"],
         &[],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     models.push(d35);
     let path = example("support_triage.json");
     for model in &models {
         let m = model.to_str().unwrap();
         let base = [
-            "score", "--model", m, "--revision", "r", "--schema-file", &path, "--context",
+            "score",
+            "--model",
+            m,
+            "--revision",
+            "r",
+            "--schema-file",
+            &path,
+            "--context",
             CONTEXT,
         ];
         let plain = ok_json(&forkscore(&base, &[]));
@@ -425,18 +436,32 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
                     max_dp = max_dp.max(d);
                 }
             }
-            eprintln!("{m} {scheme}: labels agree with f32 on {agree}/{total}, max |dp| {max_dp:.4}");
+            eprintln!(
+                "{m} {scheme}: labels agree with f32 on {agree}/{total}, max |dp| {max_dp:.4}"
+            );
             // q8_0 is held to >= 99% of labels (here: all); q4k to most of them.
             let bar = if scheme == "q8_0" { 0.99 } else { 0.85 };
-            assert!(agree as f64 >= bar * total as f64, "{scheme}: {agree}/{total}");
+            assert!(
+                agree as f64 >= bar * total as f64,
+                "{scheme}: {agree}/{total}"
+            );
         }
     }
     let m = models[0].to_str().unwrap();
     let schema = example("parallel_schema.json");
     let err = failure(&forkscore(
         &[
-            "score", "--model", m, "--revision", "r", "--schema-file", &schema, "--context",
-            CONTEXT, "--quantize", "q3k",
+            "score",
+            "--model",
+            m,
+            "--revision",
+            "r",
+            "--schema-file",
+            &schema,
+            "--context",
+            CONTEXT,
+            "--quantize",
+            "q3k",
         ],
         &[],
     ));
