@@ -57,7 +57,7 @@ fn cpu_kernel_max_rows(ggml: GgmlDType) -> usize {
 
 /// The ggml type a weight of input width `in_dim` gets under `q`, `None` when it stays dense.
 pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
-    let fits = |t: GgmlDType| in_dim > 0 && in_dim % t.block_size() == 0;
+    let fits = |t: GgmlDType| in_dim > 0 && in_dim.is_multiple_of(t.block_size());
     let preferred = match q {
         Quantization::Q8_0 => GgmlDType::Q8_0,
         Quantization::Q4K => GgmlDType::Q4K,
