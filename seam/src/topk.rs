@@ -88,6 +88,19 @@ pub fn logsumexp(row: &[f32]) -> Result<f32, NonFiniteLogit> {
 /// them when `k` exceeds the row).
 pub fn top_k_reference(row: &[f32], k: usize) -> Result<VocabRow, NonFiniteLogit> {
     let lse = logsumexp(row)?;
+    top_k_reference_with_lse(row, k, lse)
+}
+
+/// The plain path with a given logsumexp (e.g. one an accelerator computed in another
+/// summation order): the full log-softmax `x − lse` of `row`, fully sorted, cut to `k`.
+pub fn top_k_reference_with_lse(
+    row: &[f32],
+    k: usize,
+    lse: f32,
+) -> Result<VocabRow, NonFiniteLogit> {
+    if let Some(bad) = first_non_finite(row) {
+        return Err(bad);
+    }
     let mut all: Vec<TokenLogprob> = row
         .iter()
         .enumerate()

@@ -34,9 +34,19 @@ impl OpenDevice for DeviceSpec {
                         ),
                     });
                 }
-                Device::new_cuda(ordinal).map_err(|e| CandleError::Device {
+                let device = Device::new_cuda(ordinal).map_err(|e| CandleError::Device {
                     reason: format!("cannot open {self}: {e}"),
-                })
+                })?;
+                #[cfg(feature = "cuda")]
+                if let Device::Cuda(dev) = &device {
+                    let settings = crate::candle::cuda_runtime::RuntimeSettings::from_env();
+                    crate::candle::cuda_runtime::apply(dev, settings).map_err(|e| {
+                        CandleError::Device {
+                            reason: format!("cannot set up {self}: {e}"),
+                        }
+                    })?;
+                }
+                Ok(device)
             }
             DeviceSpec::Metal(ordinal) => {
                 if !cfg!(feature = "metal") {

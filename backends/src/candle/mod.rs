@@ -25,6 +25,8 @@ pub mod state;
 
 #[cfg(feature = "cuda")]
 mod cuda_module;
+#[cfg(feature = "cuda")]
+pub mod cuda_runtime;
 mod flash_attention;
 mod head;
 mod linear;
@@ -36,6 +38,7 @@ mod rope;
 mod shards;
 mod step;
 mod vocab;
+pub mod vocab_topk;
 mod warmup;
 mod weights;
 

@@ -9,15 +9,16 @@
 //! bit-equal to a full log-softmax + sort), rows in parallel on CPU threads. The logits of a
 //! chunk are materialised once; no log-softmax tensor is ever built.
 //!
-//! What stays for an accelerator: the selection runs on the host, so on a GPU each chunk's
-//! logits cross the bus (254 MB per 256 rows); a device-side logsumexp + block-max prefilter
-//! that copies only the visited blocks is the next step and is not built.
+//! On a CUDA device the same selection runs on the GPU ([`super::vocab_topk`], K ≤ 256): only the
+//! logsumexp, the K best and the next token's logit of each row cross the bus, not the chunk's
+//! logits. `FORKSCORE_VOCAB_TOPK=host` keeps the host path there (the reference).
 
 use candle_core::Tensor;
 use forkscore_seam::topk::{log_prob, top_k};
-use forkscore_seam::{PositionVocab, TokenLogprob, VocabRequest};
+use forkscore_seam::{PositionVocab, TokenLogprob, VocabRequest, VocabRow};
 use rayon::prelude::*;
 
+use super::vocab_topk::{device_top_k, takes_device_path};
 use super::CandleBackend;
 use crate::error::CandleError;
 
@@ -46,11 +47,17 @@ impl CandleBackend {
         let vocab = self.backbone.vocab_size();
         let mut out = Vec::with_capacity(rows.len());
         for (c, meta) in rows.chunks(VOCAB_ROWS_PER_CHUNK).enumerate() {
-            // (N, D) -> (n, D) -> (n, V) f32 -> host
-            let host: Vec<f32> = last
+            // (N, D) -> (n, D) -> (n, V) f32
+            let logits = last
                 .narrow(0, c * VOCAB_ROWS_PER_CHUNK, meta.len())
                 .map_err(CandleError::tensor("vocabulary rows"))
-                .and_then(|h| self.backbone.full_logits(&h))?
+                .and_then(|h| self.backbone.full_logits(&h))?;
+            if takes_device_path(&logits, vocab, k) {
+                out.extend(summarise_on_device(&logits, vocab, k, meta)?);
+                continue;
+            }
+            // -> host
+            let host: Vec<f32> = logits
                 .flatten_all()
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(CandleError::tensor("full logits to host"))?;
@@ -144,4 +151,62 @@ impl CandleBackend {
         })?;
         Ok(rows)
     }
+}
+
+/// [`CandleBackend::summarise`]'s rows through the GPU kernel: `logits (n, V)` f32 on CUDA.
+fn summarise_on_device(
+    logits: &Tensor,
+    vocab: usize,
+    k: usize,
+    meta: &[(usize, Option<u32>)],
+) -> Result<Vec<PositionVocab>, CandleError> {
+    let n = meta.len();
+    let d = device_top_k(logits, k).map_err(CandleError::tensor("vocabulary top-K on the GPU"))?;
+    // the next token's logit of each row that has one: (n, 1) gather -> host
+    let next_logits: Vec<f32> = if meta.iter().any(|m| m.1.is_some()) {
+        let idx: Vec<u32> = meta.iter().map(|m| m.1.unwrap_or(0)).collect();
+        Tensor::from_vec(idx, (n, 1), logits.device())
+            .and_then(|idx| logits.gather(&idx, 1))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(CandleError::tensor("next-token logits"))?
+    } else {
+        Vec::new()
+    };
+    let kk = k.min(vocab);
+    let mut out = Vec::with_capacity(n);
+    for (i, &(position, next)) in meta.iter().enumerate() {
+        if let Ok(id) = u32::try_from(d.status[i]) {
+            let value = logits
+                .get(i)
+                .and_then(|row| row.get(id as usize))
+                .and_then(|v| v.to_scalar::<f32>())
+                .map_err(CandleError::tensor("non-finite logit"))?;
+            return Err(CandleError::NonFiniteLogit {
+                position,
+                logit: forkscore_seam::NonFiniteLogit { id, value },
+            });
+        }
+        let lse = d.logsumexp[i];
+        let row = &d.ids[i * d.stride..i * d.stride + kk];
+        let lps = &d.logprobs[i * d.stride..i * d.stride + kk];
+        let top = row
+            .iter()
+            .zip(lps)
+            .map(|(&id, &logprob)| TokenLogprob { id, logprob })
+            .collect();
+        let next = next.map(|id| TokenLogprob {
+            id,
+            logprob: log_prob(next_logits[i], lse),
+        });
+        out.push(PositionVocab {
+            position,
+            vocab: VocabRow {
+                logsumexp: lse,
+                top,
+            },
+            next,
+        });
+    }
+    Ok(out)
 }
