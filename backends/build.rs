@@ -6,7 +6,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["gdn_recurrent", "gdn_pointwise", "flash_attn", "vocab_topk"];
+const KERNELS: &[&str] = &[
+    "gdn_recurrent",
+    "gdn_pointwise",
+    "flash_attn",
+    "vocab_topk",
+    "swiglu",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

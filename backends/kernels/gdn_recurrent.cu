@@ -29,6 +29,7 @@
 // of chunk c), where q and k are L2-normalised and q̂·k̂, e^g are precomputed off the sequential
 // path.
 
+#include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -280,7 +281,11 @@ GDN_ENTRY(gdn_recurrent_dk256, 32)
 // real tokens of each row; nullptr: all L) -> out (B, L, Cc), new_state (B, Kc−1, Cc).
 // Outputs at right-padded positions (t ≥ len_b) are unspecified, as in the candle path.
 // One thread per output element, consecutive threads on consecutive channels (coalesced).
-extern "C" __global__ void gdn_causal_conv_silu(const float* __restrict__ p,
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename TP>
+__device__ void causal_conv_silu_body(const TP* __restrict__ p,
                                                 const float* __restrict__ state,
                                                 const float* __restrict__ w,
                                                 const int32_t* __restrict__ lens,
@@ -295,7 +300,7 @@ extern "C" __global__ void gdn_causal_conv_silu(const float* __restrict__ p,
         // x[b, s, c] for s in [0, Kc−1+L): state rows first, then p.
         auto x = [&](int b, int s, int c) -> float {
             return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
-                            : p[((int64_t)b * L + (s - keep)) * Cc + c];
+                            : to_f32(p[((int64_t)b * L + (s - keep)) * Cc + c]);
         };
         if (e < n_out) {
             const int c = (int)(e % Cc);
@@ -313,4 +318,18 @@ extern "C" __global__ void gdn_causal_conv_silu(const float* __restrict__ p,
             new_state[f] = x(b, len + i, c);
         }
     }
+}
+
+extern "C" __global__ void gdn_causal_conv_silu(const float* p, const float* state, const float* w,
+                                                const int32_t* lens, float* out, float* new_state,
+                                                int B, int L, int Cc, int Kc) {
+    causal_conv_silu_body(p, state, w, lens, out, new_state, B, L, Cc, Kc);
+}
+
+// p straight from the bf16 projection (exact upcast: same values as the f32 variant).
+extern "C" __global__ void gdn_causal_conv_silu_bf16(const __nv_bfloat16* p, const float* state,
+                                                     const float* w, const int32_t* lens,
+                                                     float* out, float* new_state, int B, int L,
+                                                     int Cc, int Kc) {
+    causal_conv_silu_body(p, state, w, lens, out, new_state, B, L, Cc, Kc);
 }

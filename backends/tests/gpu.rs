@@ -42,6 +42,8 @@ const QWEN35_VOCAB: usize = 248_044;
 /// One architecture loaded several ways: the CPU f32 reference and the CUDA variants.
 struct Trio {
     name: &'static str,
+    /// The checkpoint folder (tests that load it another way).
+    dir: PathBuf,
     /// Random prompt ids are drawn below this.
     vocab: usize,
     /// Embedding rows (candidate ids are spread below this).
@@ -110,6 +112,7 @@ fn trios() -> Option<&'static [Trio]> {
                         let cpu = load_on(&dir, DeviceSpec::Cpu, ComputeDType::F32, chunk);
                         Trio {
                             name,
+                            dir: dir.clone(),
                             vocab,
                             rows: cpu.facts().vocab_size,
                             cpu,
@@ -675,4 +678,38 @@ fn cuda_vocab_top_k_is_exact() {
     }
     eprintln!("SUMMARY top-K on CUDA: worst logsumexp difference to the host {worst_ulps} ulps, {} failures", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The stacked gate|up product with the fused SwiGLU kernel (the CUDA default) against two
+/// products and candle's SiLU and product (`set_gate_up_fusion(false)`), whole models, f32 and
+/// bf16: `forward_full` logits over 4,096 candidates.
+#[test]
+fn cuda_stacked_gate_up_equals_separate_products() {
+    use forkscore_backends::candle::mlp::set_gate_up_fusion;
+    let Some(trios) = trios() else { return };
+    let mut report = Report::default();
+    for t in trios {
+        set_gate_up_fusion(false);
+        let chunk = LoadOptions::default().prefill_chunk;
+        let sep_f32 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::F32, chunk);
+        let sep_bf16 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::Bf16, chunk);
+        set_gate_up_fusion(true);
+        let cands = wide_candidates(t.rows);
+        let prompt = ids(91, 57, t.vocab);
+        for (dtype, fused, separate) in [
+            (ComputeDType::F32, &t.gpu_f32, &sep_f32),
+            (ComputeDType::Bf16, &t.gpu_bf16, &sep_bf16),
+        ] {
+            let want = separate.forward_full(&prompt, &cands).expect("separate");
+            let got = fused.forward_full(&prompt, &cands).expect("stacked");
+            report.check(
+                gpu_tolerance(dtype),
+                &format!("{} {dtype:?} stacked vs separate gate|up", t.name),
+                "forward_full 57 tokens",
+                &got,
+                &want,
+            );
+        }
+    }
+    report.finish("cuda_stacked_gate_up_equals_separate_products");
 }

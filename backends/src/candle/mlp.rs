@@ -1,9 +1,14 @@
-//! Linear layers and the SwiGLU MLP: `down( silu(gate(x)) * up(x) )`.
+//! Linear layers and the SwiGLU MLP: `down( silu(gate(x)) * up(x) )`. On CUDA the gate and up
+//! weights are stacked at load into one `(2F, D)` product whose output feeds one fused SwiGLU
+//! kernel (`super::swiglu`): two launches instead of four, one larger matrix product.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use candle_core::Tensor;
 
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
+use super::swiglu;
 use super::weights::Weights;
 use crate::error::CandleError;
 
@@ -19,9 +24,25 @@ pub(crate) fn linear(
     w.linear(name, in_dim, out_dim, bias)
 }
 
+/// Whether CUDA models stack the gate and up weights into one matrix product at load (default
+/// on; [`set_gate_up_fusion`] turns it off, e.g. for the equivalence tests).
+static GATE_UP_FUSION: AtomicBool = AtomicBool::new(true);
+
+/// Stack gate and up into one product on CUDA for models loaded from now on (`true`, the
+/// default), or keep the two products and candle's SiLU and product (`false`, the reference).
+pub fn set_gate_up_fusion(on: bool) {
+    GATE_UP_FUSION.store(on, Ordering::Relaxed);
+}
+
+/// The gate and up projections: two products (CPU reference path, quantized weights), or one
+/// product with the weights stacked `(2F, D)` followed by the fused SwiGLU kernel (CUDA).
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Stacked(Linear),
+}
+
 pub(crate) struct Mlp {
-    gate: Linear,
-    up: Linear,
+    gate_up: GateUp,
     down: Linear,
 }
 
@@ -33,39 +54,66 @@ impl Mlp {
         hidden: usize,
         intermediate: usize,
     ) -> Result<Self, CandleError> {
-        Ok(Mlp {
-            gate: linear(
-                w,
-                &format!("{prefix}.gate_proj"),
-                hidden,
-                intermediate,
-                false,
-            )?,
-            up: linear(w, &format!("{prefix}.up_proj"), hidden, intermediate, false)?,
-            down: linear(
-                w,
-                &format!("{prefix}.down_proj"),
-                intermediate,
-                hidden,
-                false,
-            )?,
-        })
+        let gate = linear(
+            w,
+            &format!("{prefix}.gate_proj"),
+            hidden,
+            intermediate,
+            false,
+        )?;
+        let up = linear(w, &format!("{prefix}.up_proj"), hidden, intermediate, false)?;
+        let down = linear(
+            w,
+            &format!("{prefix}.down_proj"),
+            intermediate,
+            hidden,
+            false,
+        )?;
+        let gate_up = match (gate, up) {
+            (Linear::Dense(g), Linear::Dense(u))
+                if w.device().is_cuda() && GATE_UP_FUSION.load(Ordering::Relaxed) =>
+            {
+                // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
+                let stacked = Tensor::cat(&[g.weight(), u.weight()], 0)
+                    .map_err(CandleError::tensor("mlp gate|up stack"))?;
+                GateUp::Stacked(Linear::dense(stacked, None))
+            }
+            (gate, up) => GateUp::Separate { gate, up },
+        };
+        Ok(Mlp { gate_up, down })
     }
 
     /// Count the ggml type of each projection.
     pub fn summarize(&self, summary: &mut QuantSummary) {
-        for l in [&self.gate, &self.up, &self.down] {
-            summary.count(l);
+        match &self.gate_up {
+            GateUp::Separate { gate, up } => {
+                summary.count(gate);
+                summary.count(up);
+            }
+            GateUp::Stacked(l) => {
+                // two checkpoint projections, both dense
+                summary.count(l);
+                summary.count(l);
+            }
         }
+        summary.count(&self.down);
     }
 
     /// `(B, L, D) -> (B, L, D)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, CandleError> {
-        let gate = apply(&self.gate, x, "mlp gate")?; // (B, L, F)
-        let up = apply(&self.up, x, "mlp up")?; // (B, L, F)
-        let h = candle_nn::ops::silu(&gate)
-            .and_then(|g| g * up)
-            .map_err(CandleError::tensor("mlp swiglu"))?;
+        let h = match &self.gate_up {
+            GateUp::Separate { gate, up } => {
+                let gate = apply(gate, x, "mlp gate")?; // (B, L, F)
+                let up = apply(up, x, "mlp up")?; // (B, L, F)
+                candle_nn::ops::silu(&gate)
+                    .and_then(|g| g * up)
+                    .map_err(CandleError::tensor("mlp swiglu"))?
+            }
+            GateUp::Stacked(l) => {
+                let gu = apply(l, x, "mlp gate|up")?; // (B, L, 2F)
+                swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))? // (B, L, F)
+            }
+        };
         apply(&self.down, &h, "mlp down") // (B, L, D)
     }
 }

@@ -39,8 +39,8 @@ pub fn gated_delta_rule(
 }
 
 /// Causal depthwise conv + SiLU with its new conv state, in one kernel: the same function as
-/// [`super::conv::causal_conv_silu`] (`p: (B, L, Cc)`, `state: (B, Kc−1, Cc)`, `weight: (Cc, Kc)`,
-/// all f32; `lengths`: each row's real tokens when right-padded). Outputs at padded positions are
+/// [`super::conv::causal_conv_silu`] (`p: (B, L, Cc)` f32 or bf16 — bf16 is upcast exactly in
+/// the kernel, so no cast pass runs —, `state: (B, Kc−1, Cc)`, `weight: (Cc, Kc)` f32; `lengths`: each row's real tokens when right-padded). Outputs at padded positions are
 /// unspecified, as there.
 #[cfg(feature = "cuda")]
 pub fn causal_conv_silu(
@@ -226,9 +226,21 @@ mod cuda {
             if !p_l.is_contiguous() {
                 candle_core::bail!("fused conv: p is not contiguous");
             }
-            let p = p
-                .as_cuda_slice::<f32>()?
-                .slice(p_l.start_offset()..p_l.start_offset() + p_l.shape().elem_count());
+            let range = p_l.start_offset()..p_l.start_offset() + p_l.shape().elem_count();
+            // p in f32, or bf16 straight from the projection (the `_bf16` kernel upcasts)
+            let (p_f32, p_bf16, kernel) = match p.dtype() {
+                DType::F32 => (
+                    Some(p.as_cuda_slice::<f32>()?.slice(range)),
+                    None,
+                    "gdn_causal_conv_silu",
+                ),
+                DType::BF16 => (
+                    None,
+                    Some(p.as_cuda_slice::<half::bf16>()?.slice(range)),
+                    "gdn_causal_conv_silu_bf16",
+                ),
+                other => candle_core::bail!("fused conv: p is {other:?}, expected f32 or bf16"),
+            };
             let (st_s, st_l) = self.state.storage_and_layout();
             let st = cuda_f32(&st_s, st_l, "conv state")?;
             let (w_s, w_l) = self.weight.storage_and_layout();
@@ -249,7 +261,7 @@ mod cuda {
             // SAFETY: the kernel writes every output element and every state element.
             let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
             let (mut out, mut ns) = dst.split_at_mut(n_out);
-            let func = module(&dev)?.load_function("gdn_causal_conv_silu").w()?;
+            let func = module(&dev)?.load_function(kernel).w()?;
             let stream = dev.cuda_stream();
             let total = (n_out + n_state) as u64;
             let cfg = LaunchConfig {
@@ -260,7 +272,11 @@ mod cuda {
             let (b_i, l_i, cc_i, kc_i) = (b as i32, l as i32, cc as i32, kc as i32);
             let null: u64 = 0;
             let mut builder = stream.launch_builder(&func);
-            builder.arg(&p);
+            match (&p_f32, &p_bf16) {
+                (Some(v), _) => builder.arg(v),
+                (_, Some(v)) => builder.arg(v),
+                _ => candle_core::bail!("fused conv: no input view"),
+            };
             builder.arg(&st);
             builder.arg(&w);
             match &lens {
@@ -316,8 +332,14 @@ mod cuda {
             weight: f32c(weight)?,
             lengths,
         };
+        // bf16 p is read as is (exact upcast in the kernel); any other dtype goes through f32
+        let p = if p.dtype() == DType::BF16 {
+            p.contiguous()?
+        } else {
+            f32c(p)?
+        };
         // (B·L·Cc + B·(Kc−1)·Cc,) -> (B, L, Cc), (B, Kc−1, Cc)
-        let flat = f32c(p)?.apply_op1_no_bwd(&op)?;
+        let flat = p.apply_op1_no_bwd(&op)?;
         let n_out = b * l * cc;
         let out = flat.narrow(0, 0, n_out)?.reshape((b, l, cc))?;
         let new_state = flat

@@ -122,12 +122,25 @@ mod cuda {
             if !b_l.is_contiguous() {
                 candle_core::bail!("fused GDN gates: b is not contiguous");
             }
-            let start = b_l.start_offset();
-            let b_v = b
-                .as_cuda_slice::<f32>()?
-                .slice(start..start + b_l.shape().elem_count());
+            let range = b_l.start_offset()..b_l.start_offset() + b_l.shape().elem_count();
+            // b and a share a dtype: f32, or bf16 straight from the projections
+            let bf16_in = b.dtype() == DType::BF16;
             let (a_s, a_l) = self.a.storage_and_layout();
-            let a = view(&a_s, a_l, "a")?;
+            let (b_f, a_f, b_h, a_h) = if bf16_in {
+                (
+                    None,
+                    None,
+                    Some(b.as_cuda_slice::<bf16>()?.slice(range)),
+                    Some(contiguous_view::<bf16>(&a_s, a_l, "fused GDN gates", "a")?),
+                )
+            } else {
+                (
+                    Some(b.as_cuda_slice::<f32>()?.slice(range)),
+                    Some(view(&a_s, a_l, "a")?),
+                    None,
+                    None,
+                )
+            };
             let (al_s, al_l) = self.a_log.storage_and_layout();
             let a_log = view(&al_s, al_l, "A_log")?;
             let (dt_s, dt_l) = self.dt_bias.storage_and_layout();
@@ -145,7 +158,14 @@ mod cuda {
             let n = rows * l * hv;
             // SAFETY: the kernel writes all 2·n elements (β and g of every position).
             let mut out = unsafe { dev.alloc::<f32>(2 * n)? };
-            let func = function(&dev, "gdn_gates")?;
+            let func = function(
+                &dev,
+                if bf16_in {
+                    "gdn_gates_bf16"
+                } else {
+                    "gdn_gates"
+                },
+            )?;
             let cfg = LaunchConfig {
                 grid_dim: (
                     (n as u64).div_ceil(THREADS as u64).clamp(1, 1 << 16) as u32,
@@ -159,8 +179,17 @@ mod cuda {
             let null: u64 = 0;
             let stream = dev.cuda_stream();
             let mut builder = stream.launch_builder(&func);
-            builder.arg(&b_v);
-            builder.arg(&a);
+            match (&b_f, &a_f, &b_h, &a_h) {
+                (Some(b), Some(a), _, _) => {
+                    builder.arg(b);
+                    builder.arg(a);
+                }
+                (_, _, Some(b), Some(a)) => {
+                    builder.arg(b);
+                    builder.arg(a);
+                }
+                _ => candle_core::bail!("fused GDN gates: no input views"),
+            }
             builder.arg(&a_log);
             builder.arg(&dt);
             match &lens {
@@ -207,14 +236,17 @@ mod cuda {
             None => None,
         };
         let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+        // b and a in bf16 are read as they are (exact upcast in the kernel), else as f32
+        let both_bf16 = b.dtype() == DType::BF16 && a.dtype() == DType::BF16;
+        let input = |t: &Tensor| if both_bf16 { t.contiguous() } else { f32c(t) };
         let op = Gates {
-            a: f32c(a)?,
+            a: input(a)?,
             a_log: f32c(a_log)?,
             dt_bias: f32c(dt_bias)?,
             lengths,
         };
         // (2·B·L·Hv,) -> (B, L, Hv) ×2
-        let flat = f32c(b)?.apply_op1_no_bwd(&op)?;
+        let flat = input(b)?.apply_op1_no_bwd(&op)?;
         let n = rows * l * hv;
         let beta = flat.narrow(0, 0, n)?.reshape((rows, l, hv))?;
         let g = flat.narrow(0, n, n)?.reshape((rows, l, hv))?;
@@ -254,7 +286,6 @@ mod cuda {
             let start = x_l.start_offset();
             let x_v = x.as_cuda_slice::<f32>()?.slice(start..start + n);
             let (z_s, z_l) = self.z.storage_and_layout();
-            let z = view(&z_s, z_l, "z")?;
             let (w_s, w_l) = self.w.storage_and_layout();
             let w = view(&w_s, w_l, "w")?;
             let warps_per_block = (THREADS / 32) as usize;
@@ -267,28 +298,54 @@ mod cuda {
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let args = NormArgs {
-                x: &x_v,
-                z: &z,
-                w: &w,
-                rows: rows as i32,
-                dv: dv as i32,
-                eps: self.eps,
-                cfg,
-            };
-            let storage = match self.out {
-                DType::BF16 => launch_norm::<bf16>(&dev, "gdn_gated_norm_bf16", n, &args)?,
-                DType::F32 => launch_norm::<f32>(&dev, "gdn_gated_norm_f32", n, &args)?,
-                other => candle_core::bail!("fused gated norm: no {other:?} output"),
+            let (rows, dv) = (rows as i32, dv as i32);
+            let storage = match (self.z.dtype(), self.out) {
+                (DType::BF16, DType::BF16) => {
+                    let z = contiguous_view::<bf16>(&z_s, z_l, "fused gated norm", "z")?;
+                    let args = NormArgs {
+                        x: &x_v,
+                        z: &z,
+                        w: &w,
+                        rows,
+                        dv,
+                        eps: self.eps,
+                        cfg,
+                    };
+                    launch_norm::<bf16, bf16>(&dev, "gdn_gated_norm_bf16_zbf16", n, &args)?
+                }
+                (DType::F32, out) => {
+                    let z = view(&z_s, z_l, "z")?;
+                    let args = NormArgs {
+                        x: &x_v,
+                        z: &z,
+                        w: &w,
+                        rows,
+                        dv,
+                        eps: self.eps,
+                        cfg,
+                    };
+                    match out {
+                        DType::BF16 => {
+                            launch_norm::<bf16, f32>(&dev, "gdn_gated_norm_bf16", n, &args)?
+                        }
+                        DType::F32 => {
+                            launch_norm::<f32, f32>(&dev, "gdn_gated_norm_f32", n, &args)?
+                        }
+                        other => candle_core::bail!("fused gated norm: no {other:?} output"),
+                    }
+                }
+                (z, out) => {
+                    candle_core::bail!("fused gated norm: no kernel for z {z:?} -> {out:?}")
+                }
             };
             Ok((storage, shape))
         }
     }
 
     /// The operands of one gated-norm launch.
-    struct NormArgs<'a> {
+    struct NormArgs<'a, Z> {
         x: &'a CudaView<'a, f32>,
-        z: &'a CudaView<'a, f32>,
+        z: &'a CudaView<'a, Z>,
         w: &'a CudaView<'a, f32>,
         rows: i32,
         dv: i32,
@@ -297,11 +354,11 @@ mod cuda {
     }
 
     /// Launch the gated-norm kernel `name` writing `n` elements of `T`.
-    fn launch_norm<T: CudaDType + DeviceRepr>(
+    fn launch_norm<T: CudaDType + DeviceRepr, Z: DeviceRepr>(
         dev: &CudaDevice,
         name: &str,
         n: usize,
-        a: &NormArgs<'_>,
+        a: &NormArgs<'_, Z>,
     ) -> Result<CudaStorage> {
         // SAFETY: the kernel writes every element of every row.
         let mut out = unsafe { dev.alloc::<T>(n)? };
@@ -338,8 +395,14 @@ mod cuda {
             );
         }
         let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+        // a bf16 gate feeding a bf16 output is read as is (exact upcast in the kernel)
+        let z = if z.dtype() == DType::BF16 && out_dtype == DType::BF16 {
+            z.contiguous()?
+        } else {
+            f32c(z)?
+        };
         let op = GatedNorm {
-            z: f32c(z)?,
+            z,
             w: f32c(w)?,
             eps: eps as f32,
             out: out_dtype,

@@ -395,15 +395,22 @@ impl GdnLayer {
 
         let dev = x.device();
         // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
+        // The fused kernels read bf16 projections directly (an exact upcast inside each kernel),
+        // so the four cast passes only run on the candle path and for other dtypes.
+        let in_dtype = if rule == DeltaRule::Fused && act == DType::BF16 {
+            DType::BF16
+        } else {
+            DType::F32
+        };
         let (p, z, b_logits, a_in) = profile::region("gdn.projections", dev, || {
-            let p = self.in_proj_qkv.forward(x)?.to_dtype(DType::F32)?;
+            let p = self.in_proj_qkv.forward(x)?.to_dtype(in_dtype)?;
             let z = self
                 .in_proj_z
                 .forward(x)?
-                .to_dtype(DType::F32)?
+                .to_dtype(in_dtype)?
                 .reshape((b, l, hv, dv))?;
-            let b_logits = self.in_proj_b.forward(x)?.to_dtype(DType::F32)?;
-            let a_in = self.in_proj_a.forward(x)?.to_dtype(DType::F32)?;
+            let b_logits = self.in_proj_b.forward(x)?.to_dtype(in_dtype)?;
+            let a_in = self.in_proj_a.forward(x)?.to_dtype(in_dtype)?;
             Ok::<_, candle_core::Error>((p, z, b_logits, a_in))
         })?;
 

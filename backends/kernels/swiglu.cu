@@ -1,0 +1,38 @@
+// SwiGLU activation of a fused gate|up projection, one pass: out = SiLU(gate) · up.
+//
+// In:  gu (rows, 2F) row-major, each row [gate (F) | up (F)] — the output of ONE matrix product
+//      with the gate and up weights stacked — in T (f32 or bf16).
+// Out: out (rows, F) in T. SiLU and the product are computed in f32 and rounded once (the
+//      candle path rounds SiLU(gate) to T before the product, so bf16 results may differ from it
+//      by an ulp of T; f32 results are the same function).
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+template <typename T>
+__device__ void swiglu_body(const T* __restrict__ gu, T* __restrict__ out, int64_t rows, int64_t f) {
+    const int64_t n = rows * f;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / f, c = e % f;
+        const float g = ld(gu, (size_t)(r * 2 * f + c));
+        const float u = ld(gu, (size_t)(r * 2 * f + f + c));
+        st(out, (size_t)e, g / (1.f + expf(-g)) * u);
+    }
+}
+}  // namespace
+
+extern "C" __global__ void swiglu_f32(const float* gu, float* out, int64_t rows, int64_t f) {
+    swiglu_body(gu, out, rows, f);
+}
+
+extern "C" __global__ void swiglu_bf16(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows,
+                                       int64_t f) {
+    swiglu_body(gu, out, rows, f);
+}

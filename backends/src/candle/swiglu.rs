@@ -1,0 +1,120 @@
+//! SwiGLU of a stacked gate|up product: `(…, 2F) [gate | up] -> (…, F) = SiLU(gate) · up`.
+//!
+//! On CUDA in f32 or bf16 one kernel (`kernels/swiglu.cu`) reads each pair once and writes the
+//! result once; elsewhere (and for other dtypes) the same function runs as candle ops on the two
+//! halves, the reference the GPU test compares with.
+
+use candle_core::{Result, Tensor, D};
+
+/// `gu (…, 2F)` -> `(…, F)`.
+pub fn swiglu(gu: &Tensor) -> Result<Tensor> {
+    let two_f = gu.dim(D::Minus1)?;
+    if two_f % 2 != 0 {
+        candle_core::bail!("swiglu: last dim {two_f} is not even (gate | up)");
+    }
+    #[cfg(feature = "cuda")]
+    if gu.device().is_cuda()
+        && matches!(
+            gu.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16
+        )
+    {
+        return gu.contiguous()?.apply_op1_no_bwd(&cuda::SwiGlu);
+    }
+    reference(gu)
+}
+
+/// The candle ops form: SiLU of the first half times the second half.
+pub fn reference(gu: &Tensor) -> Result<Tensor> {
+    let f = gu.dim(D::Minus1)? / 2;
+    let gate = gu.narrow(D::Minus1, 0, f)?;
+    let up = gu.narrow(D::Minus1, f, f)?;
+    candle_nn::ops::silu(&gate)? * up
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::{CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape};
+    use half::bf16;
+
+    use crate::candle::cuda_module;
+
+    /// nvcc's fat binary of `kernels/swiglu.cu` (see build.rs).
+    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/swiglu.fatbin"));
+    const THREADS: u32 = 256;
+
+    pub(super) struct SwiGlu;
+
+    fn launch<T: CudaDType + DeviceRepr>(
+        dev: &CudaDevice,
+        name: &str,
+        gu: &CudaStorage,
+        l: &Layout,
+        rows: usize,
+        f: usize,
+    ) -> Result<CudaStorage> {
+        let start = l.start_offset();
+        let input = gu.as_cuda_slice::<T>()?.slice(start..start + rows * 2 * f);
+        let n = rows * f;
+        // SAFETY: the kernel writes every one of the n outputs.
+        let mut out = unsafe { dev.alloc::<T>(n)? };
+        let func = cuda_module::load(dev, "swiglu", FATBIN)?
+            .load_function(name)
+            .w()?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n as u64).div_ceil(THREADS as u64).clamp(1, 1 << 20) as u32,
+                1,
+                1,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows_i, f_i) = (rows as i64, f as i64);
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&input);
+        builder.arg(&mut out);
+        builder.arg(&rows_i);
+        builder.arg(&f_i);
+        // SAFETY: argument types and order match the kernel's signature.
+        unsafe { builder.launch(cfg) }.w()?;
+        drop(builder);
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    impl CustomOp1 for SwiGlu {
+        fn name(&self) -> &'static str {
+            "swiglu"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("the fused SwiGLU kernel runs on CUDA only")
+        }
+
+        fn cuda_fwd(&self, gu: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            if !l.is_contiguous() {
+                candle_core::bail!("swiglu: input is not contiguous");
+            }
+            let mut dims = l.shape().dims().to_vec();
+            let two_f = dims.pop().unwrap_or(0);
+            let f = two_f / 2;
+            let rows: usize = dims.iter().product();
+            dims.push(f);
+            let dev = gu.device().clone();
+            let out = match gu.dtype() {
+                DType::BF16 => launch::<bf16>(&dev, "swiglu_bf16", gu, l, rows, f)?,
+                DType::F32 => launch::<f32>(&dev, "swiglu_f32", gu, l, rows, f)?,
+                other => candle_core::bail!("swiglu: no kernel for {other:?}"),
+            };
+            Ok((out, Shape::from(dims)))
+        }
+    }
+}
