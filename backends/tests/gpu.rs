@@ -575,7 +575,7 @@ fn cuda_flash_attention_equals_candle_path() {
         let q = rand(&[b, h, l, hd]);
         let (kn, vn) = (rand(&[b, hkv, l, hd]), rand(&[b, hkv, l, hd]));
         let past = (p > 0).then(|| (rand(&[hkv, slots, p, hd]), rand(&[hkv, slots, p, hd])));
-        let causal = (l > 1).then(|| mask::causal(l, &dev).expect("causal"));
+        let causal = (l > 1).then(|| mask::CausalMask::new(l, &dev));
         let (past_mask, past_start) = match &lens {
             Some(ls) => (
                 Some(mask::left_padding(ls, p, &dev).expect("mask")),

@@ -5,6 +5,8 @@
 # Needs carry/{forkscore,modes-bench,gpu-tests}.xz + run.sh (scripts/build-cuda.sh).
 # Env: MODELS (qwen35-4b,qwen25-1.5b), CASE_<key> ("fields:words", default 8:1000 for
 # qwen35_4b, 28:1000 otherwise), SKIP_NCU, SKIP_TESTS, SKIP_TOPK, SKIP_AB (=1 skips), NCU_TIMEOUT (150).
+# The A/B alternates "candle" (candle's CUDA runtime defaults, separate gate/up products) with
+# "tuned" (the defaults: see backends/src/candle/cuda_runtime.rs and mlp.rs).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -35,7 +37,8 @@ for m in "${ML[@]}"; do
   key="${m//[-.]/_}"; cv="CASE_$key"; d=28:1000; [[ "$m" == qwen35-4b ]] && d=8:1000
   IFS=: read -r fields words <<<"${!cv:-$d}"
   bench() { # runtime repeats
-    FORKSCORE_CUDA_RUNTIME="$1" FORKSCORE_BENCH_MODEL="$W/ckpt/$m" FORKSCORE_BENCH_DEVICE=cuda FORKSCORE_BENCH_DTYPE=bf16 \
+    local base=""; [[ "$1" == candle ]] && base="FORKSCORE_MLP=separate"
+    env $base FORKSCORE_CUDA_RUNTIME="$1" FORKSCORE_BENCH_MODEL="$W/ckpt/$m" FORKSCORE_BENCH_DEVICE=cuda FORKSCORE_BENCH_DTYPE=bf16 \
     FORKSCORE_BENCH_REPEATS="$2" FORKSCORE_BENCH_MODES=parallel FORKSCORE_BENCH_FIELDS="$fields" \
     FORKSCORE_BENCH_WORDS="$words" FORKSCORE_BENCH_OUT="$W/bench-$m-$1" "${@:3}"
   }
@@ -43,6 +46,8 @@ for m in "${ML[@]}"; do
     for rt in candle tuned candle tuned; do
       say "$m $fields fields / $words words, runtime $rt"
       bench "$rt" 7 timeout 90 "$B/run.sh" "$B/modes-bench" 2>&1 | grep -E "^ +[0-9]|loaded" | tee -a "$OUT/ab-$m.log"
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["rows"][0]; print("stages (median ms):", json.dumps(r["stages_ms"]["parallel"]))' \
+        "$W/bench-$m-$rt/modes.json" 2>&1 | tee -a "$OUT/ab-$m.log"
     done
   fi
   if [[ "${SKIP_NCU:-0}" != 1 && -n "$NCU" ]]; then

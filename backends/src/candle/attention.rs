@@ -35,8 +35,8 @@ pub struct PastKv<'a> {
 
 /// Masks for one call, see [`super::mask`].
 pub struct AttnMasks<'a> {
-    /// `(1, 1, 1, L, L)`; `None` when `L == 1`.
-    pub causal: Option<&'a Tensor>,
+    /// `(1, 1, 1, L, L)`, built when the candle path first reads it; `None` when `L == 1`.
+    pub causal: Option<&'a super::mask::CausalMask>,
     /// `(1, B, 1, 1, P)`; `None` when every row sees its whole past.
     pub past: Option<&'a Tensor>,
     /// `(B,)` u32: each row's first visible past key, the same information as `past` for the
@@ -152,7 +152,7 @@ fn attend_candle(
         .map_err(op("attention scores new"))?;
     let s_new = match masks.causal {
         Some(m) => s_new
-            .broadcast_add(m)
+            .broadcast_add(m.tensor()?)
             .map_err(op("attention causal mask"))?,
         None => s_new,
     };

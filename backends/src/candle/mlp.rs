@@ -25,7 +25,8 @@ pub(crate) fn linear(
 }
 
 /// Whether CUDA models stack the gate and up weights into one matrix product at load (default
-/// on; [`set_gate_up_fusion`] turns it off, e.g. for the equivalence tests).
+/// on; [`set_gate_up_fusion`] or `FORKSCORE_MLP=separate` turn it off: the equivalence tests and
+/// A/B timings).
 static GATE_UP_FUSION: AtomicBool = AtomicBool::new(true);
 
 /// Stack gate and up into one product on CUDA for models loaded from now on (`true`, the
@@ -71,7 +72,9 @@ impl Mlp {
         )?;
         let gate_up = match (gate, up) {
             (Linear::Dense(g), Linear::Dense(u))
-                if w.device().is_cuda() && GATE_UP_FUSION.load(Ordering::Relaxed) =>
+                if w.device().is_cuda()
+                    && GATE_UP_FUSION.load(Ordering::Relaxed)
+                    && !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "separate") =>
             {
                 // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
                 let stacked = Tensor::cat(&[g.weight(), u.weight()], 0)

@@ -15,7 +15,24 @@ use crate::error::CandleError;
 pub(crate) struct Rope {
     /// `(R/2,)` frequencies; `R` is the rotary dim.
     inv_freq: Vec<f32>,
+    /// On accelerators: cos/sin of positions `0..len` in one dtype on one device, grown on
+    /// demand, from which each call gathers its rows (one small upload of positions instead of
+    /// computing and uploading `rows · len · R` values on the host for every call). The values
+    /// are the host's, so both ways give the same tables bit for bit.
+    cache: std::sync::Mutex<Option<RopeCache>>,
 }
+
+/// cos/sin `(len, R/2)` of positions `0..len` in `dtype` on `device`.
+struct RopeCache {
+    len: usize,
+    dtype: DType,
+    device: Device,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Positions cached at least (a GPU prefill chunk).
+const MIN_CACHED_POSITIONS: usize = 4096;
 
 /// cos and sin `(B, L, R/2)` in the compute dtype.
 pub(crate) struct RopeTables {
@@ -30,7 +47,78 @@ impl Rope {
         let inv_freq = (0..half)
             .map(|i| 1.0f32 / base.powf((2 * i) as f32 / rotary_dim as f32))
             .collect();
-        Rope { inv_freq }
+        Rope {
+            inv_freq,
+            cache: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// cos and sin of `positions`, computed on the host in f32.
+    fn host_values(&self, positions: impl Iterator<Item = u32>) -> (Vec<f32>, Vec<f32>) {
+        let (lo, _) = positions.size_hint();
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(lo * half);
+        let mut sin = Vec::with_capacity(lo * half);
+        for p in positions {
+            for &f in &self.inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        (cos, sin)
+    }
+
+    /// Tables for `positions` gathered from the device cache (accelerators only).
+    fn cached_tables(
+        &self,
+        positions: &[u32],
+        rows: usize,
+        len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<RopeTables, CandleError> {
+        let half = self.inv_freq.len();
+        let need = positions
+            .iter()
+            .copied()
+            .max()
+            .map_or(0, |m| m as usize + 1);
+        let mut cache = self.cache.lock().map_err(|_| CandleError::InvalidRequest {
+            reason: "RoPE cache lock poisoned".into(),
+        })?;
+        let fits = cache
+            .as_ref()
+            .is_some_and(|c| c.len >= need && c.dtype == dtype && c.device.same_device(device));
+        if !fits {
+            let n = need.next_power_of_two().max(MIN_CACHED_POSITIONS);
+            let (cos, sin) = self.host_values(0..n as u32);
+            let make = |v: Vec<f32>| {
+                Tensor::from_vec(v, (n, half), device).and_then(|t| t.to_dtype(dtype))
+            };
+            *cache = Some(RopeCache {
+                len: n,
+                dtype,
+                device: device.clone(),
+                cos: make(cos).map_err(CandleError::tensor("rope cos cache"))?,
+                sin: make(sin).map_err(CandleError::tensor("rope sin cache"))?,
+            });
+        }
+        let Some(c) = cache.as_ref() else {
+            return Err(CandleError::InvalidRequest {
+                reason: "RoPE cache missing".into(),
+            });
+        };
+        // (rows·len,) positions -> (rows·len, R/2) -> (rows, len, R/2)
+        let idx = Tensor::new(positions, device).map_err(CandleError::tensor("rope positions"))?;
+        let gather = |t: &Tensor| {
+            t.index_select(&idx, 0)
+                .and_then(|t| t.reshape((rows, len, half)))
+        };
+        Ok(RopeTables {
+            cos: gather(&c.cos).map_err(CandleError::tensor("rope cos"))?,
+            sin: gather(&c.sin).map_err(CandleError::tensor("rope sin"))?,
+        })
     }
 
     /// Tables for `positions`, row-major `(rows, len)`.
@@ -42,16 +130,11 @@ impl Rope {
         dtype: DType,
         device: &Device,
     ) -> Result<RopeTables, CandleError> {
-        let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in &self.inv_freq {
-                let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
+        if !device.is_cpu() {
+            return self.cached_tables(positions, rows, len, dtype, device);
         }
+        let half = self.inv_freq.len();
+        let (cos, sin) = self.host_values(positions.iter().copied());
         let make = |v: Vec<f32>| {
             Tensor::from_vec(v, (rows, len, half), device).and_then(|t| t.to_dtype(dtype))
         };

@@ -18,8 +18,8 @@ pub(crate) struct Step {
     pub len: usize,
     /// cos/sin `(B, L, R/2)`.
     pub rope: RopeTables,
-    /// `(1, 1, 1, L, L)`, `None` when `L == 1`.
-    pub causal: Option<Tensor>,
+    /// `(1, 1, 1, L, L)` when first read, `None` when `L == 1`.
+    pub causal: Option<mask::CausalMask>,
     /// `(1, B, 1, 1, P)`, `None` when no row has left padding.
     pub past_mask: Option<Tensor>,
     /// `(B,)` u32 first visible past key per row: `past_mask` for the flash kernel.
@@ -48,7 +48,7 @@ impl Step {
             .collect();
         let tables = rope.tables(&positions, rows, len, dtype, device)?;
         let causal = if len > 1 {
-            Some(mask::causal(len, device)?)
+            Some(mask::CausalMask::new(len, device))
         } else {
             None
         };
