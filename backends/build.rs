@@ -12,6 +12,7 @@ const KERNELS: &[&str] = &[
     "flash_attn",
     "vocab_topk",
     "swiglu",
+    "gdn_chunked",
 ];
 
 fn main() {

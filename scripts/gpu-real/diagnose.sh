@@ -4,7 +4,8 @@
 #   OUT=/path bash scripts/gpu-real/diagnose.sh
 # Needs carry/{forkscore,modes-bench,gpu-tests}.xz + run.sh (scripts/build-cuda.sh).
 # Env: MODELS (qwen35-4b,qwen25-1.5b), CASE_<key> ("fields:words", default 8:1000 for
-# qwen35_4b, 28:1000 otherwise), SKIP_NCU, SKIP_TESTS, SKIP_TOPK, SKIP_AB (=1 skips), NCU_TIMEOUT (150).
+# qwen35_4b, 28:1000 otherwise), SKIP_NCU, SKIP_TESTS, SKIP_TOPK, SKIP_AB (=1 skips), NCU_TIMEOUT (150),
+# HARNESSES (space-separated scripts/gpu-kernels/*.py to run, e.g. gdn_chunk_harness.py).
 # The A/B alternates "candle" (candle's CUDA runtime defaults, separate gate/up products) with
 # "tuned" (the defaults: see backends/src/candle/cuda_runtime.rs and mlp.rs).
 set -uo pipefail
@@ -32,6 +33,11 @@ if [[ "${SKIP_TOPK:-0}" != 1 ]]; then
   timeout 120 python3 scripts/gpu-kernels/topk_harness.py > "$OUT/topk_harness.txt" 2>&1; echo "topk exit $?"
   grep -v "^\[check\].*: ok" "$OUT/topk_harness.txt" | tail -20
 fi
+for h in ${HARNESSES:-}; do
+  say "harness $h"
+  timeout 150 python3 "scripts/gpu-kernels/$h" > "$OUT/${h%.py}.txt" 2>&1; echo "$h exit $?"
+  tail -15 "$OUT/${h%.py}.txt"
+done
 IFS=, read -ra ML <<<"$MODELS"
 for m in "${ML[@]}"; do
   key="${m//[-.]/_}"; cv="CASE_$key"; d=28:1000; [[ "$m" == qwen35-4b ]] && d=8:1000

@@ -1,4 +1,5 @@
-//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`), for prefill and
+//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and for calls of 64
+//! tokens or more the chunked form `kernels/gdn_chunked.cu`), for prefill and
 //! scoring on NVIDIA GPUs: [`causal_conv_silu`] (the causal conv, SiLU and new conv state in one
 //! pass) and [`gated_delta_rule`], the delta rule. The delta rule computes the same function as
 //! [`super::recurrence`] token by token, but keeps the recurrent state in registers for the
@@ -160,6 +161,13 @@ mod cuda {
             let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
             let (mut out, mut s1) = dst.split_at_mut(n_out);
 
+            if takes_chunked(l, dk, dv) {
+                chunked(&dev, &qkv, &beta, &g, &s0, &mut out, &mut s1, b, l, &self.dims)?;
+                return Ok((
+                    CudaStorage::wrap_cuda_slice(dst, dev),
+                    Shape::from(n_out + n_state),
+                ));
+            }
             let func = module(&dev)?
                 .load_function(&format!("gdn_recurrent_dk{dk}"))
                 .w()?;
@@ -195,6 +203,119 @@ mod cuda {
                 Shape::from(n_out + n_state),
             ))
         }
+    }
+
+    /// nvcc's fat binary of `kernels/gdn_chunked.cu` (see build.rs).
+    static CHUNKED_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_chunked.fatbin"));
+    /// Must match the kernel source: tokens per chunk, threads per block, value columns per
+    /// scan block.
+    const CHUNK: usize = 64;
+    const CHUNK_THREADS: u32 = 256;
+    const SCAN_TILE: usize = 32;
+    /// Calls of at least this many tokens take the chunked form.
+    const CHUNKED_MIN_TOKENS: usize = 64;
+    /// Dynamic shared memory the GPU grants one block at most (Hopper: 227 KiB).
+    const MAX_SHARED: usize = 227 * 1024;
+
+    fn prep_smem(dk: usize, dv: usize) -> usize {
+        4 * (2 * CHUNK * (dk + 1) + CHUNK * (CHUNK + 1) + 3 * CHUNK + CHUNK * dv)
+    }
+    fn scan_smem(dk: usize) -> usize {
+        4 * (dk * SCAN_TILE + CHUNK * dk + CHUNK * SCAN_TILE + CHUNK * CHUNK)
+    }
+    fn ws_per_chunk(dk: usize, dv: usize) -> usize {
+        CHUNK * dk * 3 + CHUNK * dv + CHUNK * CHUNK + 1
+    }
+
+    /// Whether a call of `l` tokens takes the chunked kernels (long calls, dk 32 / 64 / 128, the
+    /// shared memory fits; `FORKSCORE_GDN_PREFILL=recurrent` keeps the token-by-token kernel).
+    fn takes_chunked(l: usize, dk: usize, dv: usize) -> bool {
+        static RECURRENT_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let recurrent_only = *RECURRENT_ONLY.get_or_init(|| {
+            std::env::var("FORKSCORE_GDN_PREFILL").is_ok_and(|v| v.trim() == "recurrent")
+        });
+        !recurrent_only
+            && l >= CHUNKED_MIN_TOKENS
+            && matches!(dk, 32 | 64 | 128)
+            && prep_smem(dk, dv) <= MAX_SHARED
+            && scan_smem(dk) <= MAX_SHARED
+    }
+
+    /// The chunked delta rule (`kernels/gdn_chunked.cu`): all chunks' WY terms in parallel, then
+    /// one scan over the chunks per (row, value head, 32 value columns). Same outputs as the
+    /// token-by-token kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn chunked(
+        dev: &CudaDevice,
+        qkv: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        beta: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        g: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        s0: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        out: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
+        s1: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
+        b: usize,
+        l: usize,
+        dims: &GdnDims,
+    ) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+        let (hk, hv, dk, dv) = (dims.key_heads, dims.value_heads, dims.key_dim, dims.value_dim);
+        let nc = l.div_ceil(CHUNK);
+        // SAFETY: the prep kernel writes every workspace element the scan reads.
+        let mut ws = unsafe { dev.alloc::<f32>(b * hv * nc * ws_per_chunk(dk, dv))? };
+        let m = crate::candle::cuda_module::load(dev, "gdn_chunked", CHUNKED_FATBIN)?;
+        let prep = m.load_function(&format!("gdn_chunk_prep_dk{dk}")).w()?;
+        let scan = m.load_function(&format!("gdn_chunk_scan_dk{dk}")).w()?;
+        let (p_smem, s_smem) = (prep_smem(dk, dv), scan_smem(dk));
+        for (f, smem) in [(&prep, p_smem), (&scan, s_smem)] {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .w()?;
+        }
+        let stream = dev.cuda_stream();
+        let (l_i, hk_i, hv_i, dv_i, nc_i) = (l as i32, hk as i32, hv as i32, dv as i32, nc as i32);
+        let q_scale = (dk as f32).powf(-0.5);
+        let mut builder = stream.launch_builder(&prep);
+        builder.arg(qkv);
+        builder.arg(beta);
+        builder.arg(g);
+        builder.arg(&mut ws);
+        builder.arg(&l_i);
+        builder.arg(&hk_i);
+        builder.arg(&hv_i);
+        builder.arg(&dv_i);
+        builder.arg(&q_scale);
+        builder.arg(&L2_EPS);
+        let cfg = LaunchConfig {
+            grid_dim: (nc as u32, hv as u32, b as u32),
+            block_dim: (CHUNK_THREADS, 1, 1),
+            shared_mem_bytes: p_smem as u32,
+        };
+        // SAFETY: argument types and order match the kernel's signature; shapes were checked
+        // by `run`.
+        unsafe { builder.launch(cfg) }.w()?;
+        drop(builder);
+        let no_slots: u64 = 0;
+        let mut builder = stream.launch_builder(&scan);
+        builder.arg(&ws);
+        builder.arg(s0);
+        builder.arg(&no_slots);
+        builder.arg(out);
+        builder.arg(s1);
+        builder.arg(&l_i);
+        builder.arg(&hv_i);
+        builder.arg(&dv_i);
+        builder.arg(&nc_i);
+        let cfg = LaunchConfig {
+            grid_dim: (dv.div_ceil(SCAN_TILE) as u32, hv as u32, b as u32),
+            block_dim: (CHUNK_THREADS, 1, 1),
+            shared_mem_bytes: s_smem as u32,
+        };
+        // SAFETY: as above; the scan writes every output token and the whole final state.
+        unsafe { builder.launch(cfg) }.w()?;
+        drop(builder);
+        Ok(())
     }
 
     /// The conv op: applied to `p`, holding the state, weight and lengths. One output, the flat

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Checks and times backends/kernels/gdn_chunked.cu (the chunked gated delta rule) on the GPU
+machine, next to the token-by-token kernel it replaces for prefill.
+
+  python3 scripts/gpu-kernels/gdn_chunk_harness.py
+
+1. compiles the very .cu sources with nvcc (sm_90a cubins) and loads them with CuPy;
+2. correctness: against the float64 recurrence of gdn_harness.py on fresh random inputs (several
+   shapes: partial last chunks, one token, slot gather, β = g = 0 padding, dk 32 / 64 / 128) —
+   relative error of outputs and final state, every element written;
+3. timing (CUDA events, median of 30): the Qwen3.5-4B layer shape (Hk 16, Hv 32, dk = dv = 128)
+   at 1,000 / 1,547 / 2,048 / 4,096 tokens (B = 1): chunked (prep + scan) vs recurrent.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import cupy as cp
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import gdn_harness as rec  # noqa: E402  (reference, inputs, launch, time_ms)
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "gdn_chunked.cu")
+C, NT, TILE = 64, 256, 32
+
+
+def build():
+    out = os.path.join(tempfile.gettempdir(), "gdn_chunked.cubin")
+    cmd = ["nvcc", "-cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-Xptxas", "-v", "-o", out, SRC]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(r.stderr)
+    print("\n".join(l for l in r.stderr.splitlines() if "registers" in l or "spill" in l)[-400:])
+    return cp.RawModule(path=out)
+
+
+def prep_smem(dk, dv):
+    return 4 * (2 * C * (dk + 1) + C * (C + 1) + 3 * C + C * dv)
+
+
+def scan_smem(dk):
+    return 4 * (dk * TILE + C * dk + C * TILE + C * C)
+
+
+def ws_per_chunk(dk, dv):
+    return C * dk * 3 + C * dv + C * C + 1
+
+
+def launch(mod, qkv, beta, g, s0, slot, Hk, Hv, dk, dv, scale, ws=None):
+    B, L, _ = qkv.shape
+    nc = (L + C - 1) // C
+    out = torch.full((B, L, Hv, dv), float("nan"), device="cuda")
+    s1 = torch.full((B, Hv, dk, dv), float("nan"), device="cuda")
+    if ws is None:
+        ws = torch.empty(B * Hv * max(nc, 1) * ws_per_chunk(dk, dv), device="cuda")
+    ptr = lambda t: cp.uint64(t.data_ptr()) if t is not None else cp.uint64(0)
+    prep = mod.get_function(f"gdn_chunk_prep_dk{dk}")
+    prep.max_dynamic_shared_size_bytes = prep_smem(dk, dv)
+    scan = mod.get_function(f"gdn_chunk_scan_dk{dk}")
+    scan.max_dynamic_shared_size_bytes = scan_smem(dk)
+    if nc > 0:
+        prep((nc, Hv, B), (NT,), (ptr(qkv), ptr(beta), ptr(g), ptr(ws), cp.int32(L), cp.int32(Hk),
+                                  cp.int32(Hv), cp.int32(dv), cp.float32(scale), cp.float32(rec.L2_EPS)),
+             shared_mem=prep_smem(dk, dv))
+    scan(((dv + TILE - 1) // TILE, Hv, B), (NT,), (ptr(ws), ptr(s0), ptr(slot), ptr(out), ptr(s1),
+                                                  cp.int32(L), cp.int32(Hv), cp.int32(dv), cp.int32(nc)),
+         shared_mem=scan_smem(dk))
+    return out, s1
+
+
+def main():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    mod = build()
+    rmod, _ = rec.build(2, 4)
+    print("== correctness (rel err vs float64; every element written)")
+    worst = 0.0
+    shapes = [  # B, L, Hk, Hv, dk, dv, slots, pad_tail
+        (1, 130, 2, 4, 128, 128, 1, 0), (3, 37, 2, 2, 64, 40, 2, 5), (2, 64, 1, 3, 32, 24, 2, 0),
+        (2, 200, 2, 4, 128, 96, 2, 7), (1, 1, 2, 4, 128, 128, 1, 0), (1, 513, 4, 8, 128, 128, 1, 0),
+        (2, 65, 2, 4, 64, 64, 1, 0),
+    ]
+    for shape in shapes:
+        B, L, Hk, Hv, dk, dv, slots, pad = shape
+        qkv, beta, g, s0, slot = rec.inputs(B, L, Hk, Hv, dk, dv, slots, pad, gen)
+        scale = dk ** -0.5
+        ro, rs = rec.reference(qkv, beta, g, s0, slot, Hk, Hv, dk, dv, scale)
+        o, s = launch(mod, qkv, beta, g, s0, slot, Hk, Hv, dk, dv, scale)
+        torch.cuda.synchronize()
+        ok_written = not torch.isnan(s).any().item() and not torch.isnan(o).any().item()
+        eo = ((o.double() - ro).norm() / ro.norm().clamp_min(1e-30)).item() if L else 0.0
+        es = ((s.double() - rs).norm() / rs.norm()).item()
+        ro2, _ = rec.launch(rmod, 2, 4, qkv, beta, g, s0, slot, Hk, Hv, dk, dv, scale)
+        erec = ((o - ro2).abs().max()).item() if L else 0.0
+        worst = max(worst, eo, es)
+        print(f"  shape {shape}: out {eo:.2e}, state {es:.2e}, max|chunked − recurrent| {erec:.2e}, "
+              f"{'all written' if ok_written else 'UNWRITTEN'}")
+        worst = max(worst, 0 if ok_written else 1)
+    print(f"  worst relative error {worst:.2e}")
+    print("== timing, Qwen3.5-4B layer (Hk 16, Hv 32, dk = dv = 128), B = 1 (ms, median)")
+    print("| tokens | recurrent | chunked | recurrent ÷ chunked |")
+    print("|---:|---:|---:|---:|")
+    for L in (1000, 1547, 2048, 4096):
+        qkv, beta, g, s0, slot = rec.inputs(1, L, 16, 32, 128, 128, 1, 0, gen)
+        nc = (L + C - 1) // C
+        ws = torch.empty(32 * nc * ws_per_chunk(128, 128), device="cuda")
+        out = torch.empty(1, L, 32, 128, device="cuda")
+        s1 = torch.empty(1, 32, 128, 128, device="cuda")
+        tr = rec.time_ms(lambda: rec.launch(rmod, 2, 4, qkv, beta, g, s0, slot, 16, 32, 128, 128, 128 ** -0.5, out, s1))
+        tc = rec.time_ms(lambda: launch(mod, qkv, beta, g, s0, slot, 16, 32, 128, 128, 128 ** -0.5, ws))
+        print(f"| {L:,} | {tr:.3f} | {tc:.3f} | {tr / tc:.1f}× |")
+    print(f"[gdn-chunk] {'PASS' if worst < 1e-5 else 'FAIL'}")
+    sys.exit(0 if worst < 1e-5 else 1)
+
+
+if __name__ == "__main__":
+    main()
