@@ -450,48 +450,55 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
             out_proj: rand(&[d, cv], s),
         };
         let layer = GdnLayer::new(dims, w, DType::F32).expect("layer");
-        for (b, l, lengths) in [(2usize, 150usize, Some(vec![150usize, 97])), (1, 700, None)] {
-            let x = rand(&[b, l, d], 2.0);
-            let st = GdnState {
-                conv: rand(&[b, 3, cc], 1.0),
-                recurrent: rand(&[b, hv, dk, dv], 0.5),
-            };
-            let pad = lengths.map(|ls| RightPadding::new(ls, l).expect("padding"));
-            let (y_f, s_f) = layer
-                .forward_with(&x, &st, pad.as_ref(), DeltaRule::Fused)
-                .expect("fused");
-            let (y_c, s_c) = layer
-                .forward_with(&x, &st, pad.as_ref(), DeltaRule::Chunked(64))
-                .expect("chunked");
-            let (y_r, s_r) = layer
-                .forward_with(&x, &st, pad.as_ref(), DeltaRule::Recurrent)
-                .expect("recurrent");
-            // Padded positions' outputs are unspecified: compare the real prefix of each row.
-            let rows: Vec<usize> = match &pad {
-                Some(p) => p.lengths().to_vec(),
-                None => vec![l; b],
-            };
-            for (row, len) in rows.iter().enumerate() {
-                let cut = |t: &Tensor| {
-                    t.narrow(0, row, 1)
-                        .and_then(|t| t.narrow(1, 0, *len))
-                        .expect("cut")
+        // both CUDA forms of long calls: token by token, and the chunked WY kernels
+        for form in [fused::PrefillForm::Recurrent, fused::PrefillForm::Chunked] {
+            fused::set_prefill_form(form);
+            for (b, l, lengths) in [(2usize, 150usize, Some(vec![150usize, 97])), (1, 700, None)] {
+                let x = rand(&[b, l, d], 2.0);
+                let st = GdnState {
+                    conv: rand(&[b, 3, cc], 1.0),
+                    recurrent: rand(&[b, hv, dk, dv], 0.5),
                 };
-                let (ey_r, ey_c) = (
-                    max_diff(&cut(&y_f), &cut(&y_r)),
-                    max_diff(&cut(&y_f), &cut(&y_c)),
-                );
-                worst = worst.max(ey_r).max(ey_c);
-                println!("dk {dk} dv {dv} B {b} L {l} row {row}: |fused - recurrent| {ey_r:e}, |fused - chunked| {ey_c:e}");
+                let pad = lengths.map(|ls| RightPadding::new(ls, l).expect("padding"));
+                let (y_f, s_f) = layer
+                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Fused)
+                    .expect("fused");
+                let (y_c, s_c) = layer
+                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Chunked(64))
+                    .expect("chunked");
+                let (y_r, s_r) = layer
+                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Recurrent)
+                    .expect("recurrent");
+                // Padded positions' outputs are unspecified: compare the real prefix of each row.
+                let rows: Vec<usize> = match &pad {
+                    Some(p) => p.lengths().to_vec(),
+                    None => vec![l; b],
+                };
+                for (row, len) in rows.iter().enumerate() {
+                    let cut = |t: &Tensor| {
+                        t.narrow(0, row, 1)
+                            .and_then(|t| t.narrow(1, 0, *len))
+                            .expect("cut")
+                    };
+                    let (ey_r, ey_c) = (
+                        max_diff(&cut(&y_f), &cut(&y_r)),
+                        max_diff(&cut(&y_f), &cut(&y_c)),
+                    );
+                    worst = worst.max(ey_r).max(ey_c);
+                    println!("dk {dk} dv {dv} B {b} L {l} row {row}: |fused - recurrent| {ey_r:e}, |fused - chunked| {ey_c:e}");
+                }
+                let es = max_diff(&s_f.recurrent, &s_r.recurrent)
+                    .max(max_diff(&s_f.recurrent, &s_c.recurrent));
+                let ec = max_diff(&s_f.conv, &s_r.conv);
+                println!("{form:?} dk {dk} dv {dv} B {b} L {l}: state {es:e}, conv state {ec:e}");
+                worst = worst.max(es).max(ec);
             }
-            let es = max_diff(&s_f.recurrent, &s_r.recurrent)
-                .max(max_diff(&s_f.recurrent, &s_c.recurrent));
-            let ec = max_diff(&s_f.conv, &s_r.conv);
-            println!("dk {dk} dv {dv} B {b} L {l}: state {es:e}, conv state {ec:e}");
-            worst = worst.max(es).max(ec);
         }
     }
-    println!("SUMMARY fused delta rule: worst max |diff| {worst:e}");
+    fused::set_prefill_form(fused::PrefillForm::Recurrent);
+    println!(
+        "SUMMARY fused delta rule (recurrent and chunked CUDA forms): worst max |diff| {worst:e}"
+    );
     assert!(
         worst <= 1e-4,
         "fused kernel differs from the candle forms by {worst:e}"

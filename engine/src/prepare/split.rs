@@ -12,7 +12,8 @@
 //! the short tail after it once per row: tokenizers segment their input at added tokens before
 //! anything else, so `tokenize(head ++ tail) == tokenize(head) ++ tokenize(tail)`. That premise is
 //! checked on every context by tokenizing one full prompt whole (the row with the longest
-//! selector); a mismatch falls back to [`split_exact`]. Both give identical results (tested).
+//! selector), concurrently with the head; a mismatch falls back to [`split_exact`]. Both give
+//! identical results (tested).
 
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
@@ -85,18 +86,26 @@ pub fn split_anchored(
         return split_exact(tok, prefix_text, selectors);
     };
     let (head_text, tail_text) = prefix_text.split_at(anchor);
-    let head = tok.encode(head_text)?;
-    let join = |tail: Vec<u32>| [head.as_slice(), tail.as_slice()].concat();
-    let prefix_only = join(tok.encode(tail_text)?);
-    let fulls: Vec<Vec<u32>> = selectors
-        .par_iter()
-        .map(|s| tok.encode(&format!("{tail_text}{s}")).map(join))
-        .collect::<Result<_, _>>()?;
-    // Check the premise on this context: one full prompt tokenized whole.
+    // The premise check (one full prompt tokenized whole) runs on another thread while the head
+    // and the tails are tokenized: a split costs one long tokenization of wall time, not two.
     let probe = (0..selectors.len())
         .max_by_key(|&i| selectors[i].len())
         .unwrap_or(0);
-    if tok.encode(&format!("{prefix_text}{}", selectors[probe]))? != fulls[probe] {
+    let (split, whole) = rayon::join(
+        || -> Result<(Vec<u32>, Vec<Vec<u32>>), SplitError> {
+            let head = tok.encode(head_text)?;
+            let join = |tail: Vec<u32>| [head.as_slice(), tail.as_slice()].concat();
+            let prefix_only = join(tok.encode(tail_text)?);
+            let fulls: Vec<Vec<u32>> = selectors
+                .par_iter()
+                .map(|s| tok.encode(&format!("{tail_text}{s}")).map(join))
+                .collect::<Result<_, _>>()?;
+            Ok((prefix_only, fulls))
+        },
+        || tok.encode(&format!("{prefix_text}{}", selectors[probe])),
+    );
+    let (prefix_only, fulls) = split?;
+    if whole? != fulls[probe] {
         return split_exact(tok, prefix_text, selectors);
     }
     split_from_tokenizations(prefix_text, prefix_only, fulls)

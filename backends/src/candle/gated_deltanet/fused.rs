@@ -1,5 +1,6 @@
-//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and for calls of 64
-//! tokens or more the chunked form `kernels/gdn_chunked.cu`), for prefill and
+//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and, opt-in for calls
+//! of 64 tokens or more, the chunked form `kernels/gdn_chunked.cu`: see [`PrefillForm`]), for
+//! prefill and
 //! scoring on NVIDIA GPUs: [`causal_conv_silu`] (the causal conv, SiLU and new conv state in one
 //! pass) and [`gated_delta_rule`], the delta rule. The delta rule computes the same function as
 //! [`super::recurrence`] token by token, but keeps the recurrent state in registers for the
@@ -17,6 +18,45 @@
 use candle_core::{Device, Result, Tensor};
 
 use super::GdnDims;
+
+/// Which kernel runs the delta rule of long calls (64 tokens or more) on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillForm {
+    /// Token by token (`gdn_recurrent.cu`), the default: measured faster on the H200 so far.
+    Recurrent,
+    /// Chunked WY form (`gdn_chunked.cu`): correct (harness and GPU test) but, untuned, slower.
+    Chunked,
+}
+
+/// 0: the environment decides (`FORKSCORE_GDN_PREFILL=chunked`), 1: recurrent, 2: chunked.
+static PREFILL_FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Choose the form for the whole process (the GPU tests run both).
+pub fn set_prefill_form(form: PrefillForm) {
+    let v = match form {
+        PrefillForm::Recurrent => 1,
+        PrefillForm::Chunked => 2,
+    };
+    PREFILL_FORM.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The form in force.
+pub fn prefill_form() -> PrefillForm {
+    match PREFILL_FORM.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => PrefillForm::Recurrent,
+        2 => PrefillForm::Chunked,
+        _ => {
+            static ENV: std::sync::OnceLock<PrefillForm> = std::sync::OnceLock::new();
+            *ENV.get_or_init(|| {
+                if std::env::var("FORKSCORE_GDN_PREFILL").is_ok_and(|v| v.trim() == "chunked") {
+                    PrefillForm::Chunked
+                } else {
+                    PrefillForm::Recurrent
+                }
+            })
+        }
+    }
+}
 
 /// Whether the fused kernel can run this layer on this device.
 pub fn supports(dims: &GdnDims, device: &Device) -> bool {
@@ -162,7 +202,9 @@ mod cuda {
             let (mut out, mut s1) = dst.split_at_mut(n_out);
 
             if takes_chunked(l, dk, dv) {
-                chunked(&dev, &qkv, &beta, &g, &s0, &mut out, &mut s1, b, l, &self.dims)?;
+                chunked(
+                    &dev, &qkv, &beta, &g, &s0, &mut out, &mut s1, b, l, &self.dims,
+                )?;
                 return Ok((
                     CudaStorage::wrap_cuda_slice(dst, dev),
                     Shape::from(n_out + n_state),
@@ -227,14 +269,10 @@ mod cuda {
         CHUNK * dk * 3 + CHUNK * dv + CHUNK * CHUNK + 1
     }
 
-    /// Whether a call of `l` tokens takes the chunked kernels (long calls, dk 32 / 64 / 128, the
-    /// shared memory fits; `FORKSCORE_GDN_PREFILL=recurrent` keeps the token-by-token kernel).
+    /// Whether a call of `l` tokens takes the chunked kernels ([`super::PrefillForm::Chunked`]
+    /// chosen, long calls, dk 32 / 64 / 128, the shared memory fits).
     fn takes_chunked(l: usize, dk: usize, dv: usize) -> bool {
-        static RECURRENT_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let recurrent_only = *RECURRENT_ONLY.get_or_init(|| {
-            std::env::var("FORKSCORE_GDN_PREFILL").is_ok_and(|v| v.trim() == "recurrent")
-        });
-        !recurrent_only
+        super::prefill_form() == super::PrefillForm::Chunked
             && l >= CHUNKED_MIN_TOKENS
             && matches!(dk, 32 | 64 | 128)
             && prep_smem(dk, dv) <= MAX_SHARED
@@ -258,7 +296,12 @@ mod cuda {
         dims: &GdnDims,
     ) -> Result<()> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
-        let (hk, hv, dk, dv) = (dims.key_heads, dims.value_heads, dims.key_dim, dims.value_dim);
+        let (hk, hv, dk, dv) = (
+            dims.key_heads,
+            dims.value_heads,
+            dims.key_dim,
+            dims.value_dim,
+        );
         let nc = l.div_ceil(CHUNK);
         // SAFETY: the prep kernel writes every workspace element the scan reads.
         let mut ws = unsafe { dev.alloc::<f32>(b * hv * nc * ws_per_chunk(dk, dv))? };
