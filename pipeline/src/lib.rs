@@ -7,3 +7,4 @@ pub mod input_bounds;
 pub mod load;
 pub mod provenance;
 pub mod score_cmd;
+pub mod serve_cmd;

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, score_cmd};
+use forkscore_pipeline::{batch, demo, score_cmd, serve_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +23,8 @@ enum Command {
     DemoModel(demo::DemoArgs),
     /// Score a JSONL file of decisions into a JSONL file of results (resumable).
     Batch(batch::BatchArgs),
+    /// Serve scoring over HTTP (loopback by default): /v1/score, /v1/decide_many, /v1/ask, /health, /metrics, /openapi.json.
+    Serve(serve_cmd::ServeArgs),
 }
 
 fn main() {
@@ -38,5 +40,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(args) => score_cmd::run(&args),
         Command::DemoModel(args) => demo::run(&args),
         Command::Batch(args) => batch::run(&args),
+        Command::Serve(args) => serve_cmd::run(&args),
     }
 }
