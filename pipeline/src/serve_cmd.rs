@@ -61,22 +61,37 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ("--group-max-prefix-tokens", args.group_max_prefix_tokens),
         ("--group-max-mib", args.group_max_mib),
     ])?;
-    check_float_flag("--device-memory-gib", args.device_memory_gib, (1u64 << 20) as f64)?;
+    check_float_flag(
+        "--device-memory-gib",
+        args.device_memory_gib,
+        (1u64 << 20) as f64,
+    )?;
     for (flag, v, max) in [
         ("--max-body-mib", args.max_body_mib, 1024),
-        ("--max-contexts-per-request", args.max_contexts_per_request, 1 << 16),
+        (
+            "--max-contexts-per-request",
+            args.max_contexts_per_request,
+            1 << 16,
+        ),
         ("--queue-capacity", args.queue_capacity, 1 << 20),
         ("--max-merged-contexts", args.max_merged_contexts, 1 << 16),
     ] {
-        anyhow::ensure!((1..=max).contains(&v), "{flag} {v} is out of range: it must be between 1 and {max}");
+        anyhow::ensure!(
+            (1..=max).contains(&v),
+            "{flag} {v} is out of range: it must be between 1 and {max}"
+        );
     }
     anyhow::ensure!(
-        args.request_timeout_s.is_finite() && args.request_timeout_s > 0.0 && args.request_timeout_s <= 86_400.0,
+        args.request_timeout_s.is_finite()
+            && args.request_timeout_s > 0.0
+            && args.request_timeout_s <= 86_400.0,
         "--request-timeout-s {} must be a number of seconds in (0, 86400]",
         args.request_timeout_s
     );
     let loaded = load::open(&args.model)?;
-    let engine = loaded.engine.with_context_special_tokens(args.context_special_tokens);
+    let engine = loaded
+        .engine
+        .with_context_special_tokens(args.context_special_tokens);
     let device_bytes = match args.device_memory_gib {
         Some(g) => Some((g * (1u64 << 30) as f64) as u64),
         None => crate::batch::cuda_memory_bytes(args.model.device),

@@ -14,7 +14,9 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
-const LATENCY_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
 const SIZE_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 #[derive(Debug, Clone, Default)]
@@ -44,8 +46,16 @@ impl Histogram {
             let n = self.buckets.get(i).copied().unwrap_or(0);
             let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
         }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
         let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
         let _ = writeln!(out, "{name}_count{braces} {}", self.count);
     }
@@ -75,7 +85,10 @@ impl Metrics {
     pub fn request(&self, route: &str, status: u16, seconds: f64) {
         let mut m = self.lock();
         *m.requests.entry((route.to_string(), status)).or_default() += 1;
-        m.latency.entry(route.to_string()).or_default().observe(&LATENCY_BUCKETS, seconds);
+        m.latency
+            .entry(route.to_string())
+            .or_default()
+            .observe(&LATENCY_BUCKETS, seconds);
     }
     pub fn queue_add(&self, n: i64) {
         self.queue_depth.fetch_add(n, Ordering::Relaxed);
@@ -103,11 +116,19 @@ impl Metrics {
         let mut out = String::new();
         out.push_str("# HELP forkscore_requests_total HTTP requests by route and status.\n# TYPE forkscore_requests_total counter\n");
         for ((route, status), n) in &m.requests {
-            let _ = writeln!(out, "forkscore_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "forkscore_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
         }
         out.push_str("# HELP forkscore_request_duration_seconds Request latency.\n# TYPE forkscore_request_duration_seconds histogram\n");
         for (route, h) in &m.latency {
-            h.write(&mut out, "forkscore_request_duration_seconds", &format!("route=\"{route}\""), &LATENCY_BUCKETS);
+            h.write(
+                &mut out,
+                "forkscore_request_duration_seconds",
+                &format!("route=\"{route}\""),
+                &LATENCY_BUCKETS,
+            );
         }
         let _ = writeln!(
             out,
@@ -115,16 +136,29 @@ impl Metrics {
             self.queue_depth()
         );
         for (name, help, v) in [
-            ("forkscore_prefix_tokens_total", "Prefix tokens of scored contexts.", m.prefix_tokens),
+            (
+                "forkscore_prefix_tokens_total",
+                "Prefix tokens of scored contexts.",
+                m.prefix_tokens,
+            ),
             ("forkscore_rows_total", "Field rows scored.", m.rows),
-            ("forkscore_decisions_total", "Decisions returned.", m.decisions),
+            (
+                "forkscore_decisions_total",
+                "Decisions returned.",
+                m.decisions,
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         }
         out.push_str("# HELP forkscore_group_size Contexts per scored context group.\n# TYPE forkscore_group_size histogram\n");
-        m.group_size.write(&mut out, "forkscore_group_size", "", &SIZE_BUCKETS);
+        m.group_size
+            .write(&mut out, "forkscore_group_size", "", &SIZE_BUCKETS);
         out.push_str("# HELP forkscore_merged_contexts Contexts per merged decide_many call.\n# TYPE forkscore_merged_contexts histogram\n");
-        m.merged.write(&mut out, "forkscore_merged_contexts", "", &SIZE_BUCKETS);
+        m.merged
+            .write(&mut out, "forkscore_merged_contexts", "", &SIZE_BUCKETS);
         out
     }
 }

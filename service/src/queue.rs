@@ -62,7 +62,8 @@ impl Queue {
                 mpsc::error::TrySendError::Full(_) => "the scoring queue is full; retry later",
                 mpsc::error::TrySendError::Closed(_) => "the server is shutting down",
             };
-            ApiError::bad("queue_full", "<root>", message).with_status(StatusCode::SERVICE_UNAVAILABLE)
+            ApiError::bad("queue_full", "<root>", message)
+                .with_status(StatusCode::SERVICE_UNAVAILABLE)
         })
     }
 }
@@ -108,14 +109,27 @@ pub fn buckets(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     out
 }
 
-fn decide_bucket<B: Backend>(engine: &Engine<B>, jobs: Vec<Job>, budget: &GroupBudget, metrics: &Metrics) {
-    let contexts: Vec<&str> = jobs.iter().flat_map(|j| j.contexts.iter().map(String::as_str)).collect();
+fn decide_bucket<B: Backend>(
+    engine: &Engine<B>,
+    jobs: Vec<Job>,
+    budget: &GroupBudget,
+    metrics: &Metrics,
+) {
+    let contexts: Vec<&str> = jobs
+        .iter()
+        .flat_map(|j| j.contexts.iter().map(String::as_str))
+        .collect();
     metrics.merged_call(contexts.len());
     let mut results = engine
         .decide_many(&contexts, &jobs[0].compiled, &jobs[0].options, budget)
         .into_iter();
     for d in results.as_slice().iter().flatten() {
-        let opens_group = d.telemetry.group.as_ref().filter(|g| g.slot == 0).map(|g| g.size);
+        let opens_group = d
+            .telemetry
+            .group
+            .as_ref()
+            .filter(|g| g.slot == 0)
+            .map(|g| g.size);
         metrics.decision(d.telemetry.prefix_tokens, d.telemetry.rows, opens_group);
     }
     for job in jobs {

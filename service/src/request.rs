@@ -42,7 +42,11 @@ impl Endpoint {
 }
 
 /// Parse one body for `endpoint` under the server's limits.
-pub fn parse(endpoint: Endpoint, body: &[u8], cfg: &ServeConfig) -> Result<DecideRequest, ApiError> {
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    cfg: &ServeConfig,
+) -> Result<DecideRequest, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|e| ApiError::bad("invalid_utf8", "<root>", format!("body is not UTF-8 ({e})")))?;
     let value = parse_strict(text).map_err(|e| match &e {
@@ -52,7 +56,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8], cfg: &ServeConfig) -> Result<Decid
         StrictJsonError::Syntax { .. } => ApiError::bad("invalid_json", "<root>", e.to_string()),
     })?;
     let Value::Object(mut obj) = value else {
-        return Err(ApiError::bad("not_an_object", "<root>", "body must be a JSON object"));
+        return Err(ApiError::bad(
+            "not_an_object",
+            "<root>",
+            "body must be a JSON object",
+        ));
     };
     if let Some(key) = obj.keys().find(|k| !endpoint.keys().contains(&k.as_str())) {
         return Err(ApiError::bad(
@@ -65,24 +73,40 @@ pub fn parse(endpoint: Endpoint, body: &[u8], cfg: &ServeConfig) -> Result<Decid
     let context_bytes = context_byte_bound(options.max_input_tokens);
     let contexts = match endpoint {
         Endpoint::Score | Endpoint::Ask => {
-            vec![context_string(obj.remove("context"), "context", context_bytes)?]
+            vec![context_string(
+                obj.remove("context"),
+                "context",
+                context_bytes,
+            )?]
         }
         Endpoint::DecideMany => {
             let list = match obj.remove("contexts") {
                 Some(Value::Array(a)) => a,
                 None => return Err(ApiError::bad("missing_context", "contexts", "required")),
                 Some(_) => {
-                    return Err(ApiError::bad("invalid_field", "contexts", "must be an array of strings"))
+                    return Err(ApiError::bad(
+                        "invalid_field",
+                        "contexts",
+                        "must be an array of strings",
+                    ))
                 }
             };
             if list.is_empty() {
-                return Err(ApiError::bad("invalid_field", "contexts", "must not be empty"));
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "contexts",
+                    "must not be empty",
+                ));
             }
             if list.len() > cfg.max_contexts_per_request {
                 return Err(ApiError::bad(
                     "too_many_contexts",
                     "contexts",
-                    format!("{} contexts, over this server's limit of {}", list.len(), cfg.max_contexts_per_request),
+                    format!(
+                        "{} contexts, over this server's limit of {}",
+                        list.len(),
+                        cfg.max_contexts_per_request
+                    ),
                 )
                 .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE));
             }
@@ -97,8 +121,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8], cfg: &ServeConfig) -> Result<Decid
             Some(Value::String(q)) if !q.trim().is_empty() => {
                 json!({"answer": {"type": "boolean", "description": q}})
             }
-            Some(Value::String(_)) => return Err(ApiError::bad("invalid_field", "question", "must not be empty")),
-            Some(_) => return Err(ApiError::bad("invalid_field", "question", "must be a string")),
+            Some(Value::String(_)) => {
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "question",
+                    "must not be empty",
+                ))
+            }
+            Some(_) => {
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "question",
+                    "must be a string",
+                ))
+            }
             None => return Err(ApiError::bad("missing_schema", "question", "required")),
         },
         _ => obj
@@ -106,10 +142,18 @@ pub fn parse(endpoint: Endpoint, body: &[u8], cfg: &ServeConfig) -> Result<Decid
             .ok_or_else(|| ApiError::bad("missing_schema", "schema", "required"))?,
     };
     let schema = Schema::from_value(&schema_value).map_err(|e| {
-        let path = if e.path == "<root>" { "schema".to_string() } else { format!("schema.{}", e.path) };
+        let path = if e.path == "<root>" {
+            "schema".to_string()
+        } else {
+            format!("schema.{}", e.path)
+        };
         ApiError::bad("invalid_schema", path, e.kind.to_string())
     })?;
-    Ok(DecideRequest { contexts, schema, options })
+    Ok(DecideRequest {
+        contexts,
+        schema,
+        options,
+    })
 }
 
 /// Bytes a context may have for a token bound: 64 per token, at least 64 KiB (real tokenizers
@@ -123,7 +167,10 @@ fn context_string(v: Option<Value>, path: &str, max_bytes: usize) -> Result<Stri
         Some(Value::String(s)) if s.len() > max_bytes => Err(ApiError::bad(
             "too_many_tokens",
             path,
-            format!("{} bytes, over the {max_bytes}-byte bound of max_input_tokens", s.len()),
+            format!(
+                "{} bytes, over the {max_bytes}-byte bound of max_input_tokens",
+                s.len()
+            ),
         )
         .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE)),
         Some(Value::String(s)) => Ok(s),
@@ -140,7 +187,13 @@ fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, Ap
     let obj: Map<String, Value> = match v {
         None => return Ok(opts),
         Some(Value::Object(o)) => o,
-        Some(_) => return Err(ApiError::bad("invalid_field", "options", "must be an object")),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "invalid_field",
+                "options",
+                "must be an object",
+            ))
+        }
     };
     for (key, value) in obj {
         let path = format!("options.{key}");

@@ -106,28 +106,48 @@ pub async fn serve<B: Backend + 'static>(
 async fn score<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
     handle(s, Endpoint::Score, "/v1/score", body).await
 }
-async fn decide_many<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
+async fn decide_many<B: Backend + 'static>(
+    State(s): State<Arc<AppState<B>>>,
+    body: Body,
+) -> Response {
     handle(s, Endpoint::DecideMany, "/v1/decide_many", body).await
 }
 async fn ask<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
     handle(s, Endpoint::Ask, "/v1/ask", body).await
 }
 
-async fn handle<B: Backend + 'static>(s: Arc<AppState<B>>, endpoint: Endpoint, route: &str, body: Body) -> Response {
+async fn handle<B: Backend + 'static>(
+    s: Arc<AppState<B>>,
+    endpoint: Endpoint,
+    route: &str,
+    body: Body,
+) -> Response {
     let start = Instant::now();
     let response = match decide(&s, endpoint, body).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     };
-    s.metrics.request(route, response.status().as_u16(), start.elapsed().as_secs_f64());
+    s.metrics.request(
+        route,
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
     response
 }
 
-async fn decide<B: Backend + 'static>(s: &AppState<B>, endpoint: Endpoint, body: Body) -> Result<Value, ApiError> {
+async fn decide<B: Backend + 'static>(
+    s: &AppState<B>,
+    endpoint: Endpoint,
+    body: Body,
+) -> Result<Value, ApiError> {
     let limit = s.config.max_body_bytes;
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::bad("request_too_large", "<root>", format!("body over this server's limit of {limit} bytes"))
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        ApiError::bad(
+            "request_too_large",
+            "<root>",
+            format!("body over this server's limit of {limit} bytes"),
+        )
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
     })?;
     let req = request::parse(endpoint, &bytes, &s.config)?;
     let compiled = s
@@ -145,12 +165,16 @@ async fn decide<B: Backend + 'static>(s: &AppState<B>, endpoint: Endpoint, body:
     let results = match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(r)) => r,
         Ok(Err(_)) => {
-            return Err(ApiError::bad("backend", "<root>", "the model thread stopped")
-                .with_status(StatusCode::INTERNAL_SERVER_ERROR))
+            return Err(
+                ApiError::bad("backend", "<root>", "the model thread stopped")
+                    .with_status(StatusCode::INTERNAL_SERVER_ERROR),
+            )
         }
         Err(_) => {
-            return Err(ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
-                .with_status(StatusCode::GATEWAY_TIMEOUT))
+            return Err(
+                ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
+                    .with_status(StatusCode::GATEWAY_TIMEOUT),
+            )
         }
     };
     let one = |d: &forkscore_engine::Decision| result_json(d, &compiled, &req.options, &s.model);
@@ -158,7 +182,8 @@ async fn decide<B: Backend + 'static>(s: &AppState<B>, endpoint: Endpoint, body:
         Endpoint::Score | Endpoint::Ask => match results.first() {
             Some(Ok(d)) => Ok(one(d)),
             Some(Err(e)) => Err(ApiError::from_engine(e, "context")),
-            None => Err(ApiError::bad("backend", "<root>", "no result").with_status(StatusCode::INTERNAL_SERVER_ERROR)),
+            None => Err(ApiError::bad("backend", "<root>", "no result")
+                .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
         },
         Endpoint::DecideMany => {
             let list: Vec<Value> = results
@@ -182,13 +207,17 @@ async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Resp
         "revision": s.model.get("revision").cloned().unwrap_or(Value::Null),
         "queue_depth": s.metrics.queue_depth(),
     });
-    s.metrics.request("/health", 200, start.elapsed().as_secs_f64());
+    s.metrics
+        .request("/health", 200, start.elapsed().as_secs_f64());
     Json(body).into_response()
 }
 
 async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         s.metrics.render(),
     )
         .into_response()

@@ -21,7 +21,11 @@ impl SchemaCache {
     }
 
     /// The compiled form of `schema` (compiled on a miss).
-    pub fn get<B: Backend>(&self, engine: &Engine<B>, schema: &Schema) -> Result<Arc<CompiledSchema>, EngineError> {
+    pub fn get<B: Backend>(
+        &self,
+        engine: &Engine<B>,
+        schema: &Schema,
+    ) -> Result<Arc<CompiledSchema>, EngineError> {
         let hash = schema.hash();
         if let Some((_, c)) = self.lock().iter().find(|(h, _)| *h == hash) {
             return Ok(c.clone());

@@ -5,8 +5,10 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema, ScoreOptions};
-use forkscore_service::routes::{ROUTES, OPENAPI};
+use forkscore_engine::{
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema, ScoreOptions,
+};
+use forkscore_service::routes::{OPENAPI, ROUTES};
 use forkscore_service::{router, AppState, ServeConfig};
 use forkscore_testkit::fake::FakeBackend;
 use forkscore_testkit::tokenizers::Family;
@@ -26,11 +28,20 @@ fn engine() -> Engine<FakeBackend> {
         Path::new("fixtures"),
     )
     .expect("fixture tokenizer loads");
-    Engine::new(FakeBackend::new(1), tok, CheckpointIdentity::default(), CalibrationRegistry::built_in()).expect("engine")
+    Engine::new(
+        FakeBackend::new(1),
+        tok,
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .expect("engine")
 }
 
 fn model_provenance() -> Map<String, Value> {
-    json!({"model_id": "fake", "revision": "test"}).as_object().unwrap().clone()
+    json!({"model_id": "fake", "revision": "test"})
+        .as_object()
+        .unwrap()
+        .clone()
 }
 
 fn state(config: ServeConfig) -> Arc<AppState<FakeBackend>> {
@@ -38,7 +49,10 @@ fn state(config: ServeConfig) -> Arc<AppState<FakeBackend>> {
 }
 
 fn schema() -> Value {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/examples/parallel_schema.json")).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/examples/parallel_schema.json"),
+    )
+    .unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -53,7 +67,12 @@ const CONTEXTS: [&str; 8] = [
     "Customers report double charges after the last deploy.",
 ];
 
-async fn call(app: &axum::Router, method: &str, path: &str, body: Option<Vec<u8>>) -> (StatusCode, Value, String) {
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, Value, String) {
     let req = Request::builder()
         .method(method)
         .uri(path)
@@ -62,9 +81,15 @@ async fn call(app: &axum::Router, method: &str, path: &str, body: Option<Vec<u8>
         .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&bytes).to_string();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null), text)
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        text,
+    )
 }
 
 async fn post(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Value) {
@@ -76,7 +101,11 @@ async fn post(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Value
 fn reference(context: &str) -> Value {
     let e = engine();
     let compiled = e.compile(&Schema::from_value(&schema()).unwrap()).unwrap();
-    serde_json::to_value(e.decide(context, &compiled, &ScoreOptions::default()).unwrap()).unwrap()
+    serde_json::to_value(
+        e.decide(context, &compiled, &ScoreOptions::default())
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -88,26 +117,48 @@ async fn concurrent_requests_merge_into_groups_and_equal_single_decisions() {
         tokio::spawn(async move { post(&app, "/v1/score", body).await })
     });
     let mut max_group = 0;
-    for (handle, context) in futures_join(calls.collect()).await.into_iter().zip(CONTEXTS) {
+    for (handle, context) in futures_join(calls.collect())
+        .await
+        .into_iter()
+        .zip(CONTEXTS)
+    {
         let (status, got) = handle;
         assert_eq!(status, StatusCode::OK, "{got}");
         let want = reference(context);
         assert_eq!(got["output"], want["output"], "{context}");
-        assert_eq!(got["fields"], want["fields"], "{context}: scores and logits bit-identical");
-        assert_eq!(got["telemetry"]["prefix_tokens"], want["telemetry"]["prefix_tokens"]);
+        assert_eq!(
+            got["fields"], want["fields"],
+            "{context}: scores and logits bit-identical"
+        );
+        assert_eq!(
+            got["telemetry"]["prefix_tokens"],
+            want["telemetry"]["prefix_tokens"]
+        );
         assert_eq!(got["provenance"]["model_id"], "fake");
-        assert_eq!(got["provenance"]["schema_hash"].as_str().map(str::len), Some(64));
+        assert_eq!(
+            got["provenance"]["schema_hash"].as_str().map(str::len),
+            Some(64)
+        );
         max_group = max_group.max(got["telemetry"]["group"]["size"].as_u64().unwrap());
     }
     assert!(max_group >= 1);
     // decide_many: one request, one merged group, same decisions in input order
-    let (status, many) = post(&app, "/v1/decide_many", json!({"contexts": CONTEXTS, "schema": schema()})).await;
+    let (status, many) = post(
+        &app,
+        "/v1/decide_many",
+        json!({"contexts": CONTEXTS, "schema": schema()}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let results = many["results"].as_array().unwrap();
     assert_eq!(results.len(), CONTEXTS.len());
     for (got, context) in results.iter().zip(CONTEXTS) {
         assert_eq!(got["fields"], reference(context)["fields"], "{context}");
-        assert_eq!(got["telemetry"]["group"]["size"], CONTEXTS.len(), "all eight in one group");
+        assert_eq!(
+            got["telemetry"]["group"]["size"],
+            CONTEXTS.len(),
+            "all eight in one group"
+        );
     }
 }
 
@@ -132,7 +183,12 @@ async fn queued_jobs_merge_into_one_decide_many_call() {
     for c in CONTEXTS {
         let (reply, rx) = tokio::sync::oneshot::channel();
         queue
-            .submit(Job { compiled: compiled.clone(), contexts: vec![c.to_string()], options: ScoreOptions::default(), reply })
+            .submit(Job {
+                compiled: compiled.clone(),
+                contexts: vec![c.to_string()],
+                options: ScoreOptions::default(),
+                reply,
+            })
             .unwrap();
         replies.push(rx);
     }
@@ -143,7 +199,10 @@ async fn queued_jobs_merge_into_one_decide_many_call() {
         assert_eq!(got["fields"], reference(c)["fields"], "{c}");
         sizes.push(d.telemetry.group.unwrap().size);
     }
-    assert!(sizes.iter().any(|&s| s > 1), "some jobs were merged: group sizes {sizes:?}");
+    assert!(
+        sizes.iter().any(|&s| s > 1),
+        "some jobs were merged: group sizes {sizes:?}"
+    );
     drop(queue);
     handle.join().unwrap();
     assert!(metrics.render().contains("forkscore_merged_contexts_count"));
@@ -151,37 +210,200 @@ async fn queued_jobs_merge_into_one_decide_many_call() {
 
 #[tokio::test]
 async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
-    let app = router(state(ServeConfig { max_body_bytes: 64 << 10, max_contexts_per_request: 4, ..ServeConfig::default() }));
+    let app = router(state(ServeConfig {
+        max_body_bytes: 64 << 10,
+        max_contexts_per_request: 4,
+        ..ServeConfig::default()
+    }));
     let s = schema();
     let cases: Vec<(&str, Vec<u8>, StatusCode, &str, &str)> = vec![
-        ("/v1/score", b"{not json".to_vec(), StatusCode::BAD_REQUEST, "invalid_json", "<root>"),
-        ("/v1/score", br#"{"context": "a", "context": "b"}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid_json", "<root>"),
-        ("/v1/score", b"[1]".to_vec(), StatusCode::BAD_REQUEST, "not_an_object", "<root>"),
-        ("/v1/score", json!({"context": "x", "schema": s, "extra": 1}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "unknown_key", "extra"),
-        ("/v1/score", json!({"schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "missing_context", "context"),
-        ("/v1/score", json!({"context": 5, "schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_field", "context"),
-        ("/v1/score", json!({"context": "x"}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "missing_schema", "schema"),
-        ("/v1/score", json!({"context": "x", "schema": {"f": {"type": "enum", "choices": []}}}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_schema", "schema.f.choices"),
-        ("/v1/score", json!({"context": "x", "schema": {"f": {"type": "number"}}}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_schema", "schema.f.type"),
-        ("/v1/score", json!({"context": "", "schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "empty_context", "context"),
-        ("/v1/score", json!({"context": "x", "schema": s, "options": {"mode": "fast"}}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "options", "options.mode"),
-        ("/v1/score", json!({"context": "x", "schema": s, "options": {"temperature": -1}}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "options", "options.temperature"),
-        ("/v1/score", json!({"context": "x", "schema": s, "options": {"max_input_tokens": 100000}}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "options", "options.max_input_tokens"),
-        ("/v1/score", json!({"context": "x", "schema": s, "options": {"max_input_tokens": 20}}).to_string().into_bytes(), StatusCode::PAYLOAD_TOO_LARGE, "too_many_tokens", "context"),
-        ("/v1/score", json!({"context": "x".repeat(70 << 10), "schema": s}).to_string().into_bytes(), StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", "<root>"),
-        ("/v1/decide_many", json!({"contexts": [], "schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_field", "contexts"),
-        ("/v1/decide_many", json!({"contexts": ["a", 1], "schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_field", "contexts[1]"),
-        ("/v1/decide_many", json!({"contexts": ["a"; 5], "schema": s}).to_string().into_bytes(), StatusCode::PAYLOAD_TOO_LARGE, "too_many_contexts", "contexts"),
-        ("/v1/ask", json!({"context": "x", "question": ""}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "invalid_field", "question"),
-        ("/v1/ask", json!({"context": "x", "schema": s}).to_string().into_bytes(), StatusCode::BAD_REQUEST, "unknown_key", "schema"),
+        (
+            "/v1/score",
+            b"{not json".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "<root>",
+        ),
+        (
+            "/v1/score",
+            br#"{"context": "a", "context": "b"}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "<root>",
+        ),
+        (
+            "/v1/score",
+            b"[1]".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "not_an_object",
+            "<root>",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "extra": 1})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "unknown_key",
+            "extra",
+        ),
+        (
+            "/v1/score",
+            json!({"schema": s}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "missing_context",
+            "context",
+        ),
+        (
+            "/v1/score",
+            json!({"context": 5, "schema": s}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "context",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x"}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "missing_schema",
+            "schema",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": {"f": {"type": "enum", "choices": []}}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_schema",
+            "schema.f.choices",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": {"f": {"type": "number"}}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_schema",
+            "schema.f.type",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "", "schema": s}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "empty_context",
+            "context",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": {"mode": "fast"}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "options",
+            "options.mode",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": {"temperature": -1}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "options",
+            "options.temperature",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": {"max_input_tokens": 100000}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "options",
+            "options.max_input_tokens",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": {"max_input_tokens": 20}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_tokens",
+            "context",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x".repeat(70 << 10), "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            "<root>",
+        ),
+        (
+            "/v1/decide_many",
+            json!({"contexts": [], "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "contexts",
+        ),
+        (
+            "/v1/decide_many",
+            json!({"contexts": ["a", 1], "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "contexts[1]",
+        ),
+        (
+            "/v1/decide_many",
+            json!({"contexts": ["a"; 5], "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_contexts",
+            "contexts",
+        ),
+        (
+            "/v1/ask",
+            json!({"context": "x", "question": ""})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "question",
+        ),
+        (
+            "/v1/ask",
+            json!({"context": "x", "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "unknown_key",
+            "schema",
+        ),
     ];
     for (path, body, status, kind, at) in cases {
         let (got, v, text) = call(&app, "POST", path, Some(body)).await;
-        assert_eq!((got, v["error"]["kind"].as_str(), v["error"]["path"].as_str()), (status, Some(kind), Some(at)), "{path}: {text}");
+        assert_eq!(
+            (
+                got,
+                v["error"]["kind"].as_str(),
+                v["error"]["path"].as_str()
+            ),
+            (status, Some(kind), Some(at)),
+            "{path}: {text}"
+        );
         assert!(!v["error"]["message"].as_str().unwrap().is_empty());
     }
     // a bad context in decide_many is an error entry for itself only
-    let (status, v) = post(&app, "/v1/decide_many", json!({"contexts": ["fine", ""], "schema": s})).await;
+    let (status, v) = post(
+        &app,
+        "/v1/decide_many",
+        json!({"contexts": ["fine", ""], "schema": s}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert!(v["results"][0]["output"].is_object());
     assert_eq!(v["results"][1]["error"]["kind"], "empty_context");
@@ -191,7 +413,12 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
 #[tokio::test]
 async fn ask_scores_one_boolean_field() {
     let app = router(state(ServeConfig::default()));
-    let (status, v) = post(&app, "/v1/ask", json!({"context": CONTEXTS[0], "question": "Is it an outage?"})).await;
+    let (status, v) = post(
+        &app,
+        "/v1/ask",
+        json!({"context": CONTEXTS[0], "question": "Is it an outage?"}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert!(v["output"]["answer"].is_boolean());
     let scores = v["fields"]["answer"]["scores"].as_object().unwrap();
@@ -201,17 +428,36 @@ async fn ask_scores_one_boolean_field() {
 
 #[tokio::test]
 async fn a_request_past_its_timeout_is_a_504() {
-    let app = router(state(ServeConfig { request_timeout: Duration::ZERO, ..ServeConfig::default() }));
-    let (status, v) = post(&app, "/v1/score", json!({"context": "x", "schema": schema()})).await;
-    assert_eq!((status, v["error"]["kind"].as_str()), (StatusCode::GATEWAY_TIMEOUT, Some("timeout")));
+    let app = router(state(ServeConfig {
+        request_timeout: Duration::ZERO,
+        ..ServeConfig::default()
+    }));
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": "x", "schema": schema()}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["kind"].as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, Some("timeout"))
+    );
 }
 
 #[tokio::test]
 async fn health_metrics_and_openapi_describe_the_routes() {
     let app = router(state(ServeConfig::default()));
     let (status, health, _) = call(&app, "GET", "/health", None).await;
-    assert_eq!((status, health["status"].as_str()), (StatusCode::OK, Some("ok")));
-    let _ = post(&app, "/v1/score", json!({"context": CONTEXTS[0], "schema": schema()})).await;
+    assert_eq!(
+        (status, health["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let _ = post(
+        &app,
+        "/v1/score",
+        json!({"context": CONTEXTS[0], "schema": schema()}),
+    )
+    .await;
     let _ = post(&app, "/v1/score", json!({"context": ""})).await;
     let (_, _, metrics) = call(&app, "GET", "/metrics", None).await;
     for needle in [
@@ -232,22 +478,34 @@ async fn health_metrics_and_openapi_describe_the_routes() {
         .as_object()
         .unwrap()
         .iter()
-        .flat_map(|(p, ops)| ops.as_object().unwrap().keys().map(move |m| (m.clone(), p.clone())))
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), p.clone()))
+        })
         .collect();
-    let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    let mut routes: Vec<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
     described.sort();
     routes.sort();
     assert_eq!(described, routes);
     for (m, p) in ROUTES {
         let (status, _, _) = call(&app, &m.to_uppercase(), p, Some(b"{}".to_vec())).await;
-        assert!(status != StatusCode::NOT_FOUND && status != StatusCode::METHOD_NOT_ALLOWED, "{m} {p}: {status}");
+        assert!(
+            status != StatusCode::NOT_FOUND && status != StatusCode::METHOD_NOT_ALLOWED,
+            "{m} {p}: {status}"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_finishes_the_request_in_flight() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (state, model_thread) = AppState::start(engine(), model_provenance(), ServeConfig::default());
+    let (state, model_thread) =
+        AppState::start(engine(), model_provenance(), ServeConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
