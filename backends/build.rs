@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["gdn_recurrent"];
+const KERNELS: &[&str] = &["gdn_recurrent", "gdn_pointwise", "flash_attn"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

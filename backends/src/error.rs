@@ -39,12 +39,19 @@ pub enum CandleError {
     InvalidModelRef { reason: String },
     #[error("device error: {reason}")]
     Device { reason: String },
+    #[error("the model produced a non-finite logit at position {position}: {logit}")]
+    NonFiniteLogit {
+        position: usize,
+        logit: forkscore_seam::NonFiniteLogit,
+    },
     #[error("tensor operation `{op}` failed: {source}")]
     Tensor {
         op: &'static str,
         #[source]
         source: candle_core::Error,
     },
+    #[error("cannot quantize tensor `{name}`: {reason}")]
+    Quantize { name: String, reason: String },
     #[error("I/O error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -69,6 +76,9 @@ impl From<BackendError> for CandleError {
                 CandleError::TokenOutOfRange { id, vocab_size }
             }
             BackendError::Device { reason } => CandleError::Device { reason },
+            BackendError::NonFiniteLogit { position, logit } => {
+                CandleError::NonFiniteLogit { position, logit }
+            }
             BackendError::Compute { op, message } => CandleError::InvalidRequest {
                 reason: format!("`{op}` failed: {message}"),
             },
@@ -86,6 +96,9 @@ impl From<CandleError> for BackendError {
                 BackendError::TokenOutOfRange { id, vocab_size }
             }
             CandleError::Device { reason } => BackendError::Device { reason },
+            CandleError::NonFiniteLogit { position, logit } => {
+                BackendError::NonFiniteLogit { position, logit }
+            }
             CandleError::Tensor { op, source } => BackendError::Compute {
                 op,
                 message: source.to_string(),
@@ -98,6 +111,7 @@ impl From<CandleError> for BackendError {
             | CandleError::WrongDtype { .. }
             | CandleError::InvalidCheckpoint { .. }
             | CandleError::InvalidModelRef { .. }
+            | CandleError::Quantize { .. }
             | CandleError::Io { .. }) => BackendError::Compute {
                 op: "load",
                 message: other.to_string(),

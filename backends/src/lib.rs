@@ -15,5 +15,6 @@ pub use candle::{
 pub use error::CandleError;
 pub use forkscore_seam::{
     Architecture, Backend, BackendError, CandidateLogits, DType, Device, Family, ModelFacts,
-    PrefixState, ScoreRequest, ScoreRow,
+    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TokenLogprob, TokenTree,
+    TreeNode, TreePacking, TreeRequest, VocabRequest, VocabRow, MAX_TOP_K,
 };

@@ -64,6 +64,7 @@ fn load_on(dir: &Path, device: DeviceSpec, dtype: ComputeDType, chunk: usize) ->
             device,
             dtype,
             prefill_chunk: chunk,
+            ..LoadOptions::default()
         },
     )
     .expect("load tiny model")
@@ -491,5 +492,128 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
     assert!(
         worst <= 1e-4,
         "fused kernel differs from the candle forms by {worst:e}"
+    );
+}
+
+/// The flash attention kernel against the candle attention path, both in bf16 on CUDA, on
+/// random inputs of the real head shapes: prefill (head dims 64, 128, 256 with GQA), a chunk over
+/// a past, forked rows over one shared prefix, rows over several left-padded slots, and
+/// one-token rows.
+#[test]
+fn cuda_flash_attention_equals_candle_path() {
+    use candle_core::{DType, Tensor};
+    use forkscore_backends::candle::attention::{
+        attend, set_kernel, takes_flash, AttentionKernel, AttnMasks, PastKv,
+    };
+    use forkscore_backends::candle::mask;
+    let Ok(dev) = DeviceSpec::Cuda(0).open() else {
+        eprintln!("SKIPPED: no CUDA device");
+        return;
+    };
+    let mut seed = 0xf1a5_u64;
+    let mut rand = |shape: &[usize]| -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &dev)
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("tensor")
+    };
+    let tol = Tolerance::GPU_BF16_ATTENTION;
+    let mut worst = 0f32;
+    // (name, B, H, Hkv, L, hd, S, P, past lengths per row (None: all see the whole past))
+    type Case = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        Option<Vec<usize>>,
+    );
+    let cases: Vec<Case> = vec![
+        ("prefill hd256 16/4", 1, 16, 4, 300, 256, 0, 0, None),
+        ("prefill hd128 12/2", 1, 12, 2, 333, 128, 0, 0, None),
+        ("prefill hd64 6/3 two rows", 2, 6, 3, 45, 64, 0, 0, None),
+        ("chunk over a past", 1, 12, 2, 150, 128, 1, 201, None),
+        ("28 rows over one prefix", 28, 12, 2, 9, 128, 1, 257, None),
+        (
+            "6 rows over 2 ragged slots",
+            6,
+            16,
+            4,
+            13,
+            256,
+            2,
+            120,
+            Some(vec![120, 7, 64, 1, 119, 120]),
+        ),
+        (
+            "one-token rows",
+            4,
+            16,
+            4,
+            1,
+            256,
+            4,
+            50,
+            Some(vec![50, 3, 49, 20]),
+        ),
+    ];
+    for (name, b, h, hkv, l, hd, slots, p, lens) in cases {
+        let q = rand(&[b, h, l, hd]);
+        let (kn, vn) = (rand(&[b, hkv, l, hd]), rand(&[b, hkv, l, hd]));
+        let past = (p > 0).then(|| (rand(&[hkv, slots, p, hd]), rand(&[hkv, slots, p, hd])));
+        let causal = (l > 1).then(|| mask::causal(l, &dev).expect("causal"));
+        let (past_mask, past_start) = match &lens {
+            Some(ls) => (
+                Some(mask::left_padding(ls, p, &dev).expect("mask")),
+                Some(mask::past_starts(ls, p, &dev).expect("starts")),
+            ),
+            None => (None, None),
+        };
+        let masks = AttnMasks {
+            causal: causal.as_ref(),
+            past: past_mask.as_ref(),
+            past_start: past_start.as_ref(),
+        };
+        let pkv = || past.as_ref().map(|(k, v)| PastKv { k, v });
+        assert!(
+            takes_flash(&q, &kn, pkv().as_ref(), &masks),
+            "{name}: the flash kernel must take this call"
+        );
+        set_kernel(Some(AttentionKernel::Fastest));
+        let flash = attend(&q, &kn, &vn, pkv(), &masks).expect("flash");
+        set_kernel(Some(AttentionKernel::Candle));
+        let reference = attend(&q, &kn, &vn, pkv(), &masks).expect("candle");
+        set_kernel(None);
+        let flat = |t: &Tensor| -> Vec<f32> {
+            t.to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .expect("to host")
+        };
+        let (got, want) = (flat(&flash), flat(&reference));
+        assert_eq!(got.len(), want.len(), "{name}: output sizes");
+        let d = Tolerance::max_abs_diff(&got, &want);
+        println!("{name}: max |flash - candle| {d:e}");
+        worst = worst.max(d);
+    }
+    println!(
+        "SUMMARY flash attention: worst max |diff| {worst:e} ({})",
+        tol.name
+    );
+    assert!(
+        worst <= tol.abs,
+        "flash attention differs from candle by {worst:e} > {}",
+        tol.abs
     );
 }

@@ -15,6 +15,8 @@
 //! modes.json (and the dump) are rewritten after every case.
 //! Each row of modes.json carries the median per-stage telemetry timings of every mode
 //! (`stages_ms`: render, split, prefill, score, assemble, total).
+//! FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k) loads the linear weights quantized; the report then
+//! records the scheme, what each linear weight became, the load time and the resident memory.
 //! FORKSCORE_BENCH_PROFILE=1 adds, per case, one extra parallel run with the per-layer-kind
 //! profile on (`profile_parallel` in the report; the timed runs stay unprofiled).
 //! Shape of the seeded model (Qwen2.5 layout): FORKSCORE_BENCH_HIDDEN (256), _LAYERS (4),
@@ -71,6 +73,13 @@ fn bench_modes() -> anyhow::Result<Vec<String>> {
             Ok(m.to_string())
         })
         .collect()
+}
+
+/// Resident set size of this process in MiB (Linux `/proc/self/statm`), `None` elsewhere.
+fn resident_mib() -> Option<f64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096.0 / (1024.0 * 1024.0))
 }
 
 fn parse_dtype(s: &str) -> anyhow::Result<ComputeDType> {
@@ -135,8 +144,19 @@ fn main() -> anyhow::Result<()> {
     if let Ok(d) = std::env::var("FORKSCORE_BENCH_DTYPE") {
         options.dtype = parse_dtype(&d)?;
     }
+    if let Ok(q) = std::env::var("FORKSCORE_BENCH_QUANTIZE") {
+        options.quantization = Some(
+            q.parse()
+                .map_err(|e| anyhow::anyhow!("FORKSCORE_BENCH_QUANTIZE={q:?}: {e}"))?,
+        );
+    }
+    let load_start = std::time::Instant::now();
     let engine = load_engine(&dir, &options)?;
+    let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
     let dtype = engine.backend().facts().dtype;
+    let quantization = options.quantization.map(|q| q.to_string());
+    let quant_summary = engine.backend().quant_summary().by_type;
+    let rss_mib = resident_mib();
     let fields_list = counts("FORKSCORE_BENCH_FIELDS", &[1, 3, 8, 28])?;
     let words_list = counts("FORKSCORE_BENCH_WORDS", &[40, 600])?;
     let modes = bench_modes()?;
@@ -151,18 +171,22 @@ fn main() -> anyhow::Result<()> {
     let write = |rows: &Vec<serde_json::Value>,
                  dump: &Vec<serde_json::Value>|
      -> anyhow::Result<()> {
-        let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "repeats": repeats, "rows": rows});
+        let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "quantization": quantization, "linear_weights": quant_summary, "load_ms": load_ms, "rss_after_load_mib": rss_mib, "repeats": repeats, "rows": rows});
         std::fs::write(
             out.join("modes.json"),
             serde_json::to_string_pretty(&report)?,
         )?;
         if let Some(path) = &dump_path {
-            let report = serde_json::json!({"model": label, "model_dir": dir, "device": device.to_string(), "dtype": dtype, "cases": dump});
+            let report = serde_json::json!({"model": label, "model_dir": dir, "device": device.to_string(), "dtype": dtype, "quantization": quantization, "cases": dump});
             std::fs::write(path, serde_json::to_string(&report)?)?;
         }
         Ok(())
     };
-    println!("model: {label} on {device} ({dtype})");
+    println!(
+        "model: {label} on {device} ({dtype}, quantization {}), loaded in {load_ms:.0} ms, resident {} MiB",
+        quantization.as_deref().unwrap_or("none"),
+        rss_mib.map_or("?".to_string(), |m| format!("{m:.0}"))
+    );
     println!(
         "{:>6} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
         "fields", "prefix", "parallel", "fbs=4", "cached-ser", "independent", "ind/par", "ser/par"

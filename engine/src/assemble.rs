@@ -3,13 +3,19 @@
 //! prompt exactly as the model was fed. softmax(logits / T) over the field's codes only, in f64;
 //! argmax on the raw logits with a deterministic tie-break (the first choice wins), so the
 //! temperature never changes the selection. One row of logits per field, or an error.
+//! With `ScoreOptions::allowed_mass`, each field also carries its [`AllowedMass`] (the
+//! full-vocabulary view at its decision position, see `allowed_mass`); it never changes a
+//! value, a score or a logit.
 
+use crate::allowed_mass::{allowed_mass, AllowedMass};
 use crate::calibration::Temperature;
 use crate::engine::ScoreOptions;
 use crate::fork::{Mode, RunStats};
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
+use crate::tokenizer::ChatTokenizer;
+use forkscore_seam::VocabRow;
 use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value;
@@ -38,6 +44,9 @@ pub struct FieldResult {
     pub scores: IndexMap<String, f64>,
     /// Choice key → raw candidate logit.
     pub logits: IndexMap<String, f32>,
+    /// The full-vocabulary view at the decision position (only with `allowed_mass`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_mass: Option<AllowedMass>,
 }
 
 /// Where time and tokens went.
@@ -138,6 +147,7 @@ pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f6
         codes: field.codes.iter().map(char::to_string).collect(),
         scores: keys.iter().cloned().zip(probs).collect(),
         logits: keys.into_iter().zip(own).collect(),
+        allowed_mass: None,
     }
 }
 
@@ -146,14 +156,19 @@ pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f6
 pub enum AssembleError {
     #[error("{rows} rows of logits for a schema of {fields} fields")]
     RowCount { fields: usize, rows: usize },
+    #[error("{summaries} vocabulary summaries for a schema of {fields} fields")]
+    VocabCount { fields: usize, summaries: usize },
 }
+
+/// The selected value and the full result of every field, in schema order.
+pub type AssembledFields = (IndexMap<String, Value>, IndexMap<String, FieldResult>);
 
 /// Assemble all fields of one context: `rows[i]` are the logits of field `i`.
 pub fn assemble_fields(
     compiled: &CompiledSchema,
     rows: &[Vec<f32>],
     temperature: f64,
-) -> Result<(IndexMap<String, Value>, IndexMap<String, FieldResult>), AssembleError> {
+) -> Result<AssembledFields, AssembleError> {
     if rows.len() != compiled.fields().len() {
         return Err(AssembleError::RowCount {
             fields: compiled.fields().len(),
@@ -176,6 +191,10 @@ pub(crate) struct Assembly<'a> {
     pub prepared: &'a PreparedContext,
     /// One row of candidate logits per field.
     pub rows: Vec<Vec<f32>>,
+    /// One full-vocabulary summary per field when `opts.allowed_mass` asked, else empty.
+    pub vocab: Vec<VocabRow>,
+    /// Decodes the top tokens of the allowed-mass view.
+    pub tokenizer: &'a ChatTokenizer,
     /// What the prefill + score run did (a whole group's counts when grouped).
     pub stats: &'a RunStats,
     pub temperature: Temperature,
@@ -188,7 +207,27 @@ impl Assembly<'_> {
     /// The decision, with telemetry and (when asked for) the debug prompt.
     pub fn decision(self) -> Result<Decision, AssembleError> {
         let t = Instant::now();
-        let (output, fields) = assemble_fields(self.compiled, &self.rows, self.temperature.value)?;
+        let (output, mut fields) =
+            assemble_fields(self.compiled, &self.rows, self.temperature.value)?;
+        if self.opts.allowed_mass.is_some() {
+            if self.vocab.len() != fields.len() {
+                return Err(AssembleError::VocabCount {
+                    fields: fields.len(),
+                    summaries: self.vocab.len(),
+                });
+            }
+            for ((field, result), vocab) in self
+                .compiled
+                .fields()
+                .iter()
+                .zip(fields.values_mut())
+                .zip(&self.vocab)
+            {
+                let own: Vec<f32> = result.logits.values().copied().collect();
+                debug_assert_eq!(own.len(), field.codes.len());
+                result.allowed_mass = Some(allowed_mass(&own, vocab, self.tokenizer));
+            }
+        }
         let split = self.prepared.split();
         let mut tel = telemetry(
             self.opts.mode,

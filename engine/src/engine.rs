@@ -11,7 +11,7 @@
 use crate::assemble::{Assembly, Decision};
 use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
-use crate::fork::{score_group, GroupLogits, Mode, RunStats, SharedPrefix};
+use crate::fork::{score_group, GroupLogits, GroupScores, Mode, SharedPrefix};
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
 use crate::schema::Schema;
@@ -33,6 +33,10 @@ pub struct ScoreOptions {
     pub allow_uncalibrated: bool,
     pub max_input_tokens: usize,
     pub include_prompt: bool,
+    /// `Some(K)`: per field, the full-vocabulary probability mass on its allowed codes at the
+    /// decision position and the top K unconstrained tokens there (K ≤ `MAX_TOP_K` and the
+    /// vocabulary; 0 gives the mass alone). Never changes a decision.
+    pub allowed_mass: Option<usize>,
 }
 
 impl Default for ScoreOptions {
@@ -44,6 +48,7 @@ impl Default for ScoreOptions {
             allow_uncalibrated: false,
             max_input_tokens: DEFAULT_MAX_INPUT_TOKENS,
             include_prompt: false,
+            allowed_mass: None,
         }
     }
 }
@@ -100,6 +105,10 @@ impl<B: Backend> Engine<B> {
     pub fn identity(&self) -> &CheckpointIdentity {
         &self.identity
     }
+    /// Whether special-token text in contexts (and texts) becomes control tokens.
+    pub fn context_special_tokens(&self) -> bool {
+        self.context_special_tokens
+    }
 
     /// Stage 1: compile rows (once per schema; reuse for every context).
     pub fn compile(&self, schema: &Schema) -> Result<CompiledSchema, EngineError> {
@@ -134,7 +143,19 @@ impl<B: Backend> Engine<B> {
         if opts.field_batch_size == Some(0) {
             return Err(EngineError::ZeroFieldBatch);
         }
+        if let Some(k) = opts.allowed_mass {
+            self.check_top_k(k)?;
+        }
         self.resolve_temperature(opts)
+    }
+
+    /// K of a full-vocabulary diagnostic: at most `MAX_TOP_K` and the model's vocabulary.
+    pub fn check_top_k(&self, top_k: usize) -> Result<(), EngineError> {
+        let max = forkscore_seam::MAX_TOP_K.min(self.backend.facts().vocab_size);
+        if top_k > max {
+            return Err(EngineError::TopKTooLarge { top_k, max });
+        }
+        Ok(())
     }
 
     /// Decide one context against a compiled schema.
@@ -180,7 +201,11 @@ impl<B: Backend> Engine<B> {
         temperature: Temperature,
         start: Instant,
     ) -> Result<Decision, EngineError> {
-        let (logits, stats) = self.fork(shared, compiled, &[prepared], opts)?;
+        let GroupScores {
+            logits,
+            vocab,
+            stats,
+        } = self.fork(shared, compiled, &[prepared], opts)?;
         let [rows]: [Vec<Vec<f32>>; 1] =
             logits
                 .try_into()
@@ -192,6 +217,8 @@ impl<B: Backend> Engine<B> {
             compiled,
             prepared,
             rows,
+            vocab: vocab.into_iter().next().unwrap_or_default(),
+            tokenizer: &self.tokenizer,
             stats: &stats,
             temperature,
             opts,
@@ -207,7 +234,7 @@ impl<B: Backend> Engine<B> {
         compiled: &CompiledSchema,
         members: &[&PreparedContext],
         opts: &ScoreOptions,
-    ) -> Result<(GroupLogits, RunStats), EngineError> {
+    ) -> Result<GroupScores, EngineError> {
         if compiled.tokenizer_identity() != self.tokenizer.identity() {
             return Err(EngineError::ForeignSchema);
         }
@@ -215,20 +242,26 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::ForeignPrepared);
         }
         let splits: Vec<_> = members.iter().map(|p| p.split()).collect();
-        let (logits, stats) = score_group(
+        let scores = score_group(
             &self.backend,
             shared,
             &splits,
             compiled.candidates(),
             opts.mode,
             opts.field_batch_size,
+            opts.allowed_mass,
         )?;
-        if logits.len() != members.len() {
+        if scores.logits.len() != members.len() || scores.vocab.len() != members.len() {
             return Err(BackendError::InvalidRequest {
-                reason: format!("{} contexts of logits for {}", logits.len(), members.len()),
+                reason: format!(
+                    "{} contexts of logits ({} of summaries) for {}",
+                    scores.logits.len(),
+                    scores.vocab.len(),
+                    members.len()
+                ),
             }
             .into());
         }
-        Ok((logits, stats))
+        Ok(scores)
     }
 }

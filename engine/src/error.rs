@@ -49,4 +49,12 @@ pub enum EngineError {
     ContextNotInPrompt,
     #[error("field `{field}`: the model produced a non-finite logit ({value}); the weights or the compute dtype overflow, so no choice can be selected")]
     NonFiniteLogits { field: String, value: String },
+    #[error("top-K of {top_k} asked; at most {max} (the smaller of {max_top_k} and the model's vocabulary)", max_top_k = forkscore_seam::MAX_TOP_K)]
+    TopKTooLarge { top_k: usize, max: usize },
+    #[error("the text is empty: there are no tokens to score")]
+    EmptyText,
+    #[error("the text is {tokens} token(s); log-probabilities need at least 2 (the first token has no preceding position)")]
+    TooFewTokens { tokens: usize },
+    #[error("the text is {tokens} tokens, over max_input_tokens = {max}; forkscore never truncates — shorten the text or raise --max-input-tokens")]
+    TextTooLong { tokens: usize, max: usize },
 }

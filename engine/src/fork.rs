@@ -9,11 +9,18 @@
 //! - cached-serial: one prefill per context, one row per call;
 //! - independent: each full prompt from scratch (the reference path).
 //!
+//! With `vocab_top_k` (the allowed-mass diagnostics), every row also gets its full-vocabulary
+//! summary at the decision position ([`VocabRow`]): in the same score calls
+//! (`ScoreRequest::with_vocab`), or, in independent mode, from `Backend::vocab_rows` at the
+//! full prompt's last position (a second forward per row: the reference path stays plain).
+//!
 //! A context whose prefix strictly extends a [`SharedPrefix`] is prefilled by extending the
 //! shared state with its remaining tokens (the same tokens, so the same result).
 
 use crate::prepare::split::SplitPrompt;
-use forkscore_seam::{Backend, BackendError, PrefixState, ScoreRequest, ScoreRow};
+use forkscore_seam::{
+    Backend, BackendError, PrefixState, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
+};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -108,10 +115,22 @@ pub struct RunStats {
 /// Logits of one group: `logits[context][row][candidate]`.
 pub type GroupLogits = Vec<Vec<Vec<f32>>>;
 
+/// Full-vocabulary summaries of one group: `vocab[context][row]`; every context's list is
+/// empty when none were asked for.
+pub type GroupVocab = Vec<Vec<VocabRow>>;
+
+/// What one group's scoring returns.
+pub struct GroupScores {
+    pub logits: GroupLogits,
+    pub vocab: GroupVocab,
+    pub stats: RunStats,
+}
+
 /// Evaluate every row of every context in `splits`. With `Mode::Parallel`, rows of all contexts
 /// go into shared score calls of at most `row_batch` rows (None = all rows in one call): the
 /// slot-merged pass of a group. A context whose prefix strictly extends `shared` is prefilled by
-/// extending it; any other context is prefilled whole.
+/// extending it; any other context is prefilled whole. `vocab_top_k`: also each row's
+/// full-vocabulary summary with its top K tokens.
 pub fn score_group<B: Backend>(
     backend: &B,
     shared: Option<&SharedPrefix<B::State>>,
@@ -119,22 +138,42 @@ pub fn score_group<B: Backend>(
     candidates: &[u32],
     mode: Mode,
     row_batch: Option<usize>,
-) -> Result<(GroupLogits, RunStats), BackendError> {
+    vocab_top_k: Option<usize>,
+) -> Result<GroupScores, BackendError> {
     let mut stats = RunStats::default();
     let mut out: GroupLogits = splits
         .iter()
         .map(|s| Vec::with_capacity(s.suffix_ids.len()))
         .collect();
+    let mut vocab: GroupVocab = splits.iter().map(|_| Vec::new()).collect();
     if mode == Mode::Independent {
         let t = Instant::now();
         for (c, split) in splits.iter().enumerate() {
             for r in 0..split.suffix_ids.len() {
-                out[c].push(backend.forward_full(&split.full_ids(r), candidates)?);
+                let full = split.full_ids(r);
+                out[c].push(backend.forward_full(&full, candidates)?);
                 stats.forward_calls += 1;
+                if let Some(k) = vocab_top_k {
+                    let last = backend.vocab_rows(&VocabRequest::last_position(&full, k)?)?;
+                    let [row]: [_; 1] =
+                        last.try_into()
+                            .map_err(|l: Vec<_>| BackendError::InvalidRequest {
+                                reason: format!(
+                                    "{} vocabulary summaries for one position",
+                                    l.len()
+                                ),
+                            })?;
+                    vocab[c].push(row.vocab);
+                    stats.forward_calls += 1;
+                }
             }
         }
         stats.score_ms = ms(t);
-        return Ok((out, stats));
+        return Ok(GroupScores {
+            logits: out,
+            vocab,
+            stats,
+        });
     }
 
     let t = Instant::now();
@@ -210,16 +249,36 @@ pub fn score_group<B: Backend>(
             });
         }
         let call_states: Vec<&B::State> = used.iter().map(|&c| state_refs[c]).collect();
-        let request = ScoreRequest::new(&call_states, &rows, candidates)?;
-        let logits = backend.score(&request)?;
+        let mut request = ScoreRequest::new(&call_states, &rows, candidates)?;
+        if let Some(k) = vocab_top_k {
+            request = request.with_vocab(k)?;
+        }
+        let mut logits = backend.score(&request)?;
         logits.check_shape(rows.len(), candidates.len())?;
         stats.score_calls += 1;
+        let mut summaries = match (vocab_top_k, logits.vocab.take()) {
+            (None, _) => None,
+            (Some(_), Some(v)) => Some(v.into_iter()),
+            (Some(_), None) => {
+                return Err(BackendError::InvalidRequest {
+                    reason: "vocabulary summaries were asked for but the backend returned none"
+                        .into(),
+                })
+            }
+        };
         for (i, &(c, _)) in chunk.iter().enumerate() {
             out[c].push(logits.row(i).to_vec());
+            if let Some(row) = summaries.as_mut().and_then(Iterator::next) {
+                vocab[c].push(row);
+            }
         }
     }
     stats.score_ms = ms(t);
-    Ok((out, stats))
+    Ok(GroupScores {
+        logits: out,
+        vocab,
+        stats,
+    })
 }
 
 fn ms(t: Instant) -> f64 {

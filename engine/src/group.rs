@@ -377,6 +377,7 @@ mod tests {
             fixed_state_bytes: 0,
             dtype: DType::Bf16,
             device: Device::Cuda(0),
+            quantization: None,
         };
         let m = MemoryModel::from_facts(&facts);
         assert_eq!(m.state_bytes_per_token, 2 * 2 * 128 * 2);
@@ -411,6 +412,7 @@ mod tests {
             fixed_state_bytes: per_seq,
             dtype: DType::Bf16,
             device: Device::Cuda(0),
+            quantization: None,
         };
         let m = MemoryModel::from_facts(&facts);
         let cost = GroupCost {

@@ -5,10 +5,12 @@
 //! schema) → [`prepare`] (2: render + exact token split) → [`group`] (3: bounded context
 //! groups) → [`fork`] (4 + 5: prefill once, score every row over the backend seam) →
 //! [`assemble`] (6: softmax over each field's codes, typed values, telemetry). [`calibration`]
-//! holds the temperature policy; [`engine`] wires the stages for one context and [`many`] for
+//! holds the temperature policy; [`allowed_mass`] (opt-in, per field) and [`logprobs`]
+//! (`Engine::logprobs`, per token of a text) are the full-vocabulary diagnostics; [`engine`] wires the stages for one context and [`many`] for
 //! many (`Engine::decide_many`). The engine depends on the seam only (`forkscore-seam`): it never
 //! sees a tensor.
 
+pub mod allowed_mass;
 pub mod assemble;
 pub mod calibration;
 pub mod engine;
@@ -16,6 +18,8 @@ pub mod error;
 pub mod finite;
 pub mod fork;
 pub mod group;
+pub mod literal;
+pub mod logprobs;
 pub mod many;
 pub mod prepare;
 pub mod rows;
@@ -24,12 +28,14 @@ pub mod strict_json;
 pub mod template;
 pub mod tokenizer;
 
+pub use allowed_mass::{AllowedMass, TopToken};
 pub use assemble::{Decision, FieldResult};
 pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, TemperatureSource};
 pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use error::EngineError;
 pub use fork::{Mode, SharedPrefix};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
+pub use logprobs::{LogprobOptions, TextLogprobs};
 pub use prepare::PreparedContext;
 pub use rows::CompiledSchema;
 pub use schema::{Schema, SchemaError, SchemaErrorKind};

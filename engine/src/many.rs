@@ -23,6 +23,7 @@ use crate::assemble::{Assembly, Decision};
 use crate::calibration::Temperature;
 use crate::engine::{Engine, ScoreOptions};
 use crate::error::EngineError;
+use crate::fork::GroupScores;
 use crate::group::{
     plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel,
 };
@@ -161,15 +162,22 @@ impl<B: Backend> Engine<B> {
         start: Instant,
     ) -> Vec<Result<Decision, EngineError>> {
         match self.fork(None, compiled, members, opts) {
-            Ok((logits, stats)) => logits
+            Ok(GroupScores {
+                logits,
+                vocab,
+                stats,
+            }) => logits
                 .into_iter()
+                .zip(vocab)
                 .zip(members)
-                .map(|(rows, &prepared)| {
+                .map(|((rows, vocab), &prepared)| {
                     crate::finite::check_rows(compiled, &rows)?;
                     Ok(Assembly {
                         compiled,
                         prepared,
                         rows,
+                        vocab,
+                        tokenizer: self.tokenizer(),
                         stats: &stats,
                         temperature: temperature.clone(),
                         opts,
@@ -190,10 +198,14 @@ impl<B: Backend> Engine<B> {
 }
 
 /// The same option error for every entry (engine errors are not `Clone`; `check_request` only
-/// returns a calibration error or `ZeroFieldBatch`).
+/// returns a calibration error, `TopKTooLarge` or `ZeroFieldBatch`).
 fn repeat_option_error(e: &EngineError) -> EngineError {
     match e {
         EngineError::Calibration(c) => EngineError::Calibration(c.clone()),
+        EngineError::TopKTooLarge { top_k, max } => EngineError::TopKTooLarge {
+            top_k: *top_k,
+            max: *max,
+        },
         _ => EngineError::ZeroFieldBatch,
     }
 }

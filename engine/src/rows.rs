@@ -7,7 +7,7 @@
 
 use crate::prepare::render::{code, code_text, render_prefix, selector};
 use crate::prepare::split::{split_exact, SplitError};
-use crate::schema::{Choice, Field, FieldKind, Schema};
+use crate::schema::{Choice, Field, FieldKind, Schema, Scoring};
 use crate::template::TemplateError;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 
@@ -57,6 +57,11 @@ pub enum CompileError {
         selector: String,
         tokens: usize,
     },
+    #[error("field `{field}` asks for {scoring:?} scoring: the schema accepts it and the choice trie exists (`engine::literal`), but scoring literal fields is not wired into the engine yet; use code scoring (at most 26 choices)")]
+    LiteralNotWired {
+        field: String,
+        scoring: &'static str,
+    },
     #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
     CodeMergesWithSelector {
         field: String,
@@ -67,6 +72,13 @@ pub enum CompileError {
 
 impl CompiledSchema {
     pub fn compile(schema: &Schema, tok: &ChatTokenizer) -> Result<CompiledSchema, CompileError> {
+        // Before rendering: the catalogue labels choices with code letters, at most 26.
+        if let Some(f) = schema.fields().iter().find(|f| f.scoring != Scoring::Code) {
+            return Err(CompileError::LiteralNotWired {
+                field: f.name.clone(),
+                scoring: f.scoring.name(),
+            });
+        }
         let prefix_text = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields())?;
         let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
         let split = split_exact(tok, &prefix_text, &selectors)?;

@@ -144,3 +144,20 @@ fn rows_compiled_for_another_tokenizer_are_refused() {
         )
         .is_ok());
 }
+
+#[test]
+fn a_literal_field_is_a_clear_error_until_literal_scoring_is_wired() {
+    let engine = support::fake_engine(Family::Qwen2);
+    let example = include_str!("../../fixtures/examples/high_cardinality_255.json");
+    let literal = "literal".parse().unwrap();
+    let schema = Schema::from_json_str_with(example, literal).unwrap();
+    match engine.compile(&schema) {
+        Err(EngineError::Compile(CompileError::LiteralNotWired { field, scoring })) => {
+            assert_eq!(
+                (field.as_str(), scoring),
+                ("tariff_classification", "literal")
+            );
+        }
+        other => panic!("expected LiteralNotWired, got {other:?}"),
+    }
+}

@@ -327,6 +327,38 @@ fn more_than_26_choices_point_to_literal_scoring() {
 }
 
 #[test]
+fn literal_scoring_lifts_the_26_choice_limit_from_the_field_the_root_or_the_request() {
+    use forkscore_engine::schema::{LiteralMethod, Scoring};
+    let example = include_str!("../../fixtures/examples/high_cardinality_255.json");
+    let literal = Scoring::Literal(LiteralMethod::Exact);
+    let s = Schema::from_json_str_with(example, literal).unwrap();
+    assert_eq!(s.fields()[0].choices.len(), 255);
+    assert_eq!(s.fields()[0].scoring, literal);
+    let choices: Vec<String> = (0..27).map(|i| format!("c{i}")).collect();
+    let field = serde_json::json!({"a": {"type": "enum", "choices": choices, "scoring": "literal-first-token"}});
+    let s = Schema::from_json_str(&field.to_string()).unwrap();
+    assert_eq!(
+        s.fields()[0].scoring,
+        Scoring::Literal(LiteralMethod::FirstToken)
+    );
+    let root = serde_json::json!({"scoring": "literal", "a": {"type": "enum", "choices": choices}});
+    let s = Schema::from_json_str(&root.to_string()).unwrap();
+    assert_eq!((s.fields().len(), s.fields()[0].scoring), (1, literal));
+    // A field's own scoring wins over the root's; code scoring keeps its limit.
+    let mixed = serde_json::json!({"scoring": "literal", "a": {"type": "enum", "choices": choices, "scoring": "code"}});
+    let err = Schema::from_json_str(&mixed.to_string()).unwrap_err();
+    assert_eq!(err.kind, K::TooManyChoices { count: 27 });
+    let bad = serde_json::json!({"a": {"type": "boolean", "scoring": "literally"}});
+    let err = Schema::from_json_str(&bad.to_string()).unwrap_err();
+    assert_eq!(err.path, "a.scoring");
+    assert!(err.to_string().contains("\"literal\""), "{err}");
+    // Code-scored schemas hash as before; literal scoring is part of the hash.
+    let plain = Schema::from_json_str(r#"{"a": {"type": "boolean"}}"#).unwrap();
+    let lit = Schema::from_json_str(r#"{"a": {"type": "boolean", "scoring": "literal"}}"#).unwrap();
+    assert_ne!(plain.hash(), lit.hash());
+}
+
+#[test]
 fn flat_and_json_schema_forms_agree() {
     let flat = Schema::from_json_str(
         r#"{"risk": {"type": "enum", "choices": ["low", "high"], "description": "Risk.",

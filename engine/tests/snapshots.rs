@@ -9,19 +9,21 @@ use forkscore_testkit::tokenizers::Family;
 const CONTEXT: &str = "Our production payment service is completely down for every customer, and no one can complete a purchase.";
 
 fn snapshot(schema_file: &str, family: Family, include_prompt: bool) -> serde_json::Value {
+    snapshot_with(
+        schema_file,
+        family,
+        ScoreOptions {
+            include_prompt,
+            ..ScoreOptions::default()
+        },
+    )
+}
+
+fn snapshot_with(schema_file: &str, family: Family, opts: ScoreOptions) -> serde_json::Value {
     let engine = support::fake_engine(family);
     let schema = Schema::from_json_str(&support::example(schema_file)).unwrap();
     let compiled = engine.compile(&schema).unwrap();
-    let d = engine
-        .decide(
-            CONTEXT,
-            &compiled,
-            &ScoreOptions {
-                include_prompt,
-                ..ScoreOptions::default()
-            },
-        )
-        .unwrap();
+    let d = engine.decide(CONTEXT, &compiled, &opts).unwrap();
     forkscore_testkit::snapshot::round_floats(&serde_json::to_value(&d).unwrap())
 }
 
@@ -71,3 +73,17 @@ result_snapshot!(
     Family::Qwen3_5,
     false
 );
+
+/// `allowed_mass` on: every field carries its full-vocabulary mass and top tokens.
+#[test]
+fn parallel_schema_qwen25_allowed_mass() {
+    let v = snapshot_with(
+        "parallel_schema.json",
+        Family::Qwen2,
+        ScoreOptions {
+            allowed_mass: Some(3),
+            ..ScoreOptions::default()
+        },
+    );
+    insta::assert_json_snapshot!("parallel_schema_qwen25_allowed_mass", v, { ".telemetry.timings_ms" => "[timings]" });
+}

@@ -232,6 +232,12 @@ impl Backend for PoisonedBackend {
         }
         Ok(out)
     }
+    fn vocab_rows(
+        &self,
+        request: &forkscore_seam::VocabRequest<'_>,
+    ) -> Result<Vec<forkscore_seam::PositionVocab>, BackendError> {
+        self.inner.vocab_rows(request)
+    }
 }
 
 #[test]

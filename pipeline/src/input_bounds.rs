@@ -19,6 +19,8 @@ use crate::batch::records::{parse_line, ErrorKind, Failed, LineError, Request};
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::path::Path;
 
+use serde_json::Value;
+
 /// Bytes of text allowed per `--max-input-tokens` token.
 pub const BYTES_PER_TOKEN: u64 = 64;
 
@@ -65,6 +67,7 @@ pub const FLAG_RANGES: &[(&str, u64, u64)] = &[
     ("--group-max-rows", 1, 1 << 24),
     ("--group-max-prefix-tokens", 1, 1 << 32),
     ("--group-max-mib", 1, 1 << 24),
+    ("--top-k", 0, forkscore_backends::MAX_TOP_K as u64),
 ];
 
 /// Check `(flag, value)` pairs against [`FLAG_RANGES`] (absent optional flags are skipped).
@@ -247,12 +250,81 @@ pub fn read_line_bounded(
     })
 }
 
-/// Parse a raw line, or the error record of a line that was over the byte bound.
+/// How much of an over-long line is kept to find its `"id"` (see [`leading_id`]).
+pub const LEADING_BYTES: usize = 4096;
+
+/// The `"id"` of a JSON object line from the line's first bytes alone, when it appears among
+/// the leading members before any member whose value is not a complete scalar (string, number,
+/// `true`, `false`, `null`) within those bytes: `{"id": "a1", "context": "…megabytes…"}` → `"a1"`.
+/// `None` when it cannot be found that way (the error record then has no id).
+pub fn leading_id(prefix: &[u8]) -> Option<Value> {
+    let mut at = 0usize;
+    let skip_ws = |at: &mut usize| {
+        while prefix.get(*at).is_some_and(u8::is_ascii_whitespace) {
+            *at += 1;
+        }
+    };
+    // One complete scalar starting at `at`: its bytes' end.
+    let scalar_end = |at: usize| -> Option<usize> {
+        match prefix.get(at)? {
+            b'"' => {
+                let mut i = at + 1;
+                loop {
+                    match prefix.get(i)? {
+                        b'\\' => i += 2,
+                        b'"' => return Some(i + 1),
+                        _ => i += 1,
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+                let len = prefix[at..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'+' | b'.'))
+                    .count();
+                // a number or literal cut off by the end of the prefix is not complete
+                (at + len < prefix.len()).then_some(at + len)
+            }
+            _ => None,
+        }
+    };
+    skip_ws(&mut at);
+    if prefix.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    loop {
+        skip_ws(&mut at);
+        let key_end = scalar_end(at)?;
+        let key: String = serde_json::from_slice(&prefix[at..key_end]).ok()?;
+        at = key_end;
+        skip_ws(&mut at);
+        if prefix.get(at) != Some(&b':') {
+            return None;
+        }
+        at += 1;
+        skip_ws(&mut at);
+        let value_end = scalar_end(at)?;
+        let value: Value = serde_json::from_slice(&prefix[at..value_end]).ok()?;
+        if key == "id" {
+            return Some(value);
+        }
+        at = value_end;
+        skip_ws(&mut at);
+        if prefix.get(at) != Some(&b',') {
+            return None;
+        }
+        at += 1;
+    }
+}
+
+/// Parse a raw line, or the error record of a line that was over the byte bound (with the id
+/// found in its first bytes, when there is one).
 pub fn parse_bounded(raw: &RawLine, shared_context: bool) -> Result<Request, Failed> {
     match raw.too_long {
         Some(n) => Err(Failed {
             line: raw.line,
-            id: None,
+            id: leading_id(&raw.bytes),
             error: LineError::new(
                 ErrorKind::LineTooLong,
                 format!(
@@ -295,7 +367,7 @@ pub fn progress_total(file: &mut std::fs::File, shown: bool) -> Option<u64> {
 }
 
 /// The folder `output` would be created in exists (checked before a model loads).
-fn check_output_dir(flag: &str, output: &Path) -> anyhow::Result<()> {
+pub fn check_output_dir(flag: &str, output: &Path) -> anyhow::Result<()> {
     let parent = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -321,6 +393,7 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         ("--max-input-tokens", Some(args.scoring.max_input_tokens)),
         ("--field-batch-size", args.scoring.field_batch_size),
         ("--prefill-chunk", args.model.prefill_chunk),
+        ("--top-k", Some(args.scoring.top_k)),
         ("--window", Some(args.window)),
         ("--group-max-rows", args.group_max_rows),
         ("--group-max-prefix-tokens", args.group_max_prefix_tokens),
@@ -360,6 +433,7 @@ pub fn precheck_score(args: &crate::score_cmd::ScoreArgs) -> anyhow::Result<()> 
         ("--max-input-tokens", Some(args.scoring.max_input_tokens)),
         ("--field-batch-size", args.scoring.field_batch_size),
         ("--prefill-chunk", args.model.prefill_chunk),
+        ("--top-k", Some(args.scoring.top_k)),
     ])?;
     check_float_flag("--temperature", args.scoring.temperature, 1e6)?;
     if let Some(out) = &args.output {
@@ -371,6 +445,39 @@ pub fn precheck_score(args: &crate::score_cmd::ScoreArgs) -> anyhow::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn leading_id_is_found_before_the_first_long_value() {
+        let huge = "x".repeat(10_000);
+        let cases: Vec<(String, Option<Value>)> = vec![
+            (
+                format!(r#"{{"id": "a1", "context": "{huge}"}}"#),
+                Some(json!("a1")),
+            ),
+            (
+                format!(r#"  {{"n": 3, "ok": true, "id":17,"context":"{huge}"}}"#),
+                Some(json!(17)),
+            ),
+            (
+                format!(r#"{{"id": "q\"uote", "context": "{huge}"}}"#),
+                Some(json!("q\"uote")),
+            ),
+            (format!(r#"{{"context": "{huge}", "id": "late"}}"#), None),
+            (
+                format!(r#"{{"schema": {{"a": 1}}, "id": "x", "c": "{huge}"}}"#),
+                None,
+            ),
+            (format!(r#"["id", "{huge}"]"#), None),
+            (r#"{"id": 12"#.to_string(), None),
+            (r#"{"id": "unterminated"#.to_string(), None),
+            (String::new(), None),
+        ];
+        for (line, want) in cases {
+            let prefix = &line.as_bytes()[..line.len().min(LEADING_BYTES)];
+            assert_eq!(leading_id(prefix), want, "{}", &line[..line.len().min(60)]);
+        }
+    }
 
     #[test]
     fn bounded_lines_table() {

@@ -1,10 +1,12 @@
 //! forkscore pipeline: the `forkscore` command line (score one context, write a demo model,
-//! run batch JSONL jobs) and the provenance every result carries.
+//! run batch JSONL jobs, merge sharded batch outputs) and the provenance every result carries.
 
 pub mod batch;
 pub mod demo;
 pub mod input_bounds;
 pub mod load;
+pub mod logprobs_cmd;
+pub mod merge;
 pub mod provenance;
 pub mod score_cmd;
 pub mod serve_cmd;

@@ -6,7 +6,7 @@ use crate::provenance::{ModelProvenance, GIT_COMMIT, VERSION};
 use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
-use forkscore_backends::{Backend, CandleError};
+use forkscore_backends::{Backend, CandleError, Quantization};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
 use forkscore_engine::tokenizer::TokenizerError;
 use forkscore_engine::{
@@ -32,6 +32,10 @@ pub struct ModelArgs {
     /// Prefix tokens per prefill chunk (default: 512 on CPU, 4096 on GPUs).
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
+    /// Quantize the decoder's linear weights in memory at load time: q8_0 (8-bit) or q4k
+    /// (4-bit). The embedding, norms and candidate head stay in --dtype. Default: none.
+    #[arg(long)]
+    pub quantize: Option<Quantization>,
     /// Extra temperature calibrations (same format as engine/data/calibration.json).
     #[arg(long)]
     pub calibration_file: Option<PathBuf>,
@@ -68,6 +72,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         prefill_chunk: args
             .prefill_chunk
             .unwrap_or_else(|| LoadOptions::for_device(device).prefill_chunk),
+        quantization: args.quantize,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     let tokenizer = ChatTokenizer::for_model(&checkpoint.dir, backend.facts().family)?;
@@ -97,6 +102,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         architecture: facts.architecture,
         dtype: facts.dtype,
         device: facts.device,
+        quantization: facts.quantization,
         chat_template,
         adapter_sha256,
     };

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, score_cmd, serve_cmd};
+use forkscore_pipeline::{batch, demo, logprobs_cmd, merge, score_cmd, serve_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +23,10 @@ enum Command {
     DemoModel(demo::DemoArgs),
     /// Score a JSONL file of decisions into a JSONL file of results (resumable).
     Batch(batch::BatchArgs),
+    /// Join the outputs of `batch --shard I/N` jobs into one file in input order.
+    Merge(merge::MergeArgs),
+    /// Per-token log-probabilities of a text, with the top-K alternatives at every position.
+    Logprobs(logprobs_cmd::LogprobsArgs),
     /// Serve scoring over HTTP (loopback by default): /v1/score, /v1/decide_many, /v1/ask, /health, /metrics, /openapi.json.
     Serve(serve_cmd::ServeArgs),
 }
@@ -40,6 +44,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(args) => score_cmd::run(&args),
         Command::DemoModel(args) => demo::run(&args),
         Command::Batch(args) => batch::run(&args),
+        Command::Merge(args) => merge::run(&args),
+        Command::Logprobs(args) => logprobs_cmd::run(&args),
         Command::Serve(args) => serve_cmd::run(&args),
     }
 }

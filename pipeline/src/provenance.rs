@@ -2,7 +2,7 @@
 //! folder fingerprint), on which device and dtype, with which template, mode and temperature,
 //! for which schema.
 
-use forkscore_backends::{Architecture, DType, Device};
+use forkscore_backends::{Architecture, DType, Device, Quantization};
 use forkscore_engine::template::TemplateOrigin;
 use serde::Serialize;
 
@@ -23,6 +23,9 @@ pub struct ModelProvenance {
     pub architecture: Architecture,
     pub dtype: DType,
     pub device: Device,
+    /// In-memory quantization of the linear weights (`q8_0`, `q4k`); absent when unquantized.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
     pub chat_template: TemplateOrigin,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_sha256: Option<String>,
@@ -51,6 +54,10 @@ pub struct BatchProvenance<'a> {
     pub temperature_source: &'a forkscore_engine::TemperatureSource,
     /// Hash of the job's default schema (`--schema`), null without one; `--resume` compares it.
     pub default_schema_hash: Option<String>,
+    /// `--shard INDEX/COUNT` as `"i/n"`; absent in unsharded jobs. `--resume` compares it, and
+    /// `forkscore merge` removes it from the merged records.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::batch::shard::Shard>,
 }
 
 impl BatchProvenance<'_> {

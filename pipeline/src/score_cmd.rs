@@ -87,6 +87,13 @@ pub struct ScoringArgs {
     /// tokens. By default it is tokenized as ordinary text, so a context cannot forge chat turns.
     #[arg(long)]
     pub context_special_tokens: bool,
+    /// Per field, also the full-vocabulary probability mass on its allowed codes at its
+    /// decision position and the top-K unconstrained tokens there (`fields.<name>.allowed_mass`).
+    #[arg(long)]
+    pub allowed_mass: bool,
+    /// With --allowed-mass: how many unconstrained tokens to list per field (0 to 1024).
+    #[arg(long, default_value_t = 5, requires = "allowed_mass")]
+    pub top_k: usize,
 }
 
 impl ScoringArgs {
@@ -98,6 +105,7 @@ impl ScoringArgs {
             allow_uncalibrated: self.allow_uncalibrated,
             max_input_tokens: self.max_input_tokens,
             include_prompt: self.include_prompt,
+            allowed_mass: self.allowed_mass.then_some(self.top_k),
         }
     }
 }

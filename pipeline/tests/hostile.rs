@@ -404,6 +404,19 @@ fn batch_refusals_table() {
         assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
         assert!(stderr(&o).contains(want), "{name}: {}", stderr(&o));
     }
+    // --shard is refused while the arguments are parsed (usage error, exit 2)
+    for (value, want) in [
+        ("3/2", "below the count"),
+        ("two", "INDEX/COUNT"),
+        ("0/0", "at least 1"),
+    ] {
+        let mut args = batch_args(&model, &input_s, &out, &schema);
+        args.extend_from_slice(&["--shard", value]);
+        let o = run(&args, None);
+        assert_no_panic(&o, value);
+        assert_eq!(o.status.code(), Some(2), "{value}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{value}: {}", stderr(&o));
+    }
     // a missing output folder fails before the model loads: the model does not even exist
     let o = run(
         &batch_args(
@@ -421,6 +434,26 @@ fn batch_refusals_table() {
     );
     assert!(!e.contains("/no/such/model"), "{e}");
     assert_eq!(e.lines().count(), 1, "one clear message: {e}");
+    // so do an endless shared context file and a missing schema file
+    for (schema_file, extra, want) in [
+        (
+            schema.as_str(),
+            vec!["--batch-mode", "shared", "--context-file", "/dev/zero"],
+            "longer than",
+        ),
+        ("/no/such/schema.json", vec![], "/no/such/schema.json"),
+    ] {
+        let mut args = batch_args("/no/such/model", &input_s, &out, schema_file);
+        args.extend_from_slice(&extra);
+        let o = run(&args, None);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {e}");
+        assert!(e.contains(want), "{extra:?}: {e}");
+        assert!(
+            !e.contains("/no/such/model"),
+            "{extra:?}: refused before loading: {e}"
+        );
+    }
 }
 
 #[test]
@@ -544,6 +577,7 @@ fn long_lines_are_refused_by_length_and_nothing_else_is_lost() {
     assert_eq!(rs.len(), 3);
     assert_eq!(rs[1]["line"], 2);
     assert_eq!(rs[1]["error"]["kind"], "line_too_long");
+    assert_eq!(rs[1]["id"], "big", "the id leading the long line is kept");
     assert!(rs[0]["output"].is_object() && rs[2]["output"].is_object());
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }

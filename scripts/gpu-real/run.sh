@@ -10,7 +10,9 @@
 #   SKIP_FLA, SKIP_BATCH (=1 skips), BENCH_REPEATS (3), BENCH_FIELDS (1,3,8,28), BENCH_WORDS
 #   (40,600), BENCH_MODES_<model with - and . as _> (qwen35_4b: parallel,cached-serial; others:
 #   parallel,fbs4,cached-serial,independent), BENCH_TIMEOUT_<key> (qwen35_4b 110, else 70),
-#   PEER_REPEATS (5), PEER_BUDGET_S (3), PEER_TIMEOUT_<key> (qwen35_4b 70 per fla/nofla run,
+#   PEER_MODES_<key> (e.g. prefill: which peer modes run; default all four),
+#   PEER_LABELS_<key> (e.g. fla: which peer variants run; default fla,nofla for Qwen3.5 when the
+#   wheels are there, else nofla), PEER_REPEATS (5), PEER_BUDGET_S (3), PEER_TIMEOUT_<key> (qwen35_4b 70 per fla/nofla run,
 #   else 50), PEER_CASES (8:600,28:600,28:40,8:40,3:600,3:40,1:600,1:40: priority order),
 #   BATCH_CONTEXTS (64), BATCH_FIELDS (8), BATCH_TOKENS (830), BATCH_TIMEOUT (45 per mode),
 #   FORKSCORE_BENCH_PROFILE (1: one extra profiled parallel run per bench case), CARRY (carry), WORK (/tmp/gpu-real),
@@ -120,6 +122,7 @@ for m in "${MODEL_LIST[@]}"; do
   if [[ "${SKIP_PEER:-0}" != 1 && -f "$W/dump-$m.json" ]]; then
     labels=(nofla)
     [[ -n "$FLA" && "$m" == qwen35* ]] && labels=(fla nofla)
+    lv="PEER_LABELS_$key"; [[ -n "${!lv:-}" ]] && IFS=, read -ra labels <<<"${!lv}"
     for label in "${labels[@]}"; do
       tv="PEER_TIMEOUT_$key"; d=50; [[ "$m" == qwen35-4b ]] && d=70
       t="$(budget "${!tv:-$d}" 15)"
@@ -129,7 +132,8 @@ for m in "${MODEL_LIST[@]}"; do
       PYTHONPATH="$pp" timeout "$t" "$PY" "$S/peer.py" --dump "$W/dump-$m.json" --model "$dir" \
         --out "$W/peer-$m-$label.json" --label "$m-$label" --device "$DEVICE" --dtype "$PT_DTYPE" --repeats "${PEER_REPEATS:-5}" \
         --budget-s "${PEER_BUDGET_S:-3}" --deadline-s "$(( t - 15 ))" \
-        --cases "${PEER_CASES:-8:600,28:600,28:40,8:40,3:600,3:40,1:600,1:40}" >> "$OUT/peer.log" 2>&1
+        --cases "${PEER_CASES:-8:600,28:600,28:40,8:40,3:600,3:40,1:600,1:40}" \
+        --modes "$(v="PEER_MODES_$key"; echo "${!v:-prefill,independent,cached_serial,batched}")" >> "$OUT/peer.log" 2>&1
       echo "peer exit $?"
       mem_stop
       grep "^\[peer" "$OUT/peer.log" | grep -- "$m-$label" | tail -40

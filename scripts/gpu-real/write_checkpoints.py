@@ -84,7 +84,25 @@ def qwen25_1_5b(tiny: bool):
     return transformers.Qwen2ForCausalLM, config, "qwen2.5"
 
 
-MODELS = {"qwen35-4b": qwen35_4b, "qwen25-1.5b": qwen25_1_5b}
+def qwen25_0_5b(tiny: bool):
+    """Qwen2.5-0.5B-Instruct (494 M parameters): the CPU bench's model."""
+    dims = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2)
+    if tiny:
+        dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
+    config = transformers.Qwen2Config(
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        use_sliding_window=False,
+        **dims,
+    )
+    return transformers.Qwen2ForCausalLM, config, "qwen2.5"
+
+
+MODELS = {"qwen35-4b": qwen35_4b, "qwen25-1.5b": qwen25_1_5b, "qwen25-0.5b": qwen25_0_5b}
 
 
 def copy_tokenizer(family: str, out: Path) -> None:

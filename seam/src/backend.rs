@@ -11,11 +11,15 @@
 //! - `score` and `forward_full` return logits for exactly the candidate ids, in their order,
 //!   computed in f32 (only the candidate rows of the output head are projected);
 //! - `prefill(a ++ b)` then scoring `c` equals `forward_full(a ++ b ++ c)` (within the backend's
-//!   numeric tolerance).
+//!   numeric tolerance);
+//! - full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`) are opt-in: without
+//!   them nothing beyond the candidate rows of the head is projected.
 
 use crate::error::BackendError;
 use crate::facts::ModelFacts;
 use crate::request::{CandidateLogits, ScoreRequest, ScoreRow};
+use crate::tree::TreeRequest;
+use crate::vocab::{PositionVocab, VocabRequest};
 
 /// A retained prefix state (attention K/V, and conv + recurrent state for linear-attention
 /// layers). Produced by [`Backend::prefill`]; read-only afterwards.
@@ -72,7 +76,65 @@ pub trait Backend: Send + Sync {
         self.score(&ScoreRequest::new(states, rows, candidates)?)
     }
 
+    /// Score a token tree: the result holds, per projected node (in
+    /// [`crate::TokenTree::projected`] order), the logits after `prefix ++ path(node)` for each
+    /// candidate id. The default scores one flat row per projected node (its root-to-node path)
+    /// in one [`Backend::score`] call, which is the reference every faster packing is tested
+    /// against; backends that can share the tree's common tokens override it.
+    fn score_tree(
+        &self,
+        request: &TreeRequest<'_, Self::State>,
+    ) -> Result<CandidateLogits, BackendError> {
+        let tree = request.tree();
+        let paths: Vec<Vec<u32>> = tree.projected().iter().map(|&i| tree.path(i)).collect();
+        let rows: Vec<ScoreRow<'_>> = tree
+            .projected()
+            .iter()
+            .zip(&paths)
+            .map(|(&i, p)| ScoreRow {
+                state: tree.nodes()[i].state,
+                suffix: p,
+            })
+            .collect();
+        self.score_rows(request.states(), &rows, request.candidates())
+    }
+
+    /// How [`Backend::score_tree`] evaluates a tree on this model, for telemetry.
+    fn tree_packing(&self) -> TreePacking {
+        TreePacking::RowPerNode
+    }
+
     /// The independent reference path: run the complete prompt `ids` from scratch and return
     /// the logits at its last position for each id of `candidates`.
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError>;
+
+    /// Run `request.ids()` from scratch and summarise the full vocabulary at each position of
+    /// `request.positions()`, in order: one f32 logsumexp and the exact top-K
+    /// ([`crate::topk::top_k`]), plus the log-probability of the next token where there is one.
+    /// Token ids and K are checked against the vocabulary here.
+    fn vocab_rows(&self, request: &VocabRequest<'_>) -> Result<Vec<PositionVocab>, BackendError>;
+}
+
+/// How a backend evaluates a [`crate::TokenTree`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreePacking {
+    /// One flat row per projected node (the default of [`Backend::score_tree`]).
+    RowPerNode,
+    /// One batched row per root-to-leaf path, projected at every marked position along it
+    /// (models whose layers carry a recurrent state, which cannot take a tree mask).
+    RowPerLeaf,
+    /// All nodes of one state packed into one sequence under a tree attention mask, positions
+    /// `prefix_len + depth` (attention-only models).
+    Packed,
+}
+
+impl TreePacking {
+    /// A short name for telemetry.
+    pub fn name(self) -> &'static str {
+        match self {
+            TreePacking::RowPerNode => "row-per-node",
+            TreePacking::RowPerLeaf => "row-per-leaf",
+            TreePacking::Packed => "packed",
+        }
+    }
 }

@@ -14,6 +14,12 @@ pub enum BackendError {
     /// A computation failed inside the backend (`op` names it; `message` is the backend's text).
     #[error("tensor operation `{op}` failed: {message}")]
     Compute { op: &'static str, message: String },
+    /// A full-vocabulary logit the model produced is NaN or +inf (overflowing weights or dtype).
+    #[error("the model produced a non-finite logit at position {position}: {logit}")]
+    NonFiniteLogit {
+        position: usize,
+        logit: crate::topk::NonFiniteLogit,
+    },
     /// The device failed or is unavailable.
     #[error("device error: {reason}")]
     Device { reason: String },

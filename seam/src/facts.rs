@@ -258,6 +258,54 @@ impl FromStr for DType {
     }
 }
 
+/// In-memory quantization of the backbone's linear weights at load time (the stored
+/// checkpoint is unchanged). Parsed once from `q8_0` | `q4k` (also `q8`, `q4_k`, `q4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Quantization {
+    /// 8-bit blocks of 32 weights with one f16 scale (ggml `Q8_0`, 8.5 bits per weight).
+    Q8_0,
+    /// 4-bit super-blocks of 256 weights with 6-bit sub-block scales and minimums (ggml `Q4_K`,
+    /// 4.5 bits per weight).
+    Q4K,
+}
+
+impl Quantization {
+    pub const ALL: [Quantization; 2] = [Quantization::Q8_0, Quantization::Q4K];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Quantization::Q8_0 => "q8_0",
+            Quantization::Q4K => "q4k",
+        }
+    }
+}
+
+impl fmt::Display for Quantization {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Quantization {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl FromStr for Quantization {
+    type Err = BackendError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "q8_0" | "q8" => Ok(Quantization::Q8_0),
+            "q4k" | "q4_k" | "q4" => Ok(Quantization::Q4K),
+            _ => Err(BackendError::Device {
+                reason: format!("cannot parse quantization `{s}`; expected q8_0 or q4k"),
+            }),
+        }
+    }
+}
+
 /// Facts about the loaded model the engine and the provenance record need.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelFacts {
@@ -282,6 +330,9 @@ pub struct ModelFacts {
     /// Compute dtype of the backbone.
     pub dtype: DType,
     pub device: Device,
+    /// In-memory quantization of the linear weights, `None` when they are kept in `dtype`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
 }
 
 #[cfg(test)]
@@ -300,6 +351,12 @@ mod tests {
         assert_eq!("bf16".parse::<DType>().ok(), Some(DType::Bf16));
         assert!("f64".parse::<DType>().is_err());
         assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+        for q in Quantization::ALL {
+            assert_eq!(q.as_str().parse::<Quantization>().ok(), Some(q));
+        }
+        assert_eq!("Q4_K".parse::<Quantization>().ok(), Some(Quantization::Q4K));
+        let err = "q3k".parse::<Quantization>().unwrap_err().to_string();
+        assert!(err.contains("q3k") && err.contains("q8_0 or q4k"), "{err}");
     }
 
     #[test]

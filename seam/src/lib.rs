@@ -7,8 +7,12 @@
 //! - [`Backend`] and [`PrefixState`]: the five verbs and the retained state;
 //! - [`ScoreRequest`]: rows, states and candidates checked once, in one constructor, and
 //!   accepted by every backend as is;
+//! - [`TokenTree`] and [`TreeRequest`]: a forest of suffix tokens (a choice trie, or flat rows
+//!   as chains) with the nodes to project, scored by [`Backend::score_tree`];
 //! - [`ModelFacts`]: typed facts about a loaded model (family, architecture, dtype, device,
 //!   sizes and attention head counts);
+//! - [`vocab`] and [`topk`]: opt-in full-vocabulary summaries (one f32 logsumexp and the exact
+//!   top-K per position, block-max prefiltered, bitwise equal to a full log-softmax + sort);
 //! - [`files`]: bounded reads of untrusted checkpoint files (regular files only, size-capped);
 //! - [`BackendError`]: what a run-time call can fail with, independent of any backend's types.
 
@@ -17,8 +21,14 @@ pub mod error;
 pub mod facts;
 pub mod files;
 pub mod request;
+pub mod topk;
+pub mod tree;
+pub mod vocab;
 
-pub use backend::{Backend, PrefixState};
+pub use backend::{Backend, PrefixState, TreePacking};
 pub use error::BackendError;
-pub use facts::{Architecture, DType, Device, Family, ModelFacts, UnknownName};
+pub use facts::{Architecture, DType, Device, Family, ModelFacts, Quantization, UnknownName};
 pub use request::{CandidateLogits, ScoreRequest, ScoreRow};
+pub use topk::NonFiniteLogit;
+pub use tree::{TokenTree, TreeNode, TreeRequest};
+pub use vocab::{PositionVocab, TokenLogprob, VocabRequest, VocabRow, MAX_TOP_K};

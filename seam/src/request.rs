@@ -3,9 +3,14 @@
 //! Invariants of a [`ScoreRequest`] (every backend relies on them instead of re-checking):
 //! at least one row and one candidate id; every row names an existing state and has a
 //! non-empty suffix. Token ids are not checked here: their bound is the backend's vocabulary.
+//!
+//! Opt-in: [`ScoreRequest::with_vocab`] also asks, per row, for the full-vocabulary summary at
+//! the row's decision position ([`VocabRow`]: one f32 logsumexp and the exact top-K); without
+//! it a backend projects only the candidate rows and [`CandidateLogits::vocab`] is `None`.
 
 use crate::backend::PrefixState;
 use crate::error::BackendError;
+use crate::vocab::{check_top_k, VocabRow};
 
 /// One row to score: the index (into the request's states) of the prefix state it continues,
 /// and its suffix token ids (non-empty).
@@ -21,6 +26,8 @@ pub struct ScoreRequest<'a, S> {
     states: &'a [&'a S],
     rows: &'a [ScoreRow<'a>],
     candidates: &'a [u32],
+    /// `Some(K)`: also a [`VocabRow`] per row with the top K tokens.
+    vocab_top_k: Option<usize>,
 }
 
 impl<'a, S: PrefixState> ScoreRequest<'a, S> {
@@ -53,7 +60,21 @@ impl<'a, S: PrefixState> ScoreRequest<'a, S> {
             states,
             rows,
             candidates,
+            vocab_top_k: None,
         })
+    }
+
+    /// Also ask for each row's full-vocabulary summary with the top `top_k` tokens
+    /// (`top_k` ≤ [`crate::vocab::MAX_TOP_K`]; 0 asks for the logsumexp alone).
+    pub fn with_vocab(mut self, top_k: usize) -> Result<Self, BackendError> {
+        check_top_k(top_k)?;
+        self.vocab_top_k = Some(top_k);
+        Ok(self)
+    }
+
+    /// `Some(K)` when the caller asked for full-vocabulary summaries.
+    pub fn vocab_top_k(&self) -> Option<usize> {
+        self.vocab_top_k
     }
 
     pub fn states(&self) -> &'a [&'a S] {
@@ -72,12 +93,15 @@ impl<'a, S: PrefixState> ScoreRequest<'a, S> {
     }
 }
 
-/// f32 logits, row-major `[rows, candidates]`.
+/// f32 logits, row-major `[rows, candidates]`, and (only when the request asked for them) one
+/// full-vocabulary summary per row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CandidateLogits {
     pub rows: usize,
     pub candidates: usize,
     pub data: Vec<f32>,
+    /// One [`VocabRow`] per row when the request had [`ScoreRequest::with_vocab`], else `None`.
+    pub vocab: Option<Vec<VocabRow>>,
 }
 
 impl CandidateLogits {
@@ -100,6 +124,16 @@ impl CandidateLogits {
                     self.data.len()
                 ),
             });
+        }
+        if let Some(v) = &self.vocab {
+            if v.len() != rows {
+                return Err(BackendError::InvalidRequest {
+                    reason: format!(
+                        "backend returned {} vocabulary summaries for {rows} rows",
+                        v.len()
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -8,9 +8,10 @@
 //! bit-identical logits.
 
 use forkscore_backends::{
-    Architecture, Backend, BackendError, CandidateLogits, DType, Device, ModelFacts, PrefixState,
-    ScoreRequest,
+    Architecture, Backend, BackendError, CandidateLogits, DType, Device, ModelFacts, PositionVocab,
+    PrefixState, ScoreRequest, TokenLogprob, VocabRequest, VocabRow,
 };
+use forkscore_seam::topk::{log_prob, top_k};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Embedding rows of the fake model (enough for any Qwen tokenizer id).
@@ -75,6 +76,7 @@ impl FakeBackend {
                 fixed_state_bytes: 0,
                 dtype: DType::F32,
                 device: Device::Cpu,
+                quantization: None,
             },
             seed,
             calls: CallCounts::default(),
@@ -108,15 +110,39 @@ impl FakeBackend {
         Ok(hash)
     }
 
+    fn logit(hash: u64, c: u32) -> f32 {
+        let h = splitmix(hash ^ u64::from(c).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        // 53 random bits → [-8, 8)
+        ((h >> 11) as f64 / (1u64 << 53) as f64 * 16.0 - 8.0) as f32
+    }
+
     fn logits(hash: u64, candidates: &[u32]) -> Vec<f32> {
-        candidates
-            .iter()
-            .map(|&c| {
-                let h = splitmix(hash ^ u64::from(c).wrapping_mul(0xD6E8_FEB8_6659_FD93));
-                // 53 random bits → [-8, 8)
-                ((h >> 11) as f64 / (1u64 << 53) as f64 * 16.0 - 8.0) as f32
-            })
+        candidates.iter().map(|&c| Self::logit(hash, c)).collect()
+    }
+
+    /// The logits of every id of the vocabulary (the same function as [`Self::logits`]).
+    fn full_row(&self, hash: u64) -> Vec<f32> {
+        (0..self.facts.vocab_size as u32)
+            .map(|c| Self::logit(hash, c))
             .collect()
+    }
+
+    fn check_top_k(&self, k: usize) -> Result<(), BackendError> {
+        if k > self.facts.vocab_size {
+            return Err(BackendError::InvalidRequest {
+                reason: format!(
+                    "top-K of {k} asked; the model's vocabulary has {} tokens",
+                    self.facts.vocab_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The summary of the position whose hash is `hash`.
+    fn summary(&self, hash: u64, k: usize, position: usize) -> Result<VocabRow, BackendError> {
+        top_k(&self.full_row(hash), k)
+            .map_err(|logit| BackendError::NonFiniteLogit { position, logit })
     }
 }
 
@@ -170,15 +196,25 @@ impl Backend for FakeBackend {
             .rows_scored
             .fetch_add(rows.len(), Ordering::SeqCst);
         let mut data = Vec::with_capacity(rows.len() * candidates.len());
-        for row in rows {
+        let mut vocab = request
+            .vocab_top_k()
+            .map(|_| Vec::with_capacity(rows.len()));
+        if let Some(k) = request.vocab_top_k() {
+            self.check_top_k(k)?;
+        }
+        for (i, row) in rows.iter().enumerate() {
             let state = states[row.state];
             let hash = self.advance(state.hash, state.len, row.suffix)?;
             data.extend(Self::logits(hash, candidates));
+            if let (Some(v), Some(k)) = (vocab.as_mut(), request.vocab_top_k()) {
+                v.push(self.summary(hash, k, i)?);
+            }
         }
         Ok(CandidateLogits {
             rows: rows.len(),
             candidates: candidates.len(),
             data,
+            vocab,
         })
     }
 
@@ -193,6 +229,32 @@ impl Backend for FakeBackend {
             self.advance(self.start(), 0, ids)?,
             candidates,
         ))
+    }
+
+    fn vocab_rows(&self, request: &VocabRequest<'_>) -> Result<Vec<PositionVocab>, BackendError> {
+        let ids = request.ids();
+        self.check_top_k(request.top_k())?;
+        self.advance(self.start(), 0, ids)?; // every id in range, the next tokens included
+        self.calls.forward_full.fetch_add(1, Ordering::SeqCst);
+        let mut hash = self.start();
+        let mut out = Vec::with_capacity(request.positions().len());
+        for (p, &id) in ids[..request.positions().end].iter().enumerate() {
+            hash = self.advance(hash, p, &[id])?;
+            if p < request.positions().start {
+                continue;
+            }
+            let vocab = self.summary(hash, request.top_k(), p)?;
+            let next = ids.get(p + 1).map(|&n| TokenLogprob {
+                id: n,
+                logprob: log_prob(Self::logit(hash, n), vocab.logsumexp),
+            });
+            out.push(PositionVocab {
+                position: p,
+                vocab,
+                next,
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -62,6 +62,29 @@ impl Tolerance {
         abs: 1.5,
     };
 
+    /// CUDA bf16 flash attention vs the candle attention path in bf16, on attention outputs of
+    /// inputs in [-1, 1] (|out| < 1): the flash kernel keeps the scores in f32 where candle's
+    /// bf16 matmul rounds them, and both round the probabilities to bf16 before P·V, so outputs
+    /// differ by a few bf16 ulps (one ulp below 1 is 2^-8 ≈ 0.004).
+    pub const GPU_BF16_ATTENTION: Tolerance = Tolerance {
+        name: "gpu-bf16-flash-vs-candle-attention",
+        abs: 0.03,
+    };
+    /// CPU, linear weights quantized to Q8_0 at load vs the same checkpoint unquantized, on the
+    /// tiny models' raw logits (|x| up to ~50). Measured (backends/tests/quantized.rs, CPU): at
+    /// most 0.19 (Qwen2.5 0.19, Qwen3 0.18, Qwen3.5 0.05); the preset leaves ~3x headroom.
+    pub const Q8_0_TINY_LOGITS: Tolerance = Tolerance {
+        name: "q8_0-tiny-logits",
+        abs: 0.6,
+    };
+    /// As [`Tolerance::Q8_0_TINY_LOGITS`] for `q4k` (Q4_K, or its Q5_0 fallback on narrow
+    /// inputs). Measured: at most 3.8 (hidden-256 Qwen3 in Q4_K; the hidden-32 models in the
+    /// Q4_0 fallback 0.34–1.9); 4-bit weights move logits of |x| ≈ 50 by a few units.
+    pub const Q4_TINY_LOGITS: Tolerance = Tolerance {
+        name: "q4-tiny-logits",
+        abs: 8.0,
+    };
+
     /// Largest absolute difference between two equally long slices (NaN counts as infinite).
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len(), "compared slices differ in length");

@@ -13,23 +13,78 @@
 //! copied per row. Scores over past and new keys are concatenated before one softmax, so the
 //! result equals attention over `past ++ new` in one sequence. Queries are pre-scaled by
 //! `hd^-1/2` (as transformers' SDPA math path does) so no pass over the scores is spent on it.
+//!
+//! That candle path is the reference. On CUDA in bf16, [`super::flash_attention`] computes the
+//! same function without materialising the scores (one kernel, online softmax); it is taken
+//! whenever it supports the call, unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the
+//! environment asks for the candle path (to compare or profile).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use candle_core::{DType, Tensor, D};
 
+use super::flash_attention;
 use crate::error::CandleError;
 
 /// The retained keys/values of `S` slots, each `(Hkv, S, P, hd)`.
-pub(crate) struct PastKv<'a> {
+pub struct PastKv<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
 }
 
 /// Masks for one call, see [`super::mask`].
-pub(crate) struct AttnMasks<'a> {
+pub struct AttnMasks<'a> {
     /// `(1, 1, 1, L, L)`; `None` when `L == 1`.
     pub causal: Option<&'a Tensor>,
     /// `(1, B, 1, 1, P)`; `None` when every row sees its whole past.
     pub past: Option<&'a Tensor>,
+    /// `(B,)` u32: each row's first visible past key, the same information as `past` for the
+    /// flash kernel; `None` exactly when `past` is.
+    pub past_start: Option<&'a Tensor>,
+}
+
+/// Which implementation computes attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The flash kernel wherever it supports the call (CUDA, bf16, head dim 64/128/256), else
+    /// candle. The default.
+    Fastest,
+    /// Always the candle path (the reference).
+    Candle,
+}
+
+/// 0: not set (the environment decides), 1: [`AttentionKernel::Fastest`], 2: `Candle`.
+static KERNEL: AtomicU8 = AtomicU8::new(0);
+
+/// Choose the attention implementation for the whole process (tests compare the two);
+/// `None` returns to the default (`FORKSCORE_ATTENTION=candle` or [`AttentionKernel::Fastest`]).
+pub fn set_kernel(kernel: Option<AttentionKernel>) {
+    let v = match kernel {
+        None => 0,
+        Some(AttentionKernel::Fastest) => 1,
+        Some(AttentionKernel::Candle) => 2,
+    };
+    KERNEL.store(v, Ordering::Relaxed);
+}
+
+fn kernel() -> AttentionKernel {
+    match KERNEL.load(Ordering::Relaxed) {
+        1 => AttentionKernel::Fastest,
+        2 => AttentionKernel::Candle,
+        _ => {
+            static ENV: OnceLock<AttentionKernel> = OnceLock::new();
+            *ENV.get_or_init(|| {
+                if std::env::var("FORKSCORE_ATTENTION")
+                    .is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
+                {
+                    AttentionKernel::Candle
+                } else {
+                    AttentionKernel::Fastest
+                }
+            })
+        }
+    }
 }
 
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
@@ -37,7 +92,33 @@ fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
 }
 
 /// Attention output `(B, L, H*hd)`.
-pub(crate) fn attend(
+pub fn attend(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    past: Option<PastKv<'_>>,
+    masks: &AttnMasks<'_>,
+) -> Result<Tensor, CandleError> {
+    if takes_flash(q, k_new, past.as_ref(), masks) {
+        return flash_attention::attend(q, k_new, v_new, past.as_ref(), masks.past_start);
+    }
+    attend_candle(q, k_new, v_new, past, masks)
+}
+
+/// Whether [`attend`] computes this call with the flash kernel (else the candle path).
+pub fn takes_flash(
+    q: &Tensor,
+    k_new: &Tensor,
+    past: Option<&PastKv<'_>>,
+    masks: &AttnMasks<'_>,
+) -> bool {
+    kernel() == AttentionKernel::Fastest
+        && flash_attention::supports(q, k_new, past)
+        && masks.past.is_some() == masks.past_start.is_some()
+}
+
+/// The candle path: scores materialised in f32, one softmax over past ++ new keys.
+fn attend_candle(
     q: &Tensor,
     k_new: &Tensor,
     v_new: &Tensor,

@@ -175,6 +175,8 @@ pub struct TextConfig {
     /// One entry per layer; from `layer_types` when present, else all full attention.
     pub layer_kinds: Vec<LayerKind>,
     pub tie_word_embeddings: Option<bool>,
+    /// `max_position_embeddings` when present: the longest sequence the model was built for.
+    pub max_positions: Option<usize>,
 }
 
 impl TextConfig {
@@ -238,6 +240,7 @@ struct RawText {
     full_attention_interval: Option<usize>,
     use_sliding_window: Option<bool>,
     tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<usize>,
 }
 
 impl ModelConfig {
@@ -396,6 +399,7 @@ fn validate_text(
         attention_bias: raw.attention_bias,
         layer_kinds,
         tie_word_embeddings: raw.tie_word_embeddings,
+        max_positions: raw.max_position_embeddings,
     })
 }
 

@@ -2,11 +2,18 @@
 //!
 //! In: final hidden states `(N, D)` (already normed) and candidate token ids. Out: f32 logits
 //! `(N, C)`. Only the `C` candidate rows of the head matrix (`lm_head.weight`, or the embedding
-//! when tied) are gathered and projected, in f32; the full vocabulary is never multiplied.
+//! when tied) are gathered and projected, in f32; the full vocabulary is never multiplied on
+//! that path. [`CandidateHead::project_all`] is the opt-in full projection the vocabulary
+//! diagnostics need (`candle::vocab`), in f32 over slices of the head so no f32 copy of the
+//! whole head matrix is ever made.
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::CandleError;
+
+/// Head rows converted to f32 and multiplied at once by [`CandidateHead::project_all`]
+/// (32,768 × hidden 2,560 × 4 bytes = 320 MiB at most for a bf16 head; a view on an f32 head).
+pub(crate) const HEAD_SLICE_ROWS: usize = 32_768;
 
 pub(crate) struct CandidateHead {
     /// `(V, D)` in the compute dtype; shares storage with the embedding when tied.
@@ -43,5 +50,29 @@ impl CandidateHead {
             .to_dtype(DType::F32)
             .and_then(|h| h.matmul(&rows.t()?))
             .map_err(CandleError::tensor("candidate projection"))
+    }
+
+    /// `(N, D) -> (N, V)` f32 logits over the whole vocabulary, the head taken in slices of
+    /// [`HEAD_SLICE_ROWS`] rows (each converted to f32 like the candidate rows of
+    /// [`CandidateHead::project`], so a candidate's logit is computed the same way up to the
+    /// matmul's summation order).
+    pub fn project_all(&self, hidden: &Tensor) -> Result<Tensor, CandleError> {
+        let op = CandleError::tensor("full-vocabulary projection");
+        let vocab = self.weight.dims().first().copied().unwrap_or(0);
+        let h = hidden.to_dtype(DType::F32).map_err(op)?;
+        let mut parts = Vec::with_capacity(vocab.div_ceil(HEAD_SLICE_ROWS));
+        for start in (0..vocab).step_by(HEAD_SLICE_ROWS) {
+            let len = HEAD_SLICE_ROWS.min(vocab - start);
+            // (V, D) -> (len, D) f32; (N, D) x (D, len) -> (N, len)
+            let part = self
+                .weight
+                .narrow(0, start, len)
+                .and_then(|w| w.to_dtype(DType::F32))
+                .and_then(|w| h.matmul(&w.t()?))
+                .map_err(CandleError::tensor("full-vocabulary projection"))?;
+            parts.push(part);
+        }
+        // (N, len) … -> (N, V)
+        Tensor::cat(&parts, 1).map_err(CandleError::tensor("full-vocabulary concat"))
     }
 }

@@ -1,12 +1,14 @@
 //! Linear layers and the SwiGLU MLP: `down( silu(gate(x)) * up(x) )`.
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module};
 
+pub(crate) use super::linear::apply;
+use super::linear::{Linear, QuantSummary};
 use super::weights::Weights;
 use crate::error::CandleError;
 
-/// Load `name.weight` `(out, in)` and, when `bias`, `name.bias` `(out,)`.
+/// Load `name.weight` `(out, in)` and, when `bias`, `name.bias` `(out,)` (quantized when the
+/// view says so, see [`Weights::linear`]).
 pub(crate) fn linear(
     w: &Weights<'_>,
     name: &str,
@@ -14,18 +16,7 @@ pub(crate) fn linear(
     out_dim: usize,
     bias: bool,
 ) -> Result<Linear, CandleError> {
-    let weight = w.get(&format!("{name}.weight"), &[out_dim, in_dim])?;
-    let bias = if bias {
-        Some(w.get(&format!("{name}.bias"), &[out_dim])?)
-    } else {
-        None
-    };
-    Ok(Linear::new(weight, bias))
-}
-
-/// `(.., in) -> (.., out)`.
-pub(crate) fn apply(layer: &Linear, x: &Tensor, name: &'static str) -> Result<Tensor, CandleError> {
-    layer.forward(x).map_err(CandleError::tensor(name))
+    w.linear(name, in_dim, out_dim, bias)
 }
 
 pub(crate) struct Mlp {
@@ -59,6 +50,13 @@ impl Mlp {
                 false,
             )?,
         })
+    }
+
+    /// Count the ggml type of each projection.
+    pub fn summarize(&self, summary: &mut QuantSummary) {
+        for l in [&self.gate, &self.up, &self.down] {
+            summary.count(l);
+        }
     }
 
     /// `(B, L, D) -> (B, L, D)`.

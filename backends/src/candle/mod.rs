@@ -11,8 +11,10 @@
 //!   the longest prefix and masked. Suffixes are right-padded to the longest, each row's last
 //!   real position is gathered, and only the candidate rows of the head are projected (f32).
 //!   Branch K/V are discarded;
-//! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call.
+//! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call;
+//! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
+pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
@@ -21,15 +23,19 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
-mod attention;
+#[cfg(feature = "cuda")]
+mod cuda_module;
+mod flash_attention;
 mod head;
-mod mask;
+mod linear;
+pub mod mask;
 mod mlp;
 mod models;
 mod norm;
 mod rope;
 mod shards;
 mod step;
+mod vocab;
 mod warmup;
 mod weights;
 
@@ -38,12 +44,13 @@ use candle_core::Tensor;
 pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint};
 pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
 pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
+pub use linear::QuantSummary;
 pub use state::{CandleState, LayerState};
 
 use crate::error::CandleError;
 use forkscore_seam::{
-    Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PrefixState,
-    ScoreRequest, ScoreRow,
+    Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PositionVocab,
+    PrefixState, Quantization, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
 };
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
@@ -71,6 +78,9 @@ pub struct LoadOptions {
     /// Prefix tokens per prefill chunk (> 0). Chunking bounds activation memory; results equal
     /// a one-shot prefill within f32 rounding.
     pub prefill_chunk: usize,
+    /// Quantize the decoder's linear weights in memory at load time (the embedding, norms and
+    /// candidate head stay in `dtype`); `None` keeps every weight in `dtype`.
+    pub quantization: Option<Quantization>,
 }
 
 impl Default for LoadOptions {
@@ -79,6 +89,7 @@ impl Default for LoadOptions {
             device: DeviceSpec::Cpu,
             dtype: ComputeDType::F32,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            quantization: None,
         }
     }
 }
@@ -95,6 +106,7 @@ impl LoadOptions {
             } else {
                 GPU_PREFILL_CHUNK
             },
+            quantization: None,
         }
     }
 }
@@ -147,7 +159,8 @@ impl CandleBackend {
         warmup::compile_candle_kernels(&device);
         let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
         limits::check_against_tensors(&config, shards.shapes())?;
-        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device);
+        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device)
+            .with_quantization(options.quantization);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
             architecture: ModelClass::from_name(&config.architecture_name)
@@ -162,6 +175,7 @@ impl CandleBackend {
             fixed_state_bytes: fixed_state_bytes(&config),
             dtype: options.dtype,
             device: options.device,
+            quantization: options.quantization,
         };
         let tensors_read = shards.names_read();
         Ok(CandleBackend {
@@ -189,6 +203,11 @@ impl CandleBackend {
     /// Names of the checkpoint tensors whose bytes were read at load, sorted.
     pub fn tensors_read(&self) -> &[String] {
         &self.tensors_read
+    }
+
+    /// What each linear weight of the decoder layers was loaded as (ggml type or `dense`).
+    pub fn quant_summary(&self) -> QuantSummary {
+        self.backbone.quant_summary()
     }
 
     /// Whether the output head is the tied embedding.
@@ -224,6 +243,18 @@ impl CandleBackend {
         ids: &[u32],
         chunk: usize,
     ) -> Result<CandleState, CandleError> {
+        self.run_chunks(start, ids, chunk, |_, _| Ok(()))
+    }
+
+    /// [`CandleBackend::continue_chunked`], handing each chunk's hidden states `(1, L, D)`
+    /// (before the final norm) and the chunk's first position to `on_hidden`.
+    pub(crate) fn run_chunks(
+        &self,
+        start: Option<&CandleState>,
+        ids: &[u32],
+        chunk: usize,
+        mut on_hidden: impl FnMut(&Tensor, usize) -> Result<(), CandleError>,
+    ) -> Result<CandleState, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot prefill an empty prefix"));
         }
@@ -252,7 +283,8 @@ impl CandleBackend {
                     .map(LayerPast::whole)
                     .collect::<Result<_, _>>()?
             };
-            let (_, updates) = b.forward(part, &pasts, &step)?;
+            let (hidden, updates) = b.forward(part, &pasts, &step)?;
+            on_hidden(&hidden, offset)?;
             layers = if layers.is_empty() {
                 updates
                     .into_iter()
@@ -371,13 +403,15 @@ impl CandleBackend {
             .collect())
     }
 
-    /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec.
+    /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec, and
+    /// with `vocab_top_k` one full-vocabulary summary per gathered row.
     fn project(
         &self,
         hidden: &Tensor,
         flat_index: &[u32],
         candidates: &[u32],
-    ) -> Result<Vec<f32>, CandleError> {
+        vocab_top_k: Option<usize>,
+    ) -> Result<(Vec<f32>, Option<Vec<VocabRow>>), CandleError> {
         let b = &self.backbone;
         let idx =
             Tensor::new(flat_index, &b.device).map_err(CandleError::tensor("gather index"))?;
@@ -386,10 +420,21 @@ impl CandleBackend {
             .flatten_to(1)
             .and_then(|h| h.index_select(&idx, 0))
             .map_err(CandleError::tensor("gather last positions"))?;
-        b.logits(&last, candidates)?
+        let logits = b
+            .logits(&last, candidates)?
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(CandleError::tensor("logits to host"))
+            .map_err(CandleError::tensor("logits to host"))?;
+        let vocab = match vocab_top_k {
+            None => None,
+            Some(k) => {
+                let rows: Vec<(usize, Option<u32>)> =
+                    (0..flat_index.len()).map(|r| (r, None)).collect();
+                let summaries = self.summarise(&last, k, &rows)?;
+                Some(summaries.into_iter().map(|p| p.vocab).collect())
+            }
+        };
+        Ok((logits, vocab))
     }
 }
 
@@ -477,6 +522,10 @@ impl Backend for CandleBackend {
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
         Ok(self.forward_full_candle(ids, candidates)?)
     }
+
+    fn vocab_rows(&self, request: &VocabRequest<'_>) -> Result<Vec<PositionVocab>, BackendError> {
+        Ok(self.vocab_rows_candle(request)?)
+    }
 }
 
 impl CandleBackend {
@@ -529,11 +578,15 @@ impl CandleBackend {
             .iter()
             .map(|&pos| (pos * len + valid[pos] - 1) as u32)
             .collect();
-        let data = self.project(&hidden, &last, candidates)?;
+        if let Some(k) = request.vocab_top_k() {
+            self.check_top_k(k)?;
+        }
+        let (data, vocab) = self.project(&hidden, &last, candidates, request.vocab_top_k())?;
         Ok(CandidateLogits {
             rows: rows.len(),
             candidates: candidates.len(),
             data,
+            vocab,
         })
     }
 
@@ -552,7 +605,9 @@ impl CandleBackend {
         let step = Step::new(&b.rope, &[0], &[n], n, None, b.dtype, &b.device)?;
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
         let (hidden, _) = b.forward(ids, &pasts, &step)?;
-        self.project(&hidden, &[(n - 1) as u32], candidates)
+        Ok(self
+            .project(&hidden, &[(n - 1) as u32], candidates, None)?
+            .0)
     }
 }
 

@@ -22,6 +22,8 @@ pub(crate) struct Step {
     pub causal: Option<Tensor>,
     /// `(1, B, 1, 1, P)`, `None` when no row has left padding.
     pub past_mask: Option<Tensor>,
+    /// `(B,)` u32 first visible past key per row: `past_mask` for the flash kernel.
+    pub past_start: Option<Tensor>,
     /// Per row: number of real new tokens (`<= len`); later ones are right padding.
     /// (Attention needs no padding mask for them; linear-attention mixers must not let pads
     /// update the state they return — only relevant for prefill, which never pads.)
@@ -50,11 +52,12 @@ impl Step {
         } else {
             None
         };
-        let past_mask = match merged_past {
-            Some(p) if past_lens.iter().any(|&l| l < p) => {
-                Some(mask::left_padding(past_lens, p, device)?)
-            }
-            _ => None,
+        let (past_mask, past_start) = match merged_past {
+            Some(p) if past_lens.iter().any(|&l| l < p) => (
+                Some(mask::left_padding(past_lens, p, device)?),
+                Some(mask::past_starts(past_lens, p, device)?),
+            ),
+            _ => (None, None),
         };
         Ok(Step {
             rows,
@@ -62,6 +65,7 @@ impl Step {
             rope: tables,
             causal,
             past_mask,
+            past_start,
             valid: valid.to_vec(),
         })
     }
@@ -70,6 +74,7 @@ impl Step {
         AttnMasks {
             causal: self.causal.as_ref(),
             past: self.past_mask.as_ref(),
+            past_start: self.past_start.as_ref(),
         }
     }
 }

@@ -6,8 +6,10 @@
 //! Only tensors that are asked for are read. Accepted stored dtypes: F32, BF16, F16.
 
 use candle_core::{DType, Device, Tensor};
+use forkscore_seam::Quantization;
 use safetensors::Dtype;
 
+use super::linear::Linear;
 use super::shards::ShardSet;
 use crate::error::CandleError;
 
@@ -18,6 +20,8 @@ pub(crate) struct Weights<'a> {
     prefix: &'a str,
     dtype: DType,
     device: &'a Device,
+    /// Linear weights loaded through [`Weights::linear`] are quantized when set.
+    quantization: Option<Quantization>,
 }
 
 const ACCEPTED: &str = "F32, BF16, F16";
@@ -29,7 +33,58 @@ impl<'a> Weights<'a> {
             prefix,
             dtype,
             device,
+            quantization: None,
         }
+    }
+
+    /// The same view, loading linear weights quantized under `q` (dense when `None`).
+    pub fn with_quantization(self, quantization: Option<Quantization>) -> Self {
+        Weights {
+            quantization,
+            ..self
+        }
+    }
+
+    pub fn quantization(&self) -> Option<Quantization> {
+        self.quantization
+    }
+
+    /// Linear layer `name.weight` `(out, in)` (+ `name.bias` `(out,)`): dense in the compute
+    /// dtype, or quantized on the device from the stored values read as f32 on the host.
+    pub fn linear(
+        &self,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+        bias: bool,
+    ) -> Result<Linear, CandleError> {
+        let bias = if bias {
+            Some(self.get(&format!("{name}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        let weight_name = format!("{name}.weight");
+        match self.quantization {
+            None => Ok(Linear::dense(
+                self.get(&weight_name, &[out_dim, in_dim])?,
+                bias,
+            )),
+            Some(q) => {
+                let host = self.host_f32(&weight_name, &[out_dim, in_dim])?;
+                let full = self.full_name(&weight_name);
+                Linear::quantized(&full, &host, bias, q, self.dtype, self.device)
+            }
+        }
+    }
+
+    /// Tensor `prefix + name` with exactly `shape`, in f32 on the host (the source of a
+    /// quantized weight).
+    pub fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor, CandleError> {
+        Weights {
+            device: &Device::Cpu,
+            ..*self
+        }
+        .get_as(name, shape, DType::F32)
     }
 
     pub fn dtype(&self) -> DType {
@@ -94,6 +149,12 @@ impl<'a> Weights<'a> {
                 })
             }
         };
+        if stored == dtype && !self.device.is_cpu() {
+            // Stored as computed: straight from the mapped file to the device, with no host copy
+            // in between (an 8 GB checkpoint would otherwise pass through a second host buffer).
+            return Tensor::from_raw_buffer(raw.data, stored, shape, self.device)
+                .map_err(CandleError::tensor("load weight"));
+        }
         let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
             CandleError::InvalidCheckpoint {
                 path: raw.path.to_path_buf(),

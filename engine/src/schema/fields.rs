@@ -1,13 +1,15 @@
 //! The two field forms of a schema (flat, and JSON Schema `properties`), parsed field by field
 //! into [`Field`]s; every rejection names its JSON path and rule.
 
-use super::{err, type_name, Choice, Field, FieldKind, SchemaError, SchemaErrorKind, MAX_CHOICES};
+use super::{
+    err, parse_scoring, type_name, Choice, Field, FieldKind, SchemaError, SchemaErrorKind, Scoring,
+};
 use serde_json::{Map, Value};
 
-const FLAT_FIELD_KEYS: &str = "type, choices, description, choice_descriptions";
+const FLAT_FIELD_KEYS: &str = "type, choices, description, choice_descriptions, scoring";
 const JSON_SCHEMA_ROOT_KEYS: &str =
-    "type, properties, required, title, description, additionalProperties, $schema, $id";
-const JSON_SCHEMA_FIELD_KEYS: &str = "type, enum, description, title, choice_descriptions";
+    "type, properties, required, title, description, additionalProperties, $schema, $id, scoring";
+const JSON_SCHEMA_FIELD_KEYS: &str = "type, enum, description, title, choice_descriptions, scoring";
 
 /// The JSON Schema form has `"type": "object"` at the root, or a `properties` object of field
 /// specs. A flat field that happens to be named `properties` has a string `type` of its own.
@@ -49,7 +51,10 @@ fn check_field_name(name: &str, path: &str) -> Result<(), SchemaError> {
     Ok(())
 }
 
-pub(super) fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>, SchemaError> {
+pub(super) fn parse_json_schema(
+    root: &Map<String, Value>,
+    default: Scoring,
+) -> Result<Vec<Field>, SchemaError> {
     for (key, v) in root {
         match key.as_str() {
             "type" => {
@@ -64,6 +69,17 @@ pub(super) fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>,
                 }
             }
             "properties" | "required" => {}
+            "scoring" => {
+                if !v.is_string() {
+                    return Err(err(
+                        "scoring",
+                        SchemaErrorKind::BadScoring {
+                            expected: Scoring::NAMES,
+                            found: type_name(v).to_string(),
+                        },
+                    ));
+                }
+            }
             "title" | "description" | "$schema" | "$id" => {
                 if !v.is_string() {
                     return Err(err(
@@ -129,11 +145,18 @@ pub(super) fn parse_json_schema(root: &Map<String, Value>) -> Result<Vec<Field>,
     }
     props
         .iter()
-        .map(|(name, spec)| parse_json_schema_field(name, spec, &format!("properties.{name}")))
+        .map(|(name, spec)| {
+            parse_json_schema_field(name, spec, &format!("properties.{name}"), default)
+        })
         .collect()
 }
 
-fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field, SchemaError> {
+fn parse_json_schema_field(
+    name: &str,
+    spec: &Value,
+    path: &str,
+    default: Scoring,
+) -> Result<Field, SchemaError> {
     let obj = field_object(name, spec, path, &["boolean", "string"])?;
     check_keys(
         obj,
@@ -144,6 +167,7 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
             "description",
             "title",
             "choice_descriptions",
+            "scoring",
         ],
         JSON_SCHEMA_FIELD_KEYS,
     )?;
@@ -160,6 +184,7 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
     }
     let ty = field_type(obj, path)?;
     let description = parse_description(obj, path)?;
+    let scoring = field_scoring(obj, path, default)?;
     let (kind, choices) = match (ty, obj.get("enum")) {
         (Some("boolean"), None) => (FieldKind::Boolean, default_bool_choices()),
         (Some("boolean"), Some(e)) => (
@@ -178,7 +203,7 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
             } else {
                 (
                     FieldKind::Enum,
-                    parse_enum_choices(e, "enum", &format!("{path}.enum"))?,
+                    parse_enum_choices(e, "enum", &format!("{path}.enum"), scoring)?,
                 )
             }
         }
@@ -193,20 +218,32 @@ fn parse_json_schema_field(name: &str, spec: &Value, path: &str) -> Result<Field
         kind,
         choices,
         choice_descriptions,
+        scoring,
     })
 }
 
-pub(super) fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, SchemaError> {
+pub(super) fn parse_flat_field(
+    name: &str,
+    spec: &Value,
+    default: Scoring,
+) -> Result<Field, SchemaError> {
     let path = name;
     let obj = field_object(name, spec, path, &["enum", "boolean", "string"])?;
     check_keys(
         obj,
         path,
-        &["type", "choices", "description", "choice_descriptions"],
+        &[
+            "type",
+            "choices",
+            "description",
+            "choice_descriptions",
+            "scoring",
+        ],
         FLAT_FIELD_KEYS,
     )?;
     let ty = field_type(obj, path)?.ok_or_else(|| err(path, SchemaErrorKind::MissingType))?;
     let description = parse_description(obj, path)?;
+    let scoring = field_scoring(obj, path, default)?;
     let choices_path = format!("{path}.choices");
     let (kind, choices) = match ty {
         "enum" => match obj.get("choices") {
@@ -218,7 +255,7 @@ pub(super) fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, Schema
             }
             Some(c) => (
                 FieldKind::Enum,
-                parse_enum_choices(c, "choices", &choices_path)?,
+                parse_enum_choices(c, "choices", &choices_path, scoring)?,
             ),
         },
         "boolean" => match obj.get("choices") {
@@ -227,7 +264,7 @@ pub(super) fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, Schema
         },
         "string" if obj.contains_key("choices") => (
             FieldKind::Enum,
-            parse_enum_choices(&obj["choices"], "choices", &choices_path)?,
+            parse_enum_choices(&obj["choices"], "choices", &choices_path, scoring)?,
         ),
         "string" => {
             return Err(err(
@@ -244,6 +281,7 @@ pub(super) fn parse_flat_field(name: &str, spec: &Value) -> Result<Field, Schema
         kind,
         choices,
         choice_descriptions,
+        scoring,
     })
 }
 
@@ -333,10 +371,31 @@ fn parse_description(obj: &Map<String, Value>, path: &str) -> Result<Option<Stri
     }
 }
 
+/// The field's own `scoring`, else `default`.
+fn field_scoring(
+    obj: &Map<String, Value>,
+    path: &str,
+    default: Scoring,
+) -> Result<Scoring, SchemaError> {
+    let path = format!("{path}.scoring");
+    match obj.get("scoring") {
+        None => Ok(default),
+        Some(Value::String(s)) => parse_scoring(s, &path),
+        Some(other) => Err(err(
+            path,
+            SchemaErrorKind::BadScoring {
+                expected: Scoring::NAMES,
+                found: type_name(other).to_string(),
+            },
+        )),
+    }
+}
+
 fn parse_enum_choices(
     v: &Value,
     key: &'static str,
     path: &str,
+    scoring: Scoring,
 ) -> Result<Vec<Choice>, SchemaError> {
     let arr = v.as_array().ok_or_else(|| {
         err(
@@ -350,11 +409,16 @@ fn parse_enum_choices(
     if arr.is_empty() {
         return Err(err(path, SchemaErrorKind::NoChoices));
     }
-    if arr.len() > MAX_CHOICES {
-        return Err(err(
-            path,
-            SchemaErrorKind::TooManyChoices { count: arr.len() },
-        ));
+    if arr.len() > scoring.max_choices() {
+        let count = arr.len();
+        let kind = match scoring {
+            Scoring::Code => SchemaErrorKind::TooManyChoices { count },
+            Scoring::Literal(_) => SchemaErrorKind::TooManyLiteralChoices {
+                count,
+                max: scoring.max_choices(),
+            },
+        };
+        return Err(err(path, kind));
     }
     let mut out: Vec<Choice> = Vec::with_capacity(arr.len());
     for (i, c) in arr.iter().enumerate() {

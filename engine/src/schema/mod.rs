@@ -1,7 +1,9 @@
 //! Schema parsing: raw JSON (the flat form or the JSON Schema form) in, a validated
 //! [`Schema`] out. Nothing downstream ever sees unvalidated schema JSON.
 //!
-//! Rules: an enum has 1–26 distinct non-empty string choices; a boolean defaults to
+//! Rules: an enum has 1–26 distinct non-empty string choices (code scoring) or up to
+//! [`MAX_LITERAL_CHOICES`] with literal-choice scoring (`"scoring"` on the field, at the schema
+//! root, or the caller's default: [`Schema::from_json_str_with`]); a boolean defaults to
 //! `[false, true]` and explicit `"choices": [true, false]` reverses that order; selected booleans
 //! stay JSON booleans while score keys are `"false"`/`"true"`; `choice_descriptions` keys must
 //! all be choices; field order is the schema's order. Every rejection names the JSON path of the
@@ -17,6 +19,73 @@ use std::fmt;
 
 /// Most choices a code-scored field may have: one single-token code letter (A–Z) each.
 pub const MAX_CHOICES: usize = 26;
+
+/// Most choices a literal-scored field may have (each choice's text is tokenized at compile).
+pub const MAX_LITERAL_CHOICES: usize = 4096;
+
+/// How a field's choices are scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Scoring {
+    /// Each choice gets a one-token code (`A`, `B`, …); one projection right after the selector.
+    #[default]
+    #[serde(rename = "code")]
+    Code,
+    /// The choice's own text, scored token by token over the trie of all choices.
+    #[serde(rename = "literal")]
+    Literal(LiteralMethod),
+}
+
+/// What a literal-scored field's probability is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LiteralMethod {
+    /// The probability that a decoder constrained to the choices emits this choice: the product,
+    /// along its trie path, of softmax(logits / T) over each branching node's children
+    /// (`"literal"`).
+    #[default]
+    Exact,
+    /// softmax over choices of the first token's logit only; choices sharing a first token
+    /// share its probability equally (`"literal-first-token"`, as classifiers that score
+    /// one token per label do).
+    FirstToken,
+}
+
+impl Scoring {
+    /// The schema spelling (`"code"`, `"literal"`, `"literal-first-token"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scoring::Code => "code",
+            Scoring::Literal(LiteralMethod::Exact) => "literal",
+            Scoring::Literal(LiteralMethod::FirstToken) => "literal-first-token",
+        }
+    }
+
+    /// Every accepted spelling, for error messages.
+    pub const NAMES: &'static str = "\"code\", \"literal\", \"literal-first-token\"";
+
+    /// Most choices a field scored this way may have.
+    pub fn max_choices(self) -> usize {
+        match self {
+            Scoring::Code => MAX_CHOICES,
+            Scoring::Literal(_) => MAX_LITERAL_CHOICES,
+        }
+    }
+}
+
+impl std::str::FromStr for Scoring {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Scoring, String> {
+        match s {
+            "code" => Ok(Scoring::Code),
+            "literal" => Ok(Scoring::Literal(LiteralMethod::Exact)),
+            "literal-first-token" => Ok(Scoring::Literal(LiteralMethod::FirstToken)),
+            other => Err(format!(
+                "unknown scoring {other:?} (expected {})",
+                Scoring::NAMES
+            )),
+        }
+    }
+}
 
 /// A validated schema: fields in the schema's order.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +103,7 @@ pub struct Field {
     pub choices: Vec<Choice>,
     /// Per choice (same order), its optional description.
     pub choice_descriptions: Vec<Option<String>>,
+    pub scoring: Scoring,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -115,8 +185,15 @@ pub enum SchemaErrorKind {
     },
     #[error("an enum needs at least 1 choice")]
     NoChoices,
-    #[error("{count} choices exceed the limit of 26 single-token codes (A–Z); literal-choice scoring lifts this limit")]
+    #[error("{count} choices exceed the limit of 26 single-token codes (A–Z); literal-choice scoring (\"scoring\": \"literal\") lifts this limit")]
     TooManyChoices { count: usize },
+    #[error("{count} choices exceed the limit of {max} for literal-choice scoring")]
+    TooManyLiteralChoices { count: usize, max: usize },
+    #[error("`scoring` must be one of {expected}, found {found}")]
+    BadScoring {
+        expected: &'static str,
+        found: String,
+    },
     #[error("enum choices must be strings, found {found}")]
     ChoiceNotString { found: &'static str },
     #[error("enum choices must be non-empty strings")]
@@ -153,6 +230,18 @@ pub(crate) fn err(path: impl Into<String>, kind: SchemaErrorKind) -> SchemaError
     }
 }
 
+pub(crate) fn parse_scoring(text: &str, path: &str) -> Result<Scoring, SchemaError> {
+    text.parse().map_err(|_| {
+        err(
+            path,
+            SchemaErrorKind::BadScoring {
+                expected: Scoring::NAMES,
+                found: format!("{text:?}"),
+            },
+        )
+    })
+}
+
 pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -167,6 +256,12 @@ pub(crate) fn type_name(v: &Value) -> &'static str {
 impl Schema {
     /// Parse schema text, rejecting duplicate keys (a repeated field name included).
     pub fn from_json_str(text: &str) -> Result<Schema, SchemaError> {
+        Schema::from_json_str_with(text, Scoring::Code)
+    }
+
+    /// [`Schema::from_json_str`] with a request-level default scoring for every field that
+    /// names none (a schema-root `"scoring"` overrides the default; a field's own overrides both).
+    pub fn from_json_str_with(text: &str, default: Scoring) -> Result<Schema, SchemaError> {
         let value = parse_strict(text).map_err(|e| {
             let path = match &e {
                 StrictJsonError::DuplicateKey { path, .. } => path.clone(),
@@ -174,11 +269,16 @@ impl Schema {
             };
             err(path, SchemaErrorKind::Json(e))
         })?;
-        Schema::from_value(&value)
+        Schema::from_value_with(&value, default)
     }
 
     /// Validate an already parsed JSON value (duplicate keys can no longer be seen here).
     pub fn from_value(value: &Value) -> Result<Schema, SchemaError> {
+        Schema::from_value_with(value, Scoring::Code)
+    }
+
+    /// [`Schema::from_value`] with a request-level default scoring (see [`Schema::from_json_str_with`]).
+    pub fn from_value_with(value: &Value, default: Scoring) -> Result<Schema, SchemaError> {
         let root = value.as_object().ok_or_else(|| {
             err(
                 "<root>",
@@ -187,11 +287,17 @@ impl Schema {
                 },
             )
         })?;
+        // A string `scoring` at the root is the schema-wide default, never a field.
+        let default = match root.get("scoring") {
+            Some(Value::String(s)) => parse_scoring(s, "scoring")?,
+            _ => default,
+        };
         let fields = if is_json_schema(root) {
-            parse_json_schema(root)?
+            parse_json_schema(root, default)?
         } else {
             root.iter()
-                .map(|(name, spec)| parse_flat_field(name, spec))
+                .filter(|(name, spec)| !(name.as_str() == "scoring" && spec.is_string()))
+                .map(|(name, spec)| parse_flat_field(name, spec, default))
                 .collect::<Result<Vec<_>, _>>()?
         };
         if fields.is_empty() {
@@ -228,6 +334,10 @@ impl Schema {
                 .collect();
             if !cd.is_empty() {
                 spec.insert("choice_descriptions".into(), Value::Object(cd));
+            }
+            // Code-scored schemas keep the hash they had before literal scoring existed.
+            if f.scoring != Scoring::Code {
+                spec.insert("scoring".into(), Value::String(f.scoring.name().into()));
             }
             root.insert(f.name.clone(), Value::Object(spec));
         }

@@ -26,6 +26,7 @@ pub mod resume;
 pub mod reuse;
 pub mod schema_cache;
 pub mod score;
+pub mod shard;
 pub mod writer;
 
 use crate::load::{self, ModelArgs};
@@ -110,6 +111,10 @@ pub struct BatchArgs {
     /// nvidia-smi on cuda; on cpu and metal the fixed CPU budget).
     #[arg(long)]
     pub device_memory_gib: Option<f64>,
+    /// Take only shard INDEX of COUNT of the input (e.g. 0/4; one process per shard, each with
+    /// its own --output, then `forkscore merge`). Lines are split by id, deterministically.
+    #[arg(long, value_name = "INDEX/COUNT")]
+    pub shard: Option<shard::Shard>,
 }
 
 /// A validated batch job.
@@ -128,6 +133,8 @@ pub struct Job {
     pub window: usize,
     /// Resume even when the existing records' provenance differs from this run's.
     pub resume_any_provenance: bool,
+    /// `--shard`: this job's share of the input (`None`: all of it).
+    pub shard: Option<shard::Shard>,
 }
 
 /// What a job did.
@@ -183,7 +190,11 @@ pub fn run_job<B: Backend>(
     // held until the job returns: a second job on this output is refused
     let _lock = lock::OutputLock::acquire(&job.output)?;
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    let total = crate::input_bounds::progress_total(&mut input, writer::progress_shown(job.quiet));
+    // a shard's share of the lines is known only as they are read: no total then
+    let total = crate::input_bounds::progress_total(
+        &mut input,
+        writer::progress_shown(job.quiet) && job.shard.is_none(),
+    );
 
     let provenance = BatchProvenance {
         model,
@@ -192,6 +203,7 @@ pub fn run_job<B: Backend>(
         temperature: temperature.value,
         temperature_source: &temperature.source,
         default_schema_hash: job.default_schema.as_ref().map(|s| s.hash()),
+        shard: job.shard,
     }
     .record()?;
     if resumed.is_some() && !job.resume_any_provenance {
@@ -212,6 +224,7 @@ pub fn run_job<B: Backend>(
             last_id: r.last_id.clone(),
             seen: false,
         }),
+        shard: job.shard,
     };
     let mut scorer = Scorer::new(
         engine,
@@ -312,10 +325,29 @@ pub(crate) fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
     Some(mib << 20)
 }
 
+/// What a job reads from the files its arguments name (shared context, default schema), read
+/// before the model loads: a missing schema file or an endless `--context-file /dev/zero` is
+/// refused at once, not after the minutes a large checkpoint takes to load.
+pub struct JobInputs {
+    shared_context: Option<String>,
+    default_schema: Option<forkscore_engine::Schema>,
+}
+
 impl BatchArgs {
+    /// Read the files the arguments name; see [`JobInputs`].
+    pub fn read_inputs(&self) -> Result<JobInputs> {
+        Ok(JobInputs {
+            shared_context: self.context.read(self.scoring.max_input_tokens)?,
+            default_schema: self.schema.load()?,
+        })
+    }
+
     /// The job these arguments describe, for an engine whose memory model is `model`.
-    pub fn job(&self, memory: &forkscore_engine::MemoryModel) -> Result<Job> {
-        let shared_context = self.context.read(self.scoring.max_input_tokens)?;
+    pub fn job(&self, memory: &forkscore_engine::MemoryModel, inputs: JobInputs) -> Result<Job> {
+        let JobInputs {
+            shared_context,
+            default_schema,
+        } = inputs;
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
@@ -339,7 +371,7 @@ impl BatchArgs {
             batch_mode: self.batch_mode,
             options: self.scoring.options(),
             budget,
-            default_schema: self.schema.load()?,
+            default_schema,
             shared_context,
             policy: match (self.resume, self.force) {
                 (true, _) => OutputPolicy::Resume,
@@ -350,6 +382,7 @@ impl BatchArgs {
             quiet: self.quiet,
             window: self.window,
             resume_any_provenance: self.resume_any_provenance,
+            shard: self.shard,
         })
     }
 }
@@ -388,11 +421,12 @@ fn precheck(args: &BatchArgs) -> Result<()> {
 
 pub fn run(args: &BatchArgs) -> Result<()> {
     precheck(args)?;
+    let inputs = args.read_inputs()?;
     let loaded = load::open(&args.model)?;
     let engine = loaded
         .engine
         .with_context_special_tokens(args.scoring.context_special_tokens);
-    let job = args.job(&engine.memory_model())?;
+    let job = args.job(&engine.memory_model(), inputs)?;
     let summary = run_job(&engine, &loaded.provenance, &job)?;
     if !job.quiet {
         let w = summary.written;
@@ -407,6 +441,12 @@ pub fn run(args: &BatchArgs) -> Result<()> {
                 r.last_line
             )),
         );
+        if let Some(m) = w.allowed_mass {
+            eprintln!(
+                "forkscore batch: allowed mass over {} scored fields: min {:.6}, median {:.6}",
+                m.fields, m.min, m.median
+            );
+        }
     }
     if summary.stopped_at_error {
         bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");

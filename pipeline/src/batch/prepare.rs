@@ -8,11 +8,11 @@ use super::reader::RawLine;
 use super::records::{ErrorKind, Failed, LineError, Request};
 use super::resume::{ResumeCheck, StageError};
 use super::schema_cache::SchemaCache;
+use super::shard::{id_key, Shard};
 use forkscore_backends::Backend;
 use forkscore_engine::{CompiledSchema, Engine, PreparedContext, ScoreOptions};
 use rayon::prelude::*;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -49,6 +49,9 @@ pub struct OutLine {
     pub is_error: bool,
     /// Rows scored for it (0 for errors and reused decisions).
     pub rows: usize,
+    /// The allowed mass of each field scored for it (only with `--allowed-mass`; empty for
+    /// errors and reused decisions), for the job's summary.
+    pub allowed_masses: Vec<f64>,
 }
 
 /// The CPU stage.
@@ -59,13 +62,8 @@ pub struct Preparer<'a, B: Backend> {
     pub shared_context: Option<&'a str>,
     pub seen_ids: HashSet<u128>,
     pub resume: Option<ResumeCheck>,
-}
-
-fn id_key(id: &Value) -> u128 {
-    let d = Sha256::digest(id.to_string().as_bytes());
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    u128::from_le_bytes(b)
+    /// `--shard`: lines other shards own are skipped (after the resume check).
+    pub shard: Option<Shard>,
 }
 
 fn context_hash(text: &str) -> u64 {
@@ -100,6 +98,9 @@ impl<B: Backend> Preparer<'_, B> {
                         });
                     }
                 }
+            }
+            if self.shard.is_some_and(|s| !s.owns(line, id)) {
+                continue;
             }
             let fresh = id.is_none_or(|id| self.seen_ids.insert(id_key(id)));
             if done {

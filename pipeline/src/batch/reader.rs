@@ -16,8 +16,9 @@ pub struct RawLine {
     pub bytes: Vec<u8>,
     /// Already in the output (resume): parse its id, score nothing.
     pub done: bool,
-    /// The line was this many bytes, over the line bound: `bytes` is empty and the line
-    /// becomes an error record (see `input_bounds`).
+    /// The line was this many bytes, over the line bound: `bytes` keeps only its first
+    /// [`crate::input_bounds::LEADING_BYTES`] (where a leading `"id"` is looked for) and the
+    /// line becomes an error record (see `input_bounds`).
     pub too_long: Option<u64>,
 }
 
@@ -34,7 +35,7 @@ pub fn read_lines(
 }
 
 /// [`read_lines`] storing at most `max_line_bytes` of any line: a longer line is passed on as
-/// `too_long` with no bytes (its rest is skipped, not stored).
+/// `too_long` with only its first `LEADING_BYTES` (its rest is skipped, not stored).
 pub fn read_lines_bounded(
     mut input: impl BufRead,
     chunk_lines: usize,
@@ -56,7 +57,7 @@ pub fn read_lines_bounded(
             };
         line += 1;
         if too_long.is_some() {
-            bytes.clear();
+            bytes.truncate(crate::input_bounds::LEADING_BYTES);
         }
         if bytes.last() == Some(&b'\r') {
             bytes.pop();

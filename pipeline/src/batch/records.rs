@@ -92,7 +92,10 @@ impl LineError {
                 ErrorKind::Compile
             }
             EngineError::Template(_) | EngineError::ContextNotInPrompt => ErrorKind::Template,
-            EngineError::NonFiniteLogits { .. } => ErrorKind::NonFiniteLogits,
+            EngineError::NonFiniteLogits { .. }
+            | EngineError::Backend(forkscore_backends::BackendError::NonFiniteLogit { .. }) => {
+                ErrorKind::NonFiniteLogits
+            }
             EngineError::Split(_) => ErrorKind::Split,
             // the scoring stage: the backend, or what it returned not fitting the request
             EngineError::Backend(_)
@@ -101,9 +104,14 @@ impl LineError {
             EngineError::Calibration(_)
             | EngineError::ZeroFieldBatch
             | EngineError::ZeroMaxInputTokens
+            | EngineError::TopKTooLarge { .. }
             | EngineError::TokenizerLargerThanEmbedding { .. } => ErrorKind::Options,
-            EngineError::EmptyContext => ErrorKind::EmptyContext,
-            EngineError::TooManyTokens { .. } => ErrorKind::TooManyTokens,
+            EngineError::EmptyContext
+            | EngineError::EmptyText
+            | EngineError::TooFewTokens { .. } => ErrorKind::EmptyContext,
+            EngineError::TooManyTokens { .. } | EngineError::TextTooLong { .. } => {
+                ErrorKind::TooManyTokens
+            }
         };
         LineError::new(kind, e.to_string())
     }

@@ -59,6 +59,7 @@ impl<'a, B: Backend> Scorer<'a, B> {
             text: error_record(f, self.provenance.with_schema(schema_hash)),
             is_error: true,
             rows: 0,
+            allowed_masses: Vec::new(),
         }
     }
 
@@ -84,6 +85,14 @@ impl<'a, B: Backend> Scorer<'a, B> {
                     0
                 } else {
                     r.compiled.fields().len()
+                },
+                allowed_masses: if reused_from.is_some() {
+                    Vec::new()
+                } else {
+                    d.fields
+                        .values()
+                        .filter_map(|f| f.allowed_mass.as_ref().map(|a| a.mass))
+                        .collect()
                 },
             },
             Err(e) => {

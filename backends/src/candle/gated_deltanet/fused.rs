@@ -22,7 +22,8 @@ pub fn supports(dims: &GdnDims, device: &Device) -> bool {
     cfg!(feature = "cuda")
         && device.is_cuda()
         && matches!(dims.key_dim, 32 | 64 | 128 | 256)
-        && dims.value_heads % dims.key_heads == 0
+        && dims.key_heads > 0
+        && dims.value_heads.is_multiple_of(dims.key_heads)
 }
 
 /// Run the delta rule over `qkv` from `state`. See the module docs for shapes.
@@ -76,12 +77,10 @@ pub fn gated_delta_rule(
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::Arc;
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{
         CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor,
@@ -97,26 +96,8 @@ mod cuda {
     /// The L2-normalisation epsilon of the candle path ([`super::super::norm::L2_EPS`]).
     const L2_EPS: f32 = super::super::norm::L2_EPS as f32;
 
-    /// Loaded once per device (module loading from machine code takes microseconds; the
-    /// compute_80 PTX fallback is compiled by the driver once on other GPUs).
     fn module(dev: &CudaDevice) -> Result<Arc<CudaModule>> {
-        static MODULES: OnceLock<
-            Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaModule>>>,
-        > = OnceLock::new();
-        let map = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut map = map
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("fused GDN module cache poisoned".into()))?;
-        if let Some(m) = map.get(&dev.id()) {
-            return Ok(m.clone());
-        }
-        let m = dev
-            .cuda_stream()
-            .context()
-            .load_module(Ptx::from_binary(FATBIN.to_vec()))
-            .w()?;
-        map.insert(dev.id(), m.clone());
-        Ok(m)
+        crate::candle::cuda_module::load(dev, "gdn_recurrent", FATBIN)
     }
 
     /// The op: applied to `qkv`, holding the other inputs. Its one output is the flat
@@ -133,14 +114,7 @@ mod cuda {
         layout: &Layout,
         what: &str,
     ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
-        let Storage::Cuda(s) = storage else {
-            candle_core::bail!("fused GDN: {what} is not on a CUDA device")
-        };
-        if !layout.is_contiguous() {
-            candle_core::bail!("fused GDN: {what} is not contiguous");
-        }
-        let slice = s.as_cuda_slice::<f32>()?;
-        Ok(slice.slice(layout.start_offset()..layout.start_offset() + layout.shape().elem_count()))
+        crate::candle::cuda_module::contiguous_view::<f32>(storage, layout, "fused GDN", what)
     }
 
     impl CustomOp1 for GatedDeltaRule {

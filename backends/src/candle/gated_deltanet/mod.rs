@@ -10,7 +10,9 @@
 //! ([`norm`]) → `β = σ(b)`, `g = −exp(A_log)·softplus(a + dt_bias)` ([`gates`]) → value head `h`
 //! reads key head `⌊h / r⌋` → delta rule: token by token for one-token calls
 //! ([`recurrence`]), chunked (C = 64) otherwise ([`chunked`]) → gated RMSNorm with the plain
-//! weight → `W_out`.
+//! weight → `W_out`. On CUDA ([`DeltaRule::Fused`]) the conv, the delta rule ([`fused`]), the
+//! gates and the gated RMSNorm ([`fused_pointwise`]) run as fused kernels computing the same
+//! functions; the candle forms stay the reference and the CPU path.
 //!
 //! Padding rule: at right-padded positions β = 0 and g = 0, so the recurrent state passes through
 //! exactly, and each row's conv state is gathered at its own last valid token. Outputs at padded
@@ -19,14 +21,17 @@
 pub mod chunked;
 pub mod conv;
 pub mod fused;
+pub mod fused_pointwise;
 pub mod gates;
 pub mod norm;
 pub mod recurrence;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::candle::profile;
-use candle_nn::Linear;
+use forkscore_seam::Quantization;
+
+use crate::candle::linear::{Linear, QuantSummary};
 
 pub use conv::RightPadding;
 
@@ -233,6 +238,47 @@ impl GdnLayer {
     /// Check shapes and cast: projections to `dtype` (the activation dtype), conv weight,
     /// `A_log`, `dt_bias` and the norm weight to f32.
     pub fn new(dims: GdnDims, w: GdnWeights, dtype: DType) -> Result<Self, CandleError> {
+        Self::build(dims, w, |_, t| {
+            Ok(Linear::dense(
+                t.to_dtype(dtype)
+                    .map_err(CandleError::tensor("gdn.load.cast"))?,
+                None,
+            ))
+        })
+    }
+
+    /// As [`GdnLayer::new`], with the five projections quantized under `q` onto `device`
+    /// (see [`Linear::quantized`]; `dtype` is the activation dtype).
+    pub(crate) fn new_quantized(
+        dims: GdnDims,
+        w: GdnWeights,
+        dtype: DType,
+        q: Quantization,
+        device: &candle_core::Device,
+    ) -> Result<Self, CandleError> {
+        Self::build(dims, w, |name, t| {
+            Linear::quantized(name, &t, None, q, dtype, device)
+        })
+    }
+
+    /// Count the ggml type of each projection.
+    pub(crate) fn summarize(&self, summary: &mut QuantSummary) {
+        for l in [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+            &self.out_proj,
+        ] {
+            summary.count(l);
+        }
+    }
+
+    fn build(
+        dims: GdnDims,
+        w: GdnWeights,
+        lin: impl Fn(&str, Tensor) -> Result<Linear, CandleError>,
+    ) -> Result<Self, CandleError> {
         dims.validate()
             .map_err(|reason| CandleError::InvalidRequest { reason })?;
         let (d, cc, cv, hv) = (
@@ -263,24 +309,17 @@ impl GdnLayer {
                 w.conv1d
             }
         };
-        let lin = |t: Tensor| -> Result<Linear, CandleError> {
-            Ok(Linear::new(
-                t.to_dtype(dtype)
-                    .map_err(CandleError::tensor("gdn.load.cast"))?,
-                None,
-            ))
-        };
         let f32 = |t: Tensor| {
             t.to_dtype(DType::F32)
                 .map_err(CandleError::tensor("gdn.load.cast"))
         };
         Ok(Self {
             dims,
-            in_proj_qkv: lin(w.in_proj_qkv)?,
-            in_proj_z: lin(w.in_proj_z)?,
-            in_proj_b: lin(w.in_proj_b)?,
-            in_proj_a: lin(w.in_proj_a)?,
-            out_proj: lin(w.out_proj)?,
+            in_proj_qkv: lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
+            in_proj_z: lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
+            in_proj_b: lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
+            in_proj_a: lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
+            out_proj: lin("linear_attn.out_proj.weight", w.out_proj)?,
             conv: f32(conv)?,
             a_log: f32(w.a_log)?,
             dt_bias: f32(w.dt_bias)?,
@@ -379,6 +418,16 @@ impl GdnLayer {
 
         // (B, L, Hv) each
         let (beta, g) = profile::region("gdn.gates", dev, || {
+            if rule == DeltaRule::Fused {
+                let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
+                return fused_pointwise::gates(
+                    &b_logits,
+                    &a_in,
+                    &self.a_log,
+                    &self.dt_bias,
+                    lengths,
+                );
+            }
             let mut beta = gates::beta(&b_logits)?;
             let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
             if let Some(pad) = padding.filter(|p| !p.is_full()) {
@@ -438,9 +487,14 @@ impl GdnLayer {
             (o.transpose(1, 2)?.contiguous()?, recurrent)
         };
         let out = profile::region("gdn.norm_out", dev, || {
-            let y = norm::gated_rms_norm(&o, &z, &self.norm, self.dims.rms_norm_eps)?;
+            let eps = self.dims.rms_norm_eps;
+            let y = if rule == DeltaRule::Fused && matches!(act, DType::F32 | DType::BF16) {
+                fused_pointwise::gated_norm(&o, &z, &self.norm, eps, act)?
+            } else {
+                norm::gated_rms_norm(&o, &z, &self.norm, eps)?.to_dtype(act)?
+            };
             // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
-            let y = y.reshape((b, l, cv))?.to_dtype(act)?;
+            let y = y.reshape((b, l, cv))?;
             self.out_proj.forward(&y)
         })?;
         Ok((

@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{Architecture, LayerKind, ModelConfig};
 use super::head::CandidateHead;
+use super::linear::QuantSummary;
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
 use super::profile;
@@ -32,6 +33,9 @@ use self_attn::{SelfAttention, SelfAttentionSpec};
 pub(crate) trait Mixer: Send + Sync {
     /// Which kind of layer this is (profiling regions are named after it).
     fn kind(&self) -> LayerKind;
+
+    /// Count the ggml type of each of its linear weights.
+    fn summarize(&self, summary: &mut QuantSummary);
 
     /// `x (B, L, D)` (normed) -> `(B, L, D)`, and what the new tokens add to the layer's state.
     fn forward(
@@ -96,6 +100,16 @@ impl Backbone {
         self.embed.dims().get(1).copied().unwrap_or(0)
     }
 
+    /// What each linear weight of the decoder layers was loaded as.
+    pub fn quant_summary(&self) -> QuantSummary {
+        let mut s = QuantSummary::default();
+        for l in &self.layers {
+            l.mixer.summarize(&mut s);
+            l.mlp.summarize(&mut s);
+        }
+        s
+    }
+
     /// Run ids `(B, L)` (row-major) over `pasts` (one per layer). Returns the hidden states
     /// `(B, L, D)` before the final norm and one update per layer.
     pub fn forward(
@@ -135,6 +149,14 @@ impl Backbone {
         profile::region("head", &self.device, || {
             let h = self.final_norm.forward(last_hidden)?;
             self.head.project(&h, candidates, &self.device)
+        })
+    }
+
+    /// Final norm and the full head: `(N, D)` -> `(N, V)` f32 (opt-in diagnostics only).
+    pub fn full_logits(&self, last_hidden: &Tensor) -> Result<Tensor, CandleError> {
+        profile::region("head", &self.device, || {
+            let h = self.final_norm.forward(last_hidden)?;
+            self.head.project_all(&h)
         })
     }
 }

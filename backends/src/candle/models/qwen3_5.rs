@@ -23,6 +23,7 @@ use super::self_attn::{NormConvention, SelfAttention, SelfAttentionSpec};
 use super::{output_head, Backbone, DecoderLayer, Mixer};
 use crate::candle::config::{LayerKind, LinearAttentionConfig, ModelConfig};
 use crate::candle::gated_deltanet::{GdnDims, GdnLayer, GdnState, GdnWeights, RightPadding};
+use crate::candle::linear::QuantSummary;
 use crate::candle::mlp::Mlp;
 use crate::candle::norm::RmsNorm;
 use crate::candle::rope::Rope;
@@ -69,20 +70,27 @@ impl LinearAttention {
             dims.value_heads,
         );
         let name = |n: &str| format!("{prefix}.{n}");
+        // projections: in the compute dtype on the device, or f32 on the host to be quantized
+        let proj = |n: &str, shape: &[usize]| match w.quantization() {
+            None => w.get(&name(n), shape),
+            Some(_) => w.host_f32(&name(n), shape),
+        };
         let weights = GdnWeights {
-            in_proj_qkv: w.get(&name("in_proj_qkv.weight"), &[cc, d])?,
-            in_proj_z: w.get(&name("in_proj_z.weight"), &[cv, d])?,
-            in_proj_b: w.get(&name("in_proj_b.weight"), &[hv, d])?,
-            in_proj_a: w.get(&name("in_proj_a.weight"), &[hv, d])?,
+            in_proj_qkv: proj("in_proj_qkv.weight", &[cc, d])?,
+            in_proj_z: proj("in_proj_z.weight", &[cv, d])?,
+            in_proj_b: proj("in_proj_b.weight", &[hv, d])?,
+            in_proj_a: proj("in_proj_a.weight", &[hv, d])?,
             conv1d: w.get_f32(&name("conv1d.weight"), &[cc, 1, dims.conv_kernel])?,
             a_log: w.get_f32(&name("A_log"), &[hv])?,
             dt_bias: w.get_f32(&name("dt_bias"), &[hv])?,
             norm: w.get_f32(&name("norm.weight"), &[dims.value_dim])?,
-            out_proj: w.get(&name("out_proj.weight"), &[d, cv])?,
+            out_proj: proj("out_proj.weight", &[d, cv])?,
         };
-        Ok(LinearAttention {
-            layer: GdnLayer::new(dims, weights, w.dtype())?,
-        })
+        let layer = match w.quantization() {
+            None => GdnLayer::new(dims, weights, w.dtype())?,
+            Some(q) => GdnLayer::new_quantized(dims, weights, w.dtype(), q, w.device())?,
+        };
+        Ok(LinearAttention { layer })
     }
 
     /// The state the `rows` of this call start from: zeros, the shared prefix state broadcast
@@ -122,6 +130,10 @@ impl LinearAttention {
 impl Mixer for LinearAttention {
     fn kind(&self) -> LayerKind {
         LayerKind::LinearAttention
+    }
+
+    fn summarize(&self, summary: &mut QuantSummary) {
+        self.layer.summarize(summary);
     }
 
     fn forward(

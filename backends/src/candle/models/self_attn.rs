@@ -7,11 +7,11 @@
 //! before `o_proj`). The K/V it returns as its update are after norm and RoPE.
 
 use candle_core::{Tensor, D};
-use candle_nn::Linear;
 
 use super::Mixer;
 use crate::candle::attention::{attend, PastKv};
 use crate::candle::config::LayerKind;
+use crate::candle::linear::{Linear, QuantSummary};
 use crate::candle::mlp::{apply, linear};
 use crate::candle::norm::RmsNorm;
 use crate::candle::state::{LayerPast, LayerUpdate};
@@ -118,6 +118,12 @@ impl SelfAttention {
 impl Mixer for SelfAttention {
     fn kind(&self) -> LayerKind {
         LayerKind::FullAttention
+    }
+
+    fn summarize(&self, summary: &mut QuantSummary) {
+        for l in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
+            summary.count(l);
+        }
     }
 
     fn forward(

@@ -1,0 +1,265 @@
+//! Linear layers `y = x Wᵀ (+ b)`: dense in the compute dtype, or with the weight quantized in
+//! memory at load time (`LoadOptions::quantization`).
+//!
+//! In: `x (.., in)` in the compute dtype. Out: `(.., out)` in the same dtype. A quantized layer
+//! holds `W (out, in)` as a candle [`QTensor`] (ggml block format) on the model's device and
+//! runs candle's quantized matmul kernels: on the CPU the activations are quantized per row to
+//! the kernel's dot-product type (8-bit) and multiplied block by block; on CUDA / Metal candle's
+//! own kernels. The kernels take f32 activations, so a bf16/f16 model casts `x` to f32 and the
+//! result back (exact for the cast in, one rounding out); the bias stays dense in the compute
+//! dtype.
+//!
+//! Which ggml type a weight gets ([`ggml_type`]): blocks run along the input dimension, so
+//! `in` must be a multiple of the block (32 for `Q8_0` / `Q4_0`, 256 for `Q4_K`). `q4k` falls
+//! back to `Q4_0` (4-bit blocks of 32, one f16 scale) for a weight whose `in` is a multiple of
+//! 32 but not of 256, e.g. Qwen2.5-0.5B's 896-wide projections. llama.cpp's quantizer picks
+//! `Q5_0` there; candle's CPU `Q5_0` dot product has no SIMD form on x86 and requires an even
+//! block count, while `Q4_0` has an AVX2 kernel. A weight whose `in` is not a multiple of 32
+//! stays dense. [`QuantSummary`] counts what each weight got.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+use forkscore_seam::Quantization;
+
+use crate::error::CandleError;
+
+/// One linear layer.
+#[derive(Debug, Clone)]
+pub(crate) enum Linear {
+    /// `W (out, in)` in the compute dtype (candle's GEMM).
+    Dense(candle_nn::Linear),
+    /// `W` quantized; `bias (out,)` in the compute dtype.
+    Quantized {
+        weight: QMatMul,
+        /// The same blocks, for [`Linear::forward_dequantized`].
+        blocks: Arc<QTensor>,
+        bias: Option<Tensor>,
+        ggml: GgmlDType,
+    },
+}
+
+/// On the CPU, the most activation rows a call sends through candle's quantized kernel for
+/// `ggml`; above it the weight is dequantized to f32 for that call and multiplied by the f32
+/// GEMM. candle's x86 `Q8_0` / `Q4_0` kernels take one dot product per (row, column) with no
+/// register tiling, so from a handful of rows on they are several times slower than the GEMM
+/// plus the dequantization; its `Q4_K` kernel (repacked, tiled) keeps up with the f32 GEMM at
+/// every row count (`cargo bench -p forkscore-benches --bench qmatmul` measures all three side
+/// by side). GPUs always use the quantized kernels.
+fn cpu_kernel_max_rows(ggml: GgmlDType) -> usize {
+    match ggml {
+        GgmlDType::Q4K => usize::MAX,
+        _ => 4,
+    }
+}
+
+/// The ggml type a weight of input width `in_dim` gets under `q`, `None` when it stays dense.
+pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
+    let fits = |t: GgmlDType| in_dim > 0 && in_dim.is_multiple_of(t.block_size());
+    let preferred = match q {
+        Quantization::Q8_0 => GgmlDType::Q8_0,
+        Quantization::Q4K => GgmlDType::Q4K,
+    };
+    if fits(preferred) {
+        return Some(preferred);
+    }
+    match q {
+        Quantization::Q4K if fits(GgmlDType::Q4_0) => Some(GgmlDType::Q4_0),
+        _ => None,
+    }
+}
+
+impl Linear {
+    /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype.
+    pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear::Dense(candle_nn::Linear::new(weight, bias))
+    }
+
+    /// `weight (out, in)` quantized under `q` onto `device` (the source may sit on any device,
+    /// in any float dtype: it is read as f32 on the host), `bias` cast to `dtype` on `device`.
+    /// A weight no ggml type fits ([`ggml_type`]) stays dense in `dtype`. `name` labels errors.
+    pub fn quantized(
+        name: &str,
+        weight: &Tensor,
+        bias: Option<Tensor>,
+        q: Quantization,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, CandleError> {
+        let op = |what: &'static str| {
+            move |e: candle_core::Error| CandleError::Quantize {
+                name: name.to_string(),
+                reason: format!("{what}: {e}"),
+            }
+        };
+        let (_, in_dim) = weight.dims2().map_err(op("weight is not a matrix"))?;
+        let bias = bias
+            .map(|b| b.to_dtype(dtype).and_then(|b| b.to_device(device)))
+            .transpose()
+            .map_err(op("bias"))?;
+        let Some(ggml) = ggml_type(q, in_dim) else {
+            let w = weight
+                .to_dtype(dtype)
+                .and_then(|w| w.to_device(device))
+                .map_err(op("dense fallback"))?;
+            return Ok(Linear::dense(w, bias));
+        };
+        // (out, in) f32 on the host -> ggml blocks along `in` on `device`
+        let host = weight
+            .to_device(&Device::Cpu)
+            .and_then(|w| w.to_dtype(DType::F32))
+            .map_err(op("weight to host f32"))?;
+        let blocks = Arc::new(QTensor::quantize_onto(&host, ggml, device).map_err(op("quantize"))?);
+        let weight = QMatMul::from_arc(blocks.clone()).map_err(op("quantized matmul"))?;
+        Ok(Linear::Quantized {
+            weight,
+            blocks,
+            bias,
+            ggml,
+        })
+    }
+
+    /// The ggml type of the weight, `None` when dense.
+    pub fn ggml(&self) -> Option<GgmlDType> {
+        match self {
+            Linear::Dense(_) => None,
+            Linear::Quantized { ggml, .. } => Some(*ggml),
+        }
+    }
+
+    /// `(.., in) -> (.., out)`. A quantized layer on the CPU with more activation rows than
+    /// [`cpu_kernel_max_rows`] takes [`Linear::forward_dequantized`].
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized {
+                weight, bias, ggml, ..
+            } => {
+                let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
+                if x.device().is_cpu() && rows > cpu_kernel_max_rows(*ggml) {
+                    return self.forward_dequantized(x);
+                }
+                let dtype = x.dtype();
+                // candle's quantized kernels take contiguous f32 activations
+                let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+                add_bias(y.to_dtype(dtype)?, bias)
+            }
+        }
+    }
+
+    /// `(.., in) -> (.., out)` through the quantized kernel whatever the row count (tests
+    /// compare it with [`Linear::forward_dequantized`]); dense layers as [`Linear::forward`].
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized { weight, bias, .. } => {
+                let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+                add_bias(y.to_dtype(x.dtype())?, bias)
+            }
+        }
+    }
+
+    /// `(.., in) -> (.., out)` with the weight dequantized to the activation dtype for this
+    /// call only (the layer keeps its blocks) and a dense matmul; dense layers as
+    /// [`Linear::forward`].
+    pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized { blocks, bias, .. } => {
+                // (out, in) blocks -> (out, in) dense, transient
+                let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
+                let y = candle_nn::Linear::new(w, None).forward(x)?;
+                add_bias(y, bias)
+            }
+        }
+    }
+}
+
+fn add_bias(y: Tensor, bias: &Option<Tensor>) -> candle_core::Result<Tensor> {
+    match bias {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+/// `(.., in) -> (.., out)`, errors named `name`.
+pub(crate) fn apply(layer: &Linear, x: &Tensor, name: &'static str) -> Result<Tensor, CandleError> {
+    layer.forward(x).map_err(CandleError::tensor(name))
+}
+
+/// How many linear weights got each ggml type (`"dense"` for those kept in the compute dtype).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuantSummary {
+    pub by_type: BTreeMap<String, usize>,
+}
+
+impl QuantSummary {
+    pub(crate) fn count(&mut self, layer: &Linear) {
+        let key = match layer.ggml() {
+            None => "dense".to_string(),
+            Some(t) => format!("{t:?}").to_ascii_lowercase(),
+        };
+        *self.by_type.entry(key).or_default() += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quantized kernel (activations rounded to 8-bit blocks) vs the dequantize + GEMM path
+    /// (f32 activations) on the same blocks, for every ggml type a scheme can pick, with a bias:
+    /// they differ only by the activation rounding, bounded here relative to the output scale.
+    #[test]
+    fn kernel_path_equals_dequantized_path() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        // Activation rounding to 8 bits (|error| <= max|x| / 254 per element), summed over
+        // `in` products: measured at most ~0.4% of max|y| here; 2% leaves headroom.
+        const RELATIVE: f32 = 0.02;
+        for (q, in_dim) in [
+            (Quantization::Q8_0, 96),
+            (Quantization::Q4K, 256),
+            (Quantization::Q4K, 96),
+        ] {
+            let w = Tensor::rand(-0.2f32, 0.2, (24, in_dim), &dev)?;
+            let b = Tensor::rand(-1f32, 1.0, 24, &dev)?;
+            let layer = Linear::quantized("w", &w, Some(b), q, DType::F32, &dev)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            assert_eq!(layer.ggml(), ggml_type(q, in_dim));
+            let x = Tensor::rand(-1f32, 1.0, (2, 7, in_dim), &dev)?;
+            let a = layer.forward_kernel(&x)?;
+            let d = layer.forward_dequantized(&x)?;
+            assert_eq!(a.dims(), &[2, 7, 24]);
+            let scale = d.abs()?.max_all()?.to_scalar::<f32>()?;
+            let diff = (&a - &d)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            eprintln!("{q} in {in_dim}: relative difference {}", diff / scale);
+            assert!(
+                diff <= RELATIVE * scale,
+                "{q} in {in_dim}: |kernel - dequantized| {diff} > {RELATIVE} * {scale}"
+            );
+            // forward() picks one of the two (14 rows > the Q8_0 / Q4_0 kernel limit)
+            let f = layer.forward(&x)?;
+            let pick = if cpu_kernel_max_rows(layer.ggml().unwrap_or(GgmlDType::F32)) >= 14 {
+                a
+            } else {
+                d
+            };
+            let same = (f - pick)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!(same, 0.0, "{q} in {in_dim}: forward took neither path");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ggml_types_follow_the_input_width() {
+        assert_eq!(ggml_type(Quantization::Q8_0, 896), Some(GgmlDType::Q8_0));
+        assert_eq!(ggml_type(Quantization::Q8_0, 40), None);
+        assert_eq!(ggml_type(Quantization::Q4K, 4864), Some(GgmlDType::Q4K));
+        assert_eq!(ggml_type(Quantization::Q4K, 896), Some(GgmlDType::Q4_0));
+        assert_eq!(ggml_type(Quantization::Q4K, 40), None);
+        assert_eq!(ggml_type(Quantization::Q4K, 0), None);
+    }
+}

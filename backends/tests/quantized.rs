@@ -1,0 +1,201 @@
+//! In-memory quantization at load time (`LoadOptions::quantization`) on the tiny models of all
+//! three architectures, CPU: what each linear weight becomes (ggml type, documented fallbacks),
+//! logits against the same checkpoint loaded unquantized, fork == full under quantization,
+//! and the clear error for a weight that cannot be read as floats.
+
+mod common;
+
+use std::path::Path;
+
+use forkscore_backends::{
+    Backend, CandleBackend, CandleError, LoadOptions, Quantization, ResolvedCheckpoint, ScoreRow,
+};
+use forkscore_testkit::tiny_model::{
+    config_json, ensure_tiny_model, tiny_tensors, write_safetensors, TinySpec,
+};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+use forkscore_testkit::tolerance::Tolerance;
+use safetensors::Dtype;
+
+fn load(dir: &Path, quantization: Option<Quantization>) -> Result<CandleBackend, CandleError> {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "quant-test")?;
+    CandleBackend::load(
+        &ckpt,
+        &LoadOptions {
+            quantization,
+            ..LoadOptions::default()
+        },
+    )
+}
+
+fn count(m: &CandleBackend, key: &str) -> usize {
+    m.quant_summary().by_type.get(key).copied().unwrap_or(0)
+}
+
+/// Logits of a full forward and of prefill + fork for the same prompt.
+fn full_and_fork(m: &CandleBackend, vocab: usize) -> (Vec<f32>, Vec<f32>) {
+    let ids = common::ids(91, 36, vocab);
+    let cands: Vec<u32> = common::candidates()
+        .into_iter()
+        .filter(|&c| (c as usize) < vocab)
+        .collect();
+    let full = m.forward_full(&ids, &cands).expect("forward_full");
+    let st = m.prefill(&ids[..30]).expect("prefill");
+    let fork = m
+        .score_rows(
+            &[&st],
+            &[ScoreRow {
+                state: 0,
+                suffix: &ids[30..],
+            }],
+            &cands,
+        )
+        .expect("score")
+        .data;
+    (full, fork)
+}
+
+/// The three architectures' tiny checkpoints (hidden 32: every projection's input width is a
+/// multiple of 32, none of 256).
+fn tiny_dirs() -> Vec<(&'static str, std::path::PathBuf, usize)> {
+    let q35 = TinyQwen35::new(35, Qwen35Layout::Multimodal)
+        .ensure()
+        .expect("qwen3.5 tiny");
+    vec![
+        ("qwen2.5", ensure_tiny_model(&TinySpec::qwen25()), 151_643),
+        ("qwen3", ensure_tiny_model(&TinySpec::qwen3()), 151_643),
+        ("qwen3.5", q35, 151_643),
+    ]
+}
+
+#[test]
+fn q8_0_quantizes_every_projection_and_tracks_f32() {
+    for (name, dir, vocab) in tiny_dirs() {
+        let plain = load(&dir, None).expect("f32");
+        let q8 = load(&dir, Some(Quantization::Q8_0)).expect("q8_0");
+        assert_eq!(q8.facts().quantization, Some(Quantization::Q8_0), "{name}");
+        assert_eq!(plain.facts().quantization, None, "{name}");
+        assert_eq!(
+            count(&plain, "dense"),
+            plain.quant_summary().by_type.values().sum::<usize>()
+        );
+        assert_eq!(count(&q8, "dense"), 0, "{name}: {:?}", q8.quant_summary());
+        assert!(count(&q8, "q8_0") > 0, "{name}");
+        let (a, _) = full_and_fork(&plain, vocab);
+        let (b, b_fork) = full_and_fork(&q8, vocab);
+        eprintln!(
+            "{name}: q8_0 vs f32 max |diff| {:e}; q8_0 fork vs full {:e}",
+            Tolerance::max_abs_diff(&a, &b),
+            Tolerance::max_abs_diff(&b, &b_fork)
+        );
+        Tolerance::Q8_0_TINY_LOGITS.assert_close(name, &a, &b);
+        // Activations are quantized row by row, so forking changes only summation order.
+        Tolerance::CPU_F32_LOGITS.assert_close(name, &b, &b_fork);
+    }
+}
+
+#[test]
+fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
+    // hidden 32: no input width is a multiple of 256, so every weight takes the Q4_0 fallback
+    for (name, dir, vocab) in tiny_dirs() {
+        let plain = load(&dir, None).expect("f32");
+        let q4 = load(&dir, Some(Quantization::Q4K)).expect("q4k");
+        assert_eq!(count(&q4, "dense") + count(&q4, "q4k"), 0, "{name}");
+        assert!(count(&q4, "q4_0") > 0, "{name}");
+        let (a, _) = full_and_fork(&plain, vocab);
+        let (b, b_fork) = full_and_fork(&q4, vocab);
+        eprintln!(
+            "{name}: q4k(q4_0) vs f32 max |diff| {:e}",
+            Tolerance::max_abs_diff(&a, &b)
+        );
+        Tolerance::Q4_TINY_LOGITS.assert_close(name, &a, &b);
+        Tolerance::CPU_F32_LOGITS.assert_close(name, &b, &b_fork);
+    }
+    // hidden 256, MLP 512: q/k/v/gate/up/down read 256- or 512-wide inputs -> Q4_K; o_proj
+    // reads heads * head_dim = 4 * 16 = 64 -> Q4_0.
+    let spec = TinySpec {
+        hidden: 256,
+        intermediate: 512,
+        head_dim: 16,
+        vocab: 1000,
+        tokenizer: false,
+        seed: 44,
+        ..TinySpec::qwen3()
+    };
+    let dir = ensure_tiny_model(&spec);
+    let q4 = load(&dir, Some(Quantization::Q4K)).expect("q4k wide");
+    let layers = spec.layers;
+    assert_eq!(count(&q4, "q4k"), 6 * layers, "{:?}", q4.quant_summary());
+    assert_eq!(count(&q4, "q4_0"), layers, "{:?}", q4.quant_summary());
+    let plain = load(&dir, None).expect("f32 wide");
+    let (a, _) = full_and_fork(&plain, 1000);
+    let (b, b_fork) = full_and_fork(&q4, 1000);
+    eprintln!(
+        "wide qwen3: q4k vs f32 max |diff| {:e}",
+        Tolerance::max_abs_diff(&a, &b)
+    );
+    Tolerance::Q4_TINY_LOGITS.assert_close("wide q4k", &a, &b);
+    Tolerance::CPU_F32_LOGITS.assert_close("wide q4k fork", &b, &b_fork);
+}
+
+#[test]
+fn input_width_not_a_multiple_of_32_stays_dense() {
+    // hidden 40 (q/k/v/gate/up read 40 wide: no ggml block fits) -> dense; o_proj reads
+    // 4 * 16 = 64 and down_proj 64 -> quantized.
+    let spec = TinySpec {
+        hidden: 40,
+        vocab: 1000,
+        tokenizer: false,
+        seed: 45,
+        ..TinySpec::qwen3()
+    };
+    let dir = ensure_tiny_model(&spec);
+    let q8 = load(&dir, Some(Quantization::Q8_0)).expect("q8_0");
+    assert_eq!(
+        count(&q8, "dense"),
+        5 * spec.layers,
+        "{:?}",
+        q8.quant_summary()
+    );
+    assert_eq!(
+        count(&q8, "q8_0"),
+        2 * spec.layers,
+        "{:?}",
+        q8.quant_summary()
+    );
+    let plain = load(&dir, None).expect("f32");
+    let (a, _) = full_and_fork(&plain, 1000);
+    let (b, _) = full_and_fork(&q8, 1000);
+    Tolerance::Q8_0_TINY_LOGITS.assert_close("hidden 40", &a, &b);
+}
+
+#[test]
+fn integer_weight_is_a_clear_error_under_quantization() {
+    let spec = TinySpec {
+        vocab: 1000,
+        tokenizer: false,
+        ..TinySpec::qwen25()
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("config.json"), config_json(&spec).to_string()).expect("config");
+    let mut tensors = tiny_tensors(&spec).expect("tensors");
+    let target = "model.layers.0.mlp.up_proj.weight";
+    let t = tensors
+        .iter_mut()
+        .find(|t| t.name == target)
+        .expect("up_proj");
+    t.dtype = Dtype::I32;
+    let refs: Vec<_> = tensors.iter().collect();
+    write_safetensors(&dir.join("model.safetensors"), &refs).expect("write");
+    for q in Quantization::ALL {
+        let err = load(&dir, Some(q)).err().expect("must fail");
+        let text = err.to_string();
+        assert!(
+            matches!(err, CandleError::WrongDtype { ref name, .. } if name == target),
+            "{q}: {text}"
+        );
+        assert!(text.contains(target) && text.contains("I32"), "{text}");
+    }
+}
