@@ -6,6 +6,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use forkscore_engine::EngineError;
+use forkscore_seam::BackendError;
 use serde_json::json;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -44,19 +45,27 @@ impl ApiError {
             EngineError::Template(_) | EngineError::ContextNotInPrompt => {
                 (S::UNPROCESSABLE_ENTITY, "template")
             }
-            EngineError::NonFiniteLogits { .. } => (S::INTERNAL_SERVER_ERROR, "non_finite_logits"),
+            EngineError::NonFiniteLogits { .. }
+            | EngineError::Backend(BackendError::NonFiniteLogit { .. }) => {
+                (S::INTERNAL_SERVER_ERROR, "non_finite_logits")
+            }
             EngineError::Split(_) => (S::UNPROCESSABLE_ENTITY, "split"),
             EngineError::Backend(_)
             | EngineError::Assemble(_)
             | EngineError::MissingMember { .. } => (S::INTERNAL_SERVER_ERROR, "backend"),
             EngineError::Calibration(_)
             | EngineError::ZeroFieldBatch
-            | EngineError::ZeroMaxInputTokens => (S::BAD_REQUEST, "options"),
+            | EngineError::ZeroMaxInputTokens
+            | EngineError::TopKTooLarge { .. } => (S::BAD_REQUEST, "options"),
             EngineError::TokenizerLargerThanEmbedding { .. } => {
                 (S::INTERNAL_SERVER_ERROR, "options")
             }
-            EngineError::EmptyContext => (S::BAD_REQUEST, "empty_context"),
-            EngineError::TooManyTokens { .. } => (S::PAYLOAD_TOO_LARGE, "too_many_tokens"),
+            EngineError::EmptyContext
+            | EngineError::EmptyText
+            | EngineError::TooFewTokens { .. } => (S::BAD_REQUEST, "empty_context"),
+            EngineError::TooManyTokens { .. } | EngineError::TextTooLong { .. } => {
+                (S::PAYLOAD_TOO_LARGE, "too_many_tokens")
+            }
         };
         ApiError {
             status,

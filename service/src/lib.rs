@@ -16,6 +16,7 @@
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod presets;
 pub mod queue;
 pub mod request;
 pub mod result;

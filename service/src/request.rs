@@ -7,13 +7,18 @@
 //!
 //! Options: `mode` (`parallel` | `cached-serial` | `independent`), `temperature` (finite > 0),
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
-//! `include_prompt`.
+//! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
+//! as `forkscore score --allowed-mass --top-k`.
 
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
 use forkscore_engine::{Mode, Schema, ScoreOptions};
+use forkscore_seam::MAX_TOP_K;
 use serde_json::{json, Map, Value};
+
+/// Unconstrained tokens listed per field with `allowed_mass` and no `top_k` (as `--top-k`).
+pub const DEFAULT_TOP_K: usize = 5;
 
 /// Contexts + schema + options, whichever endpoint they came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,6 +200,7 @@ fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, Ap
             ))
         }
     };
+    let (mut allowed_mass, mut top_k) = (false, None);
     for (key, value) in obj {
         let path = format!("options.{key}");
         let bad = |rule: &str| ApiError::bad("options", path.clone(), rule.to_string());
@@ -221,12 +227,32 @@ fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, Ap
                 let n = value.as_u64().filter(|n| (1..=65_536).contains(n));
                 opts.field_batch_size = Some(n.ok_or_else(|| bad("must be an integer from 1 to 65536"))? as usize);
             }
+            "allowed_mass" => {
+                allowed_mass = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
+            }
+            "top_k" => {
+                let n = value.as_u64().filter(|n| *n as usize <= MAX_TOP_K);
+                top_k = Some(n.ok_or_else(|| {
+                    bad(&format!("must be an integer from 0 to {MAX_TOP_K}"))
+                })? as usize);
+            }
             _ => {
                 return Err(bad(
-                    "unknown option (allowed: mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size)",
+                    "unknown option (allowed: mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size, allowed_mass, top_k)",
                 ))
             }
         }
+    }
+    match (allowed_mass, top_k) {
+        (true, k) => opts.allowed_mass = Some(k.unwrap_or(DEFAULT_TOP_K)),
+        (false, Some(_)) => {
+            return Err(ApiError::bad(
+                "options",
+                "options.top_k",
+                "top_k needs allowed_mass: true (as --top-k needs --allowed-mass)",
+            ))
+        }
+        (false, None) => {}
     }
     Ok(opts)
 }

@@ -5,6 +5,8 @@
 //! | `POST /v1/score` | one context + schema → the `forkscore score` result JSON |
 //! | `POST /v1/decide_many` | many contexts + one schema → `{"results": [result or {"error"}…]}` in input order |
 //! | `POST /v1/ask` | context + yes/no question → the result of the one boolean field `answer` |
+//! | `GET /` | the web page (one self-contained HTML file: paste a context, pick a preset, score) |
+//! | `GET /v1/presets` | the example schemas the page offers |
 //! | `GET /health` | `{"status": "ok", "model", "queue_depth"}` |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes |
@@ -35,12 +37,17 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/score"),
     ("post", "/v1/decide_many"),
     ("post", "/v1/ask"),
+    ("get", "/"),
+    ("get", "/v1/presets"),
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
 ];
 
 pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// The web page served at `/` (inline CSS and JS, no external resources).
+pub const PAGE: &str = include_str!("page.html");
 
 /// What every handler shares: the loaded engine (through the queue), limits, caches, metrics.
 pub struct AppState<B: Backend> {
@@ -86,6 +93,8 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         .route("/v1/score", post(score::<B>))
         .route("/v1/decide_many", post(decide_many::<B>))
         .route("/v1/ask", post(ask::<B>))
+        .route("/", get(page))
+        .route("/v1/presets", get(presets))
         .route("/health", get(health::<B>))
         .route("/metrics", get(metrics::<B>))
         .route("/openapi.json", get(openapi))
@@ -225,4 +234,22 @@ async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Res
 
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+            ),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn presets() -> Response {
+    Json(crate::presets::presets_json()).into_response()
 }
