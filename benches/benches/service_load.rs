@@ -62,8 +62,10 @@ async fn one(addr: SocketAddr, body: &str) -> anyhow::Result<(u16, f64)> {
 
 async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut response = String::new();
     conn.read_to_string(&mut response).await?;
     Ok(response)
@@ -168,9 +170,8 @@ fn main() -> anyhow::Result<()> {
         write_hf_folder(&dir, &TinySpec::qwen25())?;
     }
     let engine = load_engine(&dir, &LoadOptions::default())?;
-    let schema: Value = serde_json::from_str(include_str!(
-        "../../fixtures/examples/parallel_schema.json"
-    ))?;
+    let schema: Value =
+        serde_json::from_str(include_str!("../../fixtures/examples/parallel_schema.json"))?;
     let mut model = Map::new();
     model.insert("model_id".into(), "demo-model qwen2.5".into());
     let config = ServeConfig {

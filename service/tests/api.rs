@@ -5,36 +5,22 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use forkscore_engine::{
-    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema, ScoreOptions,
-};
+use forkscore_engine::{Engine, Schema, ScoreOptions};
 use forkscore_service::routes::{OPENAPI, ROUTES};
 use forkscore_service::{router, AppState, ServeConfig};
 use forkscore_testkit::fake::FakeBackend;
-use forkscore_testkit::tokenizers::Family;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
 
+mod common;
+
+use common::{engine_on, Slow};
+
 fn engine() -> Engine<FakeBackend> {
-    let f = Family::Qwen2;
-    let tok = ChatTokenizer::from_parts(
-        &f.tokenizer_json().expect("tokenizer fixture"),
-        Some(f.tokenizer_config_json()),
-        None,
-        "qwen2",
-        Path::new("fixtures"),
-    )
-    .expect("fixture tokenizer loads");
-    Engine::new(
-        FakeBackend::new(1),
-        tok,
-        CheckpointIdentity::default(),
-        CalibrationRegistry::built_in(),
-    )
-    .expect("engine")
+    engine_on(FakeBackend::new(1))
 }
 
 fn model_provenance() -> Map<String, Value> {
@@ -358,7 +344,7 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
         ),
         (
             "/v1/decide_many",
-            json!({"contexts": ["a"; 5], "schema": s})
+            json!({"contexts": vec!["a"; 5], "schema": s})
                 .to_string()
                 .into_bytes(),
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -426,12 +412,22 @@ async fn ask_scores_one_boolean_field() {
     assert!((sum - 1.0).abs() < 1e-9, "{scores:?}");
 }
 
-#[tokio::test]
-async fn a_request_past_its_timeout_is_a_504() {
-    let app = router(state(ServeConfig {
-        request_timeout: Duration::ZERO,
-        ..ServeConfig::default()
-    }));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_timeout_is_a_504_and_the_server_keeps_serving() {
+    // every prefill takes 400 ms; the request may wait 50 ms
+    let slow = Slow {
+        inner: FakeBackend::new(1),
+        delay: Duration::from_millis(400),
+    };
+    let (state, _) = AppState::start(
+        engine_on(slow),
+        model_provenance(),
+        ServeConfig {
+            request_timeout: Duration::from_millis(50),
+            ..ServeConfig::default()
+        },
+    );
+    let app = router(state);
     let (status, v) = post(
         &app,
         "/v1/score",
@@ -439,8 +435,22 @@ async fn a_request_past_its_timeout_is_a_504() {
     )
     .await;
     assert_eq!(
-        (status, v["error"]["kind"].as_str()),
-        (StatusCode::GATEWAY_TIMEOUT, Some("timeout"))
+        (
+            status,
+            v["error"]["kind"].as_str(),
+            v["error"]["path"].as_str()
+        ),
+        (StatusCode::GATEWAY_TIMEOUT, Some("timeout"), Some("<root>"))
+    );
+    let (status, health, _) = call(&app, "GET", "/health", None).await;
+    assert_eq!(
+        (status, health["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let (_, _, metrics) = call(&app, "GET", "/metrics", None).await;
+    assert!(
+        metrics.contains("forkscore_requests_total{route=\"/v1/score\",status=\"504\"} 1"),
+        "{metrics}"
     );
 }
 
@@ -504,8 +514,13 @@ async fn health_metrics_and_openapi_describe_the_routes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_finishes_the_request_in_flight() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // each prefill takes 100 ms: the request is still being scored when the stop comes
+    let slow = Slow {
+        inner: FakeBackend::new(1),
+        delay: Duration::from_millis(100),
+    };
     let (state, model_thread) =
-        AppState::start(engine(), model_provenance(), ServeConfig::default());
+        AppState::start(engine_on(slow), model_provenance(), ServeConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -519,14 +534,101 @@ async fn graceful_shutdown_finishes_the_request_in_flight() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopped_at = std::time::Instant::now();
     stop.send(()).unwrap();
     let mut response = String::new();
     conn.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("\"results\""));
+    assert!(
+        stopped_at.elapsed() >= Duration::from_millis(100),
+        "the answer came after the stop, so the request was in flight when it came"
+    );
     server.await.unwrap().unwrap();
     // the server is gone: its state, hence the queue, is dropped and the model thread ends
     model_thread.join().unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn the_page_and_its_presets_are_served_self_contained() {
+    let app = router(state(ServeConfig::default()));
+    let req = Request::builder().uri("/").body(Body::empty()).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ctype = resp.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ctype.starts_with("text/html"), "{ctype}");
+    let csp = resp.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let html = String::from_utf8(bytes.to_vec()).unwrap();
+    // one file: inline script and style, nothing fetched from elsewhere
+    assert!(html.contains("<script>") && html.contains("<style>"));
+    for external in ["http://", "https://", "src=", "<link", "@import"] {
+        assert!(!html.contains(external), "the page references {external}");
+    }
+    for route in ["/v1/score", "/v1/presets", "/health"] {
+        assert!(html.contains(route), "the page calls {route}");
+    }
+    // presets: every example schema, each a valid schema that compiles on this engine
+    let (status, v, _) = call(&app, "GET", "/v1/presets", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let presets = v["presets"].as_array().unwrap();
+    assert_eq!(presets.len(), forkscore_service::presets::PRESETS.len());
+    let e = engine();
+    for p in presets {
+        let schema = Schema::from_value(&p["schema"]).unwrap();
+        e.compile(&schema)
+            .unwrap_or_else(|err| panic!("{}: {err}", p["name"]));
+    }
+    assert!(presets.iter().any(|p| p["name"] == "parallel_schema"));
+}
+
+#[tokio::test]
+async fn options_reach_the_engine() {
+    let app = router(state(ServeConfig::default()));
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": CONTEXTS[0], "schema": schema(),
+               "options": {"mode": "cached-serial", "include_prompt": true, "allowed_mass": true, "top_k": 2}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["telemetry"]["mode"], "cached-serial");
+    assert_eq!(v["provenance"]["mode"], "cached-serial");
+    assert!(v["prompt"]["prefix_ids"].is_array());
+    let mass = &v["fields"]["risk_level"]["allowed_mass"];
+    assert!(mass.is_object(), "{v}");
+    // same decision as parallel mode without diagnostics
+    assert_eq!(
+        v["fields"]["risk_level"]["scores"],
+        reference(CONTEXTS[0])["fields"]["risk_level"]["scores"]
+    );
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": "x", "schema": schema(), "options": {"top_k": 2}}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["path"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("options.top_k"))
+    );
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": "x", "schema": schema(), "options": {"allowed_mass": true, "top_k": 5000}}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["path"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("options.top_k"))
+    );
 }
