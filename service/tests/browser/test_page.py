@@ -106,11 +106,21 @@ def test_page_scores_a_context_and_draws_probability_bars():
                 pick = f.find_element(By.CSS_SELECTOR, ".pick").text
                 assert pick in FIELDS[name], (name, pick)
             telemetry = driver.find_element(By.ID, "telemetry").text
-            for label in ("mode", "parallel", "prefix tokens", "time total (ms)"):
+            for label in ("mode", "parallel", "prefix tokens", "time total (ms)", "temperature"):
                 assert label in telemetry, telemetry
+            assert "object Object" not in telemetry, telemetry
             SHOT.parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(SHOT))
             print(f"screenshot: {SHOT}")
+
+            # a bad schema: the typed 4xx (kind, JSON path, rule) is shown, not a blank page
+            schema = driver.find_element(By.ID, "schema")
+            schema.clear()
+            schema.send_keys('{"f": {"type": "enum", "choices": []}}')
+            driver.find_element(By.ID, "score").click()
+            wait.until(lambda d: d.find_element(By.ID, "error").get_attribute("hidden") is None)
+            error = driver.find_element(By.ID, "error").text
+            assert error.startswith("400 invalid_schema at schema.f.choices"), error
         finally:
             if driver is not None:
                 driver.quit()
