@@ -7,7 +7,7 @@
 //! the engine plans the context groups under the configured `GroupBudget` (the batch budget),
 //! prefills each group's contexts and scores all their rows in one slot-merged pass. Results are
 //! split back per job in order. Merging only changes batching, never rows or prompts, so a
-//! merged decision equals the single-request one (`tests/merge.rs`).
+//! merged decision equals the single-request one (`tests/api.rs`).
 //!
 //! A full queue refuses at once (503). A job whose requester gave up (timeout, disconnect) is
 //! dropped unscored. The thread ends when every sender is gone (graceful shutdown: in-flight
