@@ -22,13 +22,23 @@ fn demo_model(dir: &std::path::Path) {
         .args(["demo-model", dir.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Start `forkscore serve --port 0 …`; returns the child and the printed `host:port`.
 fn serve(model: &std::path::Path, extra: &[&str]) -> (Child, String) {
     let mut child = bin()
-        .args(["serve", "--model", model.to_str().unwrap(), "--revision", "demo"])
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--revision",
+            "demo",
+        ])
         .args(["--port", "0"])
         .args(extra)
         .stderr(Stdio::piped())
@@ -80,15 +90,28 @@ fn serve_answers_like_score_on_loopback_and_stops_on_sigterm() {
     demo_model(&model);
     let schema_file = example("parallel_schema.json");
     let out = bin()
-        .args(["score", "--model", model.to_str().unwrap(), "--revision", "demo"])
+        .args([
+            "score",
+            "--model",
+            model.to_str().unwrap(),
+            "--revision",
+            "demo",
+        ])
         .args(["--schema-file", &schema_file, "--context", CONTEXT])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
 
     let (mut child, addr) = serve(&model, &[]);
-    assert!(addr.starts_with("127.0.0.1:"), "loopback by default: {addr}");
+    assert!(
+        addr.starts_with("127.0.0.1:"),
+        "loopback by default: {addr}"
+    );
     let schema: Value =
         serde_json::from_str(&std::fs::read_to_string(&schema_file).unwrap()).unwrap();
     let (status, body) = http(
@@ -110,15 +133,30 @@ fn serve_answers_like_score_on_loopback_and_stops_on_sigterm() {
         }
         for (choice, p) in field["scores"].as_object().unwrap() {
             let q = got["scores"][choice].as_f64().unwrap();
-            assert!((q - p.as_f64().unwrap()).abs() < 1e-6, "{name}.{choice}: {q} vs {p}");
+            assert!(
+                (q - p.as_f64().unwrap()).abs() < 1e-6,
+                "{name}.{choice}: {q} vs {p}"
+            );
         }
     }
-    for key in ["mode", "rows", "prefix_tokens", "suffix_tokens", "input_tokens"] {
-        assert_eq!(served["telemetry"][key], cli["telemetry"][key], "telemetry.{key}");
+    for key in [
+        "mode",
+        "rows",
+        "prefix_tokens",
+        "suffix_tokens",
+        "input_tokens",
+    ] {
+        assert_eq!(
+            served["telemetry"][key], cli["telemetry"][key],
+            "telemetry.{key}"
+        );
     }
     let (status, health) = http(&addr, "GET", "/health", "");
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&health).unwrap()["status"], "ok");
+    assert_eq!(
+        serde_json::from_str::<Value>(&health).unwrap()["status"],
+        "ok"
+    );
     let (status, body) = http(&addr, "POST", "/v1/score", "{\"context\": 1}");
     assert_eq!(status, 400, "{body}");
     let (status, metrics) = http(&addr, "GET", "/metrics", "");
@@ -128,7 +166,12 @@ fn serve_answers_like_score_on_loopback_and_stops_on_sigterm() {
     let exit = sigterm(&mut child);
     assert!(exit.success(), "SIGTERM is a clean stop: {exit:?}");
     let mut rest = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut rest).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut rest)
+        .unwrap();
     assert!(rest.contains("stopped"), "{rest}");
 }
 
@@ -143,7 +186,13 @@ fn serve_refuses_bad_flags_before_loading() {
         (vec!["--max-input-tokens", "0"], "--max-input-tokens"),
     ] {
         let out = bin()
-            .args(["serve", "--model", missing.to_str().unwrap(), "--revision", "x"])
+            .args([
+                "serve",
+                "--model",
+                missing.to_str().unwrap(),
+                "--revision",
+                "x",
+            ])
             .args(&flags)
             .output()
             .unwrap();
