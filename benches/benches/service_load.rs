@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(600),
         ..ServeConfig::default()
     };
-    let (state, model_thread) = AppState::start(engine, model, config);
+    let (state, model_thread) = AppState::start(engine, model, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -124,7 +124,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let (state, model_thread) = AppState::start(engine, model, config);
+    let (state, model_thread) =
+        AppState::start(engine, model, config).context("cannot start the model thread")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await

@@ -36,21 +36,21 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Start the model thread. It ends when the last `Queue` clone is dropped.
+    /// Start the model thread. It ends when the last `Queue` clone is dropped. Fails only if
+    /// the operating system refuses a new thread.
     pub fn start<B: Backend + 'static>(
         engine: Arc<Engine<B>>,
         capacity: usize,
         max_merged_contexts: usize,
         budget: GroupBudget,
         metrics: Arc<Metrics>,
-    ) -> (Queue, std::thread::JoinHandle<()>) {
+    ) -> std::io::Result<(Queue, std::thread::JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let m = metrics.clone();
         let handle = std::thread::Builder::new()
             .name("forkscore-model".into())
-            .spawn(move || run(&engine, rx, max_merged_contexts.max(1), &budget, &m))
-            .expect("spawning the model thread");
-        (Queue { tx, metrics }, handle)
+            .spawn(move || run(&engine, rx, max_merged_contexts.max(1), &budget, &m))?;
+        Ok((Queue { tx, metrics }, handle))
     }
 
     /// Enqueue without waiting: a full queue is 503 `queue_full`.

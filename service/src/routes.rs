@@ -62,11 +62,12 @@ pub struct AppState<B: Backend> {
 
 impl<B: Backend + 'static> AppState<B> {
     /// Start the model thread; it ends once the state (and every router holding it) is dropped.
+    /// Fails only if the operating system refuses a new thread.
     pub fn start(
         engine: Engine<B>,
         model: Map<String, Value>,
         config: ServeConfig,
-    ) -> (Arc<AppState<B>>, std::thread::JoinHandle<()>) {
+    ) -> std::io::Result<(Arc<AppState<B>>, std::thread::JoinHandle<()>)> {
         let engine = Arc::new(engine);
         let metrics = Arc::new(Metrics::default());
         let (queue, handle) = Queue::start(
@@ -75,7 +76,7 @@ impl<B: Backend + 'static> AppState<B> {
             config.max_merged_contexts,
             config.budget.clone(),
             metrics.clone(),
-        );
+        )?;
         let state = AppState {
             engine,
             schemas: SchemaCache::new(config.schema_cache),
@@ -84,7 +85,7 @@ impl<B: Backend + 'static> AppState<B> {
             metrics,
             queue,
         };
-        (Arc::new(state), handle)
+        Ok((Arc::new(state), handle))
     }
 }
 

@@ -31,7 +31,9 @@ fn model_provenance() -> Map<String, Value> {
 }
 
 fn state(config: ServeConfig) -> Arc<AppState<FakeBackend>> {
-    AppState::start(engine(), model_provenance(), config).0
+    AppState::start(engine(), model_provenance(), config)
+        .expect("model thread")
+        .0
 }
 
 fn schema() -> Value {
@@ -83,12 +85,17 @@ async fn post(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Value
     (s, v)
 }
 
-/// The single-request reference: `Engine::decide` on its own.
+/// The single-request reference: `Engine::decide` on its own (one engine, loaded once).
 fn reference(context: &str) -> Value {
-    let e = engine();
-    let compiled = e.compile(&Schema::from_value(&schema()).unwrap()).unwrap();
+    static E: std::sync::OnceLock<(Engine<FakeBackend>, forkscore_engine::CompiledSchema)> =
+        std::sync::OnceLock::new();
+    let (e, compiled) = E.get_or_init(|| {
+        let e = engine();
+        let compiled = e.compile(&Schema::from_value(&schema()).unwrap()).unwrap();
+        (e, compiled)
+    });
     serde_json::to_value(
-        e.decide(context, &compiled, &ScoreOptions::default())
+        e.decide(context, compiled, &ScoreOptions::default())
             .unwrap(),
     )
     .unwrap()
@@ -164,7 +171,8 @@ async fn queued_jobs_merge_into_one_decide_many_call() {
     let e = Arc::new(engine());
     let compiled = Arc::new(e.compile(&Schema::from_value(&schema()).unwrap()).unwrap());
     let metrics = Arc::new(forkscore_service::metrics::Metrics::default());
-    let (queue, handle) = Queue::start(e.clone(), 64, 256, Default::default(), metrics.clone());
+    let (queue, handle) =
+        Queue::start(e.clone(), 64, 256, Default::default(), metrics.clone()).unwrap();
     let mut replies = Vec::new();
     for c in CONTEXTS {
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -426,7 +434,8 @@ async fn a_request_past_its_timeout_is_a_504_and_the_server_keeps_serving() {
             request_timeout: Duration::from_millis(50),
             ..ServeConfig::default()
         },
-    );
+    )
+    .unwrap();
     let app = router(state);
     let (status, v) = post(
         &app,
@@ -520,7 +529,7 @@ async fn graceful_shutdown_finishes_the_request_in_flight() {
         delay: Duration::from_millis(100),
     };
     let (state, model_thread) =
-        AppState::start(engine_on(slow), model_provenance(), ServeConfig::default());
+        AppState::start(engine_on(slow), model_provenance(), ServeConfig::default()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
