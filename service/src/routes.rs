@@ -74,7 +74,7 @@ impl<B: Backend + 'static> AppState<B> {
             engine.clone(),
             config.queue_capacity,
             config.max_merged_contexts,
-            config.budget.clone(),
+            config.budget,
             metrics.clone(),
         )?;
         let state = AppState {
