@@ -104,7 +104,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         budget.max_prefix_tokens = t;
     }
     if let Some(m) = args.group_max_mib {
-        budget.max_state_bytes = m << 20;
+        budget.max_state_bytes = m
+            .checked_mul(1 << 20)
+            .with_context(|| format!("--group-max-mib {m} is too large"))?;
     }
     let config = ServeConfig {
         max_body_bytes: args.max_body_mib << 20,

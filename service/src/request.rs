@@ -140,7 +140,7 @@ pub fn parse(
                     "must be a string",
                 ))
             }
-            None => return Err(ApiError::bad("missing_schema", "question", "required")),
+            None => return Err(ApiError::bad("missing_question", "question", "required")),
         },
         _ => obj
             .remove("schema")

@@ -388,6 +388,47 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
         ),
         (
             "/v1/ask",
+            json!({"context": "x"}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "missing_question",
+            "question",
+        ),
+        (
+            "/v1/ask",
+            json!({"context": "x", "question": 3})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "question",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": []})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "options",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "options": {"speed": 1}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "options",
+            "options.speed",
+        ),
+        (
+            "/v1/score",
+            b"\xff\xfe".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_utf8",
+            "<root>",
+        ),
+        (
+            "/v1/ask",
             json!({"context": "x", "schema": s})
                 .to_string()
                 .into_bytes(),
