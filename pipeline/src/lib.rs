@@ -9,3 +9,4 @@ pub mod logprobs_cmd;
 pub mod merge;
 pub mod provenance;
 pub mod score_cmd;
+pub mod serve_cmd;

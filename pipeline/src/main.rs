@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, logprobs_cmd, merge, score_cmd};
+use forkscore_pipeline::{batch, demo, logprobs_cmd, merge, score_cmd, serve_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,8 @@ enum Command {
     Merge(merge::MergeArgs),
     /// Per-token log-probabilities of a text, with the top-K alternatives at every position.
     Logprobs(logprobs_cmd::LogprobsArgs),
+    /// Serve scoring over HTTP (loopback by default): /v1/score, /v1/decide_many, /v1/ask, /health, /metrics, /openapi.json.
+    Serve(serve_cmd::ServeArgs),
 }
 
 fn main() {
@@ -44,5 +46,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Batch(args) => batch::run(&args),
         Command::Merge(args) => merge::run(&args),
         Command::Logprobs(args) => logprobs_cmd::run(&args),
+        Command::Serve(args) => serve_cmd::run(&args),
     }
 }

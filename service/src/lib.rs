@@ -1,0 +1,27 @@
+//! forkscore over HTTP: the engine behind `forkscore serve`.
+//!
+//! Why axum + tokio: the scoring itself is a blocking, CPU/GPU-bound call that must stay on one
+//! thread owning the model, while the HTTP side must hold many slow clients, time them out and
+//! shut down gracefully. tokio gives the async side (timeouts, signals, bounded channels that a
+//! blocking thread can read), and axum is the thinnest typed router on hyper for it (no macros,
+//! handlers are plain async functions, `with_graceful_shutdown` finishes in-flight requests).
+//!
+//! Flow: request body (bounded bytes) → [`request`] (strict JSON, one validated type per
+//! endpoint; bad input is a 4xx [`error::ApiError`] naming the JSON path and the rule) →
+//! [`queue`] (bounded; a single model thread drains every pending job, merges jobs that share a
+//! schema and options into one `Engine::decide_many` call, so the engine's group planner and the
+//! batch memory budget decide the context groups) → [`result`] (the `forkscore score` JSON) →
+//! response. [`metrics`] counts it all for `/metrics`; [`routes`] wires the endpoints.
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod presets;
+pub mod queue;
+pub mod request;
+pub mod result;
+pub mod routes;
+pub mod schemas;
+
+pub use config::ServeConfig;
+pub use routes::{router, serve, AppState};

@@ -1,0 +1,258 @@
+//! Request bodies parsed once into validated types. Strict JSON (a repeated key is an error
+//! naming its path), unknown keys refused, every rejection an [`ApiError`] with the JSON path.
+//!
+//! - `/v1/score`: `{"context": str, "schema": object, "options"?: Options}`
+//! - `/v1/decide_many`: `{"contexts": [str, …], "schema": object, "options"?: Options}`
+//! - `/v1/ask`: `{"context": str, "question": str, "options"?: Options}` (one boolean field `answer`)
+//!
+//! Options: `mode` (`parallel` | `cached-serial` | `independent`), `temperature` (finite > 0),
+//! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
+//! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
+//! as `forkscore score --allowed-mass --top-k`.
+
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
+use forkscore_engine::{Mode, Schema, ScoreOptions};
+use forkscore_seam::MAX_TOP_K;
+use serde_json::{json, Map, Value};
+
+/// Unconstrained tokens listed per field with `allowed_mass` and no `top_k` (as `--top-k`).
+pub const DEFAULT_TOP_K: usize = 5;
+
+/// Contexts + schema + options, whichever endpoint they came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecideRequest {
+    pub contexts: Vec<String>,
+    pub schema: Schema,
+    pub options: ScoreOptions,
+}
+
+/// Which endpoint a body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Score,
+    DecideMany,
+    Ask,
+}
+
+impl Endpoint {
+    fn keys(self) -> &'static [&'static str] {
+        match self {
+            Endpoint::Score => &["context", "schema", "options"],
+            Endpoint::DecideMany => &["contexts", "schema", "options"],
+            Endpoint::Ask => &["context", "question", "options"],
+        }
+    }
+}
+
+/// Parse one body for `endpoint` under the server's limits.
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    cfg: &ServeConfig,
+) -> Result<DecideRequest, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad("invalid_utf8", "<root>", format!("body is not UTF-8 ({e})")))?;
+    let value = parse_strict(text).map_err(|e| match &e {
+        StrictJsonError::DuplicateKey { path, .. } => {
+            ApiError::bad("invalid_json", path.clone(), e.to_string())
+        }
+        StrictJsonError::Syntax { .. } => ApiError::bad("invalid_json", "<root>", e.to_string()),
+    })?;
+    let Value::Object(mut obj) = value else {
+        return Err(ApiError::bad(
+            "not_an_object",
+            "<root>",
+            "body must be a JSON object",
+        ));
+    };
+    if let Some(key) = obj.keys().find(|k| !endpoint.keys().contains(&k.as_str())) {
+        return Err(ApiError::bad(
+            "unknown_key",
+            key.clone(),
+            format!("unknown key (allowed: {})", endpoint.keys().join(", ")),
+        ));
+    }
+    let options = parse_options(obj.remove("options"), cfg)?;
+    let context_bytes = context_byte_bound(options.max_input_tokens);
+    let contexts = match endpoint {
+        Endpoint::Score | Endpoint::Ask => {
+            vec![context_string(
+                obj.remove("context"),
+                "context",
+                context_bytes,
+            )?]
+        }
+        Endpoint::DecideMany => {
+            let list = match obj.remove("contexts") {
+                Some(Value::Array(a)) => a,
+                None => return Err(ApiError::bad("missing_context", "contexts", "required")),
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        "invalid_field",
+                        "contexts",
+                        "must be an array of strings",
+                    ))
+                }
+            };
+            if list.is_empty() {
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "contexts",
+                    "must not be empty",
+                ));
+            }
+            if list.len() > cfg.max_contexts_per_request {
+                return Err(ApiError::bad(
+                    "too_many_contexts",
+                    "contexts",
+                    format!(
+                        "{} contexts, over this server's limit of {}",
+                        list.len(),
+                        cfg.max_contexts_per_request
+                    ),
+                )
+                .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE));
+            }
+            list.into_iter()
+                .enumerate()
+                .map(|(i, v)| context_string(Some(v), &format!("contexts[{i}]"), context_bytes))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let schema_value = match endpoint {
+        Endpoint::Ask => match obj.remove("question") {
+            Some(Value::String(q)) if !q.trim().is_empty() => {
+                json!({"answer": {"type": "boolean", "description": q}})
+            }
+            Some(Value::String(_)) => {
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "question",
+                    "must not be empty",
+                ))
+            }
+            Some(_) => {
+                return Err(ApiError::bad(
+                    "invalid_field",
+                    "question",
+                    "must be a string",
+                ))
+            }
+            None => return Err(ApiError::bad("missing_question", "question", "required")),
+        },
+        _ => obj
+            .remove("schema")
+            .ok_or_else(|| ApiError::bad("missing_schema", "schema", "required"))?,
+    };
+    let schema = Schema::from_value(&schema_value).map_err(|e| {
+        let path = if e.path == "<root>" {
+            "schema".to_string()
+        } else {
+            format!("schema.{}", e.path)
+        };
+        ApiError::bad("invalid_schema", path, e.kind.to_string())
+    })?;
+    Ok(DecideRequest {
+        contexts,
+        schema,
+        options,
+    })
+}
+
+/// Bytes a context may have for a token bound: 64 per token, at least 64 KiB (real tokenizers
+/// average 3–5 bytes per token, so a longer context could never fit; the same bound as the CLI).
+pub fn context_byte_bound(max_input_tokens: usize) -> usize {
+    max_input_tokens.saturating_mul(64).max(64 << 10)
+}
+
+fn context_string(v: Option<Value>, path: &str, max_bytes: usize) -> Result<String, ApiError> {
+    match v {
+        Some(Value::String(s)) if s.len() > max_bytes => Err(ApiError::bad(
+            "too_many_tokens",
+            path,
+            format!(
+                "{} bytes, over the {max_bytes}-byte bound of max_input_tokens",
+                s.len()
+            ),
+        )
+        .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE)),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(ApiError::bad("invalid_field", path, "must be a string")),
+        None => Err(ApiError::bad("missing_context", path, "required")),
+    }
+}
+
+fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, ApiError> {
+    let mut opts = ScoreOptions {
+        max_input_tokens: cfg.max_input_tokens,
+        ..ScoreOptions::default()
+    };
+    let obj: Map<String, Value> = match v {
+        None => return Ok(opts),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "invalid_field",
+                "options",
+                "must be an object",
+            ))
+        }
+    };
+    let (mut allowed_mass, mut top_k) = (false, None);
+    for (key, value) in obj {
+        let path = format!("options.{key}");
+        let bad = |rule: &str| ApiError::bad("options", path.clone(), rule.to_string());
+        match key.as_str() {
+            "mode" => {
+                let s = value.as_str().ok_or_else(|| bad("must be a string"))?;
+                opts.mode = s.parse::<Mode>().map_err(|e| bad(&e))?;
+            }
+            "temperature" => {
+                let t = value.as_f64().filter(|t| t.is_finite() && *t > 0.0);
+                opts.temperature = Some(t.ok_or_else(|| bad("must be a finite number > 0"))?);
+            }
+            "allow_uncalibrated" => {
+                opts.allow_uncalibrated = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
+            }
+            "include_prompt" => opts.include_prompt = value.as_bool().ok_or_else(|| bad("must be a boolean"))?,
+            "max_input_tokens" => {
+                let n = value.as_u64().filter(|n| *n >= 1 && *n as usize <= cfg.max_input_tokens);
+                opts.max_input_tokens = n.ok_or_else(|| {
+                    bad(&format!("must be an integer from 1 to this server's bound {}", cfg.max_input_tokens))
+                })? as usize;
+            }
+            "field_batch_size" => {
+                let n = value.as_u64().filter(|n| (1..=65_536).contains(n));
+                opts.field_batch_size = Some(n.ok_or_else(|| bad("must be an integer from 1 to 65536"))? as usize);
+            }
+            "allowed_mass" => {
+                allowed_mass = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
+            }
+            "top_k" => {
+                let n = value.as_u64().filter(|n| *n as usize <= MAX_TOP_K);
+                top_k = Some(n.ok_or_else(|| {
+                    bad(&format!("must be an integer from 0 to {MAX_TOP_K}"))
+                })? as usize);
+            }
+            _ => {
+                return Err(bad(
+                    "unknown option (allowed: mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size, allowed_mass, top_k)",
+                ))
+            }
+        }
+    }
+    match (allowed_mass, top_k) {
+        (true, k) => opts.allowed_mass = Some(k.unwrap_or(DEFAULT_TOP_K)),
+        (false, Some(_)) => {
+            return Err(ApiError::bad(
+                "options",
+                "options.top_k",
+                "top_k needs allowed_mass: true (as --top-k needs --allowed-mass)",
+            ))
+        }
+        (false, None) => {}
+    }
+    Ok(opts)
+}

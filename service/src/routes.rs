@@ -1,0 +1,256 @@
+//! The HTTP surface: routes, handlers, and [`serve`] (graceful shutdown).
+//!
+//! | route | does |
+//! | --- | --- |
+//! | `POST /v1/score` | one context + schema → the `forkscore score` result JSON |
+//! | `POST /v1/decide_many` | many contexts + one schema → `{"results": [result or {"error"}…]}` in input order |
+//! | `POST /v1/ask` | context + yes/no question → the result of the one boolean field `answer` |
+//! | `GET /` | the web page (one self-contained HTML file: paste a context, pick a preset, score) |
+//! | `GET /v1/presets` | the example schemas the page offers |
+//! | `GET /health` | `{"status": "ok", "model", "queue_depth"}` |
+//! | `GET /metrics` | Prometheus text format |
+//! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes |
+
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::queue::{Job, Queue};
+use crate::request::{self, Endpoint};
+use crate::result::result_json;
+use crate::schemas::SchemaCache;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use forkscore_engine::Engine;
+use forkscore_seam::Backend;
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// Every route (method, path); `openapi.json` describes exactly these (tested).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/score"),
+    ("post", "/v1/decide_many"),
+    ("post", "/v1/ask"),
+    ("get", "/"),
+    ("get", "/v1/presets"),
+    ("get", "/health"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// The web page served at `/` (inline CSS and JS, no external resources).
+pub const PAGE: &str = include_str!("page.html");
+
+/// What every handler shares: the loaded engine (through the queue), limits, caches, metrics.
+pub struct AppState<B: Backend> {
+    pub engine: Arc<Engine<B>>,
+    pub config: ServeConfig,
+    /// The loaded model's provenance object (copied into every result).
+    pub model: Map<String, Value>,
+    pub metrics: Arc<Metrics>,
+    schemas: SchemaCache,
+    queue: Queue,
+}
+
+impl<B: Backend + 'static> AppState<B> {
+    /// Start the model thread; it ends once the state (and every router holding it) is dropped.
+    /// Fails only if the operating system refuses a new thread.
+    pub fn start(
+        engine: Engine<B>,
+        model: Map<String, Value>,
+        config: ServeConfig,
+    ) -> std::io::Result<(Arc<AppState<B>>, std::thread::JoinHandle<()>)> {
+        let engine = Arc::new(engine);
+        let metrics = Arc::new(Metrics::default());
+        let (queue, handle) = Queue::start(
+            engine.clone(),
+            config.queue_capacity,
+            config.max_merged_contexts,
+            config.budget,
+            metrics.clone(),
+        )?;
+        let state = AppState {
+            engine,
+            schemas: SchemaCache::new(config.schema_cache),
+            config,
+            model,
+            metrics,
+            queue,
+        };
+        Ok((Arc::new(state), handle))
+    }
+}
+
+pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
+    Router::new()
+        .route("/v1/score", post(score::<B>))
+        .route("/v1/decide_many", post(decide_many::<B>))
+        .route("/v1/ask", post(ask::<B>))
+        .route("/", get(page))
+        .route("/v1/presets", get(presets))
+        .route("/health", get(health::<B>))
+        .route("/metrics", get(metrics::<B>))
+        .route("/openapi.json", get(openapi))
+        .with_state(state)
+}
+
+/// Serve until `shutdown` resolves; requests in flight then still finish.
+pub async fn serve<B: Backend + 'static>(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState<B>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn score<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
+    handle(s, Endpoint::Score, "/v1/score", body).await
+}
+async fn decide_many<B: Backend + 'static>(
+    State(s): State<Arc<AppState<B>>>,
+    body: Body,
+) -> Response {
+    handle(s, Endpoint::DecideMany, "/v1/decide_many", body).await
+}
+async fn ask<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
+    handle(s, Endpoint::Ask, "/v1/ask", body).await
+}
+
+async fn handle<B: Backend + 'static>(
+    s: Arc<AppState<B>>,
+    endpoint: Endpoint,
+    route: &str,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let response = match decide(&s, endpoint, body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    };
+    s.metrics.request(
+        route,
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+async fn decide<B: Backend + 'static>(
+    s: &AppState<B>,
+    endpoint: Endpoint,
+    body: Body,
+) -> Result<Value, ApiError> {
+    let limit = s.config.max_body_bytes;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::bad(
+            "request_too_large",
+            "<root>",
+            format!("body over this server's limit of {limit} bytes"),
+        )
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+    })?;
+    let req = request::parse(endpoint, &bytes, &s.config)?;
+    let compiled = s
+        .schemas
+        .get(&s.engine, &req.schema)
+        .map_err(|e| ApiError::from_engine(&e, "schema"))?;
+    let (reply, rx) = oneshot::channel();
+    s.queue.submit(Job {
+        compiled: compiled.clone(),
+        contexts: req.contexts,
+        options: req.options.clone(),
+        reply,
+    })?;
+    let timeout = s.config.request_timeout;
+    let results = match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => {
+            return Err(
+                ApiError::bad("backend", "<root>", "the model thread stopped")
+                    .with_status(StatusCode::INTERNAL_SERVER_ERROR),
+            )
+        }
+        Err(_) => {
+            return Err(
+                ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
+                    .with_status(StatusCode::GATEWAY_TIMEOUT),
+            )
+        }
+    };
+    let one = |d: &forkscore_engine::Decision| result_json(d, &compiled, &req.options, &s.model);
+    match endpoint {
+        Endpoint::Score | Endpoint::Ask => match results.first() {
+            Some(Ok(d)) => Ok(one(d)),
+            Some(Err(e)) => Err(ApiError::from_engine(e, "context")),
+            None => Err(ApiError::bad("backend", "<root>", "no result")
+                .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
+        },
+        Endpoint::DecideMany => {
+            let list: Vec<Value> = results
+                .iter()
+                .enumerate()
+                .map(|(i, r)| match r {
+                    Ok(d) => one(d),
+                    Err(e) => ApiError::from_engine(e, &format!("contexts[{i}]")).body(),
+                })
+                .collect();
+            Ok(json!({ "results": list }))
+        }
+    }
+}
+
+async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+    let start = Instant::now();
+    let body = json!({
+        "status": "ok",
+        "model": s.model.get("model_id").cloned().unwrap_or(Value::Null),
+        "revision": s.model.get("revision").cloned().unwrap_or(Value::Null),
+        "queue_depth": s.metrics.queue_depth(),
+    });
+    s.metrics
+        .request("/health", 200, start.elapsed().as_secs_f64());
+    Json(body).into_response()
+}
+
+async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+            ),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn presets() -> Response {
+    Json(crate::presets::presets_json()).into_response()
+}
