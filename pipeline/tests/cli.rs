@@ -423,6 +423,7 @@ fn allowed_mass_and_logprobs_end_to_end() {
         assert!(plain["fields"][name].get("allowed_mass").is_none());
     }
     let text = "The payment service is down.";
+    let long = " a".repeat(33_000);
     let lp = ok_json(&forkscore(
         &[&["logprobs"], &base[..], &["--text", text, "--top-k", "2"]].concat(),
         &[],
@@ -441,6 +442,12 @@ fn allowed_mass_and_logprobs_end_to_end() {
             "never truncates",
         ),
         (vec!["--text", text, "--top-k", "2000"], "--top-k 2000"),
+        // over the checkpoint's max_position_embeddings (32768) but within --max-input-tokens:
+        // refused by the model's own limit, named, never truncated
+        (
+            vec!["--text", &long, "--max-input-tokens", "40000"],
+            "over the model's context limit (max_position_embeddings = 32768)",
+        ),
     ] {
         let msg = failure(&forkscore(
             &[&["logprobs"], &base[..], &args[..]].concat(),
