@@ -169,13 +169,13 @@ pub fn score_group<B: Backend>(
     if mode == Mode::Independent {
         let t = Instant::now();
         let mut trees: GroupLiteral = Vec::with_capacity(splits.len());
-        for (c, split) in splits.iter().enumerate() {
-            for r in 0..split.suffix_ids.len() {
+        for ((c, split), rows) in splits.iter().enumerate().zip(out.iter_mut()) {
+            for (r, row) in rows.iter_mut().enumerate() {
                 if literal.is_literal(r) {
                     continue;
                 }
                 let full = split.full_ids(r);
-                out[c][r] = backend.forward_full(&full, candidates)?;
+                *row = backend.forward_full(&full, candidates)?;
                 stats.forward_calls += 1;
                 if let Some(k) = vocab_top_k {
                     let last = backend.vocab_rows(&VocabRequest::last_position(&full, k)?)?;

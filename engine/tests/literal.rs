@@ -250,3 +250,20 @@ fn the_new_method_names_parse_and_round_trip() {
         .to_string();
     assert!(e.contains("literal-mean-loglik"), "{e}");
 }
+
+/// A whole mixed decision (literal, code and literal boolean fields) on the fake backend, every
+/// method: deterministic, so pinned exactly.
+#[test]
+fn literal_decisions_snapshot() {
+    for method in METHODS {
+        let d = decide(
+            Family::Qwen2,
+            &mixed_schema(method),
+            &ScoreOptions::default(),
+        );
+        let v = forkscore_testkit::snapshot::round_floats(&serde_json::to_value(&d).unwrap());
+        insta::assert_json_snapshot!(format!("literal_mixed_fake_qwen25_{method}"), v, {
+            ".telemetry.timings_ms" => "[timings]",
+        });
+    }
+}
