@@ -6,11 +6,18 @@
 //! With `ScoreOptions::allowed_mass`, each field also carries its [`AllowedMass`] (the
 //! full-vocabulary view at its decision position, see `allowed_mass`); it never changes a
 //! value, a score or a logit.
+//!
+//! A literal-scored field is assembled from its token tree's child logits instead
+//! (`literal::assemble`): same output shape (`value`, `choices`, `scores`, `logits` — per choice
+//! its method's log-score), no codes, plus `scoring` naming the method. The allowed mass is
+//! reported for code fields only.
 
 use crate::allowed_mass::{allowed_mass, AllowedMass};
 use crate::calibration::Temperature;
 use crate::engine::ScoreOptions;
 use crate::fork::{Mode, RunStats};
+use crate::literal::assemble::{literal_scores, LiteralScoreError};
+use crate::literal::tree::NodeScores;
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
@@ -39,10 +46,15 @@ pub struct FieldResult {
     #[serde(rename = "type")]
     pub kind: FieldKind,
     pub choices: Vec<Value>,
+    /// The code letters (empty for a literal-scored field).
     pub codes: Vec<String>,
-    /// Choice key → probability (softmax of logits / T over this field's codes).
+    /// The literal scoring method (`"literal"`, …); absent for code scoring.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scoring: Option<&'static str>,
+    /// Choice key → probability (softmax of logits / T over this field's codes; for a literal
+    /// field, its method's probability).
     pub scores: IndexMap<String, f64>,
-    /// Choice key → raw candidate logit.
+    /// Choice key → raw candidate logit (for a literal field, its method's log-score).
     pub logits: IndexMap<String, f32>,
     /// The full-vocabulary view at the decision position (only with `allowed_mass`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -67,6 +79,13 @@ pub struct Telemetry {
     /// shared modes: one context prefilled once for many schemas); omitted when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub reused_prefix_tokens: usize,
+    /// Token-tree calls of literal fields, their nodes and projected nodes (omitted when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tree_calls: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tree_nodes: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tree_projected: usize,
     pub timings_ms: StageTimings,
     /// The context group this decision was scored in (decide_many and batch jobs only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,6 +117,9 @@ pub struct RowDebug {
     pub selector: String,
     pub suffix_ids: Vec<u32>,
     pub code_ids: Vec<u32>,
+    /// A literal field's choice paths after the selector (omitted for code fields).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub choice_ids: Vec<Vec<u32>>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -145,10 +167,39 @@ pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f6
         kind: field.kind,
         choices: field.choices.iter().map(|c| c.to_json()).collect(),
         codes: field.codes.iter().map(char::to_string).collect(),
+        scoring: None,
         scores: keys.iter().cloned().zip(probs).collect(),
         logits: keys.into_iter().zip(own).collect(),
         allowed_mass: None,
     }
+}
+
+/// Assemble a literal field from its tree logits.
+pub fn assemble_literal_field(
+    field: &CompiledField,
+    scores: &NodeScores,
+    temperature: f64,
+) -> Result<FieldResult, AssembleError> {
+    let Some(lit) = &field.literal else {
+        return Err(AssembleError::NotLiteral {
+            field: field.name.clone(),
+        });
+    };
+    let s = literal_scores(lit, scores, temperature).map_err(|source| AssembleError::Literal {
+        field: field.name.clone(),
+        source,
+    })?;
+    let keys: Vec<String> = field.choices.iter().map(|c| c.key()).collect();
+    Ok(FieldResult {
+        value: field.choices[s.value].to_json(),
+        kind: field.kind,
+        choices: field.choices.iter().map(|c| c.to_json()).collect(),
+        codes: Vec::new(),
+        scoring: Some(field.scoring.name()),
+        scores: keys.iter().cloned().zip(s.probabilities).collect(),
+        logits: keys.into_iter().zip(s.log_scores).collect(),
+        allowed_mass: None,
+    })
 }
 
 /// What assembly refuses.
@@ -156,17 +207,28 @@ pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f6
 pub enum AssembleError {
     #[error("{rows} rows of logits for a schema of {fields} fields")]
     RowCount { fields: usize, rows: usize },
-    #[error("{summaries} vocabulary summaries for a schema of {fields} fields")]
+    #[error("{summaries} vocabulary summaries for a schema of {fields} code fields")]
     VocabCount { fields: usize, summaries: usize },
+    #[error("field `{field}` is literal-scored but has no tree logits (or the reverse)")]
+    NotLiteral { field: String },
+    #[error("field `{field}`: {source}")]
+    Literal {
+        field: String,
+        #[source]
+        source: LiteralScoreError,
+    },
 }
 
 /// The selected value and the full result of every field, in schema order.
 pub type AssembledFields = (IndexMap<String, Value>, IndexMap<String, FieldResult>);
 
-/// Assemble all fields of one context: `rows[i]` are the logits of field `i`.
+/// Assemble all fields of one context: `rows[i]` are the logits of code field `i`,
+/// `literal[i]` the tree logits of literal field `i` (None for a code field; an empty slice when
+/// the schema has no literal field).
 pub fn assemble_fields(
     compiled: &CompiledSchema,
     rows: &[Vec<f32>],
+    literal: &[Option<NodeScores>],
     temperature: f64,
 ) -> Result<AssembledFields, AssembleError> {
     if rows.len() != compiled.fields().len() {
@@ -177,8 +239,16 @@ pub fn assemble_fields(
     }
     let mut output = IndexMap::new();
     let mut fields = IndexMap::new();
-    for (f, logits) in compiled.fields().iter().zip(rows) {
-        let r = assemble_field(f, logits, temperature);
+    for (i, (f, logits)) in compiled.fields().iter().zip(rows).enumerate() {
+        let r = match (&f.literal, literal.get(i).and_then(Option::as_ref)) {
+            (None, None) => assemble_field(f, logits, temperature),
+            (Some(_), Some(scores)) => assemble_literal_field(f, scores, temperature)?,
+            _ => {
+                return Err(AssembleError::NotLiteral {
+                    field: f.name.clone(),
+                })
+            }
+        };
         output.insert(f.name.clone(), r.value.clone());
         fields.insert(f.name.clone(), r);
     }
@@ -189,9 +259,11 @@ pub fn assemble_fields(
 pub(crate) struct Assembly<'a> {
     pub compiled: &'a CompiledSchema,
     pub prepared: &'a PreparedContext,
-    /// One row of candidate logits per field.
+    /// One row of candidate logits per field (empty for a literal field).
     pub rows: Vec<Vec<f32>>,
-    /// One full-vocabulary summary per field when `opts.allowed_mass` asked, else empty.
+    /// Per field, the tree logits of a literal field (None for a code field).
+    pub literal: Vec<Option<NodeScores>>,
+    /// One full-vocabulary summary per code field when `opts.allowed_mass` asked, else empty.
     pub vocab: Vec<VocabRow>,
     /// Decodes the top tokens of the allowed-mass view.
     pub tokenizer: &'a ChatTokenizer,
@@ -207,22 +279,32 @@ impl Assembly<'_> {
     /// The decision, with telemetry and (when asked for) the debug prompt.
     pub fn decision(self) -> Result<Decision, AssembleError> {
         let t = Instant::now();
-        let (output, mut fields) =
-            assemble_fields(self.compiled, &self.rows, self.temperature.value)?;
+        let (output, mut fields) = assemble_fields(
+            self.compiled,
+            &self.rows,
+            &self.literal,
+            self.temperature.value,
+        )?;
         if self.opts.allowed_mass.is_some() {
-            if self.vocab.len() != fields.len() {
+            let code_fields = self
+                .compiled
+                .fields()
+                .iter()
+                .filter(|f| f.literal.is_none())
+                .count();
+            if self.vocab.len() != code_fields {
                 return Err(AssembleError::VocabCount {
-                    fields: fields.len(),
+                    fields: code_fields,
                     summaries: self.vocab.len(),
                 });
             }
-            for ((field, result), vocab) in self
+            let code_results = self
                 .compiled
                 .fields()
                 .iter()
                 .zip(fields.values_mut())
-                .zip(&self.vocab)
-            {
+                .filter(|(f, _)| f.literal.is_none());
+            for ((field, result), vocab) in code_results.zip(&self.vocab) {
                 let own: Vec<f32> = result.logits.values().copied().collect();
                 debug_assert_eq!(own.len(), field.codes.len());
                 result.allowed_mass = Some(allowed_mass(&own, vocab, self.tokenizer));
@@ -257,6 +339,11 @@ impl Assembly<'_> {
                     selector: f.selector.clone(),
                     suffix_ids: s.clone(),
                     code_ids: f.code_ids.clone(),
+                    choice_ids: f
+                        .literal
+                        .as_ref()
+                        .map(|l| l.paths.clone())
+                        .unwrap_or_default(),
                 })
                 .collect(),
             candidate_ids: self.compiled.candidates().to_vec(),
@@ -294,6 +381,9 @@ pub fn telemetry(
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
         reused_prefix_tokens: stats.reused_prefix_tokens,
+        tree_calls: stats.tree_calls,
+        tree_nodes: stats.tree_nodes,
+        tree_projected: stats.tree_projected,
         timings_ms: StageTimings {
             prefill: stats.prefill_ms,
             score: stats.score_ms,

@@ -12,6 +12,7 @@ use crate::assemble::{Assembly, Decision};
 use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
 use crate::fork::{score_group, GroupLogits, GroupScores, Mode, SharedPrefix};
+use crate::literal::tree::TreePlan;
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
 use crate::schema::Schema;
@@ -204,6 +205,7 @@ impl<B: Backend> Engine<B> {
         let GroupScores {
             logits,
             vocab,
+            literal,
             stats,
         } = self.fork(shared, compiled, &[prepared], opts)?;
         let [rows]: [Vec<Vec<f32>>; 1] =
@@ -212,11 +214,14 @@ impl<B: Backend> Engine<B> {
                 .map_err(|l: GroupLogits| BackendError::InvalidRequest {
                     reason: format!("{} contexts of logits for one context", l.len()),
                 })?;
+        let literal = literal.into_iter().next().unwrap_or_default();
         crate::finite::check_rows(compiled, &rows)?;
+        crate::finite::check_literal(compiled, &literal)?;
         Ok(Assembly {
             compiled,
             prepared,
             rows,
+            literal,
             vocab: vocab.into_iter().next().unwrap_or_default(),
             tokenizer: &self.tokenizer,
             stats: &stats,
@@ -247,11 +252,15 @@ impl<B: Backend> Engine<B> {
             shared,
             &splits,
             compiled.candidates(),
+            &TreePlan::of(compiled),
             opts.mode,
             opts.field_batch_size,
             opts.allowed_mass,
         )?;
-        if scores.logits.len() != members.len() || scores.vocab.len() != members.len() {
+        if scores.logits.len() != members.len()
+            || scores.vocab.len() != members.len()
+            || scores.literal.len() != members.len()
+        {
             return Err(BackendError::InvalidRequest {
                 reason: format!(
                     "{} contexts of logits ({} of summaries) for {}",

@@ -57,4 +57,7 @@ pub enum EngineError {
     TooFewTokens { tokens: usize },
     #[error("the text is {tokens} tokens, over max_input_tokens = {max}; forkscore never truncates — shorten the text or raise --max-input-tokens")]
     TextTooLong { tokens: usize, max: usize },
+    /// A text longer than the model's own context limit (`max_position_embeddings`).
+    #[error("the text is {tokens} tokens, over the model's context limit (max_position_embeddings = {max}); forkscore never truncates — shorten the text")]
+    TextOverModelLimit { tokens: usize, max: usize },
 }

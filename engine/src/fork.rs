@@ -16,10 +16,17 @@
 //!
 //! A context whose prefix strictly extends a [`SharedPrefix`] is prefilled by extending the
 //! shared state with its remaining tokens (the same tokens, so the same result).
+//!
+//! Literal-scored fields ([`TreePlan`]) are not flat rows: per context, one token tree holds
+//! every literal field's selector and choice trie (`literal::tree`), scored by one
+//! `Backend::score_tree` call over the context's state (parallel and cached-serial), or, in
+//! independent mode, one `forward_full` (and, for the log-likelihood methods, one `vocab_rows`)
+//! per projected node on the full prompt up to it — the reference.
 
+use crate::literal::tree::{context_tree, field_scores, NodeScores, TreePlan};
 use crate::prepare::split::SplitPrompt;
 use forkscore_seam::{
-    Backend, BackendError, PrefixState, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
+    Backend, BackendError, PrefixState, ScoreRequest, ScoreRow, TreeRequest, VocabRequest, VocabRow,
 };
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -110,19 +117,29 @@ pub struct RunStats {
     pub reused_prefix_tokens: usize,
     pub prefill_ms: f64,
     pub score_ms: f64,
+    /// Token-tree calls (literal fields; independent mode counts `forward_calls` instead).
+    pub tree_calls: usize,
+    /// Nodes of those trees, and how many of them were projected.
+    pub tree_nodes: usize,
+    pub tree_projected: usize,
 }
 
-/// Logits of one group: `logits[context][row][candidate]`.
+/// Logits of one group: `logits[context][row][candidate]` (a literal field's row is empty: its
+/// logits are in [`GroupScores::literal`]).
 pub type GroupLogits = Vec<Vec<Vec<f32>>>;
 
-/// Full-vocabulary summaries of one group: `vocab[context][row]`; every context's list is
-/// empty when none were asked for.
+/// Full-vocabulary summaries of one group: `vocab[context][i]` for the `i`-th code row; every
+/// context's list is empty when none were asked for.
 pub type GroupVocab = Vec<Vec<VocabRow>>;
+
+/// Literal fields' logits of one group: `literal[context][field]` (None for a code field).
+pub type GroupLiteral = Vec<Vec<Option<NodeScores>>>;
 
 /// What one group's scoring returns.
 pub struct GroupScores {
     pub logits: GroupLogits,
     pub vocab: GroupVocab,
+    pub literal: GroupLiteral,
     pub stats: RunStats,
 }
 
@@ -130,12 +147,15 @@ pub struct GroupScores {
 /// go into shared score calls of at most `row_batch` rows (None = all rows in one call): the
 /// slot-merged pass of a group. A context whose prefix strictly extends `shared` is prefilled by
 /// extending it; any other context is prefilled whole. `vocab_top_k`: also each row's
-/// full-vocabulary summary with its top K tokens.
+/// full-vocabulary summary with its top K tokens (code rows only). `literal`: the fields scored
+/// through token trees (rows of those fields are left empty in `logits`).
+#[allow(clippy::too_many_arguments)]
 pub fn score_group<B: Backend>(
     backend: &B,
     shared: Option<&SharedPrefix<B::State>>,
     splits: &[&SplitPrompt],
     candidates: &[u32],
+    literal: &TreePlan<'_>,
     mode: Mode,
     row_batch: Option<usize>,
     vocab_top_k: Option<usize>,
@@ -143,15 +163,19 @@ pub fn score_group<B: Backend>(
     let mut stats = RunStats::default();
     let mut out: GroupLogits = splits
         .iter()
-        .map(|s| Vec::with_capacity(s.suffix_ids.len()))
+        .map(|s| vec![Vec::new(); s.suffix_ids.len()])
         .collect();
     let mut vocab: GroupVocab = splits.iter().map(|_| Vec::new()).collect();
     if mode == Mode::Independent {
         let t = Instant::now();
-        for (c, split) in splits.iter().enumerate() {
-            for r in 0..split.suffix_ids.len() {
+        let mut trees: GroupLiteral = Vec::with_capacity(splits.len());
+        for ((c, split), rows) in splits.iter().enumerate().zip(out.iter_mut()) {
+            for (r, row) in rows.iter_mut().enumerate() {
+                if literal.is_literal(r) {
+                    continue;
+                }
                 let full = split.full_ids(r);
-                out[c].push(backend.forward_full(&full, candidates)?);
+                *row = backend.forward_full(&full, candidates)?;
                 stats.forward_calls += 1;
                 if let Some(k) = vocab_top_k {
                     let last = backend.vocab_rows(&VocabRequest::last_position(&full, k)?)?;
@@ -167,11 +191,13 @@ pub fn score_group<B: Backend>(
                     stats.forward_calls += 1;
                 }
             }
+            trees.push(independent_tree(backend, split, literal, &mut stats)?);
         }
         stats.score_ms = ms(t);
         return Ok(GroupScores {
             logits: out,
             vocab,
+            literal: trees,
             stats,
         });
     }
@@ -227,6 +253,7 @@ pub fn score_group<B: Backend>(
         .iter()
         .enumerate()
         .flat_map(|(c, s)| (0..s.suffix_ids.len()).map(move |r| (c, r)))
+        .filter(|&(_, r)| !literal.is_literal(r))
         .collect();
     let batch = match mode {
         Mode::CachedSerial => 1,
@@ -266,19 +293,90 @@ pub fn score_group<B: Backend>(
                 })
             }
         };
-        for (i, &(c, _)) in chunk.iter().enumerate() {
-            out[c].push(logits.row(i).to_vec());
+        for (i, &(c, r)) in chunk.iter().enumerate() {
+            out[c][r] = logits.row(i).to_vec();
             if let Some(row) = summaries.as_mut().and_then(Iterator::next) {
                 vocab[c].push(row);
             }
         }
     }
+    let mut trees: GroupLiteral = Vec::with_capacity(splits.len());
+    for (split, state) in splits.iter().zip(&state_refs) {
+        trees.push(tree_call(backend, state, split, literal, &mut stats)?);
+    }
     stats.score_ms = ms(t);
     Ok(GroupScores {
         logits: out,
         vocab,
+        literal: trees,
         stats,
     })
+}
+
+/// One context's literal fields in one `score_tree` call over its prefix state.
+fn tree_call<B: Backend>(
+    backend: &B,
+    state: &B::State,
+    split: &SplitPrompt,
+    literal: &TreePlan<'_>,
+    stats: &mut RunStats,
+) -> Result<Vec<Option<NodeScores>>, BackendError> {
+    let tree = context_tree(&split.suffix_ids, &literal.fields, 0)?;
+    let Some(t) = &tree else {
+        return field_scores(None, &literal.fields, &[], None);
+    };
+    let states = [state];
+    let mut request = TreeRequest::new(&states, &t.tree, literal.candidates)?;
+    if literal.logsumexp {
+        request = request.with_vocab(0)?;
+    }
+    let mut logits = backend.score_tree(&request)?;
+    let projected = t.tree.projected().len();
+    logits.check_shape(projected, literal.candidates.len())?;
+    stats.tree_calls += 1;
+    stats.tree_nodes += t.tree.len();
+    stats.tree_projected += projected;
+    let lse: Option<Vec<f32>> = match (literal.logsumexp, logits.vocab.take()) {
+        (false, _) => None,
+        (true, Some(v)) if v.len() == projected => Some(v.iter().map(|r| r.logsumexp).collect()),
+        (true, _) => {
+            return Err(BackendError::InvalidRequest {
+                reason: "the tree's logsumexps were asked for but the backend returned none".into(),
+            })
+        }
+    };
+    let rows: Vec<Vec<f32>> = (0..projected).map(|i| logits.row(i).to_vec()).collect();
+    field_scores(tree.as_ref(), &literal.fields, &rows, lse.as_deref())
+}
+
+/// The reference for [`tree_call`]: every projected node's full prompt run from scratch.
+fn independent_tree<B: Backend>(
+    backend: &B,
+    split: &SplitPrompt,
+    literal: &TreePlan<'_>,
+    stats: &mut RunStats,
+) -> Result<Vec<Option<NodeScores>>, BackendError> {
+    let tree = context_tree(&split.suffix_ids, &literal.fields, 0)?;
+    let Some(t) = &tree else {
+        return field_scores(None, &literal.fields, &[], None);
+    };
+    let mut rows = Vec::with_capacity(t.tree.projected().len());
+    let mut lse = Vec::new();
+    for &node in t.tree.projected() {
+        let full = [split.prefix_ids.as_slice(), t.tree.path(node).as_slice()].concat();
+        rows.push(backend.forward_full(&full, literal.candidates)?);
+        stats.forward_calls += 1;
+        if literal.logsumexp {
+            let last = backend.vocab_rows(&VocabRequest::last_position(&full, 0)?)?;
+            let row = last.first().ok_or_else(|| BackendError::InvalidRequest {
+                reason: "no vocabulary summary for the last position".into(),
+            })?;
+            lse.push(row.vocab.logsumexp);
+            stats.forward_calls += 1;
+        }
+    }
+    let lse = literal.logsumexp.then_some(lse);
+    field_scores(tree.as_ref(), &literal.fields, &rows, lse.as_deref())
 }
 
 fn ms(t: Instant) -> f64 {

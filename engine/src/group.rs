@@ -378,6 +378,7 @@ mod tests {
             dtype: DType::Bf16,
             device: Device::Cuda(0),
             quantization: None,
+            max_positions: None,
         };
         let m = MemoryModel::from_facts(&facts);
         assert_eq!(m.state_bytes_per_token, 2 * 2 * 128 * 2);
@@ -413,6 +414,7 @@ mod tests {
             dtype: DType::Bf16,
             device: Device::Cuda(0),
             quantization: None,
+            max_positions: None,
         };
         let m = MemoryModel::from_facts(&facts);
         let cost = GroupCost {

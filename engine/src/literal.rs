@@ -10,6 +10,14 @@
 //! are equal), so the probabilities of a field sum to one. A node with one child contributes a
 //! factor of 1 and is never projected; where one choice is a prefix of another, the node after
 //! the shorter one branches between its end-of-choice token and the longer one's next token.
+//!
+//! The stages of a literal field: [`compile`] (1: paths in context, the trie, the projected
+//! positions), [`tree`] (5: one token tree per context, its logits cut per field) and
+//! [`assemble`] (6: probabilities and the selected choice per method).
+
+pub mod assemble;
+pub mod compile;
+pub mod tree;
 
 use crate::assemble::softmax_scaled;
 

@@ -10,8 +10,9 @@
 //! row (`Backend::vocab_rows`).
 //!
 //! Refused with a clear error: an empty text, a text of one token, a text over
-//! `max_input_tokens` (never truncated), K over `MAX_TOP_K` or the vocabulary, and (from the
-//! backend) a text over the model's context limit.
+//! `max_input_tokens` (never truncated), K over `MAX_TOP_K` or the vocabulary, and a text over
+//! the model's context limit (`ModelFacts::max_positions`, typed `TextOverModelLimit`; the
+//! candle backend also refuses such a sequence itself).
 
 use crate::allowed_mass::{token_text, TopToken};
 use crate::engine::{Engine, DEFAULT_MAX_INPUT_TOKENS};
@@ -100,7 +101,13 @@ impl<B: Backend> Engine<B> {
                     max: opts.max_input_tokens,
                 })
             }
-            _ => {}
+            n => {
+                if let Some(max) = self.backend().facts().max_positions {
+                    if n > max {
+                        return Err(EngineError::TextOverModelLimit { tokens: n, max });
+                    }
+                }
+            }
         }
         let t = Instant::now();
         let positions = self

@@ -165,17 +165,21 @@ impl<B: Backend> Engine<B> {
             Ok(GroupScores {
                 logits,
                 vocab,
+                literal,
                 stats,
             }) => logits
                 .into_iter()
                 .zip(vocab)
+                .zip(literal)
                 .zip(members)
-                .map(|((rows, vocab), &prepared)| {
+                .map(|(((rows, vocab), literal), &prepared)| {
                     crate::finite::check_rows(compiled, &rows)?;
+                    crate::finite::check_literal(compiled, &literal)?;
                     Ok(Assembly {
                         compiled,
                         prepared,
                         rows,
+                        literal,
                         vocab,
                         tokenizer: self.tokenizer(),
                         stats: &stats,

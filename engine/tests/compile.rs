@@ -146,18 +146,16 @@ fn rows_compiled_for_another_tokenizer_are_refused() {
 }
 
 #[test]
-fn a_literal_field_is_a_clear_error_until_literal_scoring_is_wired() {
+fn a_literal_field_compiles_without_code_letters_past_26_choices() {
     let engine = support::fake_engine(Family::Qwen2);
     let example = include_str!("../../fixtures/examples/high_cardinality_255.json");
     let literal = "literal".parse().unwrap();
     let schema = Schema::from_json_str_with(example, literal).unwrap();
-    match engine.compile(&schema) {
-        Err(EngineError::Compile(CompileError::LiteralNotWired { field, scoring })) => {
-            assert_eq!(
-                (field.as_str(), scoring),
-                ("tariff_classification", "literal")
-            );
-        }
-        other => panic!("expected LiteralNotWired, got {other:?}"),
-    }
+    let compiled = engine.compile(&schema).unwrap();
+    let f = &compiled.fields()[0];
+    assert_eq!(f.name, "tariff_classification");
+    assert!(f.codes.is_empty() && f.code_ids.is_empty() && compiled.candidates().is_empty());
+    let lit = f.literal.as_ref().expect("a literal field");
+    assert_eq!(lit.paths.len(), 255);
+    assert!(!compiled.tree_candidates().is_empty());
 }

@@ -182,6 +182,38 @@ fn logprobs_refuse_bad_texts_with_clear_errors() {
     assert!(e.to_string().contains("never truncates"));
 }
 
+/// A text longer than the model's own context limit (`max_position_embeddings`) is refused
+/// with a typed error naming the limit, even when `max_input_tokens` would allow it — never
+/// truncated, never scored, never a panic. A text at the limit is scored.
+#[test]
+fn logprobs_refuse_a_text_over_the_model_context_limit() {
+    use forkscore_engine::{CalibrationRegistry, CheckpointIdentity, Engine};
+    use forkscore_testkit::fake::FakeBackend;
+    let engine = Engine::new(
+        FakeBackend::new(1).with_max_positions(8),
+        support::chat_tokenizer(Family::Qwen2),
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .unwrap();
+    let opts = LogprobOptions::default();
+    let e = engine.logprobs(CONTEXT, &opts).unwrap_err();
+    let tokens = match e {
+        EngineError::TextOverModelLimit { tokens, max: 8 } => tokens,
+        ref other => panic!("expected TextOverModelLimit, got {other:?}"),
+    };
+    assert!(tokens > 8);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("max_position_embeddings = 8") && msg.contains("never truncates"),
+        "{msg}"
+    );
+    // the limit itself is allowed: 8 tokens exactly
+    let eight = " a".repeat(8);
+    let r = engine.logprobs(&eight, &opts).unwrap();
+    assert_eq!(r.tokens.len(), 8);
+}
+
 #[test]
 fn logprobs_snapshot() {
     let engine = support::fake_engine(Family::Qwen2);

@@ -3,6 +3,7 @@
 use crate::load::{self, ModelArgs};
 use crate::provenance::Provenance;
 use anyhow::{bail, Context, Result};
+use forkscore_engine::schema::Scoring;
 use forkscore_engine::{Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use std::path::PathBuf;
 
@@ -15,6 +16,11 @@ pub struct SchemaArgs {
     /// Inline schema JSON.
     #[arg(long)]
     pub schema: Option<String>,
+    /// How the fields of this schema that name no `scoring` (and whose schema root names
+    /// none) are scored: code (default), literal, literal-first-token, literal-sum-loglik or
+    /// literal-mean-loglik. Applies to --schema / --schema-file, not to batch lines' own schemas.
+    #[arg(long, default_value = "code")]
+    pub scoring: Scoring,
 }
 
 impl SchemaArgs {
@@ -29,7 +35,7 @@ impl SchemaArgs {
             (None, Some(inline)) => (inline.clone(), "--schema".to_string()),
             (None, None) => return Ok(None),
         };
-        Schema::from_json_str(&text)
+        Schema::from_json_str_with(&text, self.scoring)
             .map(Some)
             .with_context(|| format!("invalid schema ({origin})"))
     }

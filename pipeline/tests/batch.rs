@@ -511,3 +511,68 @@ fn resume_against_another_input_fails_before_appending_anything() {
         "nothing appended"
     );
 }
+
+/// `--allowed-mass` / `--top-k` in a batch job: every decision record carries, per field, its
+/// allowed mass and exactly K top tokens; the job summary (the stderr end line of `forkscore
+/// batch`) holds the min and median over exactly the masses of the written records.
+#[test]
+fn allowed_mass_and_top_k_are_in_every_record_and_summarised() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = examples().join("decisions.jsonl");
+    for (k, mode) in [(3usize, BatchMode::Grouped), (0, BatchMode::Direct)] {
+        let out = dir.path().join(format!("mass-{k}.jsonl"));
+        let mut j = job(&input, &out, mode);
+        j.options = ScoreOptions {
+            allowed_mass: Some(k),
+            ..ScoreOptions::default()
+        };
+        let summary = run(&j);
+        let mut masses = Vec::new();
+        let decisions: Vec<Value> = records(&out)
+            .into_iter()
+            .filter(|r| r.get("error").is_none())
+            .collect();
+        assert!(decisions.len() > 10, "{}", decisions.len());
+        for r in &decisions {
+            for (name, f) in r["fields"].as_object().unwrap() {
+                let a = &f["allowed_mass"];
+                let mass = a["mass"].as_f64().unwrap_or_else(|| {
+                    panic!("line {} field {name}: no allowed mass in {f}", r["line"])
+                });
+                assert!((0.0..=1.0).contains(&mass), "{mass}");
+                assert!(a["logsumexp"].as_f64().is_some_and(f64::is_finite));
+                let top = a["top"].as_array().unwrap();
+                assert_eq!(top.len(), k, "line {} field {name}", r["line"]);
+                for w in top.windows(2) {
+                    assert!(w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64());
+                }
+                masses.push(mass);
+            }
+        }
+        masses.sort_by(f64::total_cmp);
+        let n = masses.len();
+        let median = if n % 2 == 1 {
+            masses[n / 2]
+        } else {
+            (masses[n / 2 - 1] + masses[n / 2]) / 2.0
+        };
+        let m = summary
+            .written
+            .allowed_mass
+            .expect("a job with --allowed-mass has a mass summary");
+        assert_eq!((m.fields as usize, m.min, m.median), (n, masses[0], median));
+    }
+    // without --allowed-mass: no mass in the records, no summary
+    let out = dir.path().join("plain.jsonl");
+    let summary = run(&job(&input, &out, BatchMode::Grouped));
+    assert_eq!(summary.written.allowed_mass, None);
+    let first = records(&out)
+        .into_iter()
+        .find(|r| r.get("error").is_none())
+        .unwrap();
+    assert!(first["fields"]
+        .as_object()
+        .unwrap()
+        .values()
+        .all(|f| f.get("allowed_mass").is_none()));
+}

@@ -423,6 +423,7 @@ fn allowed_mass_and_logprobs_end_to_end() {
         assert!(plain["fields"][name].get("allowed_mass").is_none());
     }
     let text = "The payment service is down.";
+    let long = " a".repeat(33_000);
     let lp = ok_json(&forkscore(
         &[&["logprobs"], &base[..], &["--text", text, "--top-k", "2"]].concat(),
         &[],
@@ -441,6 +442,12 @@ fn allowed_mass_and_logprobs_end_to_end() {
             "never truncates",
         ),
         (vec!["--text", text, "--top-k", "2000"], "--top-k 2000"),
+        // over the checkpoint's max_position_embeddings (32768) but within --max-input-tokens:
+        // refused by the model's own limit, named, never truncated
+        (
+            vec!["--text", &long, "--max-input-tokens", "40000"],
+            "over the model's context limit (max_position_embeddings = 32768)",
+        ),
     ] {
         let msg = failure(&forkscore(
             &[&["logprobs"], &base[..], &args[..]].concat(),
@@ -534,4 +541,41 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
         &[],
     ));
     assert!(err.contains("q3k") && err.contains("q8_0 or q4k"), "{err}");
+}
+
+/// Literal-choice scoring through the binary: `--scoring literal` scores the 255-choice example
+/// (over the 26-code limit) on the tiny Qwen2.5; a schema-root `"scoring"` mixes with a
+/// field's own `"code"`; a bad method name is a clear error before the model loads.
+#[test]
+fn literal_scoring_end_to_end() {
+    let dir = ensure_tiny_model(&TinySpec::qwen25());
+    let d = dir.to_str().unwrap();
+    let base = ["score", "--model", d, "--revision", "tiny", "--context", CONTEXT];
+    let big = example("high_cardinality_255.json");
+    let v = ok_json(&forkscore(
+        &[&base[..], &["--schema-file", &big, "--scoring", "literal"]].concat(),
+        &[],
+    ));
+    let f = &v["fields"]["tariff_classification"];
+    assert_eq!(f["scoring"], "literal");
+    assert_eq!(f["codes"], serde_json::json!([]));
+    let scores = f["scores"].as_object().unwrap();
+    assert_eq!(scores.len(), 255);
+    let sum: f64 = scores.values().map(|p| p.as_f64().unwrap()).sum();
+    assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+    assert!(scores.contains_key(v["output"]["tariff_classification"].as_str().unwrap()));
+    // without --scoring the example is a code schema: refused with a pointer to literal scoring
+    let msg = failure(&forkscore(&[&base[..], &["--schema-file", &big]].concat(), &[]));
+    assert!(msg.contains("literal"), "{msg}");
+    let mixed = r#"{"scoring": "literal-mean-loglik",
+        "risk": {"type": "enum", "choices": ["low", "high", "high risk"]},
+        "team": {"type": "enum", "choices": ["payments", "search"], "scoring": "code"}}"#;
+    let v = ok_json(&forkscore(&[&base[..], &["--schema", mixed]].concat(), &[]));
+    assert_eq!(v["fields"]["risk"]["scoring"], "literal-mean-loglik");
+    assert_eq!(v["fields"]["team"]["codes"], serde_json::json!(["A", "B"]));
+    let msg = failure(&forkscore(
+        &[&base[..], &["--schema", mixed, "--scoring", "literally"]].concat(),
+        &[],
+    ));
+    assert!(msg.contains("literal-first-token"), "{msg}");
 }

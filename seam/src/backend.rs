@@ -80,7 +80,8 @@ pub trait Backend: Send + Sync {
     /// [`crate::TokenTree::projected`] order), the logits after `prefix ++ path(node)` for each
     /// candidate id. The default scores one flat row per projected node (its root-to-node path)
     /// in one [`Backend::score`] call, which is the reference every faster packing is tested
-    /// against; backends that can share the tree's common tokens override it.
+    /// against; backends that can share the tree's common tokens override it. With
+    /// [`TreeRequest::with_vocab`], each projected node also gets its full-vocabulary summary.
     fn score_tree(
         &self,
         request: &TreeRequest<'_, Self::State>,
@@ -96,7 +97,11 @@ pub trait Backend: Send + Sync {
                 suffix: p,
             })
             .collect();
-        self.score_rows(request.states(), &rows, request.candidates())
+        let mut flat = ScoreRequest::new(request.states(), &rows, request.candidates())?;
+        if let Some(k) = request.vocab_top_k() {
+            flat = flat.with_vocab(k)?;
+        }
+        self.score(&flat)
     }
 
     /// How [`Backend::score_tree`] evaluates a tree on this model, for telemetry.

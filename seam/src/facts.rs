@@ -333,6 +333,10 @@ pub struct ModelFacts {
     /// In-memory quantization of the linear weights, `None` when they are kept in `dtype`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
+    /// The longest sequence the model was built for (`max_position_embeddings`), when the
+    /// checkpoint states one. Longer inputs are refused, never truncated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<usize>,
 }
 
 #[cfg(test)]

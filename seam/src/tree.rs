@@ -13,6 +13,7 @@
 use crate::backend::PrefixState;
 use crate::error::BackendError;
 use crate::request::ScoreRow;
+use crate::vocab::check_top_k;
 
 /// One token of a tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +152,7 @@ pub struct TreeRequest<'a, S> {
     states: &'a [&'a S],
     tree: &'a TokenTree,
     candidates: &'a [u32],
+    vocab_top_k: Option<usize>,
 }
 
 impl<'a, S: PrefixState> TreeRequest<'a, S> {
@@ -175,7 +177,21 @@ impl<'a, S: PrefixState> TreeRequest<'a, S> {
             states,
             tree,
             candidates,
+            vocab_top_k: None,
         })
+    }
+
+    /// Also ask for each projected node's full-vocabulary summary with the top `top_k` tokens
+    /// (0: the logsumexp alone), as [`crate::ScoreRequest::with_vocab`] does for rows.
+    pub fn with_vocab(mut self, top_k: usize) -> Result<Self, BackendError> {
+        check_top_k(top_k)?;
+        self.vocab_top_k = Some(top_k);
+        Ok(self)
+    }
+
+    /// `Some(K)` when the caller asked for full-vocabulary summaries.
+    pub fn vocab_top_k(&self) -> Option<usize> {
+        self.vocab_top_k
     }
 
     pub fn states(&self) -> &'a [&'a S] {

@@ -77,10 +77,17 @@ impl FakeBackend {
                 dtype: DType::F32,
                 device: Device::Cpu,
                 quantization: None,
+                max_positions: None,
             },
             seed,
             calls: CallCounts::default(),
         }
+    }
+
+    /// State a context limit (`max_position_embeddings`), as a real checkpoint does.
+    pub fn with_max_positions(mut self, max_positions: usize) -> FakeBackend {
+        self.facts.max_positions = Some(max_positions);
+        self
     }
 
     /// Use another embedding size (to test the tokenizer-vs-embedding check).

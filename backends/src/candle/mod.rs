@@ -180,6 +180,7 @@ impl CandleBackend {
             dtype: options.dtype,
             device: options.device,
             quantization: options.quantization,
+            max_positions: config.text.max_positions,
         };
         let tensors_read = shards.names_read();
         Ok(CandleBackend {

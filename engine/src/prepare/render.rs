@@ -5,8 +5,14 @@
 //! `template(system: INSTRUCTIONS, user: context + catalogue)` ++ `"{f}:"` and the model's next
 //! token is the code (`" A"`, `" B"`, …). The selector starts right after the template's
 //! assistant header (which ends in a newline), so its tokens do not depend on the context.
+//!
+//! A literal-scored field (`"scoring": "literal…"`) lists its choices by their text (`  - low`),
+//! without code letters, so it may have more than 26; the model's continuation is the choice
+//! text itself (`" low\n"`). Only a schema with a literal field uses the instructions and the
+//! closing line that mention answering with a choice's text: a code-only schema renders exactly
+//! as before literal scoring existed.
 
-use crate::schema::Field;
+use crate::schema::{Field, Scoring};
 use crate::template::{ChatTemplate, Message, TemplateError};
 
 /// Code letters: choice `i` of a field is `CODES[i]`.
@@ -18,6 +24,16 @@ pub const CODES: [char; 26] = [
 const INSTRUCTIONS: &str = "You classify a context into the fields of a catalogue. Each field lists its \
 choices, each labelled with a capital-letter code. For each field, answer with the code of the single \
 best choice, written as `field_name: CODE`.";
+
+const LITERAL_INSTRUCTIONS: &str = "You classify a context into the fields of a catalogue. Each field lists its \
+choices. For a field whose choices are labelled with capital-letter codes, answer with the code of the single \
+best choice; for a field whose choices are listed without codes, answer with the exact text of the single best \
+choice. Write each answer as `field_name: ANSWER`.";
+
+/// True when some field of `fields` is scored by its choices' text.
+pub fn has_literal(fields: &[Field]) -> bool {
+    fields.iter().any(|f| f.scoring != Scoring::Code)
+}
 
 /// The code of choice `i` (`A` for 0).
 pub fn code(i: usize) -> char {
@@ -46,15 +62,24 @@ pub fn user_message(context: &str, fields: &[Field]) -> String {
             out.push_str(&format!(": {d}"));
         }
         out.push('\n');
+        let literal = f.scoring != Scoring::Code;
         for (i, (c, d)) in f.choices.iter().zip(&f.choice_descriptions).enumerate() {
-            out.push_str(&format!("  {} = {}", code(i), c.key()));
+            if literal {
+                out.push_str(&format!("  - {}", c.key()));
+            } else {
+                out.push_str(&format!("  {} = {}", code(i), c.key()));
+            }
             if let Some(d) = d {
                 out.push_str(&format!(" ({d})"));
             }
             out.push('\n');
         }
     }
-    out.push_str("\nAnswer every field on its own line as `field_name: CODE`.");
+    if has_literal(fields) {
+        out.push_str("\nAnswer every field on its own line as `field_name: ANSWER`.");
+    } else {
+        out.push_str("\nAnswer every field on its own line as `field_name: CODE`.");
+    }
     out
 }
 
@@ -67,7 +92,12 @@ pub fn render_prefix(
     template.render(&[
         Message {
             role: "system",
-            content: INSTRUCTIONS.to_string(),
+            content: if has_literal(fields) {
+                LITERAL_INSTRUCTIONS
+            } else {
+                INSTRUCTIONS
+            }
+            .to_string(),
         },
         Message {
             role: "user",

@@ -48,6 +48,20 @@ pub enum LiteralMethod {
     /// share its probability equally (`"literal-first-token"`, as classifiers that score
     /// one token per label do).
     FirstToken,
+    /// softmax over choices of the sum of each path token's unconstrained (full-vocabulary)
+    /// log-probability (`"literal-sum-loglik"`, the multiple-choice log-likelihood of
+    /// evaluation harnesses).
+    SumLoglik,
+    /// As [`LiteralMethod::SumLoglik`], divided by the path's token count
+    /// (`"literal-mean-loglik"`, length-normalised).
+    MeanLoglik,
+}
+
+impl LiteralMethod {
+    /// True for the methods that need the full-vocabulary log-softmax along every path.
+    pub fn needs_full_vocabulary(self) -> bool {
+        matches!(self, LiteralMethod::SumLoglik | LiteralMethod::MeanLoglik)
+    }
 }
 
 impl Scoring {
@@ -57,11 +71,13 @@ impl Scoring {
             Scoring::Code => "code",
             Scoring::Literal(LiteralMethod::Exact) => "literal",
             Scoring::Literal(LiteralMethod::FirstToken) => "literal-first-token",
+            Scoring::Literal(LiteralMethod::SumLoglik) => "literal-sum-loglik",
+            Scoring::Literal(LiteralMethod::MeanLoglik) => "literal-mean-loglik",
         }
     }
 
     /// Every accepted spelling, for error messages.
-    pub const NAMES: &'static str = "\"code\", \"literal\", \"literal-first-token\"";
+    pub const NAMES: &'static str = "\"code\", \"literal\", \"literal-first-token\", \"literal-sum-loglik\", \"literal-mean-loglik\"";
 
     /// Most choices a field scored this way may have.
     pub fn max_choices(self) -> usize {
@@ -79,6 +95,8 @@ impl std::str::FromStr for Scoring {
             "code" => Ok(Scoring::Code),
             "literal" => Ok(Scoring::Literal(LiteralMethod::Exact)),
             "literal-first-token" => Ok(Scoring::Literal(LiteralMethod::FirstToken)),
+            "literal-sum-loglik" => Ok(Scoring::Literal(LiteralMethod::SumLoglik)),
+            "literal-mean-loglik" => Ok(Scoring::Literal(LiteralMethod::MeanLoglik)),
             other => Err(format!(
                 "unknown scoring {other:?} (expected {})",
                 Scoring::NAMES

@@ -109,9 +109,9 @@ impl LineError {
             EngineError::EmptyContext
             | EngineError::EmptyText
             | EngineError::TooFewTokens { .. } => ErrorKind::EmptyContext,
-            EngineError::TooManyTokens { .. } | EngineError::TextTooLong { .. } => {
-                ErrorKind::TooManyTokens
-            }
+            EngineError::TooManyTokens { .. }
+            | EngineError::TextTooLong { .. }
+            | EngineError::TextOverModelLimit { .. } => ErrorKind::TooManyTokens,
         };
         LineError::new(kind, e.to_string())
     }
