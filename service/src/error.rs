@@ -63,7 +63,9 @@ impl ApiError {
             EngineError::EmptyContext
             | EngineError::EmptyText
             | EngineError::TooFewTokens { .. } => (S::BAD_REQUEST, "empty_context"),
-            EngineError::TooManyTokens { .. } | EngineError::TextTooLong { .. } => {
+            EngineError::TooManyTokens { .. }
+            | EngineError::TextTooLong { .. }
+            | EngineError::TextOverModelLimit { .. } => {
                 (S::PAYLOAD_TOO_LARGE, "too_many_tokens")
             }
         };
