@@ -114,11 +114,24 @@ def main() -> int:
         groups = sorted({x["telemetry"].get("group", {}).get("size") for x in ok} - {None})
         entry["group_sizes"] = groups
         values = {x["id"]: x["output"] for x in ok}
+        scores = {x["id"]: {f: r.get("scores", {}) for f, r in x.get("fields", {}).items()} for x in ok}
         if first is None:
-            first = values
+            first, first_scores = values, scores
         else:
-            entry["values_differing_from_first_mode"] = sum(
-                1 for k, v in values.items() for f, val in v.items() if first.get(k, {}).get(f) != val)
+            differing = [(k, f) for k, v in values.items() for f, val in v.items()
+                         if first.get(k, {}).get(f) != val]
+            entry["values_differing_from_first_mode"] = len(differing)
+            # How close to a tie the differing decisions were in the first mode (top-1 minus
+            # top-2 probability), and the largest probability difference over all choices.
+            def margin(p):
+                top = sorted(p.values(), reverse=True)
+                return top[0] - top[1] if len(top) > 1 else 1.0
+            margins = [margin(first_scores[k][f]) for k, f in differing if first_scores.get(k, {}).get(f)]
+            entry["differing_max_first_mode_margin"] = max(margins) if margins else None
+            entry["max_abs_prob_diff_vs_first_mode"] = max(
+                (abs(p - first_scores.get(k, {}).get(f, {}).get(c, p))
+                 for k, fs in scores.items() for f, ps in fs.items() for c, p in ps.items()),
+                default=None)
         report["modes"][mode] = entry
         print(f"[batch] {mode}: rc {rc}, wall {wall:.1f} s, job {entry.get('job_s')} s, "
               f"{prefix} prefix tokens, {entry.get('prefix_tokens_per_s_job') or 0:.0f} tok/s (job)", flush=True)

@@ -197,6 +197,13 @@ def model_section(work: Path, model: str, ckpt: dict, md: list[str]) -> dict:
         if batch.get("grouped_speedup_vs_direct_job"):
             md.append("")
             md.append(f"grouped ÷ direct speed-up (job seconds): {batch['grouped_speedup_vs_direct_job']:.2f}×")
+        for m, e in batch.get("modes", {}).items():
+            if e.get("max_abs_prob_diff_vs_first_mode") is not None:
+                mm = e.get("differing_max_first_mode_margin")
+                md.append("")
+                md.append(f"{m} vs the first mode: max |Δp| {e['max_abs_prob_diff_vs_first_mode']:.3g} over all "
+                          f"choices; the differing decisions had a top-1 − top-2 probability margin of at most "
+                          f"{'–' if mm is None else f'{mm:.3g}'} in the first mode")
         md.append("")
     return out
 
