@@ -16,14 +16,29 @@ __device__ __forceinline__ void st(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 template <typename T>
+__device__ __forceinline__ void swiglu_one(const T* __restrict__ gu, T* __restrict__ out, size_t e,
+                                           size_t r, size_t c, size_t f) {
+    const float g = ld(gu, r * 2 * f + c);
+    const float u = ld(gu, r * 2 * f + f + c);
+    st(out, e, g / (1.f + expf(-g)) * u);
+}
+
+template <typename T>
 __device__ void swiglu_body(const T* __restrict__ gu, T* __restrict__ out, int64_t rows, int64_t f) {
     const int64_t n = rows * f;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = e / f, c = e % f;
-        const float g = ld(gu, (size_t)(r * 2 * f + c));
-        const float u = ld(gu, (size_t)(r * 2 * f + f + c));
-        st(out, (size_t)e, g / (1.f + expf(-g)) * u);
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (n <= INT32_MAX) {
+        // 32-bit index arithmetic (every call of a real model): the division by f that splits an
+        // element index into (row, column) is a few instructions, not a 64-bit divide. No wrap:
+        // i < n < 2^31 and the stride is below 2^29.
+        const uint32_t fu = (uint32_t)f, nu = (uint32_t)n;
+        for (uint32_t i = (uint32_t)first; i < nu; i += (uint32_t)stride) {
+            const uint32_t r = i / fu;
+            swiglu_one(gu, out, i, r, i - r * fu, fu);
+        }
+    } else {
+        for (int64_t e = first; e < n; e += stride) swiglu_one(gu, out, e, e / f, e % f, f);
     }
 }
 }  // namespace

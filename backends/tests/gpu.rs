@@ -687,20 +687,23 @@ fn cuda_vocab_top_k_is_exact() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The stacked gate|up product with the fused SwiGLU kernel (the CUDA default) against two
-/// products and candle's SiLU and product (`set_gate_up_fusion(false)`), whole models, f32 and
-/// bf16: `forward_full` logits over 4,096 candidates.
+/// The stacked products (the CUDA default: gate|up with the fused SwiGLU kernel, and q|k|v on
+/// the Qwen2 family) against separate products and candle's SiLU and product
+/// (`fusion::set_gate_up(false)`, `fusion::set_qkv(false)`), whole models, f32 and bf16:
+/// `forward_full` logits over 4,096 candidates.
 #[test]
 fn cuda_stacked_gate_up_equals_separate_products() {
-    use forkscore_backends::candle::mlp::set_gate_up_fusion;
+    use forkscore_backends::candle::fusion;
     let Some(trios) = trios() else { return };
     let mut report = Report::default();
     for t in trios {
-        set_gate_up_fusion(false);
+        fusion::set_gate_up(false);
+        fusion::set_qkv(false);
         let chunk = LoadOptions::default().prefill_chunk;
         let sep_f32 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::F32, chunk);
         let sep_bf16 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::Bf16, chunk);
-        set_gate_up_fusion(true);
+        fusion::set_gate_up(true);
+        fusion::set_qkv(true);
         let cands = wide_candidates(t.rows);
         let prompt = ids(91, 57, t.vocab);
         for (dtype, fused, separate) in [
@@ -711,7 +714,7 @@ fn cuda_stacked_gate_up_equals_separate_products() {
             let got = fused.forward_full(&prompt, &cands).expect("stacked");
             report.check(
                 gpu_tolerance(dtype),
-                &format!("{} {dtype:?} stacked vs separate gate|up", t.name),
+                &format!("{} {dtype:?} stacked vs separate gate|up, q|k|v", t.name),
                 "forward_full 57 tokens",
                 &got,
                 &want,

@@ -2,8 +2,6 @@
 //! weights are stacked at load into one `(2F, D)` product whose output feeds one fused SwiGLU
 //! kernel (`super::swiglu`): two launches instead of four, one larger matrix product.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use candle_core::Tensor;
 
 pub(crate) use super::linear::apply;
@@ -24,19 +22,9 @@ pub(crate) fn linear(
     w.linear(name, in_dim, out_dim, bias)
 }
 
-/// Whether CUDA models stack the gate and up weights into one matrix product at load (default
-/// on; [`set_gate_up_fusion`] or `FORKSCORE_MLP=separate` turn it off: the equivalence tests and
-/// A/B timings).
-static GATE_UP_FUSION: AtomicBool = AtomicBool::new(true);
-
-/// Stack gate and up into one product on CUDA for models loaded from now on (`true`, the
-/// default), or keep the two products and candle's SiLU and product (`false`, the reference).
-pub fn set_gate_up_fusion(on: bool) {
-    GATE_UP_FUSION.store(on, Ordering::Relaxed);
-}
-
 /// The gate and up projections: two products (CPU reference path, quantized weights), or one
-/// product with the weights stacked `(2F, D)` followed by the fused SwiGLU kernel (CUDA).
+/// product with the weights stacked `(2F, D)` followed by the fused SwiGLU kernel (CUDA; see
+/// [`super::fusion`]).
 enum GateUp {
     Separate { gate: Linear, up: Linear },
     Stacked(Linear),
@@ -71,11 +59,7 @@ impl Mlp {
             false,
         )?;
         let gate_up = match (gate, up) {
-            (Linear::Dense(g), Linear::Dense(u))
-                if w.device().is_cuda()
-                    && GATE_UP_FUSION.load(Ordering::Relaxed)
-                    && !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "separate") =>
-            {
+            (Linear::Dense(g), Linear::Dense(u)) if super::fusion::gate_up(w.device()) => {
                 // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
                 let stacked = Tensor::cat(&[g.weight(), u.weight()], 0)
                     .map_err(CandleError::tensor("mlp gate|up stack"))?;

@@ -18,6 +18,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod fusion;
 pub mod gated_deltanet;
 pub mod limits;
 pub mod profile;

@@ -41,10 +41,16 @@ pub(crate) struct SelfAttentionSpec {
     pub eps: f64,
 }
 
+/// The q, k and v projections: three products (the reference), or one product with the weights
+/// and biases stacked `(H·hd + 2·Hkv·hd, D)` (CUDA, dense weights, biased q/k/v, no output gate;
+/// see [`crate::candle::fusion`]).
+enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Stacked(Linear),
+}
+
 pub(crate) struct SelfAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv: Qkv,
     o_proj: Linear,
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     spec: SelfAttentionSpec,
@@ -78,10 +84,31 @@ impl SelfAttention {
                 Some((load("q_norm")?, load("k_norm")?))
             }
         };
+        let q = linear(w, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?;
+        let k = linear(w, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?;
+        let v = linear(w, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?;
+        let qkv = match (q, k, v) {
+            (Linear::Dense(q), Linear::Dense(k), Linear::Dense(v))
+                if s.qkv_bias
+                    && !s.output_gate
+                    && s.qk_norm.is_none()
+                    && crate::candle::fusion::qkv(w.device()) =>
+            {
+                // (H·hd, D) ++ (Hkv·hd, D) ++ (Hkv·hd, D) -> rows [q | k | v]; biases alike
+                let weight = Tensor::cat(&[q.weight(), k.weight(), v.weight()], 0)
+                    .map_err(op("q|k|v stack"))?;
+                let bias = match (q.bias(), k.bias(), v.bias()) {
+                    (Some(qb), Some(kb), Some(vb)) => {
+                        Some(Tensor::cat(&[qb, kb, vb], 0).map_err(op("q|k|v bias stack"))?)
+                    }
+                    _ => None,
+                };
+                Qkv::Stacked(Linear::dense(weight, bias))
+            }
+            (q, k, v) => Qkv::Separate { q, k, v },
+        };
         Ok(SelfAttention {
-            q_proj: linear(w, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
-            k_proj: linear(w, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
-            v_proj: linear(w, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            qkv,
             o_proj: linear(
                 w,
                 &format!("{prefix}.o_proj"),
@@ -121,9 +148,12 @@ impl Mixer for SelfAttention {
     }
 
     fn summarize(&self, summary: &mut QuantSummary) {
-        for l in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
-            summary.count(l);
+        match &self.qkv {
+            Qkv::Separate { q, k, v } => [q, k, v].into_iter().for_each(|l| summary.count(l)),
+            // three checkpoint projections, all dense
+            Qkv::Stacked(l) => (0..3).for_each(|_| summary.count(l)),
         }
+        summary.count(&self.o_proj);
     }
 
     fn forward(
@@ -134,31 +164,57 @@ impl Mixer for SelfAttention {
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
         let s = &self.spec;
         let (b, l) = (step.rows, step.len);
-        let q = apply(&self.q_proj, x, "q_proj")?; // (B, L, H*hd) or (B, L, H*2hd)
-        let (q, gate) = if s.output_gate {
-            // (B, L, H, 2hd): per head [query | gate]
-            let qg = q
-                .reshape((b, l, s.heads, 2 * s.head_dim))
-                .map_err(op("split gate"))?;
-            let query = qg
-                .narrow(D::Minus1, 0, s.head_dim)
-                .and_then(|t| t.contiguous());
-            let gate = qg
-                .narrow(D::Minus1, s.head_dim, s.head_dim)
-                .and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
-            (query.map_err(op("query"))?, Some(gate.map_err(op("gate"))?))
-        } else {
-            (q, None)
-        };
         let (qn, kn) = match &self.qk_norm {
             Some((qn, kn)) => (Some(qn), Some(kn)),
             None => (None, None),
         };
-        let q = step.rope.apply(&self.heads(q, s.heads, qn, step)?)?; // (B, H, L, hd)
-        let k = apply(&self.k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
-        let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
-        let v = apply(&self.v_proj, x, "v_proj")?;
-        let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+        let (q, k, v, gate) = match &self.qkv {
+            Qkv::Stacked(stacked) => {
+                // (B, L, (H + 2Hkv)·hd) -> (B, L, H + 2Hkv, hd), heads [q | k | v]; each part is
+                // a view that `heads_of` copies once, head-major (no norm, no gate here)
+                let qkv = apply(stacked, x, "q|k|v")?
+                    .reshape((b, l, s.heads + 2 * s.kv_heads, s.head_dim))
+                    .map_err(op("split q|k|v"))?;
+                let part = |start: usize, n: usize| {
+                    qkv.narrow(2, start, n)
+                        .and_then(|t| t.transpose(1, 2))
+                        .and_then(|t| t.contiguous())
+                        .map_err(op("q|k|v heads"))
+                };
+                let q = step.rope.apply(&part(0, s.heads)?)?; // (B, H, L, hd)
+                let k = step.rope.apply(&part(s.heads, s.kv_heads)?)?; // (B, Hkv, L, hd)
+                let v = part(s.heads + s.kv_heads, s.kv_heads)?; // (B, Hkv, L, hd)
+                (q, k, v, None)
+            }
+            Qkv::Separate {
+                q: q_proj,
+                k: k_proj,
+                v: v_proj,
+            } => {
+                let q = apply(q_proj, x, "q_proj")?; // (B, L, H*hd) or (B, L, H*2hd)
+                let (q, gate) = if s.output_gate {
+                    // (B, L, H, 2hd): per head [query | gate]
+                    let qg = q
+                        .reshape((b, l, s.heads, 2 * s.head_dim))
+                        .map_err(op("split gate"))?;
+                    let query = qg
+                        .narrow(D::Minus1, 0, s.head_dim)
+                        .and_then(|t| t.contiguous());
+                    let gate = qg
+                        .narrow(D::Minus1, s.head_dim, s.head_dim)
+                        .and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
+                    (query.map_err(op("query"))?, Some(gate.map_err(op("gate"))?))
+                } else {
+                    (q, None)
+                };
+                let q = step.rope.apply(&self.heads(q, s.heads, qn, step)?)?; // (B, H, L, hd)
+                let k = apply(k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
+                let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
+                let v = apply(v_proj, x, "v_proj")?;
+                let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+                (q, k, v, gate)
+            }
+        };
 
         let past_kv = match past {
             LayerPast::Empty => None,
