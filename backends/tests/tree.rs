@@ -3,8 +3,9 @@
 //! under a tree mask, positions `prefix + depth`) equals the seam's reference (one flat row per
 //! projected node, `score_tree_by_rows`) and `forward_full(prefix ++ path)` per projected node —
 //! trees with shared internal nodes, several states, depth > 1, a single node, random forests
-//! (proptest); the full-vocabulary summaries agree; states are left bit-identical; Qwen3.5 (the
-//! hybrid) keeps the reference path and says so.
+//! (proptest); the full-vocabulary summaries agree; states are left bit-identical. Qwen3.5 (the
+//! hybrid, which cannot take a tree mask) scores one row per root-to-leaf path, equal to the
+//! same references.
 
 mod common;
 
@@ -78,7 +79,7 @@ fn dense_models_pack_and_the_hybrid_does_not() {
         .ensure()
         .expect("qwen3.5");
     let m = common::load_dir(&dir);
-    assert_eq!(m.tree_packing(), TreePacking::RowPerNode);
+    assert_eq!(m.tree_packing(), TreePacking::RowPerLeaf);
 }
 
 #[test]
@@ -184,17 +185,20 @@ fn vocabulary_summaries_agree_with_the_reference() {
 }
 
 #[test]
-fn the_hybrid_scores_trees_through_the_reference() {
+fn the_hybrid_scores_one_row_per_leaf_equal_to_the_references() {
     let dir = TinyQwen35::new(6, Qwen35Layout::TextOnly)
         .ensure()
         .expect("qwen3.5");
     let m = common::load_dir(&dir);
+    // state 0: 0 (projected) -> {1 -> 3, 2}, 3 and 2 projected; state 1: 4 -> 5, both projected
     let tree = TokenTree::new(
         vec![
-            node(0, None, 1000, false),
-            node(0, Some(0), 2000, true),
+            node(0, None, 1000, true),
+            node(0, Some(0), 2000, false),
             node(0, Some(0), 3000, true),
+            node(0, Some(1), 3500, true),
             node(1, None, 4000, true),
+            node(1, Some(4), 4500, true),
         ],
         2,
     )
@@ -203,12 +207,24 @@ fn the_hybrid_scores_trees_through_the_reference() {
     let prefixes = [vec![248_045, 10, 20, 30, 40], vec![248_045, 50, 60]];
     let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
     let refs: Vec<&CandleState> = states.iter().collect();
-    let request = TreeRequest::new(&refs, &tree, &cands).expect("request");
+    let request = TreeRequest::new(&refs, &tree, &cands)
+        .and_then(|r| r.with_vocab(2))
+        .expect("request");
     let got = m.score_tree(&request).expect("tree");
+    let reference = score_tree_by_rows(&m, &request).expect("reference");
     for (r, &i) in tree.projected().iter().enumerate() {
         let full: Vec<u32> = [prefixes[tree.nodes()[i].state].as_slice(), &tree.path(i)].concat();
         let full = m.forward_full(&full, &cands).expect("full");
         Tolerance::CPU_F32_STRICT.assert_close(&format!("qwen3.5 node {i}"), got.row(r), &full);
+        Tolerance::CPU_F32_STRICT.assert_close(
+            &format!("qwen3.5 node {i} vs reference"),
+            got.row(r),
+            reference.row(r),
+        );
+    }
+    let (gv, rv) = (got.vocab.expect("vocab"), reference.vocab.expect("ref vocab"));
+    for (g, r) in gv.iter().zip(&rv) {
+        Tolerance::CPU_F32_STRICT.assert_close("qwen3.5 logsumexp", &[g.logsumexp], &[r.logsumexp]);
     }
 }
 

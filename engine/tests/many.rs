@@ -397,7 +397,7 @@ fn tree_mode_groups_equal_parallel_alone_on_tiny_real_models() {
             for (a, b) in scores_of(&want).iter().zip(scores_of(got)) {
                 worst = worst.max((a - b).abs());
             }
-            let packing = if *arch == "qwen3.5" { "row-per-node" } else { "packed" };
+            let packing = if *arch == "qwen3.5" { "row-per-leaf" } else { "packed" };
             assert_eq!(got.telemetry.tree_packing, Some(packing), "{arch}");
         }
         eprintln!("{arch}: tree-mode decide_many vs parallel alone max |dp| = {worst:e}");

@@ -118,7 +118,7 @@ fn check_modes(
         &probs(&parallel),
     );
     assert_eq!(tree.output, parallel.output, "{name}: tree vs parallel");
-    let want = if name == "qwen3.5" { "row-per-node" } else { "packed" };
+    let want = if name == "qwen3.5" { "row-per-leaf" } else { "packed" };
     assert_eq!(tree.telemetry.tree_packing, Some(want), "{name}");
     assert_eq!((tree.telemetry.tree_calls, tree.telemetry.score_calls), (1, 0), "{name}");
     // Scoring again reuses nothing stale.

@@ -12,7 +12,7 @@
 //!   real position is gathered, and only the candidate rows of the head are projected (f32).
 //!   Branch K/V are discarded;
 //! - `score_tree(request)`: attention-only models pack each state's tree nodes into one sequence
-//!   under a tree mask (see `tree`); hybrids keep the seam's default (one flat row per node);
+//!   under a tree mask; hybrids run one batched row per root-to-leaf path (see `tree`);
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call;
 //! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
@@ -641,14 +641,15 @@ impl Backend for CandleBackend {
         Ok(self.score_request(request)?)
     }
 
-    /// Attention-only models: packed (see `tree`); hybrids: the seam's default.
+    /// Attention-only models: packed; hybrids: one row per root-to-leaf path (see `tree`).
     fn score_tree(
         &self,
         request: &TreeRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, BackendError> {
         match self.packing() {
             TreePacking::Packed => Ok(self.score_tree_packed(request)?),
-            _ => self.score_tree_rows(request),
+            TreePacking::RowPerLeaf => Ok(self.score_tree_leaves(request)?),
+            TreePacking::RowPerNode => forkscore_seam::score_tree_by_rows(self, request),
         }
     }
 
@@ -673,12 +674,57 @@ impl CandleBackend {
         &self,
         request: &ScoreRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, CandleError> {
-        let (states, rows, candidates) = (request.states(), request.rows(), request.candidates());
+        let rows = request.rows();
+        // each row's last suffix token
+        let picks: Vec<(usize, usize)> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| (r, row.suffix.len() - 1))
+            .collect();
+        let (data, vocab) = self.score_at(
+            request.states(),
+            rows,
+            &picks,
+            request.candidates(),
+            request.vocab_top_k(),
+        )?;
+        Ok(CandidateLogits {
+            rows: rows.len(),
+            candidates: request.candidates().len(),
+            data,
+            vocab,
+        })
+    }
+
+    /// Run `rows` (each continuing its state, slot-merged and right-padded as in
+    /// [`Backend::score`]) in one pass and project the positions `picks` (caller row, offset
+    /// into its suffix), in that order: f32 logits `(picks, C)` row-major, and with
+    /// `vocab_top_k` one full-vocabulary summary per pick.
+    pub(crate) fn score_at(
+        &self,
+        states: &[&CandleState],
+        rows: &[ScoreRow<'_>],
+        picks: &[(usize, usize)],
+        candidates: &[u32],
+        vocab_top_k: Option<usize>,
+    ) -> Result<(Vec<f32>, Option<Vec<VocabRow>>), CandleError> {
         self.check_ids(candidates)?;
         let b = &self.backbone;
         self.check_states(states)?;
         for r in rows {
             self.check_ids(r.suffix)?;
+            if r.state >= states.len() || r.suffix.is_empty() {
+                return Err(invalid("a row names no state or has an empty suffix"));
+            }
+        }
+        if let Some(&(r, t)) = picks
+            .iter()
+            .find(|&&(r, t)| rows.get(r).is_none_or(|row| t >= row.suffix.len()))
+        {
+            return Err(invalid(format!("position {t} of row {r} is not in the call")));
+        }
+        if let Some(k) = vocab_top_k {
+            self.check_top_k(k)?;
         }
         let layout = SlotLayout::new(rows);
         let batch_slot: Vec<u32> = layout.batch.iter().map(|&(_, slot)| slot).collect();
@@ -703,22 +749,12 @@ impl CandleBackend {
         let (hidden, branch) = b.forward(&ids, &pasts, &step)?;
         self.record_branch(&branch, sources.len(), len, p, layout.slots.len());
         drop(branch);
-        // each caller row's last real position, in the caller's order
-        let last: Vec<u32> = layout
-            .position
+        // each pick's flat position in (B*L), in the caller's order
+        let flat: Vec<u32> = picks
             .iter()
-            .map(|&pos| (pos * len + valid[pos] - 1) as u32)
+            .map(|&(r, t)| (layout.position[r] * len + t) as u32)
             .collect();
-        if let Some(k) = request.vocab_top_k() {
-            self.check_top_k(k)?;
-        }
-        let (data, vocab) = self.project(&hidden, &last, candidates, request.vocab_top_k())?;
-        Ok(CandidateLogits {
-            rows: rows.len(),
-            candidates: candidates.len(),
-            data,
-            vocab,
-        })
+        self.project(&hidden, &flat, candidates, vocab_top_k)
     }
 
     fn forward_full_candle(

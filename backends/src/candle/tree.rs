@@ -11,14 +11,15 @@
 //! full-vocabulary summary) once, in the tree's projected order. Under a tree mask attention
 //! takes the candle path (the CUDA flash kernel only knows causal masks).
 //!
-//! Models with linear-attention layers (Qwen3.5) keep the seam's default, one flat row per
-//! projected node ([`TreePacking::RowPerNode`]): a Gated DeltaNet layer's recurrent state runs
-//! token after token along one sequence and cannot be branched by a mask.
+//! Models with linear-attention layers (Qwen3.5) cannot pack: a Gated DeltaNet layer's recurrent
+//! state runs token after token along one sequence and cannot be branched by a mask. They score
+//! one batched row per root-to-leaf path ([`TreePacking::RowPerLeaf`]), in one slot-merged pass
+//! like `score`, gathering every projected node at its depth on the first leaf path through it
+//! (a causal row's position `d` sees exactly `prefix ++ path(node)`), so a projected internal
+//! node costs no row of its own.
 
 use candle_core::Tensor;
-use forkscore_seam::{
-    score_tree_by_rows, BackendError, CandidateLogits, PrefixState, TreePacking, TreeRequest,
-};
+use forkscore_seam::{CandidateLogits, PrefixState, ScoreRow, TreePacking, TreeRequest};
 
 use super::config::LayerKind;
 use super::state::{CandleState, LayerPast};
@@ -37,17 +38,63 @@ impl CandleBackend {
         if dense {
             TreePacking::Packed
         } else {
-            TreePacking::RowPerNode
+            TreePacking::RowPerLeaf
         }
     }
 
-    /// The seam's reference evaluation (one flat row per projected node), for models that
-    /// cannot pack.
-    pub(crate) fn score_tree_rows(
+    /// One row per root-to-leaf path, every projected node gathered on the first path through
+    /// it (see the module docs).
+    pub(crate) fn score_tree_leaves(
         &self,
         request: &TreeRequest<'_, CandleState>,
-    ) -> Result<CandidateLogits, BackendError> {
-        score_tree_by_rows(self, request)
+    ) -> Result<CandidateLogits, CandleError> {
+        let tree = request.tree();
+        let nodes = tree.nodes();
+        let leaves = tree.leaves();
+        let paths: Vec<Vec<usize>> = leaves.iter().map(|&l| tree.path_nodes(l)).collect();
+        // the row (leaf path) each node is read from: the first one through it
+        let mut row_of: Vec<Option<usize>> = vec![None; nodes.len()];
+        for (r, path) in paths.iter().enumerate() {
+            for &n in path {
+                row_of[n].get_or_insert(r);
+            }
+        }
+        let picks = tree
+            .projected()
+            .iter()
+            .map(|&i| {
+                row_of[i]
+                    .map(|r| (r, tree.depth(i)))
+                    .ok_or_else(|| CandleError::InvalidRequest {
+                        reason: format!("tree node {i} lies on no root-to-leaf path"),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let tokens: Vec<Vec<u32>> = paths
+            .iter()
+            .map(|p| p.iter().map(|&n| nodes[n].token).collect())
+            .collect();
+        let rows: Vec<ScoreRow<'_>> = leaves
+            .iter()
+            .zip(&tokens)
+            .map(|(&l, t)| ScoreRow {
+                state: nodes[l].state,
+                suffix: t,
+            })
+            .collect();
+        let (data, vocab) = self.score_at(
+            request.states(),
+            &rows,
+            &picks,
+            request.candidates(),
+            request.vocab_top_k(),
+        )?;
+        Ok(CandidateLogits {
+            rows: picks.len(),
+            candidates: request.candidates().len(),
+            data,
+            vocab,
+        })
     }
 
     /// The packed evaluation of `request` (attention-only models; see the module docs).
