@@ -146,7 +146,8 @@ fn rows_as_chains_equal_score() {
             .collect();
         let tree = TokenTree::from_rows(&rows, 1).expect("chains");
         let cands = candidates();
-        let request = TreeRequest::new(&[&state], &tree, &cands).expect("request");
+        let states = [&state];
+        let request = TreeRequest::new(&states, &tree, &cands).expect("request");
         let packed = m.score_tree(&request).expect("packed");
         let flat = m.score_rows(&[&state], &rows, &cands).expect("score");
         for r in 0..rows.len() {
@@ -169,7 +170,8 @@ fn vocabulary_summaries_agree_with_the_reference() {
     for (name, m) in models() {
         let state = m.prefill(&ids(10, 13, VOCAB)).expect("prefill");
         let cands = candidates();
-        let request = TreeRequest::new(&[&state], &tree, &cands)
+        let states = [&state];
+        let request = TreeRequest::new(&states, &tree, &cands)
             .and_then(|r| r.with_vocab(3))
             .expect("request");
         let packed = m.score_tree(&request).expect("packed");
