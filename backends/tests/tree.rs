@@ -41,7 +41,11 @@ fn snapshot(state: &CandleState) -> Vec<Vec<f32>> {
             LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
             LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
         })
-        .map(|t| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("host"))
+        .map(|t| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("host")
+        })
         .collect()
 }
 
@@ -49,17 +53,26 @@ fn snapshot(state: &CandleState) -> Vec<Vec<f32>> {
 /// Returns the worst |diff| against forward_full.
 fn check(name: &str, m: &CandleBackend, prefixes: &[Vec<u32>], tree: &TokenTree) -> f32 {
     let cands = candidates();
-    let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
+    let states: Vec<CandleState> = prefixes
+        .iter()
+        .map(|p| m.prefill(p).expect("prefill"))
+        .collect();
     let refs: Vec<&CandleState> = states.iter().collect();
     let before: Vec<_> = states.iter().map(snapshot).collect();
     let request = TreeRequest::new(&refs, tree, &cands).expect("request");
     let packed = m.score_tree(&request).expect("packed");
     let reference = score_tree_by_rows(m, &request).expect("reference");
-    packed.check_shape(tree.projected().len(), cands.len()).expect("shape");
+    packed
+        .check_shape(tree.projected().len(), cands.len())
+        .expect("shape");
     let mut worst = 0f32;
     for (r, &i) in tree.projected().iter().enumerate() {
         let what = format!("{name} node {i}");
-        LOGITS.assert_close(&format!("{what} vs reference"), packed.row(r), reference.row(r));
+        LOGITS.assert_close(
+            &format!("{what} vs reference"),
+            packed.row(r),
+            reference.row(r),
+        );
         let full: Vec<u32> = [prefixes[tree.nodes()[i].state].as_slice(), &tree.path(i)].concat();
         let full = m.forward_full(&full, &cands).expect("full");
         worst = worst.max(Tolerance::max_abs_diff(packed.row(r), &full));
@@ -125,7 +138,12 @@ fn interleaved_states_and_a_single_node() {
     .expect("tree");
     let single = TokenTree::new(vec![node(0, None, 777, true)], 1).expect("single");
     for (name, m) in models() {
-        check(name, m, &[ids(5, 17, VOCAB), ids(6, 23, VOCAB), ids(7, 5, VOCAB)], &tree);
+        check(
+            name,
+            m,
+            &[ids(5, 17, VOCAB), ids(6, 23, VOCAB), ids(7, 5, VOCAB)],
+            &tree,
+        );
         check(name, m, &[ids(8, 9, VOCAB)], &single);
     }
 }
@@ -176,11 +194,15 @@ fn vocabulary_summaries_agree_with_the_reference() {
             .expect("request");
         let packed = m.score_tree(&request).expect("packed");
         let reference = score_tree_by_rows(m, &request).expect("reference");
-        let (pv, rv) = (packed.vocab.expect("packed vocab"), reference.vocab.expect("ref vocab"));
+        let (pv, rv) = (
+            packed.vocab.expect("packed vocab"),
+            reference.vocab.expect("ref vocab"),
+        );
         assert_eq!(pv.len(), 3, "{name}");
         for (p, r) in pv.iter().zip(&rv) {
             LOGITS.assert_close(&format!("{name} logsumexp"), &[p.logsumexp], &[r.logsumexp]);
-            let ids = |v: &forkscore_backends::VocabRow| v.top.iter().map(|t| t.id).collect::<Vec<_>>();
+            let ids =
+                |v: &forkscore_backends::VocabRow| v.top.iter().map(|t| t.id).collect::<Vec<_>>();
             assert_eq!(ids(p), ids(r), "{name}: top-3 ids");
         }
     }
@@ -207,7 +229,10 @@ fn the_hybrid_scores_one_row_per_leaf_equal_to_the_references() {
     .expect("tree");
     let cands = [15, 1000, 90_000, 248_044];
     let prefixes = [vec![248_045, 10, 20, 30, 40], vec![248_045, 50, 60]];
-    let states: Vec<CandleState> = prefixes.iter().map(|p| m.prefill(p).expect("prefill")).collect();
+    let states: Vec<CandleState> = prefixes
+        .iter()
+        .map(|p| m.prefill(p).expect("prefill"))
+        .collect();
     let refs: Vec<&CandleState> = states.iter().collect();
     let request = TreeRequest::new(&refs, &tree, &cands)
         .and_then(|r| r.with_vocab(2))
@@ -224,7 +249,10 @@ fn the_hybrid_scores_one_row_per_leaf_equal_to_the_references() {
             reference.row(r),
         );
     }
-    let (gv, rv) = (got.vocab.expect("vocab"), reference.vocab.expect("ref vocab"));
+    let (gv, rv) = (
+        got.vocab.expect("vocab"),
+        reference.vocab.expect("ref vocab"),
+    );
     for (g, r) in gv.iter().zip(&rv) {
         Tolerance::CPU_F32_STRICT.assert_close("qwen3.5 logsumexp", &[g.logsumexp], &[r.logsumexp]);
     }

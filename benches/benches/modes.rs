@@ -295,8 +295,9 @@ fn main() -> anyhow::Result<()> {
                 })
             };
             let peak = |r: &Timed| {
-                r.as_ref()
-                    .map_or("-".to_string(), |(_, _, b)| format!("{:.2}MiB", b.peak_bytes as f64 / (1024.0 * 1024.0)))
+                r.as_ref().map_or("-".to_string(), |(_, _, b)| {
+                    format!("{:.2}MiB", b.peak_bytes as f64 / (1024.0 * 1024.0))
+                })
             };
             let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
             let cell =

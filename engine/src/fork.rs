@@ -291,7 +291,14 @@ pub fn score_group<B: Backend>(
         stats.tree_nodes += tree.len();
         stats.tree_projected += rows.len();
         stats.tree_packing = Some(backend.tree_packing().name());
-        spread(logits, &pairs, candidates.len(), vocab_top_k, &mut out, &mut vocab)?;
+        spread(
+            logits,
+            &pairs,
+            candidates.len(),
+            vocab_top_k,
+            &mut out,
+            &mut vocab,
+        )?;
     }
     let batch = match mode {
         Mode::CachedSerial => 1,
@@ -321,7 +328,14 @@ pub fn score_group<B: Backend>(
         }
         let logits = backend.score(&request)?;
         stats.score_calls += 1;
-        spread(logits, chunk, candidates.len(), vocab_top_k, &mut out, &mut vocab)?;
+        spread(
+            logits,
+            chunk,
+            candidates.len(),
+            vocab_top_k,
+            &mut out,
+            &mut vocab,
+        )?;
     }
     let mut trees: GroupLiteral = Vec::with_capacity(splits.len());
     for (split, state) in splits.iter().zip(&state_refs) {

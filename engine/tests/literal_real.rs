@@ -171,7 +171,12 @@ fn exact_literal_probabilities_equal_full_prompt_references_on_all_architectures
     .map(String::from)
     .to_vec();
     for (name, engine) in engines() {
-        for mode in [Mode::Parallel, Mode::CachedSerial, Mode::Independent, Mode::Tree] {
+        for mode in [
+            Mode::Parallel,
+            Mode::CachedSerial,
+            Mode::Independent,
+            Mode::Tree,
+        ] {
             let d = decide(engine, &schema, mode);
             let (head, paths) = head_and_paths(engine, &d, 0, &choices);
             let t = d.temperature.value;

@@ -244,7 +244,12 @@ fn every_mode_through_decide_many_matches_score() {
     let compiled = engine
         .compile(&Schema::from_json_str(&example("support_triage.json")).unwrap())
         .unwrap();
-    for mode in [Mode::Parallel, Mode::CachedSerial, Mode::Independent, Mode::Tree] {
+    for mode in [
+        Mode::Parallel,
+        Mode::CachedSerial,
+        Mode::Independent,
+        Mode::Tree,
+    ] {
         let opts = ScoreOptions {
             mode,
             ..ScoreOptions::default()
@@ -397,7 +402,11 @@ fn tree_mode_groups_equal_parallel_alone_on_tiny_real_models() {
             for (a, b) in scores_of(&want).iter().zip(scores_of(got)) {
                 worst = worst.max((a - b).abs());
             }
-            let packing = if *arch == "qwen3.5" { "row-per-leaf" } else { "packed" };
+            let packing = if *arch == "qwen3.5" {
+                "row-per-leaf"
+            } else {
+                "packed"
+            };
             assert_eq!(got.telemetry.tree_packing, Some(packing), "{arch}");
         }
         eprintln!("{arch}: tree-mode decide_many vs parallel alone max |dp| = {worst:e}");

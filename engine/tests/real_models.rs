@@ -118,9 +118,17 @@ fn check_modes(
         &probs(&parallel),
     );
     assert_eq!(tree.output, parallel.output, "{name}: tree vs parallel");
-    let want = if name == "qwen3.5" { "row-per-leaf" } else { "packed" };
+    let want = if name == "qwen3.5" {
+        "row-per-leaf"
+    } else {
+        "packed"
+    };
     assert_eq!(tree.telemetry.tree_packing, Some(want), "{name}");
-    assert_eq!((tree.telemetry.tree_calls, tree.telemetry.score_calls), (1, 0), "{name}");
+    assert_eq!(
+        (tree.telemetry.tree_calls, tree.telemetry.score_calls),
+        (1, 0),
+        "{name}"
+    );
     // Scoring again reuses nothing stale.
     let again = run(Mode::Parallel, None);
     assert_eq!(logits(&again), logits(&run(Mode::Parallel, None)));

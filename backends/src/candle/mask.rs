@@ -132,7 +132,10 @@ mod tests {
             .chunks(5)
             .map(|r| (0..5).filter(|&j| r[j] == 0.0).collect())
             .collect();
-        assert_eq!(open, [vec![0], vec![0, 1], vec![0, 1, 2], vec![0, 1, 3], vec![4]]);
+        assert_eq!(
+            open,
+            [vec![0], vec![0, 1], vec![0, 1, 2], vec![0, 1, 3], vec![4]]
+        );
         // a chain is the causal mask
         let chain = tree(&[None, Some(0), Some(1)], &Device::Cpu).expect("chain");
         let c = causal(3, &Device::Cpu).expect("causal");

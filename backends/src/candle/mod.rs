@@ -721,7 +721,9 @@ impl CandleBackend {
             .iter()
             .find(|&&(r, t)| rows.get(r).is_none_or(|row| t >= row.suffix.len()))
         {
-            return Err(invalid(format!("position {t} of row {r} is not in the call")));
+            return Err(invalid(format!(
+                "position {t} of row {r} is not in the call"
+            )));
         }
         if let Some(k) = vocab_top_k {
             self.check_top_k(k)?;
