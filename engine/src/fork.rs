@@ -99,10 +99,6 @@ pub enum Mode {
     Tree,
 }
 
-impl Mode {
-    /// Every mode's name, as [`std::str::FromStr`] reads it.
-    pub const NAMES: [&'static str; 4] = ["parallel", "cached-serial", "independent", "tree"];
-}
 
 impl std::str::FromStr for Mode {
     type Err = String;
@@ -447,4 +443,24 @@ fn independent_tree<B: Backend>(
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mode;
+
+    #[test]
+    fn modes_parse_by_name_and_an_unknown_one_lists_them_all() {
+        for (name, mode) in [
+            ("parallel", Mode::Parallel),
+            ("cached-serial", Mode::CachedSerial),
+            ("independent", Mode::Independent),
+            ("tree", Mode::Tree),
+        ] {
+            assert_eq!(name.parse::<Mode>(), Ok(mode));
+            assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
+        }
+        let e = "packed".parse::<Mode>().unwrap_err();
+        assert!(e.contains("parallel, cached-serial, independent or tree"), "{e}");
+    }
 }
