@@ -9,12 +9,12 @@ pub mod candle;
 pub mod error;
 
 pub use candle::{
-    CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec, LoadOptions,
-    ResolvedCheckpoint,
+    BranchFootprint, CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec,
+    LoadOptions, ResolvedCheckpoint,
 };
 pub use error::CandleError;
 pub use forkscore_seam::{
-    Architecture, Backend, BackendError, CandidateLogits, DType, Device, Family, ModelFacts,
-    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TokenLogprob, TokenTree,
-    TreeNode, TreePacking, TreeRequest, VocabRequest, VocabRow, MAX_TOP_K,
+    score_tree_by_rows, Architecture, Backend, BackendError, CandidateLogits, DType, Device,
+    Family, ModelFacts, PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow,
+    TokenLogprob, TokenTree, TreeNode, TreePacking, TreeRequest, VocabRequest, VocabRow, MAX_TOP_K,
 };

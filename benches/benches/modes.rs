@@ -1,4 +1,4 @@
-//! Modes side by side: parallel vs cached-serial vs independent (and field_batch_size), for
+//! Modes side by side: parallel vs cached-serial vs independent vs tree (and field_batch_size), for
 //! several field counts and context lengths, in ONE run, reported as ratios.
 //!
 //! `cargo bench -p forkscore-benches --bench modes` — writes target/bench/modes.json and prints
@@ -11,7 +11,11 @@
 //! peer (scripts/gpu-real/peer.py) can score the same token ids.
 //! FORKSCORE_BENCH_FIELDS (field counts, default 1,3,8,28), FORKSCORE_BENCH_WORDS (context
 //! lengths in words, default 40,600) and FORKSCORE_BENCH_MODES (default
-//! parallel,fbs4,cached-serial,independent; a mode left out is null in the report) select cases.
+//! parallel,fbs4,cached-serial,independent,tree; a mode left out is null in the report) select
+//! cases.
+//! Each row also carries, per mode, the branch memory of one decision (`branch`: backbone passes,
+//! token positions run, branch K/V bytes and the peak of one pass — branch K/V + one layer's f32
+//! attention scores + masks + any merged past copy, `forkscore_backends::BranchFootprint`).
 //! modes.json (and the dump) are rewritten after every case.
 //! Each row of modes.json carries the median per-stage telemetry timings of every mode
 //! (`stages_ms`: render, split, prefill, score, assemble, total).
@@ -23,7 +27,7 @@
 //! _HEADS (8), _KV_HEADS (2), _INTERMEDIATE (hidden * 11 / 4); head_dim = hidden / heads.
 
 use forkscore_backends::candle::{profile, ComputeDType, DeviceSpec, LoadOptions};
-use forkscore_backends::Backend;
+use forkscore_backends::{Backend, BranchFootprint};
 use forkscore_benches::{
     case_dump, context_of, load_engine, median_ms, median_stages, triage_subset,
 };
@@ -56,9 +60,9 @@ fn counts(name: &str, default: &[usize]) -> anyhow::Result<Vec<usize>> {
     }
 }
 
-/// The modes to time (FORKSCORE_BENCH_MODES, default all four).
+/// The modes to time (FORKSCORE_BENCH_MODES, default all five).
 fn bench_modes() -> anyhow::Result<Vec<String>> {
-    const ALL: [&str; 4] = ["parallel", "fbs4", "cached-serial", "independent"];
+    const ALL: [&str; 5] = ["parallel", "fbs4", "cached-serial", "independent", "tree"];
     let Ok(v) = std::env::var("FORKSCORE_BENCH_MODES") else {
         return Ok(ALL.iter().map(|m| m.to_string()).collect());
     };
@@ -188,8 +192,19 @@ fn main() -> anyhow::Result<()> {
         rss_mib.map_or("?".to_string(), |m| format!("{m:.0}"))
     );
     println!(
-        "{:>6} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
-        "fields", "prefix", "parallel", "fbs=4", "cached-ser", "independent", "ind/par", "ser/par"
+        "{:>6} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "fields",
+        "prefix",
+        "parallel",
+        "fbs=4",
+        "cached-ser",
+        "independent",
+        "tree",
+        "ind/par",
+        "ser/par",
+        "tree/par",
+        "par peak",
+        "tree peak"
     );
     // FORKSCORE_BENCH_PROFILE=1: per case, one extra parallel run with the per-layer-kind
     // profile (embed / attention / linear_attention / mlp / head), reported beside the timings.
@@ -199,12 +214,12 @@ fn main() -> anyhow::Result<()> {
         for &fields in &fields_list {
             let schema = triage_subset(fields)?;
             let compiled = engine.compile(&schema)?;
-            // Median wall ms of one mode and the median of each telemetry stage over the timed
-            // runs; None when the mode is not selected.
+            // Median wall ms of one mode, the median of each telemetry stage over the timed
+            // runs and the branch memory of one decision; None when the mode is not selected.
             let run = |key: &str,
                        mode: Mode,
                        fbs: Option<usize>|
-             -> anyhow::Result<Option<(f64, serde_json::Value)>> {
+             -> anyhow::Result<Option<(f64, serde_json::Value, BranchFootprint)>> {
                 if !modes.iter().any(|m| m == key) {
                     return Ok(None);
                 }
@@ -213,6 +228,10 @@ fn main() -> anyhow::Result<()> {
                     field_batch_size: fbs,
                     ..ScoreOptions::default()
                 };
+                // one untimed decision, alone, for its branch footprint
+                engine.backend().take_branch_footprint();
+                engine.decide(&context, &compiled, &opts)?;
+                let branch = engine.backend().take_branch_footprint();
                 let mut stages = Vec::with_capacity(repeats + 1);
                 let ms = median_ms(1, repeats, || {
                     let d = engine.decide(&context, &compiled, &opts)?;
@@ -220,7 +239,7 @@ fn main() -> anyhow::Result<()> {
                     Ok(())
                 })?;
                 // The warm-up run is the first entry.
-                Ok(Some((ms, median_stages(&stages[1..]))))
+                Ok(Some((ms, median_stages(&stages[1..]), branch)))
             };
             let prefix = engine
                 .prepare(&context, &compiled, usize::MAX)?
@@ -231,6 +250,7 @@ fn main() -> anyhow::Result<()> {
             let fbs4 = run("fbs4", Mode::Parallel, Some(4))?;
             let ser = run("cached-serial", Mode::CachedSerial, None)?;
             let ind = run("independent", Mode::Independent, None)?;
+            let tree = run("tree", Mode::Tree, None)?;
             if dump_path.is_some() {
                 let opts = ScoreOptions {
                     include_prompt: true,
@@ -266,26 +286,43 @@ fn main() -> anyhow::Result<()> {
             } else {
                 None
             };
-            let ms = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(m, _)| *m);
-            let st = |r: &Option<(f64, serde_json::Value)>| r.as_ref().map(|(_, s)| s.clone());
+            type Timed = Option<(f64, serde_json::Value, BranchFootprint)>;
+            let ms = |r: &Timed| r.as_ref().map(|(m, _, _)| *m);
+            let st = |r: &Timed| r.as_ref().map(|(_, s, _)| s.clone());
+            let br = |r: &Timed| {
+                r.as_ref().map(|(_, _, b)| {
+                    serde_json::json!({"passes": b.passes, "tokens": b.tokens, "kv_bytes": b.kv_bytes, "peak_bytes": b.peak_bytes})
+                })
+            };
+            let peak = |r: &Timed| {
+                r.as_ref().map_or("-".to_string(), |(_, _, b)| {
+                    format!("{:.2}MiB", b.peak_bytes as f64 / (1024.0 * 1024.0))
+                })
+            };
             let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
             let cell =
                 |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.1}{unit}"));
-            let (par_ms, ser_ms, ind_ms) = (ms(&par), ms(&ser), ms(&ind));
+            let (par_ms, ser_ms, ind_ms, tree_ms) = (ms(&par), ms(&ser), ms(&ind), ms(&tree));
             println!(
-                "{fields:>6} {prefix:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
+                "{fields:>6} {prefix:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>12} {:>12}",
                 cell(par_ms, "ms"),
                 cell(ms(&fbs4), "ms"),
                 cell(ser_ms, "ms"),
                 cell(ind_ms, "ms"),
+                cell(tree_ms, "ms"),
                 ratio(ind_ms, par_ms).map_or("-".into(), |r| format!("{r:.2}x")),
                 ratio(ser_ms, par_ms).map_or("-".into(), |r| format!("{r:.2}x")),
+                ratio(tree_ms, par_ms).map_or("-".into(), |r| format!("{r:.2}x")),
+                peak(&par),
+                peak(&tree),
             );
             rows.push(serde_json::json!({
                 "fields": fields, "context_words": words, "prefix_tokens": prefix,
-                "parallel_ms": par_ms, "parallel_fbs4_ms": ms(&fbs4), "cached_serial_ms": ser_ms, "independent_ms": ind_ms,
-                "speedup_vs_independent": ratio(ind_ms, par_ms), "speedup_vs_cached_serial": ratio(ser_ms, par_ms),
-                "stages_ms": {"parallel": st(&par), "parallel_fbs4": st(&fbs4), "cached_serial": st(&ser), "independent": st(&ind)},
+                "parallel_ms": par_ms, "parallel_fbs4_ms": ms(&fbs4), "cached_serial_ms": ser_ms, "independent_ms": ind_ms, "tree_ms": tree_ms,
+                "speedup_vs_independent": ratio(ind_ms, par_ms), "speedup_vs_cached_serial": ratio(ser_ms, par_ms), "tree_vs_parallel": ratio(tree_ms, par_ms),
+                "tree_packing": engine.backend().tree_packing().name(),
+                "stages_ms": {"parallel": st(&par), "parallel_fbs4": st(&fbs4), "cached_serial": st(&ser), "independent": st(&ind), "tree": st(&tree)},
+                "branch": {"parallel": br(&par), "parallel_fbs4": br(&fbs4), "cached_serial": br(&ser), "independent": br(&ind), "tree": br(&tree)},
                 "profile_parallel": profile,
             }));
             write(&rows, &dump)?;

@@ -86,6 +86,10 @@ pub struct Telemetry {
     pub tree_nodes: usize,
     #[serde(skip_serializing_if = "is_zero")]
     pub tree_projected: usize,
+    /// How the backend evaluated those trees (`packed`, `row-per-leaf`, `row-per-node`);
+    /// omitted without a tree call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_packing: Option<&'static str>,
     pub timings_ms: StageTimings,
     /// The context group this decision was scored in (decide_many and batch jobs only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -384,6 +388,7 @@ pub fn telemetry(
         tree_calls: stats.tree_calls,
         tree_nodes: stats.tree_nodes,
         tree_projected: stats.tree_projected,
+        tree_packing: stats.tree_packing,
         timings_ms: StageTimings {
             prefill: stats.prefill_ms,
             score: stats.score_ms,

@@ -7,7 +7,12 @@
 //! - parallel: one prefill per context, rows scored together (`row_batch` splits them into
 //!   several calls, still one prefill);
 //! - cached-serial: one prefill per context, one row per call;
-//! - independent: each full prompt from scratch (the reference path).
+//! - independent: each full prompt from scratch (the reference path);
+//! - tree: one prefill per context, every code row of the group (each a chain continuing its
+//!   context's state: `TokenTree::from_rows`) in ONE `Backend::score_tree` call; on an
+//!   attention-only model the candle backend packs each state's rows into one sequence under a
+//!   tree mask, elsewhere the seam's default scores them as flat rows (`RunStats::tree_packing`
+//!   names which ran).
 //!
 //! With `vocab_top_k` (the allowed-mass diagnostics), every row also gets its full-vocabulary
 //! summary at the decision position ([`VocabRow`]): in the same score calls
@@ -19,14 +24,15 @@
 //!
 //! Literal-scored fields ([`TreePlan`]) are not flat rows: per context, one token tree holds
 //! every literal field's selector and choice trie (`literal::tree`), scored by one
-//! `Backend::score_tree` call over the context's state (parallel and cached-serial), or, in
+//! `Backend::score_tree` call over the context's state (parallel, cached-serial and tree), or, in
 //! independent mode, one `forward_full` (and, for the log-likelihood methods, one `vocab_rows`)
 //! per projected node on the full prompt up to it — the reference.
 
 use crate::literal::tree::{context_tree, field_scores, NodeScores, TreePlan};
 use crate::prepare::split::SplitPrompt;
 use forkscore_seam::{
-    Backend, BackendError, PrefixState, ScoreRequest, ScoreRow, TreeRequest, VocabRequest, VocabRow,
+    Backend, BackendError, CandidateLogits, PrefixState, ScoreRequest, ScoreRow, TokenTree,
+    TreeRequest, VocabRequest, VocabRow,
 };
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -89,7 +95,10 @@ pub enum Mode {
     Parallel,
     CachedSerial,
     Independent,
+    /// Every code row of a group in one token-tree call (packed on attention-only models).
+    Tree,
 }
+
 
 impl std::str::FromStr for Mode {
     type Err = String;
@@ -98,8 +107,9 @@ impl std::str::FromStr for Mode {
             "parallel" => Ok(Mode::Parallel),
             "cached-serial" | "cached_serial" => Ok(Mode::CachedSerial),
             "independent" => Ok(Mode::Independent),
+            "tree" => Ok(Mode::Tree),
             other => Err(format!(
-                "unknown mode {other:?} (expected parallel, cached-serial or independent)"
+                "unknown mode {other:?} (expected parallel, cached-serial, independent or tree)"
             )),
         }
     }
@@ -117,11 +127,14 @@ pub struct RunStats {
     pub reused_prefix_tokens: usize,
     pub prefill_ms: f64,
     pub score_ms: f64,
-    /// Token-tree calls (literal fields; independent mode counts `forward_calls` instead).
+    /// Token-tree calls (literal fields, and the code rows in tree mode; independent mode
+    /// counts `forward_calls` instead).
     pub tree_calls: usize,
     /// Nodes of those trees, and how many of them were projected.
     pub tree_nodes: usize,
     pub tree_projected: usize,
+    /// How the backend evaluated those trees (`Backend::tree_packing`), None without a tree call.
+    pub tree_packing: Option<&'static str>,
 }
 
 /// Logits of one group: `logits[context][row][candidate]` (a literal field's row is empty: its
@@ -255,11 +268,40 @@ pub fn score_group<B: Backend>(
         .flat_map(|(c, s)| (0..s.suffix_ids.len()).map(move |r| (c, r)))
         .filter(|&(_, r)| !literal.is_literal(r))
         .collect();
+    if mode == Mode::Tree && !pairs.is_empty() {
+        // every code row a chain over its context's state, all in one tree call
+        let rows: Vec<ScoreRow<'_>> = pairs
+            .iter()
+            .map(|&(c, r)| ScoreRow {
+                state: c,
+                suffix: &splits[c].suffix_ids[r],
+            })
+            .collect();
+        let tree = TokenTree::from_rows(&rows, state_refs.len())?;
+        let mut request = TreeRequest::new(&state_refs, &tree, candidates)?;
+        if let Some(k) = vocab_top_k {
+            request = request.with_vocab(k)?;
+        }
+        let logits = backend.score_tree(&request)?;
+        stats.tree_calls += 1;
+        stats.tree_nodes += tree.len();
+        stats.tree_projected += rows.len();
+        stats.tree_packing = Some(backend.tree_packing().name());
+        spread(
+            logits,
+            &pairs,
+            candidates.len(),
+            vocab_top_k,
+            &mut out,
+            &mut vocab,
+        )?;
+    }
     let batch = match mode {
         Mode::CachedSerial => 1,
         _ => row_batch.unwrap_or(pairs.len()).max(1),
     };
-    for chunk in pairs.chunks(batch) {
+    let flat_pairs: &[(usize, usize)] = if mode == Mode::Tree { &[] } else { &pairs };
+    for chunk in flat_pairs.chunks(batch) {
         // Only the states this chunk uses are passed, so a small batch never carries other slots;
         // `slot_of[c]` is context c's index among them.
         let mut used: Vec<usize> = Vec::new();
@@ -280,25 +322,16 @@ pub fn score_group<B: Backend>(
         if let Some(k) = vocab_top_k {
             request = request.with_vocab(k)?;
         }
-        let mut logits = backend.score(&request)?;
-        logits.check_shape(rows.len(), candidates.len())?;
+        let logits = backend.score(&request)?;
         stats.score_calls += 1;
-        let mut summaries = match (vocab_top_k, logits.vocab.take()) {
-            (None, _) => None,
-            (Some(_), Some(v)) => Some(v.into_iter()),
-            (Some(_), None) => {
-                return Err(BackendError::InvalidRequest {
-                    reason: "vocabulary summaries were asked for but the backend returned none"
-                        .into(),
-                })
-            }
-        };
-        for (i, &(c, r)) in chunk.iter().enumerate() {
-            out[c][r] = logits.row(i).to_vec();
-            if let Some(row) = summaries.as_mut().and_then(Iterator::next) {
-                vocab[c].push(row);
-            }
-        }
+        spread(
+            logits,
+            chunk,
+            candidates.len(),
+            vocab_top_k,
+            &mut out,
+            &mut vocab,
+        )?;
     }
     let mut trees: GroupLiteral = Vec::with_capacity(splits.len());
     for (split, state) in splits.iter().zip(&state_refs) {
@@ -311,6 +344,34 @@ pub fn score_group<B: Backend>(
         literal: trees,
         stats,
     })
+}
+
+/// Hand the logits (and summaries) of one call over `pairs` (context, row) to their places.
+fn spread(
+    mut logits: CandidateLogits,
+    pairs: &[(usize, usize)],
+    candidates: usize,
+    vocab_top_k: Option<usize>,
+    out: &mut GroupLogits,
+    vocab: &mut GroupVocab,
+) -> Result<(), BackendError> {
+    logits.check_shape(pairs.len(), candidates)?;
+    let mut summaries = match (vocab_top_k, logits.vocab.take()) {
+        (None, _) => None,
+        (Some(_), Some(v)) => Some(v.into_iter()),
+        (Some(_), None) => {
+            return Err(BackendError::InvalidRequest {
+                reason: "vocabulary summaries were asked for but the backend returned none".into(),
+            })
+        }
+    };
+    for (i, &(c, r)) in pairs.iter().enumerate() {
+        out[c][r] = logits.row(i).to_vec();
+        if let Some(row) = summaries.as_mut().and_then(Iterator::next) {
+            vocab[c].push(row);
+        }
+    }
+    Ok(())
 }
 
 /// One context's literal fields in one `score_tree` call over its prefix state.
@@ -336,6 +397,7 @@ fn tree_call<B: Backend>(
     stats.tree_calls += 1;
     stats.tree_nodes += t.tree.len();
     stats.tree_projected += projected;
+    stats.tree_packing = Some(backend.tree_packing().name());
     let lse: Option<Vec<f32>> = match (literal.logsumexp, logits.vocab.take()) {
         (false, _) => None,
         (true, Some(v)) if v.len() == projected => Some(v.iter().map(|r| r.logsumexp).collect()),
@@ -381,4 +443,24 @@ fn independent_tree<B: Backend>(
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mode;
+
+    #[test]
+    fn modes_parse_by_name_and_an_unknown_one_lists_them_all() {
+        for (name, mode) in [
+            ("parallel", Mode::Parallel),
+            ("cached-serial", Mode::CachedSerial),
+            ("independent", Mode::Independent),
+            ("tree", Mode::Tree),
+        ] {
+            assert_eq!(name.parse::<Mode>(), Ok(mode));
+            assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
+        }
+        let e = "packed".parse::<Mode>().unwrap_err();
+        assert!(e.contains("parallel, cached-serial, independent or tree"), "{e}");
+    }
 }

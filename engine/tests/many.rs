@@ -244,7 +244,12 @@ fn every_mode_through_decide_many_matches_score() {
     let compiled = engine
         .compile(&Schema::from_json_str(&example("support_triage.json")).unwrap())
         .unwrap();
-    for mode in [Mode::Parallel, Mode::CachedSerial, Mode::Independent] {
+    for mode in [
+        Mode::Parallel,
+        Mode::CachedSerial,
+        Mode::Independent,
+        Mode::Tree,
+    ] {
         let opts = ScoreOptions {
             mode,
             ..ScoreOptions::default()
@@ -358,5 +363,56 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
                 );
             }
         }
+    }
+}
+
+/// Tree mode over a group of several contexts (one tree over several states: packed on the
+/// dense models, the reference rows on Qwen3.5) gives every context's parallel decision alone:
+/// the same selections, probabilities within CPU_F32_STRICT (the slot-merged-vs-alone preset).
+#[test]
+fn tree_mode_groups_equal_parallel_alone_on_tiny_real_models() {
+    let models = [
+        ("qwen2.5", ensure_tiny_model(&TinySpec::qwen25())),
+        ("qwen3", ensure_tiny_model(&TinySpec::qwen3())),
+        (
+            "qwen3.5",
+            TinyQwen35::new(35, Qwen35Layout::TextOnly)
+                .ensure()
+                .expect("tiny Qwen3.5"),
+        ),
+    ];
+    let tree = ScoreOptions {
+        mode: Mode::Tree,
+        ..ScoreOptions::default()
+    };
+    for (arch, dir) in &models {
+        let engine = tiny_engine(dir);
+        let compiled = engine
+            .compile(&Schema::from_json_str(&example("code_security.json")).unwrap())
+            .unwrap();
+        let contexts = &CONTEXTS[..4];
+        let many = engine.decide_many(contexts, &compiled, &tree, &GroupBudget::default());
+        let mut worst = 0.0f64;
+        for (c, got) in contexts.iter().zip(&many) {
+            let got = got.as_ref().unwrap();
+            let want = engine
+                .decide(c, &compiled, &ScoreOptions::default())
+                .unwrap();
+            assert_eq!(want.output, got.output, "{arch} {c:?}");
+            for (a, b) in scores_of(&want).iter().zip(scores_of(got)) {
+                worst = worst.max((a - b).abs());
+            }
+            let packing = if *arch == "qwen3.5" {
+                "row-per-leaf"
+            } else {
+                "packed"
+            };
+            assert_eq!(got.telemetry.tree_packing, Some(packing), "{arch}");
+        }
+        eprintln!("{arch}: tree-mode decide_many vs parallel alone max |dp| = {worst:e}");
+        assert!(
+            worst <= f64::from(Tolerance::CPU_F32_STRICT.abs),
+            "{arch}: {worst:e}"
+        );
     }
 }

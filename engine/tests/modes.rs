@@ -1,5 +1,5 @@
 //! Mode equivalence on the fake backend with real Qwen tokenizers: parallel == cached-serial ==
-//! independent exactly, for generated schemas and contexts; the split always reconstructs the
+//! tree == independent exactly, for generated schemas and contexts; the split always reconstructs the
 //! full prompt; every field_batch_size gives the same result.
 
 mod support;
@@ -93,7 +93,12 @@ proptest! {
         let serial = run(Mode::CachedSerial, None);
         let independent = run(Mode::Independent, None);
         let batched = run(Mode::Parallel, Some(fbs));
+        let tree = run(Mode::Tree, None);
         prop_assert_eq!(logits_of(&parallel), logits_of(&independent));
+        prop_assert_eq!(logits_of(&tree), logits_of(&independent));
+        prop_assert_eq!(&tree.output, &independent.output);
+        prop_assert_eq!((tree.telemetry.tree_calls, tree.telemetry.score_calls), (1, 0));
+        prop_assert_eq!(tree.telemetry.tree_packing, Some("row-per-node"));
         prop_assert_eq!(logits_of(&serial), logits_of(&independent));
         prop_assert_eq!(logits_of(&batched), logits_of(&independent));
         prop_assert_eq!(&parallel.output, &independent.output);

@@ -1,5 +1,6 @@
-//! The engine on tiny real-architecture checkpoints (CPU f32, candle backend): every mode and
-//! every field_batch_size agree within the strict CPU tolerance, the selections are identical,
+//! The engine on tiny real-architecture checkpoints (CPU f32, candle backend): every mode
+//! (tree mode packed on Qwen2.5 / Qwen3, the reference rows on Qwen3.5) and every
+//! field_batch_size agree within the strict CPU tolerance, the selections are identical,
 //! and scoring a context twice gives identical results (no state leaks between calls).
 
 use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
@@ -92,6 +93,7 @@ fn check_modes(
         ("parallel", run(Mode::Parallel, None)),
         ("cached-serial", run(Mode::CachedSerial, None)),
         ("field-batch", run(Mode::Parallel, Some(fbs))),
+        ("tree", run(Mode::Tree, None)),
     ] {
         Tolerance::CPU_F32_LOGITS.assert_close(
             &format!("{name} {label} logits vs independent"),
@@ -108,6 +110,25 @@ fn check_modes(
             "{name} {label}: selections differ"
         );
     }
+    // tree mode: the same decision as parallel, and the telemetry names the packing that ran
+    let (tree, parallel) = (run(Mode::Tree, None), run(Mode::Parallel, None));
+    Tolerance::CPU_F32_STRICT.assert_close(
+        &format!("{name} tree probabilities vs parallel"),
+        &probs(&tree),
+        &probs(&parallel),
+    );
+    assert_eq!(tree.output, parallel.output, "{name}: tree vs parallel");
+    let want = if name == "qwen3.5" {
+        "row-per-leaf"
+    } else {
+        "packed"
+    };
+    assert_eq!(tree.telemetry.tree_packing, Some(want), "{name}");
+    assert_eq!(
+        (tree.telemetry.tree_calls, tree.telemetry.score_calls),
+        (1, 0),
+        "{name}"
+    );
     // Scoring again reuses nothing stale.
     let again = run(Mode::Parallel, None);
     assert_eq!(logits(&again), logits(&run(Mode::Parallel, None)));

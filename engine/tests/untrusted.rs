@@ -247,6 +247,7 @@ fn non_finite_logits_are_errors_never_decisions() {
             forkscore_engine::Mode::Parallel,
             forkscore_engine::Mode::CachedSerial,
             forkscore_engine::Mode::Independent,
+            forkscore_engine::Mode::Tree,
         ] {
             let engine = Engine::new(
                 PoisonedBackend {

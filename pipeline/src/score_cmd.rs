@@ -71,7 +71,8 @@ impl ContextArgs {
 /// Request-side options shared by `score` and `batch`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScoringArgs {
-    /// parallel (default), cached-serial or independent (the reference path).
+    /// parallel (default), cached-serial, independent (the reference path) or tree (every code
+    /// row in one token-tree call, packed under a tree mask on attention-only models).
     #[arg(long, default_value = "parallel")]
     pub mode: Mode,
     /// In parallel mode, score at most this many rows per call (still one prefill).

@@ -86,22 +86,7 @@ pub trait Backend: Send + Sync {
         &self,
         request: &TreeRequest<'_, Self::State>,
     ) -> Result<CandidateLogits, BackendError> {
-        let tree = request.tree();
-        let paths: Vec<Vec<u32>> = tree.projected().iter().map(|&i| tree.path(i)).collect();
-        let rows: Vec<ScoreRow<'_>> = tree
-            .projected()
-            .iter()
-            .zip(&paths)
-            .map(|(&i, p)| ScoreRow {
-                state: tree.nodes()[i].state,
-                suffix: p,
-            })
-            .collect();
-        let mut flat = ScoreRequest::new(request.states(), &rows, request.candidates())?;
-        if let Some(k) = request.vocab_top_k() {
-            flat = flat.with_vocab(k)?;
-        }
-        self.score(&flat)
+        score_tree_by_rows(self, request)
     }
 
     /// How [`Backend::score_tree`] evaluates a tree on this model, for telemetry.
@@ -118,6 +103,31 @@ pub trait Backend: Send + Sync {
     /// ([`crate::topk::top_k`]), plus the log-probability of the next token where there is one.
     /// Token ids and K are checked against the vocabulary here.
     fn vocab_rows(&self, request: &VocabRequest<'_>) -> Result<Vec<PositionVocab>, BackendError>;
+}
+
+/// The default of [`Backend::score_tree`], callable on its own: one flat row per projected node
+/// (its root-to-node path) in one [`Backend::score`] call. The reference every packing is tested
+/// against, and the path of backends (or models) that cannot pack.
+pub fn score_tree_by_rows<B: Backend + ?Sized>(
+    backend: &B,
+    request: &TreeRequest<'_, B::State>,
+) -> Result<CandidateLogits, BackendError> {
+    let tree = request.tree();
+    let paths: Vec<Vec<u32>> = tree.projected().iter().map(|&i| tree.path(i)).collect();
+    let rows: Vec<ScoreRow<'_>> = tree
+        .projected()
+        .iter()
+        .zip(&paths)
+        .map(|(&i, p)| ScoreRow {
+            state: tree.nodes()[i].state,
+            suffix: p,
+        })
+        .collect();
+    let mut flat = ScoreRequest::new(request.states(), &rows, request.candidates())?;
+    if let Some(k) = request.vocab_top_k() {
+        flat = flat.with_vocab(k)?;
+    }
+    backend.score(&flat)
 }
 
 /// How a backend evaluates a [`crate::TokenTree`].

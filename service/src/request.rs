@@ -5,7 +5,7 @@
 //! - `/v1/decide_many`: `{"contexts": [str, …], "schema": object, "options"?: Options}`
 //! - `/v1/ask`: `{"context": str, "question": str, "options"?: Options}` (one boolean field `answer`)
 //!
-//! Options: `mode` (`parallel` | `cached-serial` | `independent`), `temperature` (finite > 0),
+//! Options: `mode` (`parallel` | `cached-serial` | `independent` | `tree`), `temperature` (finite > 0),
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
 //! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
 //! as `forkscore score --allowed-mass --top-k`.

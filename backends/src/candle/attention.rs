@@ -16,7 +16,8 @@
 //!
 //! That candle path is the reference. On CUDA in bf16, [`super::flash_attention`] computes the
 //! same function without materialising the scores (one kernel, online softmax); it is taken
-//! whenever it supports the call, unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the
+//! whenever it supports the call (never under a token tree's mask, which only the candle path
+//! applies), unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the
 //! environment asks for the candle path (to compare or profile).
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -35,8 +36,9 @@ pub struct PastKv<'a> {
 
 /// Masks for one call, see [`super::mask`].
 pub struct AttnMasks<'a> {
-    /// `(1, 1, 1, L, L)`, built when the candle path first reads it; `None` when `L == 1`.
-    pub causal: Option<&'a super::mask::CausalMask>,
+    /// `(1, 1, 1, L, L)` over the new keys: causal (built when the candle path first reads it),
+    /// or a packed token tree's; `None` when `L == 1`.
+    pub new_keys: Option<&'a super::mask::NewKeysMask>,
     /// `(1, B, 1, 1, P)`; `None` when every row sees its whole past.
     pub past: Option<&'a Tensor>,
     /// `(B,)` u32: each row's first visible past key, the same information as `past` for the
@@ -115,6 +117,7 @@ pub fn takes_flash(
     kernel() == AttentionKernel::Fastest
         && flash_attention::supports(q, k_new, past)
         && masks.past.is_some() == masks.past_start.is_some()
+        && !masks.new_keys.is_some_and(|m| m.is_tree())
 }
 
 /// The candle path: scores materialised in f32, one softmax over past ++ new keys.
@@ -150,10 +153,10 @@ fn attend_candle(
         .and_then(|s| s.to_dtype(DType::F32))
         .and_then(|s| s.reshape((hkv, b, g, l, l)))
         .map_err(op("attention scores new"))?;
-    let s_new = match masks.causal {
+    let s_new = match masks.new_keys {
         Some(m) => s_new
             .broadcast_add(m.tensor()?)
-            .map_err(op("attention causal mask"))?,
+            .map_err(op("attention causal / tree mask"))?,
         None => s_new,
     };
 

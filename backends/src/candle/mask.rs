@@ -4,6 +4,9 @@
 //! - causal: within the new tokens of one call, query `i` sees new keys `j <= i`. Right padding
 //!   needs no extra mask: pad tokens sit after a row's last valid token, so no valid query sees
 //!   them, and pad queries are never read.
+//! - tree: the new tokens are the nodes of a token tree packed into one sequence (parents
+//!   first); query `i` sees new key `j` exactly when `j` is `i` or one of its ancestors. Every
+//!   node sees the whole past (the prefix it continues), so the past part needs no mask.
 //! - left padding: when rows continue prefixes of different lengths merged into one `P`-long
 //!   past (left-padded), row `r` hides its first `P - len_r` past keys.
 
@@ -19,25 +22,70 @@ pub fn causal(len: usize, device: &Device) -> Result<Tensor, CandleError> {
     Tensor::from_vec(data, (1, 1, 1, len, len), device).map_err(CandleError::tensor("causal mask"))
 }
 
-/// The causal mask of one call, built on first use: the flash kernel never reads it, so a GPU
-/// prefill of `L` tokens does not fill and upload `L²` floats (16 MB at 2,000 tokens) that only
-/// the candle attention path needs.
-pub struct CausalMask {
+/// `(1, 1, 1, T, T)` tree mask over `T` packed tree nodes: `parents[i]` is node `i`'s parent
+/// (an earlier index) or `None` for a root; query `i` sees key `j` iff `j` is `i` or an ancestor.
+pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Tensor, CandleError> {
+    let t = parents.len();
+    // row i = row of its parent with column i opened (parents come first, so their rows are done)
+    let mut data = vec![f32::NEG_INFINITY; t * t];
+    for (i, parent) in parents.iter().enumerate() {
+        match *parent {
+            Some(p) if p < i => {
+                let (done, row) = data.split_at_mut(i * t);
+                row[..t].copy_from_slice(&done[p * t..(p + 1) * t]);
+            }
+            Some(p) => {
+                return Err(CandleError::InvalidRequest {
+                    reason: format!("tree node {i} has parent {p}: parents must come first"),
+                })
+            }
+            None => {}
+        }
+        data[i * t + i] = 0.0;
+    }
+    Tensor::from_vec(data, (1, 1, 1, t, t), device).map_err(CandleError::tensor("tree mask"))
+}
+
+/// The mask over the new keys of one call: causal (built on first use: the flash kernel never
+/// reads it, so a GPU prefill of `L` tokens does not fill and upload `L²` floats — 16 MB at
+/// 2,000 tokens — that only the candle attention path needs), or a token tree's (built up
+/// front; only the candle attention path can apply it).
+pub struct NewKeysMask {
     len: usize,
     device: Device,
+    tree: bool,
     built: std::sync::OnceLock<Tensor>,
 }
 
-impl CausalMask {
-    pub fn new(len: usize, device: &Device) -> Self {
-        CausalMask {
+impl NewKeysMask {
+    /// The causal mask over `len` new tokens.
+    pub fn causal(len: usize, device: &Device) -> Self {
+        NewKeysMask {
             len,
             device: device.clone(),
+            tree: false,
             built: std::sync::OnceLock::new(),
         }
     }
 
-    /// `(1, 1, 1, L, L)`, see [`causal`].
+    /// The tree mask of packed nodes with these parents, see [`tree`].
+    pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Self, CandleError> {
+        let built = std::sync::OnceLock::new();
+        let _ = built.set(tree(parents, device)?);
+        Ok(NewKeysMask {
+            len: parents.len(),
+            device: device.clone(),
+            tree: true,
+            built,
+        })
+    }
+
+    /// True for a tree mask (which the flash kernel cannot apply).
+    pub fn is_tree(&self) -> bool {
+        self.tree
+    }
+
+    /// `(1, 1, 1, L, L)`, see [`causal`] and [`tree`].
     pub fn tensor(&self) -> Result<&Tensor, CandleError> {
         if let Some(t) = self.built.get() {
             return Ok(t);
@@ -66,4 +114,33 @@ pub fn past_starts(past_lens: &[usize], p: usize, device: &Device) -> Result<Ten
         .map(|&len| p.saturating_sub(len) as u32)
         .collect();
     Tensor::from_vec(data, past_lens.len(), device).map_err(CandleError::tensor("past starts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_mask_opens_exactly_each_nodes_ancestors_and_itself() {
+        // 0 -> 1 -> {2, 3}; 4 (another root)
+        let parents = [None, Some(0), Some(1), Some(1), None];
+        let m = tree(&parents, &Device::Cpu)
+            .and_then(|t| t.flatten_all().map_err(CandleError::tensor("flatten")))
+            .and_then(|t| t.to_vec1::<f32>().map_err(CandleError::tensor("host")))
+            .expect("mask");
+        let open: Vec<Vec<usize>> = m
+            .chunks(5)
+            .map(|r| (0..5).filter(|&j| r[j] == 0.0).collect())
+            .collect();
+        assert_eq!(
+            open,
+            [vec![0], vec![0, 1], vec![0, 1, 2], vec![0, 1, 3], vec![4]]
+        );
+        // a chain is the causal mask
+        let chain = tree(&[None, Some(0), Some(1)], &Device::Cpu).expect("chain");
+        let c = causal(3, &Device::Cpu).expect("causal");
+        let diff = (chain.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            == c.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(diff);
+    }
 }

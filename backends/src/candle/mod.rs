@@ -11,6 +11,8 @@
 //!   the longest prefix and masked. Suffixes are right-padded to the longest, each row's last
 //!   real position is gathered, and only the candidate rows of the head are projected (f32).
 //!   Branch K/V are discarded;
+//! - `score_tree(request)`: attention-only models pack each state's tree nodes into one sequence
+//!   under a tree mask; hybrids run one batched row per root-to-leaf path (see `tree`);
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call;
 //! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
@@ -39,6 +41,7 @@ mod rope;
 mod shards;
 mod step;
 mod swiglu;
+mod tree;
 mod vocab;
 pub mod vocab_topk;
 mod warmup;
@@ -55,7 +58,8 @@ pub use state::{CandleState, LayerState};
 use crate::error::CandleError;
 use forkscore_seam::{
     Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PositionVocab,
-    PrefixState, Quantization, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
+    PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest, VocabRequest,
+    VocabRow,
 };
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
@@ -125,6 +129,37 @@ pub struct CandleBackend {
     prefill_chunk: usize,
     /// Names of the checkpoint tensors read at load, sorted (vision / MTP tensors never are).
     tensors_read: Vec<String>,
+    /// What the scoring calls since the last [`CandleBackend::take_branch_footprint`] allocated
+    /// for their branches.
+    footprint: std::sync::Mutex<BranchFootprint>,
+}
+
+/// Branch memory of scoring calls (`score`, `score_tree`): what a call allocates for the tokens
+/// it runs beyond the retained states it reads. Summed / maxed over the calls since the last
+/// [`CandleBackend::take_branch_footprint`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BranchFootprint {
+    /// Backbone passes of scoring calls.
+    pub passes: usize,
+    /// Token positions run (rows × padded length; a packed tree: its node count), summed.
+    pub tokens: usize,
+    /// Branch K/V of every attention layer (measured on the returned update tensors), summed.
+    pub kv_bytes: usize,
+    /// Largest single pass: its branch K/V, plus one layer's f32 attention scores
+    /// (`heads · rows · L · (P + L) · 4`, the largest transient of the candle attention path),
+    /// plus its f32 masks (`L²` causal or tree, left padding) and, when several states were
+    /// merged into slots, the merged past K/V copy. An accounting of tensors, not an allocator
+    /// reading.
+    pub peak_bytes: usize,
+}
+
+impl BranchFootprint {
+    fn add_pass(&mut self, tokens: usize, kv: usize, transient: usize) {
+        self.passes += 1;
+        self.tokens += tokens;
+        self.kv_bytes += kv;
+        self.peak_bytes = self.peak_bytes.max(kv + transient);
+    }
 }
 
 /// f32 conv + recurrent state bytes per sequence over the linear-attention layers.
@@ -191,7 +226,63 @@ impl CandleBackend {
             checkpoint: checkpoint.clone(),
             prefill_chunk: options.prefill_chunk,
             tensors_read,
+            footprint: std::sync::Mutex::new(BranchFootprint::default()),
         })
+    }
+
+    /// The branch memory of the scoring calls since the last take (and reset it).
+    pub fn take_branch_footprint(&self) -> BranchFootprint {
+        match self.footprint.lock() {
+            Ok(mut f) => std::mem::take(&mut *f),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
+    /// Account one scoring pass of `rows × len` new tokens over a past of `past` positions
+    /// merged from `slots` states (1: read in place).
+    pub(crate) fn record_branch(
+        &self,
+        updates: &[state::LayerUpdate],
+        rows: usize,
+        len: usize,
+        past: usize,
+        slots: usize,
+    ) {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let mut kv = 0;
+        let mut attention_layers = 0;
+        for u in updates {
+            if let state::LayerUpdate::Attention { k, v } = u {
+                kv += bytes(k) + bytes(v);
+                attention_layers += 1;
+            }
+        }
+        let f32s = std::mem::size_of::<f32>();
+        let heads = self.config.text.num_heads;
+        let scores = heads * rows * len * (past + len) * f32s;
+        let new_keys_mask = if len > 1 { len * len * f32s } else { 0 };
+        let padding_mask = if slots > 1 { rows * past * f32s } else { 0 };
+        let merged = if slots > 1 {
+            // K and V (Hkv, S, P, hd) per attention layer
+            attention_layers
+                * 2
+                * self.config.text.num_kv_heads
+                * slots
+                * past
+                * self.config.text.head_dim
+                * self.backbone.dtype.size_in_bytes()
+        } else {
+            0
+        };
+        let mut f = match self.footprint.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f.add_pass(
+            rows * len,
+            kv,
+            scores + new_keys_mask + padding_mask + merged,
+        );
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -409,7 +500,21 @@ impl CandleBackend {
             .collect())
     }
 
-    /// `(B*L, D)` hidden rows at `flat_index` -> f32 logits `(B, C)` as a row-major Vec, and
+    /// Every state must have one layer state per decoder layer of this model.
+    fn check_states(&self, states: &[&CandleState]) -> Result<(), CandleError> {
+        let layers = self.backbone.layers.len();
+        for (i, s) in states.iter().enumerate() {
+            if s.layers().len() != layers {
+                return Err(invalid(format!(
+                    "state {i} has {} layers; this model has {layers}",
+                    s.layers().len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `(B, L, D)` hidden rows at `flat_index` -> f32 logits `(N, C)` as a row-major Vec, and
     /// with `vocab_top_k` one full-vocabulary summary per gathered row.
     fn project(
         &self,
@@ -426,17 +531,29 @@ impl CandleBackend {
             .flatten_to(1)
             .and_then(|h| h.index_select(&idx, 0))
             .map_err(CandleError::tensor("gather last positions"))?;
-        let logits = b
-            .logits(&last, candidates)?
+        self.project_rows(&last, candidates, vocab_top_k)
+    }
+
+    /// Gathered hidden rows `(N, D)` (before the final norm) -> f32 logits `(N, C)` as a
+    /// row-major Vec, and with `vocab_top_k` one full-vocabulary summary per row.
+    fn project_rows(
+        &self,
+        last: &Tensor,
+        candidates: &[u32],
+        vocab_top_k: Option<usize>,
+    ) -> Result<(Vec<f32>, Option<Vec<VocabRow>>), CandleError> {
+        let logits = self
+            .backbone
+            .logits(last, candidates)?
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(CandleError::tensor("logits to host"))?;
         let vocab = match vocab_top_k {
             None => None,
             Some(k) => {
-                let rows: Vec<(usize, Option<u32>)> =
-                    (0..flat_index.len()).map(|r| (r, None)).collect();
-                let summaries = self.summarise(&last, k, &rows)?;
+                let n = last.dim(0).map_err(CandleError::tensor("gathered rows"))?;
+                let rows: Vec<(usize, Option<u32>)> = (0..n).map(|r| (r, None)).collect();
+                let summaries = self.summarise(last, k, &rows)?;
                 Some(summaries.into_iter().map(|p| p.vocab).collect())
             }
         };
@@ -525,6 +642,22 @@ impl Backend for CandleBackend {
         Ok(self.score_request(request)?)
     }
 
+    /// Attention-only models: packed; hybrids: one row per root-to-leaf path (see `tree`).
+    fn score_tree(
+        &self,
+        request: &TreeRequest<'_, CandleState>,
+    ) -> Result<CandidateLogits, BackendError> {
+        match self.packing() {
+            TreePacking::Packed => Ok(self.score_tree_packed(request)?),
+            TreePacking::RowPerLeaf => Ok(self.score_tree_leaves(request)?),
+            TreePacking::RowPerNode => forkscore_seam::score_tree_by_rows(self, request),
+        }
+    }
+
+    fn tree_packing(&self) -> TreePacking {
+        self.packing()
+    }
+
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
         Ok(self.forward_full_candle(ids, candidates)?)
     }
@@ -542,20 +675,59 @@ impl CandleBackend {
         &self,
         request: &ScoreRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, CandleError> {
-        let (states, rows, candidates) = (request.states(), request.rows(), request.candidates());
+        let rows = request.rows();
+        // each row's last suffix token
+        let picks: Vec<(usize, usize)> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| (r, row.suffix.len() - 1))
+            .collect();
+        let (data, vocab) = self.score_at(
+            request.states(),
+            rows,
+            &picks,
+            request.candidates(),
+            request.vocab_top_k(),
+        )?;
+        Ok(CandidateLogits {
+            rows: rows.len(),
+            candidates: request.candidates().len(),
+            data,
+            vocab,
+        })
+    }
+
+    /// Run `rows` (each continuing its state, slot-merged and right-padded as in
+    /// [`Backend::score`]) in one pass and project the positions `picks` (caller row, offset
+    /// into its suffix), in that order: f32 logits `(picks, C)` row-major, and with
+    /// `vocab_top_k` one full-vocabulary summary per pick.
+    pub(crate) fn score_at(
+        &self,
+        states: &[&CandleState],
+        rows: &[ScoreRow<'_>],
+        picks: &[(usize, usize)],
+        candidates: &[u32],
+        vocab_top_k: Option<usize>,
+    ) -> Result<(Vec<f32>, Option<Vec<VocabRow>>), CandleError> {
         self.check_ids(candidates)?;
         let b = &self.backbone;
-        for (i, s) in states.iter().enumerate() {
-            if s.layers().len() != b.layers.len() {
-                return Err(invalid(format!(
-                    "state {i} has {} layers; this model has {}",
-                    s.layers().len(),
-                    b.layers.len()
-                )));
-            }
-        }
+        self.check_states(states)?;
         for r in rows {
             self.check_ids(r.suffix)?;
+            if r.state >= states.len() || r.suffix.is_empty() {
+                return Err(invalid("a row names no state or has an empty suffix"));
+            }
+        }
+        if let Some(&(r, t)) = picks
+            .iter()
+            .find(|&&(r, t)| rows.get(r).is_none_or(|row| t >= row.suffix.len()))
+        {
+            return Err(invalid(format!(
+                "position {t} of row {r} is not in the call"
+            )));
+        }
+        if let Some(k) = vocab_top_k {
+            self.check_top_k(k)?;
         }
         let layout = SlotLayout::new(rows);
         let batch_slot: Vec<u32> = layout.batch.iter().map(|&(_, slot)| slot).collect();
@@ -577,23 +749,15 @@ impl CandleBackend {
             None
         };
         let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
-        let (hidden, _branch) = b.forward(&ids, &pasts, &step)?;
-        // each caller row's last real position, in the caller's order
-        let last: Vec<u32> = layout
-            .position
+        let (hidden, branch) = b.forward(&ids, &pasts, &step)?;
+        self.record_branch(&branch, sources.len(), len, p, layout.slots.len());
+        drop(branch);
+        // each pick's flat position in (B*L), in the caller's order
+        let flat: Vec<u32> = picks
             .iter()
-            .map(|&pos| (pos * len + valid[pos] - 1) as u32)
+            .map(|&(r, t)| (layout.position[r] * len + t) as u32)
             .collect();
-        if let Some(k) = request.vocab_top_k() {
-            self.check_top_k(k)?;
-        }
-        let (data, vocab) = self.project(&hidden, &last, candidates, request.vocab_top_k())?;
-        Ok(CandidateLogits {
-            rows: rows.len(),
-            candidates: candidates.len(),
-            data,
-            vocab,
-        })
+        self.project(&hidden, &flat, candidates, vocab_top_k)
     }
 
     fn forward_full_candle(

@@ -4,7 +4,8 @@
 //! of the `len` new tokens are real (the rest are right padding), and the merged past length `P`
 //! when rows continue different prefixes. Out: a [`Step`] shared by every layer of the call.
 //! Row `r`'s token `t` sits at absolute position `past_len[r] + t`, so RoPE continues each row
-//! from its own prefix regardless of padding.
+//! from its own prefix regardless of padding. A packed token tree ([`Step::tree`]) is one row
+//! whose node `i` sits at `past_len + depth(i)` under a tree mask.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -18,8 +19,8 @@ pub(crate) struct Step {
     pub len: usize,
     /// cos/sin `(B, L, R/2)`.
     pub rope: RopeTables,
-    /// `(1, 1, 1, L, L)` when first read, `None` when `L == 1`.
-    pub causal: Option<mask::CausalMask>,
+    /// `(1, 1, 1, L, L)` causal (built when first read) or a packed tree's, `None` when `L == 1`.
+    pub new_keys: Option<mask::NewKeysMask>,
     /// `(1, B, 1, 1, P)`, `None` when no row has left padding.
     pub past_mask: Option<Tensor>,
     /// `(B,)` u32 first visible past key per row: `past_mask` for the flash kernel.
@@ -47,8 +48,8 @@ impl Step {
             .flat_map(|&p| (0..len).map(move |t| (p + t) as u32))
             .collect();
         let tables = rope.tables(&positions, rows, len, dtype, device)?;
-        let causal = if len > 1 {
-            Some(mask::CausalMask::new(len, device))
+        let new_keys = if len > 1 {
+            Some(mask::NewKeysMask::causal(len, device))
         } else {
             None
         };
@@ -63,16 +64,51 @@ impl Step {
             rows,
             len,
             rope: tables,
-            causal,
+            new_keys,
             past_mask,
             past_start,
             valid: valid.to_vec(),
         })
     }
 
+    /// One row of `T` packed token-tree nodes continuing one whole past of `past_len` tokens:
+    /// node `i` sits at position `past_len + depths[i]` and sees the past and its own ancestors
+    /// (`parents`, parents first) only.
+    pub fn tree(
+        rope: &Rope,
+        past_len: usize,
+        parents: &[Option<usize>],
+        depths: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, CandleError> {
+        let len = parents.len();
+        if depths.len() != len || len == 0 {
+            return Err(CandleError::InvalidRequest {
+                reason: format!("{} tree depths for {len} nodes", depths.len()),
+            });
+        }
+        let positions: Vec<u32> = depths.iter().map(|&d| (past_len + d) as u32).collect();
+        let tables = rope.tables(&positions, 1, len, dtype, device)?;
+        let new_keys = if len > 1 {
+            Some(mask::NewKeysMask::tree(parents, device)?)
+        } else {
+            None
+        };
+        Ok(Step {
+            rows: 1,
+            len,
+            rope: tables,
+            new_keys,
+            past_mask: None,
+            past_start: None,
+            valid: vec![len],
+        })
+    }
+
     pub fn masks(&self) -> AttnMasks<'_> {
         AttnMasks {
-            causal: self.causal.as_ref(),
+            new_keys: self.new_keys.as_ref(),
             past: self.past_mask.as_ref(),
             past_start: self.past_start.as_ref(),
         }

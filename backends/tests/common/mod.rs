@@ -40,3 +40,9 @@ pub fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 pub fn candidates() -> Vec<u32> {
     vec![32, 33, 34, 35, 362, 425, 6896, 151643, 151645, 151935]
 }
+
+/// Load the checkpoint folder `dir` on CPU f32.
+pub fn load_dir(dir: &std::path::Path) -> CandleBackend {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-test").expect("resolve model");
+    CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load model")
+}
