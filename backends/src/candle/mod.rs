@@ -12,6 +12,8 @@
 //!   real position is gathered, and only the candidate rows of the head are projected (f32).
 //!   Branch K/V are discarded;
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call;
+//! - `decode_step(state, token)`: one token over the retained state, the full head at that one
+//!   position, the greedy argmax (see `decode`);
 //! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
 pub mod attention;
@@ -25,6 +27,7 @@ pub mod state;
 
 #[cfg(feature = "cuda")]
 mod cuda_module;
+mod decode;
 #[cfg(feature = "cuda")]
 pub mod cuda_runtime;
 mod flash_attention;
@@ -53,7 +56,7 @@ pub use state::{CandleState, LayerState};
 
 use crate::error::CandleError;
 use forkscore_seam::{
-    Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PositionVocab,
+    Architecture as ModelClass, Backend, BackendError, CandidateLogits, DecodeStep, ModelFacts, PositionVocab,
     PrefixState, Quantization, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
 };
 use models::Backbone;
@@ -522,6 +525,14 @@ impl Backend for CandleBackend {
         request: &ScoreRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, BackendError> {
         Ok(self.score_request(request)?)
+    }
+
+    fn decode_step(
+        &self,
+        state: &CandleState,
+        token: u32,
+    ) -> Result<DecodeStep<CandleState>, BackendError> {
+        Ok(self.decode_step_candle(state, token)?)
     }
 
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {
