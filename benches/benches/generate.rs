@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
     };
     for p in &presets {
         anyhow::ensure!(
-            PRESETS.iter().any(|(n, _, _)| n == p),
+            PRESETS.iter().any(|(n, _, _)| *n == p.as_str()),
             "FORKSCORE_BENCH_PRESETS: unknown preset {p:?}"
         );
     }
@@ -141,7 +141,11 @@ fn main() -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for name in &presets {
-        let (_, text, context) = PRESETS.iter().find(|p| p.0 == name).copied().unwrap_or_default();
+        let (_, text, context) = PRESETS
+            .iter()
+            .find(|p| p.0 == name.as_str())
+            .copied()
+            .unwrap_or_default();
         let scoring = if *name == "high_cardinality_255" {
             Scoring::Literal
         } else {

@@ -131,7 +131,8 @@ pub trait Backend: Send + Sync {
             state: 0,
             suffix: &suffix,
         }];
-        let request = ScoreRequest::new(&[state], &rows, &[0])?.with_vocab(1)?;
+        let states = [state];
+        let request = ScoreRequest::new(&states, &rows, &[0])?.with_vocab(1)?;
         let logits = self.score(&request)?;
         let next = logits
             .vocab
