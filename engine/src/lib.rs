@@ -6,7 +6,8 @@
 //! groups) → [`fork`] (4 + 5: prefill once, score every row over the backend seam) →
 //! [`assemble`] (6: softmax over each field's codes, typed values, telemetry). [`calibration`]
 //! holds the temperature policy; [`allowed_mass`] (opt-in, per field) and [`logprobs`]
-//! (`Engine::logprobs`, per token of a text) are the full-vocabulary diagnostics; [`engine`] wires the stages for one context and [`many`] for
+//! (`Engine::logprobs`, per token of a text) are the full-vocabulary diagnostics; [`generate`] is
+//! the autoregressive baseline (`Engine::generate`: the model writes the JSON, decoded greedily); [`engine`] wires the stages for one context and [`many`] for
 //! many (`Engine::decide_many`). The engine depends on the seam only (`forkscore-seam`): it never
 //! sees a tensor.
 
@@ -17,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod finite;
 pub mod fork;
+pub mod generate;
 pub mod group;
 pub mod literal;
 pub mod logprobs;
@@ -34,6 +36,7 @@ pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, Temp
 pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use error::EngineError;
 pub use fork::{Mode, SharedPrefix};
+pub use generate::{Baseline, GenerateError, GenerateOptions, Generation, StopReason};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
 pub use logprobs::{LogprobOptions, TextLogprobs};
 pub use prepare::PreparedContext;

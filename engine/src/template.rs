@@ -126,6 +126,12 @@ impl ChatTemplate {
         &self.origin
     }
 
+    /// The end-of-sequence token text the template was given (`eos_token` of
+    /// `tokenizer_config.json`; `<|im_end|>` for a built-in template).
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
     /// Render `messages` with the generation prompt open and thinking disabled.
     pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
         let mut kwargs = serde_json::Map::new();

@@ -226,6 +226,11 @@ impl ChatTokenizer {
             })
     }
 
+    /// The id of the token whose text is exactly `token` (a vocabulary or added token).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
     /// Largest id the tokenizer can produce plus one (vocabulary and added tokens).
     pub fn id_bound(&self) -> usize {
         let base = self.tokenizer.get_vocab_size(true);

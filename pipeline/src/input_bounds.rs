@@ -68,6 +68,11 @@ pub const FLAG_RANGES: &[(&str, u64, u64)] = &[
     ("--group-max-prefix-tokens", 1, 1 << 32),
     ("--group-max-mib", 1, 1 << 24),
     ("--top-k", 0, forkscore_backends::MAX_TOP_K as u64),
+    (
+        "--max-new-tokens",
+        1,
+        forkscore_engine::generate::MAX_NEW_TOKENS_LIMIT as u64,
+    ),
 ];
 
 /// Check `(flag, value)` pairs against [`FLAG_RANGES`] (absent optional flags are skipped).

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod demo;
+pub mod generate_cmd;
 pub mod input_bounds;
 pub mod load;
 pub mod logprobs_cmd;

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, logprobs_cmd, merge, score_cmd, serve_cmd};
+use forkscore_pipeline::{batch, demo, generate_cmd, logprobs_cmd, merge, score_cmd, serve_cmd};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,9 @@ enum Command {
     Merge(merge::MergeArgs),
     /// Per-token log-probabilities of a text, with the top-K alternatives at every position.
     Logprobs(logprobs_cmd::LogprobsArgs),
+    /// The autoregressive baseline: the model WRITES the JSON answer (greedy, KV cache), which
+    /// is validated and compared with forkscore's decision on the same context and schema.
+    Generate(generate_cmd::GenerateArgs),
     /// Serve scoring over HTTP (loopback by default): /v1/score, /v1/decide_many, /v1/ask, /health, /metrics, /openapi.json.
     Serve(serve_cmd::ServeArgs),
 }
@@ -46,6 +49,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Batch(args) => batch::run(&args),
         Command::Merge(args) => merge::run(&args),
         Command::Logprobs(args) => logprobs_cmd::run(&args),
+        Command::Generate(args) => generate_cmd::run(&args),
         Command::Serve(args) => serve_cmd::run(&args),
     }
 }

@@ -12,6 +12,8 @@
 //!   computed in f32 (only the candidate rows of the output head are projected);
 //! - `prefill(a ++ b)` then scoring `c` equals `forward_full(a ++ b ++ c)` (within the backend's
 //!   numeric tolerance);
+//! - `decode_step(state, t)` equals `extend(state, &[t])` plus the argmax of the full
+//!   vocabulary at `t` (lowest id on ties);
 //! - full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`) are opt-in: without
 //!   them nothing beyond the candidate rows of the head is projected.
 
@@ -94,6 +96,44 @@ pub trait Backend: Send + Sync {
         TreePacking::RowPerNode
     }
 
+    /// One greedy decoding step: continue `state` with `token` and return the new state (equal
+    /// to `extend(state, &[token])`; `state` is left untouched) and the full-vocabulary argmax
+    /// at the new last position (ties broken by the lowest token id; a non-finite logit is an
+    /// error). This is what an autoregressive baseline calls once per generated token.
+    ///
+    /// The default is correct but runs the token twice (`extend`, then a one-row `score` with
+    /// [`ScoreRequest::with_vocab`]`(1)`, whose top-1 is exact and ties by ascending id);
+    /// backends override it with one forward that keeps the new state and projects the full
+    /// head at that one position.
+    fn decode_step(
+        &self,
+        state: &Self::State,
+        token: u32,
+    ) -> Result<DecodeStep<Self::State>, BackendError> {
+        let next_state = self.extend(state, &[token])?;
+        let suffix = [token];
+        let rows = [ScoreRow {
+            state: 0,
+            suffix: &suffix,
+        }];
+        let states = [state];
+        let request = ScoreRequest::new(&states, &rows, &[0])?.with_vocab(1)?;
+        let logits = self.score(&request)?;
+        let next = logits
+            .vocab
+            .as_ref()
+            .and_then(|v| v.first())
+            .and_then(|row| row.top.first())
+            .map(|t| t.id)
+            .ok_or_else(|| BackendError::InvalidRequest {
+                reason: "the backend returned no full-vocabulary summary for a decode step".into(),
+            })?;
+        Ok(DecodeStep {
+            state: next_state,
+            next,
+        })
+    }
+
     /// The independent reference path: run the complete prompt `ids` from scratch and return
     /// the logits at its last position for each id of `candidates`.
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError>;
@@ -128,6 +168,15 @@ pub fn score_tree_by_rows<B: Backend + ?Sized>(
         flat = flat.with_vocab(k)?;
     }
     backend.score(&flat)
+}
+
+/// The result of [`Backend::decode_step`].
+#[derive(Debug)]
+pub struct DecodeStep<S> {
+    /// The state after the step's token.
+    pub state: S,
+    /// The greedy next token: the full-vocabulary argmax after the step's token (lowest id on ties).
+    pub next: u32,
 }
 
 /// How a backend evaluates a [`crate::TokenTree`].

@@ -25,7 +25,7 @@ pub mod topk;
 pub mod tree;
 pub mod vocab;
 
-pub use backend::{score_tree_by_rows, Backend, PrefixState, TreePacking};
+pub use backend::{score_tree_by_rows, Backend, DecodeStep, PrefixState, TreePacking};
 pub use error::BackendError;
 pub use facts::{Architecture, DType, Device, Family, ModelFacts, Quantization, UnknownName};
 pub use request::{CandidateLogits, ScoreRequest, ScoreRow};

@@ -14,6 +14,8 @@
 //! - `score_tree(request)`: attention-only models pack each state's tree nodes into one sequence
 //!   under a tree mask; hybrids run one batched row per root-to-leaf path (see `tree`);
 //! - `forward_full(ids, candidates)` is the plain path: the whole prompt from scratch, one call;
+//! - `decode_step(state, token)`: one token over the retained state, the full head at that one
+//!   position, the greedy argmax (see `decode`);
 //! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
 pub mod attention;
@@ -30,6 +32,7 @@ pub mod state;
 mod cuda_module;
 #[cfg(feature = "cuda")]
 pub mod cuda_runtime;
+mod decode;
 mod flash_attention;
 mod head;
 mod linear;
@@ -57,9 +60,9 @@ pub use state::{CandleState, LayerState};
 
 use crate::error::CandleError;
 use forkscore_seam::{
-    Architecture as ModelClass, Backend, BackendError, CandidateLogits, ModelFacts, PositionVocab,
-    PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest, VocabRequest,
-    VocabRow,
+    Architecture as ModelClass, Backend, BackendError, CandidateLogits, DecodeStep, ModelFacts,
+    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest,
+    VocabRequest, VocabRow,
 };
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
@@ -656,6 +659,14 @@ impl Backend for CandleBackend {
 
     fn tree_packing(&self) -> TreePacking {
         self.packing()
+    }
+
+    fn decode_step(
+        &self,
+        state: &CandleState,
+        token: u32,
+    ) -> Result<DecodeStep<CandleState>, BackendError> {
+        Ok(self.decode_step_candle(state, token)?)
     }
 
     fn forward_full(&self, ids: &[u32], candidates: &[u32]) -> Result<Vec<f32>, BackendError> {

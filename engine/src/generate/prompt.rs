@@ -1,0 +1,80 @@
+//! The generation prompt: the same chat template as scoring, asking the model to WRITE the
+//! answer as one JSON object.
+//!
+//! `template(system: INSTRUCTIONS, user: "Context:\n…\n\nFields:\n" + one line per field)`
+//! with the generation prompt open and thinking disabled, exactly as the scoring prompt is
+//! rendered ([`crate::template::ChatTemplate::render`]). Each field line gives its name, its
+//! description, and its allowed values as JSON (`"low"`, `"medium"`, … or `true or false`),
+//! with each choice's description where the schema has one; the closing line names the keys in
+//! schema order. No example object is shown, so no choice is favoured by the prompt.
+
+use crate::schema::{Field, FieldKind};
+use crate::template::{ChatTemplate, Message, TemplateError};
+
+const INSTRUCTIONS: &str =
+    "You classify a context into the fields of a catalogue. For each field, \
+choose the single best of its allowed values. Reply with one JSON object only, mapping every field \
+name to its chosen value: no explanation, no markdown, no text before or after the object.";
+
+/// The head of the user message, before the context.
+pub const CONTEXT_HEAD: &str = "Context:\n";
+
+/// The user turn: the context, the fields with their allowed values, the keys to write.
+pub fn user_message(context: &str, fields: &[Field]) -> String {
+    let mut out = String::with_capacity(context.len() + 256 * fields.len());
+    out.push_str(CONTEXT_HEAD);
+    out.push_str(context);
+    out.push_str("\n\nFields:\n");
+    for f in fields {
+        out.push_str(&format!("\n- \"{}\"", f.name));
+        if let Some(d) = &f.description {
+            out.push_str(&format!(": {d}"));
+        }
+        out.push('\n');
+        match f.kind {
+            FieldKind::Boolean => out.push_str("  allowed values: true or false\n"),
+            FieldKind::Enum => {
+                let described = f.choice_descriptions.iter().any(Option::is_some);
+                if described {
+                    out.push_str("  allowed values:\n");
+                    for (c, d) in f.choices.iter().zip(&f.choice_descriptions) {
+                        out.push_str(&format!("    {}", c.to_json()));
+                        if let Some(d) = d {
+                            out.push_str(&format!(" ({d})"));
+                        }
+                        out.push('\n');
+                    }
+                } else {
+                    let list: Vec<String> =
+                        f.choices.iter().map(|c| c.to_json().to_string()).collect();
+                    out.push_str(&format!("  allowed values: {}\n", list.join(", ")));
+                }
+            }
+        }
+    }
+    let keys: Vec<String> = fields.iter().map(|f| format!("\"{}\"", f.name)).collect();
+    out.push_str(&format!(
+        "\nReply with one JSON object with exactly these keys, in this order: {}. Each value must be \
+one of the field's allowed values, written as shown (strings in double quotes, booleans as true or false).",
+        keys.join(", ")
+    ));
+    out
+}
+
+/// The rendered prompt text for `context`.
+pub fn render(
+    template: &ChatTemplate,
+    context: &str,
+    fields: &[Field],
+) -> Result<String, TemplateError> {
+    template.render(&[
+        Message {
+            role: "system",
+            content: INSTRUCTIONS.to_string(),
+        },
+        Message {
+            role: "user",
+            content: user_message(context, fields),
+        },
+    ])
+}

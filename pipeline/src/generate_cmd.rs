@@ -1,0 +1,65 @@
+//! `forkscore generate`: the autoregressive baseline. The model is prompted to WRITE the JSON
+//! answer for the schema, decoded greedily with a KV cache (one forward per token), and the
+//! text is validated against the schema; forkscore decides the same context in the same
+//! process, and the JSON report on stdout compares the two (values, agreement, times, speed-up).
+//! Same model / schema / context / scoring flags as `forkscore score`.
+
+use crate::load;
+use crate::provenance::Provenance;
+use crate::score_cmd::ScoreArgs;
+use anyhow::{bail, Context, Result};
+use forkscore_engine::generate::eos_ids_from_folder;
+use forkscore_engine::GenerateOptions;
+
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub score: ScoreArgs,
+    /// Most tokens to generate (default: the tokens of the schema's longest answer object,
+    /// pretty-printed, plus 16).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+}
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let s = &args.score;
+    let Some(schema) = s.schema.load()? else {
+        bail!("give a schema with --schema-file FILE or --schema JSON")
+    };
+    crate::input_bounds::precheck_score(s)?;
+    crate::input_bounds::check_flags(&[("--max-new-tokens", args.max_new_tokens)])?;
+    let Some(context) = s.context.read(s.scoring.max_input_tokens)? else {
+        bail!("give a context with --context TEXT or --context-file FILE")
+    };
+    let score_opts = s.scoring.options();
+    let loaded = load::open(&s.model)?;
+    let engine = loaded
+        .engine
+        .with_context_special_tokens(s.scoring.context_special_tokens);
+    let compiled = engine.compile(&schema)?;
+    let opts = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        max_input_tokens: s.scoring.max_input_tokens,
+        eos_ids: eos_ids_from_folder(&engine.backend().checkpoint().dir),
+        include_prompt: s.scoring.include_prompt,
+    };
+    let baseline = engine.generate_baseline(&context, &compiled, &score_opts, &opts)?;
+    let decision_temperature = engine.resolve_temperature(&score_opts)?;
+    let provenance = Provenance {
+        model: &loaded.provenance,
+        mode: score_opts.mode,
+        temperature: decision_temperature.value,
+        temperature_source: &decision_temperature.source,
+        schema_hash: compiled.schema_hash(),
+    };
+    let mut value = serde_json::to_value(&baseline)?;
+    value["decoding"] = serde_json::json!("greedy (full-vocabulary argmax, lowest id on ties), one forward per token over the cached state");
+    value["provenance"] = serde_json::to_value(&provenance)?;
+    let text = serde_json::to_string_pretty(&value)?;
+    if let Some(path) = &s.output {
+        std::fs::write(path, format!("{text}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("{text}");
+    Ok(())
+}
