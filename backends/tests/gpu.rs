@@ -582,7 +582,7 @@ fn cuda_flash_attention_equals_candle_path() {
         let q = rand(&[b, h, l, hd]);
         let (kn, vn) = (rand(&[b, hkv, l, hd]), rand(&[b, hkv, l, hd]));
         let past = (p > 0).then(|| (rand(&[hkv, slots, p, hd]), rand(&[hkv, slots, p, hd])));
-        let causal = (l > 1).then(|| mask::CausalMask::new(l, &dev));
+        let causal = (l > 1).then(|| mask::NewKeysMask::causal(l, &dev));
         let (past_mask, past_start) = match &lens {
             Some(ls) => (
                 Some(mask::left_padding(ls, p, &dev).expect("mask")),
@@ -591,7 +591,7 @@ fn cuda_flash_attention_equals_candle_path() {
             None => (None, None),
         };
         let masks = AttnMasks {
-            causal: causal.as_ref(),
+            new_keys: causal.as_ref(),
             past: past_mask.as_ref(),
             past_start: past_start.as_ref(),
         };
