@@ -246,7 +246,7 @@ fn options(
 /// kept, NaN refused).
 fn schema_text(py: Python<'_>, schema: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(s) = schema.cast::<PyString>() {
-        return Ok(s.to_str()?.to_owned());
+        return s.extract::<String>();
     }
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("allow_nan", false)?;

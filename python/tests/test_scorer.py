@@ -72,8 +72,9 @@ def test_bad_schema_raises_schema_error_with_the_json_path(scorer):
     assert e.value.kind == "invalid_schema"
     assert isinstance(e.value, forkscore.Error)
     with pytest.raises(forkscore.SchemaError) as e:
-        scorer.score(CONTEXT, '{"a": {"type": "boolean"}, "a": {"type": "boolean"}}')
-    assert e.value.path == "a"
+        scorer.score(CONTEXT, '{"a": {"type": "enum", "choices": ["x"], "choices": ["y"]}}')
+    assert e.value.path == "a"  # a JSON text keeps its duplicate keys for the strict parser
+    assert "duplicate key `choices`" in e.value.rule
     with pytest.raises(forkscore.SchemaError) as e:
         scorer.score(CONTEXT, {"a": {"type": "enum", "choices": [float("nan")]}})
     assert e.value.path == "<root>"
