@@ -1,10 +1,10 @@
 //! `forkscore score`: one context + one schema → one decision as JSON on stdout.
 
 use crate::load::{self, ModelArgs};
+use crate::provenance::ModelProvenance;
 use crate::provenance::Provenance;
 use anyhow::{bail, Context, Result};
 use forkscore_engine::schema::Scoring;
-use crate::provenance::ModelProvenance;
 use forkscore_engine::{
     CompiledSchema, Decision, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
 };

@@ -550,7 +550,15 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
 fn literal_scoring_end_to_end() {
     let dir = ensure_tiny_model(&TinySpec::qwen25());
     let d = dir.to_str().unwrap();
-    let base = ["score", "--model", d, "--revision", "tiny", "--context", CONTEXT];
+    let base = [
+        "score",
+        "--model",
+        d,
+        "--revision",
+        "tiny",
+        "--context",
+        CONTEXT,
+    ];
     let big = example("high_cardinality_255.json");
     let v = ok_json(&forkscore(
         &[&base[..], &["--schema-file", &big, "--scoring", "literal"]].concat(),
@@ -565,7 +573,10 @@ fn literal_scoring_end_to_end() {
     assert!((sum - 1.0).abs() < 1e-9, "{sum}");
     assert!(scores.contains_key(v["output"]["tariff_classification"].as_str().unwrap()));
     // without --scoring the example is a code schema: refused with a pointer to literal scoring
-    let msg = failure(&forkscore(&[&base[..], &["--schema-file", &big]].concat(), &[]));
+    let msg = failure(&forkscore(
+        &[&base[..], &["--schema-file", &big]].concat(),
+        &[],
+    ));
     assert!(msg.contains("literal"), "{msg}");
     let mixed = r#"{"scoring": "literal-mean-loglik",
         "risk": {"type": "enum", "choices": ["low", "high", "high risk"]},

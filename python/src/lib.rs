@@ -6,8 +6,8 @@
 //! `forkscore batch`), so the Python results cannot drift from the CLI's. Scoring runs with the
 //! GIL released (`Python::detach`).
 
-use forkscore_backends::candle::CandleBackend;
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
+use forkscore_backends::candle::CandleBackend;
 use forkscore_backends::Quantization;
 use forkscore_engine::schema::Scoring;
 use forkscore_engine::{
@@ -164,9 +164,11 @@ fn flag_error(py: Python<'_>, e: &FlagRangeError) -> PyErr {
 
 fn bounded_error(py: Python<'_>, e: &BoundedReadError) -> PyErr {
     match e {
-        BoundedReadError::TooLong { .. } => {
-            with_kind(py, TooManyTokens::new_err(e.to_string()), &"too_many_tokens")
-        }
+        BoundedReadError::TooLong { .. } => with_kind(
+            py,
+            TooManyTokens::new_err(e.to_string()),
+            &"too_many_tokens",
+        ),
         BoundedReadError::Directory { .. }
         | BoundedReadError::Io { .. }
         | BoundedReadError::NotUtf8 { .. } => {
@@ -198,7 +200,9 @@ fn parse<T: std::str::FromStr>(py: Python<'_>, what: &str, value: &str) -> PyRes
 where
     T::Err: std::fmt::Display,
 {
-    value.parse::<T>().map_err(|e| option_error(py, what, value, e))
+    value
+        .parse::<T>()
+        .map_err(|e| option_error(py, what, value, e))
 }
 
 /// The request options every scoring call takes (keyword arguments in Python).
@@ -293,10 +297,7 @@ impl Scorer {
     }
 
     fn budget(&self) -> GroupBudget {
-        GroupBudget::for_device(
-            cuda_memory_bytes(self.device),
-            &self.engine.memory_model(),
-        )
+        GroupBudget::for_device(cuda_memory_bytes(self.device), &self.engine.memory_model())
     }
 }
 

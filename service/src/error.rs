@@ -65,9 +65,7 @@ impl ApiError {
             | EngineError::TooFewTokens { .. } => (S::BAD_REQUEST, "empty_context"),
             EngineError::TooManyTokens { .. }
             | EngineError::TextTooLong { .. }
-            | EngineError::TextOverModelLimit { .. } => {
-                (S::PAYLOAD_TOO_LARGE, "too_many_tokens")
-            }
+            | EngineError::TextOverModelLimit { .. } => (S::PAYLOAD_TOO_LARGE, "too_many_tokens"),
         };
         ApiError {
             status,
