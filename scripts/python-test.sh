@@ -16,7 +16,9 @@ pip_install() {
 command -v maturin >/dev/null || "$PY" -c 'import maturin' 2>/dev/null || pip_install 'maturin>=1.9.4,<2'
 MATURIN=(maturin)
 command -v maturin >/dev/null || MATURIN=("$PY" -m maturin)
-[ -x "$TARGET/debug/forkscore" ] || cargo build -q -p forkscore-pipeline
+# the CLI the tests compare with, from this tree (after `cargo test --workspace` this is a no-op:
+# the python crate's dependencies resolve the same features, see python/Cargo.toml)
+cargo build -q -p forkscore-pipeline -p forkscore-python
 WHEELS=$(mktemp -d)
 trap 'rm -rf "$WHEELS"' EXIT
 "${MATURIN[@]}" build --quiet --profile dev --manifest-path python/Cargo.toml --interpreter "$PY" --out "$WHEELS"

@@ -13,7 +13,9 @@ pip_install() {
 }
 "$PY" -c 'import ray.data' 2>/dev/null || pip_install 'ray[data]'
 "$PY" -c 'import maturin' 2>/dev/null || command -v maturin >/dev/null || pip_install 'maturin>=1.9.4,<2'
-[ -x "$TARGET/debug/forkscore" ] || cargo build -q -p forkscore-pipeline
+# the CLI the tests compare with, from this tree (after `cargo test --workspace` this is a no-op:
+# the python crate's dependencies resolve the same features, see python/Cargo.toml)
+cargo build -q -p forkscore-pipeline -p forkscore-python
 BIN=$(realpath "$TARGET/debug/forkscore")
 REPO=$(pwd)
 MATURIN=(maturin)
