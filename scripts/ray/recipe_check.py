@@ -67,6 +67,19 @@ def main() -> int:
         batch_size=BATCH,
     )
     n = write_jsonl(out, str(work / "ray.jsonl"))
+
+    # ray.data.read_json: parsed rows (string ids, some with a question), no line numbers
+    parsed = [json.loads(l) for l in lines if l.startswith("{") and '"id": "' in l]
+    (work / "parsed.jsonl").write_text("\n".join(json.dumps(p) for p in parsed) + "\n")
+    out2 = ray.data.read_json(str(work / "parsed.jsonl")).map_batches(
+        ForkscoreActor,
+        fn_constructor_kwargs={"model": str(model), "revision": "demo", "schema_file": str(schema)},
+        concurrency=1,
+        num_gpus=0,
+        num_cpus=1,
+        batch_size=BATCH,
+    )
+    n2 = write_jsonl(out2, str(work / "ray-parsed.jsonl"))
     ray.shutdown()
 
     cli = [json.loads(l) for l in (work / "cli.jsonl").read_text().splitlines()]
@@ -80,6 +93,14 @@ def main() -> int:
         print(f"line {line} differs:\n  ray: {a}\n  cli: {b}")
     if bad or n != len(cli):
         return 1
+    by_id = {r["id"]: r for r in cli}
+    parsed_got = [json.loads(l) for l in (work / "ray-parsed.jsonl").read_text().splitlines()]
+    if n2 != len(parsed) or any(
+        r["line"] != 0 or r["output"] != by_id[r["id"]]["output"] for r in parsed_got
+    ):
+        print("read_json path: records differ", parsed_got[:2])
+        return 1
+    print(f"read_json path: {n2} records, same outputs as forkscore batch (line 0: unknown)")
     print("ray recipe: all records equal forkscore batch --window 8's (timings aside)")
     return 0
 
