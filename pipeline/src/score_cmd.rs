@@ -1,10 +1,13 @@
 //! `forkscore score`: one context + one schema → one decision as JSON on stdout.
 
 use crate::load::{self, ModelArgs};
+use crate::provenance::ModelProvenance;
 use crate::provenance::Provenance;
 use anyhow::{bail, Context, Result};
 use forkscore_engine::schema::Scoring;
-use forkscore_engine::{Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use forkscore_engine::{
+    CompiledSchema, Decision, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
+};
 use std::path::PathBuf;
 
 /// Schema source: a file or inline JSON.
@@ -132,6 +135,28 @@ pub struct ScoreArgs {
     pub output: Option<PathBuf>,
 }
 
+/// The result JSON of one decision, exactly as `forkscore score` prints it: the decision
+/// (`output`, `fields`, `temperature`, `telemetry`, optional `prompt`) plus `provenance` (the
+/// model's, then `mode`, `temperature`, `temperature_source`, `schema_hash`). The Python
+/// package's `Scorer.score` / `decide_many` return this same value.
+pub fn result_json(
+    decision: &Decision,
+    compiled: &CompiledSchema,
+    mode: Mode,
+    model: &ModelProvenance,
+) -> serde_json::Result<serde_json::Value> {
+    let provenance = Provenance {
+        model,
+        mode,
+        temperature: decision.temperature.value,
+        temperature_source: &decision.temperature.source,
+        schema_hash: compiled.schema_hash(),
+    };
+    let mut value = serde_json::to_value(decision)?;
+    value["provenance"] = serde_json::to_value(&provenance)?;
+    Ok(value)
+}
+
 pub fn run(args: &ScoreArgs) -> Result<()> {
     let Some(schema) = args.schema.load()? else {
         bail!("give a schema with --schema-file FILE or --schema JSON")
@@ -147,15 +172,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         .with_context_special_tokens(args.scoring.context_special_tokens);
     let compiled = engine.compile(&schema)?;
     let decision = engine.decide(&context, &compiled, &opts)?;
-    let provenance = Provenance {
-        model: &loaded.provenance,
-        mode: opts.mode,
-        temperature: decision.temperature.value,
-        temperature_source: &decision.temperature.source,
-        schema_hash: compiled.schema_hash(),
-    };
-    let mut value = serde_json::to_value(&decision)?;
-    value["provenance"] = serde_json::to_value(&provenance)?;
+    let value = result_json(&decision, &compiled, opts.mode, &loaded.provenance)?;
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &args.output {
         std::fs::write(path, format!("{text}\n"))

@@ -17,6 +17,7 @@
 //! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
 //! (output side and input side of `--resume`).
 
+pub mod lines;
 pub mod lock;
 pub mod prepare;
 pub mod provenance_check;
@@ -304,7 +305,7 @@ pub fn run_job<B: Backend>(
 /// Total memory of a CUDA device from nvidia-smi (None when unavailable or not CUDA). The
 /// ordinal is forkscore's (`cuda:N`); nvidia-smi numbers physical GPUs, so it is mapped through
 /// `CUDA_VISIBLE_DEVICES` when that lists indices.
-pub(crate) fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
+pub fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
     let DeviceSpec::Cuda(ordinal) = device else {
         return None;
     };
