@@ -14,7 +14,7 @@ pub use candle::{
 };
 pub use error::CandleError;
 pub use forkscore_seam::{
-    Architecture, Backend, BackendError, CandidateLogits, DType, DecodeStep, Device, Family, ModelFacts,
-    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TokenLogprob, TokenTree,
-    TreeNode, TreePacking, TreeRequest, VocabRequest, VocabRow, MAX_TOP_K,
+    Architecture, Backend, BackendError, CandidateLogits, DType, DecodeStep, Device, Family,
+    ModelFacts, PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TokenLogprob,
+    TokenTree, TreeNode, TreePacking, TreeRequest, VocabRequest, VocabRow, MAX_TOP_K,
 };

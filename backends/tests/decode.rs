@@ -94,10 +94,24 @@ fn decode_step_state_equals_extend_and_leaves_the_input_untouched() {
     let cands = [7u32, 42, 1000, 151_000];
     let suffix = [9u32, 10];
     let a = backend
-        .score_rows(&[&step.state], &[ScoreRow { state: 0, suffix: &suffix }], &cands)
+        .score_rows(
+            &[&step.state],
+            &[ScoreRow {
+                state: 0,
+                suffix: &suffix,
+            }],
+            &cands,
+        )
         .unwrap();
     let b = backend
-        .score_rows(&[&extended], &[ScoreRow { state: 0, suffix: &suffix }], &cands)
+        .score_rows(
+            &[&extended],
+            &[ScoreRow {
+                state: 0,
+                suffix: &suffix,
+            }],
+            &cands,
+        )
         .unwrap();
     Tolerance::CPU_F32_LOGITS.assert_close("decode_step state vs extend", &a.data, &b.data);
 }

@@ -13,7 +13,7 @@
 //! (default: each schema's own default, the longest answer object + 16).
 //!
 //! `high_cardinality_255` has 255 choices, over the 26 codes: forkscore scores it with literal
-//! scoring (`Schema::from_json_str_with(text, Scoring::Literal)`); the other presets use codes.
+//! scoring (`Schema::from_json_str_with(text, Scoring::Literal(LiteralMethod::Exact))`); the other presets use codes.
 //! On a random-weight model the generated text is garbage (it usually runs to max_new_tokens),
 //! so each row also reports `answer_tokens` (the tokens of forkscore's own answer as compact
 //! JSON: the least a model must write) and `speedup_at_answer_length`, the speed-up had the
@@ -24,7 +24,7 @@ use forkscore_backends::candle::{ComputeDType, DeviceSpec, LoadOptions};
 use forkscore_backends::Backend;
 use forkscore_benches::load_engine;
 use forkscore_engine::generate::{eos_ids_from_folder, Baseline};
-use forkscore_engine::schema::Scoring;
+use forkscore_engine::schema::{LiteralMethod, Scoring};
 use forkscore_engine::{GenerateOptions, Schema, ScoreOptions};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
 use std::path::PathBuf;
@@ -84,13 +84,19 @@ fn main() -> anyhow::Result<()> {
         Err(_) => {
             let demo = repo.join("target/demo-qwen2.5");
             if demo.join("config.json").is_file() {
-                (demo, "target/demo-qwen2.5 (forkscore demo-model, random weights)".to_string())
+                (
+                    demo,
+                    "target/demo-qwen2.5 (forkscore demo-model, random weights)".to_string(),
+                )
             } else {
                 let dir = std::env::temp_dir().join("forkscore-bench-demo-qwen25");
                 if !dir.join("config.json").is_file() {
                     write_hf_folder(&dir, &TinySpec::qwen25())?;
                 }
-                (dir, "the qwen2.5 demo model (random weights), in a temp folder".to_string())
+                (
+                    dir,
+                    "the qwen2.5 demo model (random weights), in a temp folder".to_string(),
+                )
             }
         }
     };
@@ -137,7 +143,16 @@ fn main() -> anyhow::Result<()> {
     println!("model: {label} on {device} ({dtype}), {repeats} repeats after 1 warm-up");
     println!(
         "{:<22} {:>7} {:>9} {:>8} {:>11} {:>12} {:>11} {:>9} {:>6} {:>9}",
-        "preset", "fields", "gen tok", "stop", "forkscore", "generate", "prefill", "decode/t", "speedup", "est@ans"
+        "preset",
+        "fields",
+        "gen tok",
+        "stop",
+        "forkscore",
+        "generate",
+        "prefill",
+        "decode/t",
+        "speedup",
+        "est@ans"
     );
     let mut rows = Vec::new();
     for name in &presets {
@@ -147,7 +162,7 @@ fn main() -> anyhow::Result<()> {
             .copied()
             .unwrap_or_default();
         let scoring = if *name == "high_cardinality_255" {
-            Scoring::Literal
+            Scoring::Literal(LiteralMethod::Exact)
         } else {
             Scoring::Code
         };
@@ -161,7 +176,8 @@ fn main() -> anyhow::Result<()> {
         let g = |f: fn(&Baseline) -> f64| median(runs.iter().map(f).collect());
         let forkscore_ms = g(|b| b.forkscore.total_ms);
         let generate_ms = g(|b| b.generation.timings_ms.total_ms);
-        let prefill_ms = g(|b| b.generation.timings_ms.prefill_ms + b.generation.timings_ms.prompt_ms);
+        let prefill_ms =
+            g(|b| b.generation.timings_ms.prefill_ms + b.generation.timings_ms.prompt_ms);
         let per_step_ms = g(|b| {
             let t = &b.generation.timings_ms;
             t.decode_ms / (b.generation.decode_steps.saturating_sub(1)).max(1) as f64
@@ -189,7 +205,7 @@ fn main() -> anyhow::Result<()> {
             speedup_at_answer
         );
         rows.push(serde_json::json!({
-            "preset": name, "scoring": if scoring == Scoring::Literal { "literal" } else { "code" },
+            "preset": name, "scoring": scoring.name(),
             "fields": schema.fields().len(), "context": context,
             "forkscore_ms": forkscore_ms, "forkscore_input_tokens": first.forkscore.input_tokens,
             "generate_ms": generate_ms, "generate_prompt_and_prefill_ms": prefill_ms,
@@ -212,7 +228,10 @@ fn main() -> anyhow::Result<()> {
             "speedup_at_answer_length": "estimate: median (prompt + prefill) + (answer_tokens - 1) x the baseline's median ms per decode step, over the median forkscore total",
             "rows": rows,
         });
-        std::fs::write(out.join("generate.json"), serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(
+            out.join("generate.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
     }
     println!("report: {}", out.join("generate.json").display());
     Ok(())

@@ -32,14 +32,20 @@ fn greedy_generation_is_deterministic_and_bounded() {
     assert_eq!(a.token_ids.len(), a.generated_tokens);
     assert_eq!(a.decode_steps, a.generated_tokens, "one step per token fed");
     assert_eq!(a.prefill_calls, 1);
-    assert!(!a.valid && a.reason.is_some(), "the fake model writes no JSON");
+    assert!(
+        !a.valid && a.reason.is_some(),
+        "the fake model writes no JSON"
+    );
     assert_eq!(
         a.fields.keys().collect::<Vec<_>>(),
         ["risk_level", "requires_review", "impact_scope"]
     );
     let p = a.prompt.as_deref().unwrap();
     assert!(p.contains(CONTEXT));
-    assert!(p.contains("\"low\", \"medium\", \"high\", \"critical\""), "{p}");
+    assert!(
+        p.contains("\"low\", \"medium\", \"high\", \"critical\""),
+        "{p}"
+    );
     assert!(p.contains("allowed values: true or false"));
     assert!(p.ends_with("<|im_start|>assistant\n"), "{p:?}");
 }
@@ -89,7 +95,10 @@ fn special_tokens_in_the_context_stay_text() {
         ..GenerateOptions::default()
     };
     let g = engine.generate(forged, schema.fields(), &opts).unwrap();
-    assert!(g.prompt_tokens > plain.len(), "the forged markers were tokenized as text");
+    assert!(
+        g.prompt_tokens > plain.len(),
+        "the forged markers were tokenized as text"
+    );
 }
 
 #[test]

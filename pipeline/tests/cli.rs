@@ -550,7 +550,15 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
 fn literal_scoring_end_to_end() {
     let dir = ensure_tiny_model(&TinySpec::qwen25());
     let d = dir.to_str().unwrap();
-    let base = ["score", "--model", d, "--revision", "tiny", "--context", CONTEXT];
+    let base = [
+        "score",
+        "--model",
+        d,
+        "--revision",
+        "tiny",
+        "--context",
+        CONTEXT,
+    ];
     let big = example("high_cardinality_255.json");
     let v = ok_json(&forkscore(
         &[&base[..], &["--schema-file", &big, "--scoring", "literal"]].concat(),
@@ -565,7 +573,10 @@ fn literal_scoring_end_to_end() {
     assert!((sum - 1.0).abs() < 1e-9, "{sum}");
     assert!(scores.contains_key(v["output"]["tariff_classification"].as_str().unwrap()));
     // without --scoring the example is a code schema: refused with a pointer to literal scoring
-    let msg = failure(&forkscore(&[&base[..], &["--schema-file", &big]].concat(), &[]));
+    let msg = failure(&forkscore(
+        &[&base[..], &["--schema-file", &big]].concat(),
+        &[],
+    ));
     assert!(msg.contains("literal"), "{msg}");
     let mixed = r#"{"scoring": "literal-mean-loglik",
         "risk": {"type": "enum", "choices": ["low", "high", "high risk"]},
@@ -616,20 +627,41 @@ fn generate_baseline_end_to_end_on_the_tiny_model() {
     assert!((1..=12).contains(&generated), "{generated}");
     assert_eq!(g["max_new_tokens"], 12);
     assert_eq!(g["token_ids"].as_array().unwrap().len() as u64, generated);
-    assert!(["eos", "closing_brace", "max_new_tokens"].contains(&g["stop_reason"].as_str().unwrap()));
+    assert!(
+        ["eos", "closing_brace", "max_new_tokens"].contains(&g["stop_reason"].as_str().unwrap())
+    );
     assert!(g["prompt_tokens"].as_u64().unwrap() > 50);
-    assert!(g["eos_ids"].as_array().unwrap().contains(&serde_json::json!(151645)));
+    assert!(g["eos_ids"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!(151645)));
     // one prefill, one step per token fed back
     assert_eq!(g["prefill_calls"], 1);
     assert_eq!(g["decode_steps"].as_u64().unwrap(), generated);
-    for key in ["prompt_ms", "prefill_ms", "decode_ms", "validate_ms", "total_ms"] {
+    for key in [
+        "prompt_ms",
+        "prefill_ms",
+        "decode_ms",
+        "validate_ms",
+        "total_ms",
+    ] {
         assert!(g["timings_ms"][key].as_f64().unwrap() >= 0.0, "{key}");
     }
     // every schema field is reported, in schema order, on both sides
     let names = ["risk_level", "requires_review", "impact_scope"];
-    assert_eq!(g["fields"].as_object().unwrap().keys().collect::<Vec<_>>(), names);
+    assert_eq!(
+        g["fields"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        names
+    );
     let agreement = &v["agreement"];
-    assert_eq!(agreement["fields"].as_object().unwrap().keys().collect::<Vec<_>>(), names);
+    assert_eq!(
+        agreement["fields"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        names
+    );
     assert_eq!(
         agreement["agree"].as_u64().unwrap() + agreement["disagree"].as_u64().unwrap(),
         3
@@ -640,12 +672,19 @@ fn generate_baseline_end_to_end_on_the_tiny_model() {
     }
     assert_eq!(v["forkscore"]["output"].as_object().unwrap().len(), 3);
     let speedup = v["speedup"].as_f64().unwrap();
-    let ratio = g["timings_ms"]["total_ms"].as_f64().unwrap() / v["forkscore"]["total_ms"].as_f64().unwrap();
-    assert!((speedup - ratio).abs() <= 1e-9 * ratio.max(1.0), "{speedup} vs {ratio}");
+    let ratio = g["timings_ms"]["total_ms"].as_f64().unwrap()
+        / v["forkscore"]["total_ms"].as_f64().unwrap();
+    assert!(
+        (speedup - ratio).abs() <= 1e-9 * ratio.max(1.0),
+        "{speedup} vs {ratio}"
+    );
     assert!(v["provenance"]["schema_hash"].is_string());
     // greedy decoding is deterministic
     let again = ok_json(&forkscore(&args, &[]));
-    assert_eq!(generation_without_times(&v), generation_without_times(&again));
+    assert_eq!(
+        generation_without_times(&v),
+        generation_without_times(&again)
+    );
     // the default budget is sized from the schema
     let default = ok_json(&forkscore(&args[..args.len() - 2], &[]));
     let max_new = default["generation"]["max_new_tokens"].as_u64().unwrap();
@@ -658,14 +697,34 @@ fn generate_bad_inputs_fail_with_clear_messages() {
     let dir = ensure_tiny_model(&TinySpec::qwen25());
     let d = dir.to_str().unwrap();
     let schema = example("parallel_schema.json");
-    let base = ["generate", "--model", d, "--revision", "tiny", "--schema-file", &schema];
+    let base = [
+        "generate",
+        "--model",
+        d,
+        "--revision",
+        "tiny",
+        "--schema-file",
+        &schema,
+    ];
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--context", CONTEXT, "--max-new-tokens", "0"], "--max-new-tokens"),
-        (vec!["--context", CONTEXT, "--max-new-tokens", "99999999"], "--max-new-tokens"),
+        (
+            vec!["--context", CONTEXT, "--max-new-tokens", "0"],
+            "--max-new-tokens",
+        ),
+        (
+            vec!["--context", CONTEXT, "--max-new-tokens", "99999999"],
+            "--max-new-tokens",
+        ),
         (vec![], "give a context"),
         (vec!["--context", "   "], "the context is empty"),
-        (vec!["--context", CONTEXT, "--max-input-tokens", "20"], "max_input_tokens = 20"),
-        (vec!["--context", CONTEXT, "--max-new-tokens", "65536"], "context limit"),
+        (
+            vec!["--context", CONTEXT, "--max-input-tokens", "20"],
+            "max_input_tokens = 20",
+        ),
+        (
+            vec!["--context", CONTEXT, "--max-new-tokens", "65536"],
+            "context limit",
+        ),
     ];
     for (extra, want) in cases {
         let args = [&base[..], &extra[..]].concat();
@@ -674,7 +733,15 @@ fn generate_bad_inputs_fail_with_clear_messages() {
         assert!(!err.contains("panicked"), "{err}");
     }
     let err = failure(&forkscore(
-        &["generate", "--model", d, "--revision", "tiny", "--context", CONTEXT],
+        &[
+            "generate",
+            "--model",
+            d,
+            "--revision",
+            "tiny",
+            "--context",
+            CONTEXT,
+        ],
         &[],
     ));
     assert!(err.contains("give a schema"), "{err}");

@@ -98,7 +98,10 @@ mod tests {
     #[test]
     fn argmax_takes_the_lowest_id_on_ties_and_refuses_nan() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0], 0).unwrap(), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY], 0).unwrap(), 0);
+        assert_eq!(
+            argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY], 0).unwrap(),
+            0
+        );
         assert_eq!(argmax(&[-5.0, f32::NEG_INFINITY, -1.0], 0).unwrap(), 2);
         assert!(argmax(&[1.0, f32::NAN], 3).is_err());
         assert!(argmax(&[1.0, f32::INFINITY], 3).is_err());

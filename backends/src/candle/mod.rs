@@ -27,9 +27,9 @@ pub mod state;
 
 #[cfg(feature = "cuda")]
 mod cuda_module;
-mod decode;
 #[cfg(feature = "cuda")]
 pub mod cuda_runtime;
+mod decode;
 mod flash_attention;
 mod head;
 mod linear;
@@ -56,8 +56,8 @@ pub use state::{CandleState, LayerState};
 
 use crate::error::CandleError;
 use forkscore_seam::{
-    Architecture as ModelClass, Backend, BackendError, CandidateLogits, DecodeStep, ModelFacts, PositionVocab,
-    PrefixState, Quantization, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
+    Architecture as ModelClass, Backend, BackendError, CandidateLogits, DecodeStep, ModelFacts,
+    PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, VocabRequest, VocabRow,
 };
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};

@@ -225,7 +225,10 @@ mod tests {
 
     #[test]
     fn stop_when_brace_depth_returns_to_zero() {
-        assert_eq!(scan_all(&["{\"a\":", " {\"b\": 1}", ", \"c\": 2", "}", "x"]), Some(3));
+        assert_eq!(
+            scan_all(&["{\"a\":", " {\"b\": 1}", ", \"c\": 2", "}", "x"]),
+            Some(3)
+        );
         assert_eq!(scan_all(&["Sure:\n```json\n", "{", "}"]), Some(2));
         assert_eq!(scan_all(&["no object } here", "still none"]), None);
         assert_eq!(scan_all(&["{\"a\": {", "}"]), None);
@@ -251,7 +254,10 @@ mod tests {
         assert!(v.valid, "{:?}", v.problems);
         assert_eq!(v.fields["risk"].value, Some(Value::from("high")));
         assert_eq!(v.fields["review"].value, Some(Value::from(false)));
-        let fenced = validate("```json\n{\n  \"risk\": \"low\",\n  \"review\": true\n}\n```", &fields());
+        let fenced = validate(
+            "```json\n{\n  \"risk\": \"low\",\n  \"review\": true\n}\n```",
+            &fields(),
+        );
         assert!(fenced.valid, "{:?}", fenced.problems);
     }
 
@@ -261,7 +267,10 @@ mod tests {
         assert!(!v.valid);
         assert_eq!(v.problems, vec!["field `review` is missing"]);
         assert!(v.fields["risk"].valid && !v.fields["review"].valid);
-        let v = validate("{\"risk\": \"medium\", \"review\": \"yes\", \"x\": 1}", &fields());
+        let v = validate(
+            "{\"risk\": \"medium\", \"review\": \"yes\", \"x\": 1}",
+            &fields(),
+        );
         assert!(!v.valid);
         assert_eq!(
             v.problems,
@@ -284,9 +293,18 @@ mod tests {
         assert_eq!(v.fields["risk"].value, None);
         let v = validate("{\"risk\": \"high\", \"review\": true} and more", &fields());
         assert!(!v.valid);
-        assert_eq!(v.problems, vec!["extra text after the object: \"and more\""]);
-        assert!(v.fields["risk"].valid, "the object's fields are still reported");
-        let v = validate("Here it is: {\"risk\": \"high\", \"review\": true}", &fields());
+        assert_eq!(
+            v.problems,
+            vec!["extra text after the object: \"and more\""]
+        );
+        assert!(
+            v.fields["risk"].valid,
+            "the object's fields are still reported"
+        );
+        let v = validate(
+            "Here it is: {\"risk\": \"high\", \"review\": true}",
+            &fields(),
+        );
         assert!(!v.valid);
         assert!(v.problems[0].starts_with("text before the object"));
         let v = validate("lorem ipsum", &fields());
@@ -295,7 +313,10 @@ mod tests {
         assert_eq!(v.problems, vec!["nothing was generated"]);
         let v = validate("{\"risk\": high}", &fields());
         assert!(v.problems[0].starts_with("the object is not valid JSON"));
-        let v = validate("{\"risk\": \"low\", \"risk\": \"high\", \"review\": true}", &fields());
+        let v = validate(
+            "{\"risk\": \"low\", \"risk\": \"high\", \"review\": true}",
+            &fields(),
+        );
         assert!(v.problems[0].contains("duplicate key"), "{:?}", v.problems);
     }
 }

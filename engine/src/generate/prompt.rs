@@ -11,7 +11,8 @@
 use crate::schema::{Field, FieldKind};
 use crate::template::{ChatTemplate, Message, TemplateError};
 
-const INSTRUCTIONS: &str = "You classify a context into the fields of a catalogue. For each field, \
+const INSTRUCTIONS: &str =
+    "You classify a context into the fields of a catalogue. For each field, \
 choose the single best of its allowed values. Reply with one JSON object only, mapping every field \
 name to its chosen value: no explanation, no markdown, no text before or after the object.";
 
@@ -44,7 +45,8 @@ pub fn user_message(context: &str, fields: &[Field]) -> String {
                         out.push('\n');
                     }
                 } else {
-                    let list: Vec<String> = f.choices.iter().map(|c| c.to_json().to_string()).collect();
+                    let list: Vec<String> =
+                        f.choices.iter().map(|c| c.to_json().to_string()).collect();
                     out.push_str(&format!("  allowed values: {}\n", list.join(", ")));
                 }
             }

@@ -78,7 +78,11 @@ pub fn context_span(
 
 /// Special-token occurrences inside `text[span]`: leftmost first, longest at a position,
 /// non-overlapping (as the tokenizer's own added-token split finds them).
-pub(crate) fn special_hits(tok: &ChatTokenizer, text: &str, span: &Range<usize>) -> Vec<Range<usize>> {
+pub(crate) fn special_hits(
+    tok: &ChatTokenizer,
+    text: &str,
+    span: &Range<usize>,
+) -> Vec<Range<usize>> {
     let Some(inner) = text.get(span.clone()) else {
         return Vec::new();
     };
