@@ -13,7 +13,7 @@
 //! (default: each schema's own default, the longest answer object + 16).
 //!
 //! `high_cardinality_255` has 255 choices, over the 26 codes: forkscore scores it with literal
-//! scoring (`Schema::from_json_str_with(text, Scoring::Literal(LiteralMethod::default()))`); the other presets use codes.
+//! scoring (`Schema::from_json_str_with(text, Scoring::Literal(LiteralMethod::Exact))`); the other presets use codes.
 //! On a random-weight model the generated text is garbage (it usually runs to max_new_tokens),
 //! so each row also reports `answer_tokens` (the tokens of forkscore's own answer as compact
 //! JSON: the least a model must write) and `speedup_at_answer_length`, the speed-up had the
@@ -162,7 +162,7 @@ fn main() -> anyhow::Result<()> {
             .copied()
             .unwrap_or_default();
         let scoring = if *name == "high_cardinality_255" {
-            Scoring::Literal(LiteralMethod::default())
+            Scoring::Literal(LiteralMethod::Exact)
         } else {
             Scoring::Code
         };
@@ -205,7 +205,7 @@ fn main() -> anyhow::Result<()> {
             speedup_at_answer
         );
         rows.push(serde_json::json!({
-            "preset": name, "scoring": if matches!(scoring, Scoring::Literal(_)) { "literal" } else { "code" },
+            "preset": name, "scoring": scoring.name(),
             "fields": schema.fields().len(), "context": context,
             "forkscore_ms": forkscore_ms, "forkscore_input_tokens": first.forkscore.input_tokens,
             "generate_ms": generate_ms, "generate_prompt_and_prefill_ms": prefill_ms,
