@@ -99,7 +99,6 @@ pub enum Mode {
     Tree,
 }
 
-
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Mode, String> {
@@ -461,6 +460,9 @@ mod tests {
             assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
         }
         let e = "packed".parse::<Mode>().unwrap_err();
-        assert!(e.contains("parallel, cached-serial, independent or tree"), "{e}");
+        assert!(
+            e.contains("parallel, cached-serial, independent or tree"),
+            "{e}"
+        );
     }
 }
