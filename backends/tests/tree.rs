@@ -270,7 +270,7 @@ fn random_tree(seed: u64, n: usize, states: usize) -> TokenTree {
             0 => None,
             k => Some(earlier[k - 1]),
         };
-        let project = r[4 * i + 2] % 2 == 0 || i + 1 == n;
+        let project = r[4 * i + 2].is_multiple_of(2) || i + 1 == n;
         nodes.push(node(state, parent, r[4 * i + 3] % VOCAB as u32, project));
     }
     TokenTree::new(nodes, states).expect("random tree")
