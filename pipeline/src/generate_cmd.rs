@@ -43,6 +43,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         eos_ids: eos_ids_from_folder(&engine.backend().checkpoint().dir),
         include_prompt: s.scoring.include_prompt,
     };
+    // Warm-up, untimed: the first decision and the first decode steps of a process pay one-time
+    // set-up (GPU kernel modules, cuBLAS handles, allocator growth), which would otherwise be
+    // charged to whichever side runs first. One decision and a 2-token generation run first.
+    engine.decide(&context, &compiled, &score_opts)?;
+    let warm = GenerateOptions {
+        max_new_tokens: Some(2),
+        ..opts.clone()
+    };
+    engine.generate(&context, compiled.schema_fields(), &warm)?;
     let baseline = engine.generate_baseline(&context, &compiled, &score_opts, &opts)?;
     let decision_temperature = engine.resolve_temperature(&score_opts)?;
     let provenance = Provenance {
@@ -54,6 +63,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     let mut value = serde_json::to_value(&baseline)?;
     value["decoding"] = serde_json::json!("greedy (full-vocabulary argmax, lowest id on ties), one forward per token over the cached state");
+    value["warmup"] = serde_json::json!("one untimed decision and one untimed 2-token generation ran before the timed pair");
     value["provenance"] = serde_json::to_value(&provenance)?;
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &s.output {
