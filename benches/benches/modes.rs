@@ -12,7 +12,10 @@
 //! FORKSCORE_BENCH_FIELDS (field counts, default 1,3,8,28), FORKSCORE_BENCH_WORDS (context
 //! lengths in words, default 40,600) and FORKSCORE_BENCH_MODES (default
 //! parallel,fbs4,cached-serial,independent,tree; a mode left out is null in the report) select
-//! cases.
+//! cases. FORKSCORE_BENCH_PRESETS (e.g.
+//! fintech_fraud,code_security,support_triage,high_cardinality_255) runs each named preset of
+//! fixtures/examples whole instead of the field counts (`high_cardinality_255` with literal
+//! scoring: its 255 choices exceed the 26 codes).
 //! Each row also carries, per mode, the branch memory of one decision (`branch`: backbone passes,
 //! token positions run, branch K/V bytes and the peak of one pass — branch K/V + one layer's f32
 //! attention scores + masks + any merged past copy, `forkscore_backends::BranchFootprint`).
@@ -209,11 +212,27 @@ fn main() -> anyhow::Result<()> {
     // FORKSCORE_BENCH_PROFILE=1: per case, one extra parallel run with the per-layer-kind
     // profile (embed / attention / linear_attention / mlp / head), reported beside the timings.
     let profile_cases = std::env::var("FORKSCORE_BENCH_PROFILE").is_ok_and(|v| v == "1");
+    // FORKSCORE_BENCH_PRESETS=<names of fixtures/examples/*.json>: each preset's whole schema is a
+    // case (instead of the first N support-triage fields); `high_cardinality_255` (over the 26
+    // codes) is scored with literal scoring.
+    let cases: Vec<(Option<String>, forkscore_engine::Schema)> =
+        match std::env::var("FORKSCORE_BENCH_PRESETS") {
+            Ok(names) => names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| Ok((Some(n.to_string()), preset_schema(n)?)))
+                .collect::<anyhow::Result<_>>()?,
+            Err(_) => fields_list
+                .iter()
+                .map(|&n| Ok((None, triage_subset(n)?)))
+                .collect::<anyhow::Result<_>>()?,
+        };
     for &words in &words_list {
         let context = context_of(words);
-        for &fields in &fields_list {
-            let schema = triage_subset(fields)?;
-            let compiled = engine.compile(&schema)?;
+        for (preset, schema) in &cases {
+            let fields = schema.fields().len();
+            let compiled = engine.compile(schema)?;
             // Median wall ms of one mode, the median of each telemetry stage over the timed
             // runs and the branch memory of one decision; None when the mode is not selected.
             let run = |key: &str,
@@ -317,7 +336,7 @@ fn main() -> anyhow::Result<()> {
                 peak(&tree),
             );
             rows.push(serde_json::json!({
-                "fields": fields, "context_words": words, "prefix_tokens": prefix,
+                "preset": preset, "fields": fields, "context_words": words, "prefix_tokens": prefix,
                 "parallel_ms": par_ms, "parallel_fbs4_ms": ms(&fbs4), "cached_serial_ms": ser_ms, "independent_ms": ind_ms, "tree_ms": tree_ms,
                 "speedup_vs_independent": ratio(ind_ms, par_ms), "speedup_vs_cached_serial": ratio(ser_ms, par_ms), "tree_vs_parallel": ratio(tree_ms, par_ms),
                 "tree_packing": engine.backend().tree_packing().name(),
@@ -333,4 +352,24 @@ fn main() -> anyhow::Result<()> {
         println!("dump: {}", path.display());
     }
     Ok(())
+}
+
+/// The preset `name` of fixtures/examples as a schema; `high_cardinality_255` scored literally.
+fn preset_schema(name: &str) -> anyhow::Result<forkscore_engine::Schema> {
+    use forkscore_engine::schema::{LiteralMethod, Scoring};
+    let text = match name {
+        "fintech_fraud" => include_str!("../../fixtures/examples/fintech_fraud.json"),
+        "code_security" => include_str!("../../fixtures/examples/code_security.json"),
+        "support_triage" => include_str!("../../fixtures/examples/support_triage.json"),
+        "high_cardinality_255" => include_str!("../../fixtures/examples/high_cardinality_255.json"),
+        other => anyhow::bail!(
+            "FORKSCORE_BENCH_PRESETS: unknown preset {other:?} (expected fintech_fraud, code_security, support_triage or high_cardinality_255)"
+        ),
+    };
+    let scoring = if name == "high_cardinality_255" {
+        Scoring::Literal(LiteralMethod::Exact)
+    } else {
+        Scoring::Code
+    };
+    Ok(forkscore_engine::Schema::from_json_str_with(text, scoring)?)
 }
