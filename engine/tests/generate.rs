@@ -138,3 +138,32 @@ fn bad_input_is_refused_with_typed_errors() {
         Err(GenerateError::NoFields)
     ));
 }
+
+/// Whole outputs as snapshots: the fake model's greedy generation (timings redacted) and the
+/// validation of a valid answer, a fenced answer with a wrong value and an extra key, and a
+/// truncated one, against the example schema.
+#[test]
+fn generation_and_validation_snapshots() {
+    use forkscore_engine::generate::json::validate;
+    let engine = support::fake_engine(Family::Qwen2);
+    let schema = schema();
+    let opts = GenerateOptions {
+        max_new_tokens: Some(9),
+        ..GenerateOptions::default()
+    };
+    let g = engine.generate(CONTEXT, schema.fields(), &opts).unwrap();
+    insta::assert_json_snapshot!("generate_fake_qwen25", g, { ".timings_ms" => "[timings]", ".decode_tokens_per_s" => "[rate]" });
+    let answers = [
+        r#"{"risk_level": "high", "requires_review": true, "impact_scope": "all_customers"}"#,
+        "```json\n{\"risk_level\": \"extreme\", \"requires_review\": true, \"impact_scope\": \"all_customers\", \"note\": 1}\n```",
+        r#"{"risk_level": "high", "requires_rev"#,
+    ];
+    let v: Vec<_> = answers
+        .iter()
+        .map(|a| serde_json::json!({"text": a, "validation": validate(a, schema.fields())}))
+        .collect();
+    assert_eq!(v[0]["validation"]["valid"], true, "{:#}", v[0]);
+    assert_eq!(v[1]["validation"]["valid"], false);
+    assert_eq!(v[2]["validation"]["valid"], false);
+    insta::assert_json_snapshot!("generate_validation_examples", v);
+}
