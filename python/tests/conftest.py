@@ -46,10 +46,17 @@ def example_schema() -> dict:
     return json.loads(EXAMPLE_SCHEMA.read_text())
 
 
+def same_build(commit):
+    """A `forkscore_commit` without its `-dirty` mark: the CLI and the wheel may be built at the
+    same commit, one of them while the work tree had uncommitted edits (never in CI's clean clone)."""
+    return commit.removesuffix("-dirty") if isinstance(commit, str) else commit
+
+
 def without_timings(value):
     """A result or record with its wall-clock timings removed (everything else is deterministic)."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+        return {k: (same_build(v) if k == "forkscore_commit" else without_timings(v))
+                for k, v in value.items() if k not in TIMING_KEYS}
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
