@@ -63,7 +63,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     let mut value = serde_json::to_value(&baseline)?;
     value["decoding"] = serde_json::json!("greedy (full-vocabulary argmax, lowest id on ties), one forward per token over the cached state");
-    value["warmup"] = serde_json::json!("one untimed decision and one untimed 2-token generation ran before the timed pair");
+    value["warmup"] = serde_json::json!(
+        "one untimed decision and one untimed 2-token generation ran before the timed pair"
+    );
     value["provenance"] = serde_json::to_value(&provenance)?;
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &s.output {
