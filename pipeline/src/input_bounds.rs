@@ -400,14 +400,17 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         ("--prefill-chunk", args.model.prefill_chunk),
         ("--top-k", Some(args.scoring.top_k)),
         ("--window", Some(args.window)),
-        ("--group-max-rows", args.group_max_rows),
-        ("--group-max-prefix-tokens", args.group_max_prefix_tokens),
-        ("--group-max-mib", args.group_max_mib),
+        ("--group-max-rows", args.group.group_max_rows),
+        (
+            "--group-max-prefix-tokens",
+            args.group.group_max_prefix_tokens,
+        ),
+        ("--group-max-mib", args.group.group_max_mib),
     ])?;
     check_float_flag("--temperature", args.scoring.temperature, 1e6)?;
     check_float_flag(
         "--device-memory-gib",
-        args.device_memory_gib,
+        args.group.device_memory_gib,
         (1u64 << 20) as f64,
     )?;
     match std::fs::metadata(&args.input) {

@@ -4,7 +4,7 @@
 use crate::input_bounds::{check_flags, check_float_flag};
 use crate::load::{self, ModelArgs};
 use anyhow::{Context, Result};
-use forkscore_engine::{GroupBudget, DEFAULT_MAX_INPUT_TOKENS};
+use forkscore_engine::DEFAULT_MAX_INPUT_TOKENS;
 use forkscore_service::{AppState, ServeConfig};
 use std::time::Duration;
 
@@ -36,18 +36,8 @@ pub struct ServeArgs {
     /// Seconds a request may wait for its result (then 504).
     #[arg(long, default_value_t = 60.0)]
     pub request_timeout_s: f64,
-    /// Group budget (as in `forkscore batch`): most rows in one scoring pass.
-    #[arg(long)]
-    pub group_max_rows: Option<usize>,
-    /// Group budget: most prefix tokens summed over a group.
-    #[arg(long)]
-    pub group_max_prefix_tokens: Option<usize>,
-    /// Group budget: most estimated state + activation MiB.
-    #[arg(long)]
-    pub group_max_mib: Option<usize>,
-    /// Accelerator memory for the default group budget (default: nvidia-smi on cuda).
-    #[arg(long)]
-    pub device_memory_gib: Option<f64>,
+    #[command(flatten)]
+    pub group: crate::group_args::GroupBudgetArgs,
     /// Trust the contexts' special-token text (see `forkscore score --help`).
     #[arg(long)]
     pub context_special_tokens: bool,
@@ -57,13 +47,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     check_flags(&[
         ("--max-input-tokens", Some(args.max_input_tokens)),
         ("--prefill-chunk", args.model.prefill_chunk),
-        ("--group-max-rows", args.group_max_rows),
-        ("--group-max-prefix-tokens", args.group_max_prefix_tokens),
-        ("--group-max-mib", args.group_max_mib),
+        ("--group-max-rows", args.group.group_max_rows),
+        (
+            "--group-max-prefix-tokens",
+            args.group.group_max_prefix_tokens,
+        ),
+        ("--group-max-mib", args.group.group_max_mib),
     ])?;
     check_float_flag(
         "--device-memory-gib",
-        args.device_memory_gib,
+        args.group.device_memory_gib,
         (1u64 << 20) as f64,
     )?;
     for (flag, v, max) in [
@@ -92,22 +85,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let engine = loaded
         .engine
         .with_context_special_tokens(args.context_special_tokens);
-    let device_bytes = match args.device_memory_gib {
-        Some(g) => Some((g * (1u64 << 30) as f64) as u64),
-        None => crate::batch::cuda_memory_bytes(args.model.device),
-    };
-    let mut budget = GroupBudget::for_device(device_bytes, &engine.memory_model());
-    if let Some(r) = args.group_max_rows {
-        budget.max_rows = r;
-    }
-    if let Some(t) = args.group_max_prefix_tokens {
-        budget.max_prefix_tokens = t;
-    }
-    if let Some(m) = args.group_max_mib {
-        budget.max_state_bytes = m
-            .checked_mul(1 << 20)
-            .with_context(|| format!("--group-max-mib {m} is too large"))?;
-    }
+    let budget = args
+        .group
+        .budget(args.model.device, &engine.memory_model())?;
     let config = ServeConfig {
         max_body_bytes: args.max_body_mib << 20,
         max_contexts_per_request: args.max_contexts_per_request,

@@ -99,19 +99,8 @@ pub struct BatchArgs {
     /// Lines read, prepared and grouped together (groups never span two windows).
     #[arg(long, default_value_t = 256)]
     pub window: usize,
-    /// Group budget: most rows (fields × contexts) in one scoring pass.
-    #[arg(long)]
-    pub group_max_rows: Option<usize>,
-    /// Group budget: most prefix tokens (summed over the group's contexts).
-    #[arg(long)]
-    pub group_max_prefix_tokens: Option<usize>,
-    /// Group budget: most estimated state + activation MiB.
-    #[arg(long)]
-    pub group_max_mib: Option<usize>,
-    /// Accelerator memory to derive the default group budget from (default: asked from
-    /// nvidia-smi on cuda; on cpu and metal the fixed CPU budget).
-    #[arg(long)]
-    pub device_memory_gib: Option<f64>,
+    #[command(flatten)]
+    pub group: crate::group_args::GroupBudgetArgs,
     /// Take only shard INDEX of COUNT of the input (e.g. 0/4; one process per shard, each with
     /// its own --output, then `forkscore merge`). Lines are split by id, deterministically.
     #[arg(long, value_name = "INDEX/COUNT")]
@@ -349,23 +338,7 @@ impl BatchArgs {
             shared_context,
             default_schema,
         } = inputs;
-        let device_bytes = match self.device_memory_gib {
-            Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
-            Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
-            None => cuda_memory_bytes(self.model.device),
-        };
-        let mut budget = GroupBudget::for_device(device_bytes, memory);
-        if let Some(r) = self.group_max_rows {
-            budget.max_rows = r;
-        }
-        if let Some(t) = self.group_max_prefix_tokens {
-            budget.max_prefix_tokens = t;
-        }
-        if let Some(m) = self.group_max_mib {
-            budget.max_state_bytes = m
-                .checked_mul(1 << 20)
-                .with_context(|| format!("--group-max-mib {m} is too large"))?;
-        }
+        let budget = self.group.budget(self.model.device, memory)?;
         Ok(Job {
             input: self.input.clone(),
             output: self.output.clone(),
