@@ -280,7 +280,10 @@ GDN_ENTRY(gdn_recurrent_dk256, 32)
 // Layout (f32, contiguous): p (B, L, Cc), state (B, Kc−1, Cc), w (Cc, Kc), lens (B) int32 (the
 // real tokens of each row; nullptr: all L) -> out (B, L, Cc), new_state (B, Kc−1, Cc).
 // Outputs at right-padded positions (t ≥ len_b) are unspecified, as in the candle path.
-// One thread per output element, consecutive threads on consecutive channels (coalesced).
+// Launch: grid (ceil(Cc / blockDim.x), any number of row blocks ≤ 65,535), 1-D blocks. A thread
+// owns one channel and strides over the B·L output rows, then the B·(Kc−1) state rows, so
+// consecutive threads touch consecutive channels (coalesced) and the index arithmetic is 32-bit
+// and division-free per element (a flat 64-bit element index cost three 64-bit divisions each).
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
@@ -293,29 +296,25 @@ __device__ void causal_conv_silu_body(const TP* __restrict__ p,
                                                 float* __restrict__ new_state, int B, int L,
                                                 int Cc, int Kc) {
     const int keep = Kc - 1;
-    const int64_t n_out = (int64_t)B * L * Cc;
-    const int64_t n_state = (int64_t)B * keep * Cc;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_out + n_state;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        // x[b, s, c] for s in [0, Kc−1+L): state rows first, then p.
-        auto x = [&](int b, int s, int c) -> float {
-            return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
-                            : to_f32(p[((int64_t)b * L + (s - keep)) * Cc + c]);
-        };
-        if (e < n_out) {
-            const int c = (int)(e % Cc);
-            const int64_t bt = e / Cc;
-            const int t = (int)(bt % L), b = (int)(bt / L);
+    const int rows_out = B * L, rows_state = B * keep;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= Cc) return;
+    // x[b, s, c] for s in [0, Kc−1+L): state rows first, then p.
+    auto x = [&](int b, int s) -> float {
+        return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
+                        : to_f32(p[((int64_t)b * L + (s - keep)) * Cc + c]);
+    };
+    for (int y = blockIdx.y; y < rows_out + rows_state; y += gridDim.y) {
+        if (y < rows_out) {
+            const int b = y / L, t = y - b * L;
             float acc = 0.f;
-            for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j, c);
-            out[e] = acc / (1.f + expf(-acc));
+            for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j);
+            out[(int64_t)y * Cc + c] = acc / (1.f + expf(-acc));
         } else {
-            const int64_t f = e - n_out;
-            const int c = (int)(f % Cc);
-            const int64_t bi = f / Cc;
-            const int i = (int)(bi % keep), b = (int)(bi / keep);
+            const int f = y - rows_out;
+            const int b = f / keep, i = f - b * keep;
             const int len = lens ? lens[b] : L;
-            new_state[f] = x(b, len + i, c);
+            new_state[(int64_t)f * Cc + c] = x(b, len + i);
         }
     }
 }

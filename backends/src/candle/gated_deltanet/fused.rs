@@ -1,6 +1,6 @@
-//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and, opt-in for calls
-//! of 64 tokens or more, the chunked form `kernels/gdn_chunked.cu`: see [`PrefillForm`]), for
-//! prefill and
+//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and, for calls of 64
+//! tokens or more of bf16 / f16 layers, the tensor-core chunked form `kernels/gdn_chunked.cu`:
+//! see [`PrefillForm`]), for prefill and
 //! scoring on NVIDIA GPUs: [`causal_conv_silu`] (the causal conv, SiLU and new conv state in one
 //! pass) and [`gated_delta_rule`], the delta rule. The delta rule computes the same function as
 //! [`super::recurrence`] token by token, but keeps the recurrent state in registers for the
@@ -22,20 +22,27 @@ use super::GdnDims;
 /// Which kernel runs the delta rule of long calls (64 tokens or more) on CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillForm {
-    /// Token by token (`gdn_recurrent.cu`), the default: measured faster on the H200 so far.
+    /// The default: [`PrefillForm::Chunked`] where the layer computes in bf16 / f16 (its TF32
+    /// products are finer than the model's own rounding), [`PrefillForm::Recurrent`] for f32
+    /// layers (exact to f32 summation order).
+    Auto,
+    /// Token by token (`gdn_recurrent.cu`): f32 throughout.
     Recurrent,
-    /// Chunked WY form (`gdn_chunked.cu`): correct (harness and GPU test) but, untuned, slower.
+    /// Chunked WY form on the tensor cores (`gdn_chunked.cu`, TF32 products with f32
+    /// accumulation, ~1e-3 relative to the f32 recurrence), whatever the layer's dtype.
     Chunked,
 }
 
-/// 0: the environment decides (`FORKSCORE_GDN_PREFILL=chunked`), 1: recurrent, 2: chunked.
+/// 0: the environment decides (`FORKSCORE_GDN_PREFILL=auto|recurrent|chunked`, default auto),
+/// 1: recurrent, 2: chunked, 3: auto.
 static PREFILL_FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Choose the form for the whole process (the GPU tests run both).
+/// Choose the form for the whole process (the GPU tests run each).
 pub fn set_prefill_form(form: PrefillForm) {
     let v = match form {
         PrefillForm::Recurrent => 1,
         PrefillForm::Chunked => 2,
+        PrefillForm::Auto => 3,
     };
     PREFILL_FORM.store(v, std::sync::atomic::Ordering::Relaxed);
 }
@@ -45,16 +52,25 @@ pub fn prefill_form() -> PrefillForm {
     match PREFILL_FORM.load(std::sync::atomic::Ordering::Relaxed) {
         1 => PrefillForm::Recurrent,
         2 => PrefillForm::Chunked,
+        3 => PrefillForm::Auto,
         _ => {
             static ENV: std::sync::OnceLock<PrefillForm> = std::sync::OnceLock::new();
-            *ENV.get_or_init(|| {
-                if std::env::var("FORKSCORE_GDN_PREFILL").is_ok_and(|v| v.trim() == "chunked") {
-                    PrefillForm::Chunked
-                } else {
-                    PrefillForm::Recurrent
-                }
+            *ENV.get_or_init(|| match std::env::var("FORKSCORE_GDN_PREFILL").as_deref().map(str::trim) {
+                Ok("chunked") => PrefillForm::Chunked,
+                Ok("recurrent") => PrefillForm::Recurrent,
+                _ => PrefillForm::Auto,
             })
         }
+    }
+}
+
+/// Whether a layer computing in `low_precision` (bf16 / f16) takes the chunked form for long
+/// calls under the form in force.
+fn chunked_wanted(low_precision: bool) -> bool {
+    match prefill_form() {
+        PrefillForm::Chunked => true,
+        PrefillForm::Recurrent => false,
+        PrefillForm::Auto => low_precision,
     }
 }
 
@@ -68,6 +84,8 @@ pub fn supports(dims: &GdnDims, device: &Device) -> bool {
 }
 
 /// Run the delta rule over `qkv` from `state`. See the module docs for shapes.
+/// `low_precision`: the layer computes in bf16 / f16, so long calls may take the TF32 chunked
+/// form ([`PrefillForm::Auto`]).
 #[cfg(feature = "cuda")]
 pub fn gated_delta_rule(
     qkv: &Tensor,
@@ -75,8 +93,9 @@ pub fn gated_delta_rule(
     g: &Tensor,
     state: &Tensor,
     dims: &GdnDims,
+    low_precision: bool,
 ) -> Result<(Tensor, Tensor)> {
-    cuda::run(qkv, beta, g, state, dims)
+    cuda::run(qkv, beta, g, state, dims, chunked_wanted(low_precision))
 }
 
 /// Causal depthwise conv + SiLU with its new conv state, in one kernel: the same function as
@@ -112,6 +131,7 @@ pub fn gated_delta_rule(
     _g: &Tensor,
     _state: &Tensor,
     _dims: &GdnDims,
+    _low_precision: bool,
 ) -> Result<(Tensor, Tensor)> {
     candle_core::bail!("the fused Gated DeltaNet kernel needs the `cuda` feature")
 }
@@ -148,6 +168,8 @@ mod cuda {
         g: Tensor,
         state: Tensor,
         dims: GdnDims,
+        /// Long calls take the chunked kernels where they fit ([`takes_chunked`]).
+        chunked: bool,
     }
 
     fn cuda_f32<'a>(
@@ -201,7 +223,7 @@ mod cuda {
             let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
             let (mut out, mut s1) = dst.split_at_mut(n_out);
 
-            if takes_chunked(l, dk, dv) {
+            if self.chunked && takes_chunked(l, dk, dv) {
                 chunked(
                     &dev, &qkv, &beta, &g, &s0, &mut out, &mut s1, b, l, &self.dims,
                 )?;
@@ -259,29 +281,34 @@ mod cuda {
     /// Dynamic shared memory the GPU grants one block at most (Hopper: 227 KiB).
     const MAX_SHARED: usize = 227 * 1024;
 
+    /// Padded shared-memory rows of the kernels (32-byte aligned WMMA tiles, fewer conflicts).
+    const PAD: usize = 8;
+
     fn prep_smem(dk: usize, dv: usize) -> usize {
-        4 * (2 * CHUNK * (dk + 1) + CHUNK * (CHUNK + 1) + 3 * CHUNK + CHUNK * dv)
+        4 * (2 * CHUNK * (dk + PAD) + 2 * CHUNK * (CHUNK + PAD) + CHUNK * (dv + PAD) + 5 * CHUNK)
     }
     fn scan_smem(dk: usize) -> usize {
-        4 * (dk * SCAN_TILE + CHUNK * dk + CHUNK * SCAN_TILE + CHUNK * CHUNK)
+        let sld = SCAN_TILE + PAD;
+        4 * (dk * sld + 3 * CHUNK * sld + 3 * CHUNK * (dk + PAD) + CHUNK * (CHUNK + PAD))
     }
+    /// Workspace floats per (row, head, chunk), a multiple of 8 (32-byte aligned chunks).
     fn ws_per_chunk(dk: usize, dv: usize) -> usize {
-        CHUNK * dk * 3 + CHUNK * dv + CHUNK * CHUNK + 1
+        (CHUNK * dk * 3 + CHUNK * dv + CHUNK * CHUNK + 1).div_ceil(8) * 8
     }
 
-    /// Whether a call of `l` tokens takes the chunked kernels ([`super::PrefillForm::Chunked`]
-    /// chosen, long calls, dk 32 / 64 / 128, the shared memory fits).
+    /// Whether a call of `l` tokens can take the chunked kernels (long calls, dk 32 / 64 / 128,
+    /// dv a multiple of 16 — whole tensor-core tiles —, the shared memory fits).
     fn takes_chunked(l: usize, dk: usize, dv: usize) -> bool {
-        super::prefill_form() == super::PrefillForm::Chunked
-            && l >= CHUNKED_MIN_TOKENS
+        l >= CHUNKED_MIN_TOKENS
             && matches!(dk, 32 | 64 | 128)
+            && dv % 16 == 0
             && prep_smem(dk, dv) <= MAX_SHARED
             && scan_smem(dk) <= MAX_SHARED
     }
 
     /// The chunked delta rule (`kernels/gdn_chunked.cu`): all chunks' WY terms in parallel, then
-    /// one scan over the chunks per (row, value head, 32 value columns). Same outputs as the
-    /// token-by-token kernel.
+    /// one scan over the chunks per (row, value head, 32 value columns). The outputs of the
+    /// token-by-token kernel up to TF32 rounding of the products.
     #[allow(clippy::too_many_arguments)]
     fn chunked(
         dev: &CudaDevice,
@@ -427,9 +454,10 @@ mod cuda {
             let (mut out, mut ns) = dst.split_at_mut(n_out);
             let func = module(&dev)?.load_function(kernel).w()?;
             let stream = dev.cuda_stream();
-            let total = (n_out + n_state) as u64;
+            // one thread per channel, row blocks striding over the B·L + B·(Kc−1) rows
+            let rows = b * l + b * (kc - 1);
             let cfg = LaunchConfig {
-                grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+                grid_dim: (cc.div_ceil(256) as u32, rows.clamp(1, 65_535) as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -518,6 +546,7 @@ mod cuda {
         g: &Tensor,
         state: &Tensor,
         dims: &GdnDims,
+        chunked: bool,
     ) -> Result<(Tensor, Tensor)> {
         let (b, l, cc) = qkv.dims3()?;
         let (hv, dk, dv) = (dims.value_heads, dims.key_dim, dims.value_dim);
@@ -549,6 +578,7 @@ mod cuda {
             g: f32c(g)?,
             state: f32c(state)?,
             dims: *dims,
+            chunked,
         };
         // (B·L·Hv·dv + B·Hv·dk·dv,) -> (B, L, Hv, dv), (B, Hv, dk, dv)
         let flat = f32c(qkv)?.apply_op1_no_bwd(&op)?;
