@@ -281,9 +281,12 @@ GDN_ENTRY(gdn_recurrent_dk256, 32)
 // real tokens of each row; nullptr: all L) -> out (B, L, Cc), new_state (B, Kc−1, Cc).
 // Outputs at right-padded positions (t ≥ len_b) are unspecified, as in the candle path.
 // Launch: grid (ceil(Cc / blockDim.x), any number of row blocks ≤ 65,535), 1-D blocks. A thread
-// owns one channel and strides over the B·L output rows, then the B·(Kc−1) state rows, so
-// consecutive threads touch consecutive channels (coalesced) and the index arithmetic is 32-bit
-// and division-free per element (a flat 64-bit element index cost three 64-bit divisions each).
+// owns one channel and takes runs of CONV_ROWS consecutive rows (the B·L output rows, then the
+// B·(Kc−1) state rows), so consecutive threads touch consecutive channels (coalesced), a block
+// has enough work to pay for its launch, and the index arithmetic is 32-bit (a flat 64-bit
+// element index cost three 64-bit divisions per element).
+constexpr int CONV_ROWS = 16;
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
@@ -296,7 +299,7 @@ __device__ void causal_conv_silu_body(const TP* __restrict__ p,
                                                 float* __restrict__ new_state, int B, int L,
                                                 int Cc, int Kc) {
     const int keep = Kc - 1;
-    const int rows_out = B * L, rows_state = B * keep;
+    const int rows_out = B * L, rows = B * L + B * keep;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
     // x[b, s, c] for s in [0, Kc−1+L): state rows first, then p.
@@ -304,17 +307,30 @@ __device__ void causal_conv_silu_body(const TP* __restrict__ p,
         return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
                         : to_f32(p[((int64_t)b * L + (s - keep)) * Cc + c]);
     };
-    for (int y = blockIdx.y; y < rows_out + rows_state; y += gridDim.y) {
-        if (y < rows_out) {
-            const int b = y / L, t = y - b * L;
-            float acc = 0.f;
-            for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j);
-            out[(int64_t)y * Cc + c] = acc / (1.f + expf(-acc));
-        } else {
-            const int f = y - rows_out;
-            const int b = f / keep, i = f - b * keep;
-            const int len = lens ? lens[b] : L;
-            new_state[(int64_t)f * Cc + c] = x(b, len + i);
+    // the channel's taps in registers (the common Kc ≤ 8; longer kernels read them in the loop)
+    float wr[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wr[j] = j < Kc ? w[(int64_t)c * Kc + j] : 0.f;
+    for (int y0 = blockIdx.y * CONV_ROWS; y0 < rows; y0 += gridDim.y * CONV_ROWS) {
+        const int y1 = min(y0 + CONV_ROWS, rows);
+        for (int y = y0; y < y1; ++y) {
+            if (y < rows_out) {
+                const int b = y / L, t = y - b * L;
+                float acc = 0.f;
+                if (Kc <= 8) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (j < Kc) acc += wr[j] * x(b, t + j);
+                } else {
+                    for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j);
+                }
+                out[(int64_t)y * Cc + c] = acc / (1.f + expf(-acc));
+            } else {
+                const int f = y - rows_out;
+                const int b = f / keep, i = f - b * keep;
+                const int len = lens ? lens[b] : L;
+                new_state[(int64_t)f * Cc + c] = x(b, len + i);
+            }
         }
     }
 }

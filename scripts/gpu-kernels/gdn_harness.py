@@ -149,8 +149,8 @@ def main():
     def conv_launch(p, st, w, lens, out, ns):
         B, L, Cc = p.shape
         Kc = w.shape[1]
-        rows = B * L + B * (Kc - 1)  # one thread per channel, row blocks stride over the rows
-        conv_f(((Cc + 255) // 256, max(1, min(rows, 65535))), (256,), (ptr(p), ptr(st), ptr(w), ptr(lens), ptr(out), ptr(ns),
+        rows = B * L + B * (Kc - 1)  # one thread per channel, runs of 16 rows per row block
+        conv_f(((Cc + 255) // 256, max(1, min((rows + 15) // 16, 65535))), (256,), (ptr(p), ptr(st), ptr(w), ptr(lens), ptr(out), ptr(ns),
                                              cp.int32(B), cp.int32(L), cp.int32(Cc), cp.int32(Kc)))
     for B, L, Cc, Kc, ragged in [(2, 37, 40, 4, True), (1, 300, 96, 4, False), (3, 2, 16, 4, True), (2, 5, 8, 2, False)]:
         p = torch.randn(B, L, Cc, device="cuda", generator=gen)

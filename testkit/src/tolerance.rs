@@ -80,12 +80,12 @@ impl Tolerance {
     };
     /// CUDA chunked delta rule on the tensor cores (`gdn_chunked.cu`: TF32 products, 10 mantissa
     /// bits, f32 accumulation and state) vs the f32 candle forms, layer by layer on the GPU
-    /// test's random layers (outputs and states of |x| up to ~10). The harness measured a
-    /// relative error of ≤ 4.8e-4 against float64 on its inputs; TF32 rounds each input by up to
-    /// 2^-11 relative, so an output of 10 moves by ~5e-3 at worst.
+    /// test's random layers (outputs of |x| up to ~10). Measured on an H200: at most 1.07e-3
+    /// (outputs; states 1.5e-4); the harness measured ≤ 4.8e-4 relative to float64. The preset
+    /// leaves ~5x headroom.
     pub const GPU_TF32_DELTA_RULE: Tolerance = Tolerance {
         name: "gpu-tf32-chunked-delta-rule",
-        abs: 2e-2,
+        abs: 5e-3,
     };
     /// CPU, linear weights quantized to Q8_0 at load vs the same checkpoint unquantized, on the
     /// tiny models' raw logits (|x| up to ~50). Measured (backends/tests/quantized.rs, CPU): at

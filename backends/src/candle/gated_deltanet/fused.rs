@@ -454,10 +454,16 @@ mod cuda {
             let (mut out, mut ns) = dst.split_at_mut(n_out);
             let func = module(&dev)?.load_function(kernel).w()?;
             let stream = dev.cuda_stream();
-            // one thread per channel, row blocks striding over the B·L + B·(Kc−1) rows
+            // one thread per channel, each row block taking runs of CONV_ROWS of the
+            // B·L + B·(Kc−1) rows (the kernel's constant)
+            const CONV_ROWS: usize = 16;
             let rows = b * l + b * (kc - 1);
             let cfg = LaunchConfig {
-                grid_dim: (cc.div_ceil(256) as u32, rows.clamp(1, 65_535) as u32, 1),
+                grid_dim: (
+                    cc.div_ceil(256) as u32,
+                    rows.div_ceil(CONV_ROWS).clamp(1, 65_535) as u32,
+                    1,
+                ),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
