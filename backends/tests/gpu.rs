@@ -425,7 +425,12 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
     // TF32, so it is held to its own bound (and dv 40 is not whole tiles: it falls back)
     let (mut worst, mut worst_tf32) = (0f32, 0f32);
     let tf32 = Tolerance::GPU_TF32_DELTA_RULE;
-    for (dk, dv, hk, hv) in [(64, 40, 2, 4), (128, 128, 2, 4), (64, 48, 1, 3), (256, 64, 1, 2)] {
+    for (dk, dv, hk, hv) in [
+        (64, 40, 2, 4),
+        (128, 128, 2, 4),
+        (64, 48, 1, 3),
+        (256, 64, 1, 2),
+    ] {
         let dims = GdnDims {
             hidden: 64,
             key_heads: hk,
@@ -522,7 +527,10 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
         "chunked tensor-core kernel differs from the candle forms by {worst_tf32:e} ({})",
         tf32.name
     );
-    assert!(worst_tf32 > 0.0, "the chunked tensor-core kernel did not run");
+    assert!(
+        worst_tf32 > 0.0,
+        "the chunked tensor-core kernel did not run"
+    );
 }
 
 /// The flash attention kernel against the candle attention path, both in bf16 on CUDA, on

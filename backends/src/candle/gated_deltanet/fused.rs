@@ -55,10 +55,15 @@ pub fn prefill_form() -> PrefillForm {
         3 => PrefillForm::Auto,
         _ => {
             static ENV: std::sync::OnceLock<PrefillForm> = std::sync::OnceLock::new();
-            *ENV.get_or_init(|| match std::env::var("FORKSCORE_GDN_PREFILL").as_deref().map(str::trim) {
-                Ok("chunked") => PrefillForm::Chunked,
-                Ok("recurrent") => PrefillForm::Recurrent,
-                _ => PrefillForm::Auto,
+            *ENV.get_or_init(|| {
+                match std::env::var("FORKSCORE_GDN_PREFILL")
+                    .as_deref()
+                    .map(str::trim)
+                {
+                    Ok("chunked") => PrefillForm::Chunked,
+                    Ok("recurrent") => PrefillForm::Recurrent,
+                    _ => PrefillForm::Auto,
+                }
             })
         }
     }

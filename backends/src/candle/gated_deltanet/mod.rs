@@ -448,7 +448,14 @@ impl GdnLayer {
         // o: (B, L, Hv, dv)
         let (o, recurrent) = if rule == DeltaRule::Fused {
             profile::region("gdn.delta_rule", dev, || {
-                fused::gated_delta_rule(&c, &beta, &g, &state.recurrent, &self.dims, act != DType::F32)
+                fused::gated_delta_rule(
+                    &c,
+                    &beta,
+                    &g,
+                    &state.recurrent,
+                    &self.dims,
+                    act != DType::F32,
+                )
             })?
         } else {
             // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
