@@ -73,6 +73,24 @@ __device__ __forceinline__ void tf32_neg(F& f) {
     for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(-f.x[i]);
 }
 
+// acc += Σ_k A_k · B_k over `steps` k-steps of 8 on the tensor cores (TF32): A_k is the fragment
+// at a + k·a_step (leading dimension lda), B_k the one at b + k·b_step (ldb); the fragment
+// types say whether each side is read row- or column-major.
+template <typename FA, typename FB>
+__device__ __forceinline__ void mma_steps(FragC& acc, const float* a, int lda, int a_step,
+                                          const float* b, int ldb, int b_step, int steps) {
+#pragma unroll 4
+    for (int k = 0; k < steps; ++k) {
+        FA fa;
+        FB fb;
+        wmma::load_matrix_sync(fa, a + k * a_step, lda);
+        wmma::load_matrix_sync(fb, b + k * b_step, ldb);
+        tf32(fa);
+        tf32(fb);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
 template <int DK>
 __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict__ beta,
                           const float* __restrict__ g, float* __restrict__ ws, int L, int Hk,
@@ -186,16 +204,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
         const float* left = mat ? qs : ks;
         FragC acc;
         wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-        for (int k = 0; k < DK / 8; ++k) {
-            FragA a;
-            FragBT bt;
-            wmma::load_matrix_sync(a, left + rt * 16 * PK + k * 8, PK);
-            wmma::load_matrix_sync(bt, ks + ct * 16 * PK + k * 8, PK);
-            tf32(a);
-            tf32(bt);
-            wmma::mma_sync(acc, a, bt, acc);
-        }
+        mma_steps<FragA, FragBT>(acc, left + rt * 16 * PK, PK, 8, ks + ct * 16 * PK, PK, 8, DK / 8);
         wmma::store_matrix_sync((mat ? Aq : A) + rt * 16 * PC + ct * 16, acc, PC,
                                 wmma::mem_row_major);
     }
@@ -297,15 +306,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
         const int ld = is_w ? PK : PV;
         FragC acc;
         wmma::fill_fragment(acc, 0.f);
-        for (int k = 0; k < 2 * (rt + 1); ++k) {
-            FragA a;
-            FragB bm;
-            wmma::load_matrix_sync(a, T + rt * 16 * PC + k * 8, PC);
-            wmma::load_matrix_sync(bm, rhs + k * 8 * ld + ct * 16, ld);
-            tf32(a);
-            tf32(bm);
-            wmma::mma_sync(acc, a, bm, acc);
-        }
+        mma_steps<FragA, FragB>(acc, T + rt * 16 * PC, PC, 8, rhs + ct * 16, ld, 8 * ld, 2 * (rt + 1));
         if (is_w)
             wmma::store_matrix_sync(W + rt * 16 * DK + ct * 16, acc, DK, wmma::mem_row_major);
         else
@@ -422,15 +423,8 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
         __pipeline_wait_prior(2);
         __syncthreads();  // G2 landed
         // step 2: O += Aqk V'  (Aqk lower triangular: row tile rt needs (rt + 1)·16 columns)
-        for (int k = 0; k < 2 * (rt + 1); ++k) {
-            FragA a;
-            FragB bm;
-            wmma::load_matrix_sync(a, As + rt * 16 * PC + k * 8, PC);
-            wmma::load_matrix_sync(bm, Vn + k * 8 * SLD + ct * 16, SLD);
-            tf32(a);
-            tf32(bm);
-            wmma::mma_sync(acc_o, a, bm, acc_o);
-        }
+        mma_steps<FragA, FragB>(acc_o, As + rt * 16 * PC, PC, 8, Vn + ct * 16, SLD, 8 * SLD,
+                                2 * (rt + 1));
         wmma::store_matrix_sync(Os + rt * 16 * SLD + ct * 16, acc_o, SLD, wmma::mem_row_major);
         __syncthreads();  // O complete, every read of S and Aqk for this chunk done
         issue(chunk + 1, 2);

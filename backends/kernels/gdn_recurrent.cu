@@ -284,7 +284,8 @@ GDN_ENTRY(gdn_recurrent_dk256, 32)
 // owns one channel and takes runs of CONV_ROWS consecutive rows (the B·L output rows, then the
 // B·(Kc−1) state rows), so consecutive threads touch consecutive channels (coalesced), a block
 // has enough work to pay for its launch, and the index arithmetic is 32-bit (a flat 64-bit
-// element index cost three 64-bit divisions per element).
+// element index cost three 64-bit divisions per element). Measured: no change in the layer's
+// conv time (4.5–5.4 ms per 4B decision across runs, within noise).
 constexpr int CONV_ROWS = 16;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -307,23 +308,13 @@ __device__ void causal_conv_silu_body(const TP* __restrict__ p,
         return s < keep ? state[((int64_t)b * keep + s) * Cc + c]
                         : to_f32(p[((int64_t)b * L + (s - keep)) * Cc + c]);
     };
-    // the channel's taps in registers (the common Kc ≤ 8; longer kernels read them in the loop)
-    float wr[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wr[j] = j < Kc ? w[(int64_t)c * Kc + j] : 0.f;
     for (int y0 = blockIdx.y * CONV_ROWS; y0 < rows; y0 += gridDim.y * CONV_ROWS) {
         const int y1 = min(y0 + CONV_ROWS, rows);
         for (int y = y0; y < y1; ++y) {
             if (y < rows_out) {
                 const int b = y / L, t = y - b * L;
                 float acc = 0.f;
-                if (Kc <= 8) {
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        if (j < Kc) acc += wr[j] * x(b, t + j);
-                } else {
-                    for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j);
-                }
+                for (int j = 0; j < Kc; ++j) acc += w[(int64_t)c * Kc + j] * x(b, t + j);
                 out[(int64_t)y * Cc + c] = acc / (1.f + expf(-acc));
             } else {
                 const int f = y - rows_out;
