@@ -25,7 +25,8 @@
 // differ from the f32 recurrence by ~1e-3 relative: the launcher takes this form only when the
 // model computes in bf16 / f16 (whose own rounding is coarser), never for f32 models.
 //
-// Dynamic shared memory (floats): prep 2·C·(DK+8) + 2·C·(C+8) + C·(dv+8) + 5·C; scan
+// Dynamic shared memory (floats): prep max(C·(DK+8), 2·C·(C+4)) + C·(DK+8) +
+// max(C·(dv+8), 2·C·(C+4)) + 5·C (regions reused: two blocks per SM at DK = dv = 128); scan
 // DK·(T+8) + 3·C·(T+8) + 3·C·(DK+8) + C·(C+8) with T = 32 (the chunk's W, Qg, Kd, Aqk and U
 // tile are copied in asynchronously while the previous chunk computes).
 //
@@ -48,7 +49,8 @@ constexpr int C = 64;        // tokens per chunk
 constexpr int NT = 256;      // threads per block (8 warps)
 constexpr int WARPS = NT / 32;
 constexpr int TILE = 32;     // value columns per scan block
-constexpr int PC = C + 8;    // padded row of a C × C matrix in shared memory
+constexpr int PC = C + 8;    // padded row of a C × C matrix in the scan's shared memory
+constexpr int PCT = C + 4;   // the same in prep (keeps its three regions at 2 · C · PCT each)
 constexpr int SLD = TILE + 8;  // padded row of a scan tile
 
 __host__ __device__ constexpr int64_t ws_per_chunk(int dk, int dv) {
@@ -97,13 +99,19 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
                           int Hv, int dv, float q_scale, float eps) {
     constexpr int PK = DK + 8;      // padded row of q̂ / k̂
     const int PV = dv + 8;          // padded row of v
+    // Three regions, reused as the kernel goes, so that two blocks fit one SM (Qwen3.5-4B:
+    // 3 × 34 KiB): R1 q̂, then A | T; R2 k̂, then β e^Γ k̂; R3 Q̂K̂ᵀ | K̂K̂ᵀ, then v, then β v.
+    constexpr int R1 = C * PK > 2 * C * PCT ? C * PK : 2 * C * PCT;
+    const int R3 = C * PV > 2 * C * PCT ? C * PV : 2 * C * PCT;
     extern __shared__ __align__(32) float sm[];
-    float* qs = sm;                 // [C][PK]  q̂
-    float* ks = qs + C * PK;        // [C][PK]  k̂, later β e^Γ k̂
-    float* A = ks + C * PK;         // [C][PC]  K̂K̂ᵀ, then A, then T
-    float* Aq = A + C * PC;         // [C][PC]  Q̂K̂ᵀ
-    float* Vs = Aq + C * PC;        // [C][PV]  v, later β v
-    float* Gs = Vs + C * PV;        // [C] Γ
+    float* qs = sm;                 // R1: [C][PK]  q̂
+    float* A = sm;                  // R1: [C][PCT] A (once q̂ is spent)
+    float* T = sm + C * PCT;        // R1: [C][PCT] T = (I + A)^{-1}
+    float* ks = sm + R1;            // R2: [C][PK]  k̂, later β e^Γ k̂
+    float* Aq = ks + C * PK;        // R3: [C][PCT] Q̂K̂ᵀ
+    float* KK = Aq + C * PCT;       // R3: [C][PCT] K̂K̂ᵀ
+    float* Vs = Aq;                 // R3: [C][PV]  v (once the products are spent), later β v
+    float* Gs = Aq + R3;            // [C] Γ
     float* Bs = Gs + C;             // [C] β
     float* BE = Bs + C;             // [C] β e^Γ
     float* EG = BE + C;             // [C] e^Γ
@@ -115,24 +123,14 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
     const int Cc = 2 * Hk * DK + Hv * dv;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
-    // q, k and v of the chunk's tokens (zero past L), all copies in flight at once
-    for (int e = tid; e < C * (2 * DK + dv) / 4; e += NT) {
-        const int i = e / ((2 * DK + dv) / 4), c = 4 * (e % ((2 * DK + dv) / 4));
+    // q and k of the chunk's tokens (zero past L), all copies in flight at once
+    for (int e = tid; e < C * (2 * DK) / 4; e += NT) {
+        const int i = e / (2 * DK / 4), c = 4 * (e % (2 * DK / 4));
         const int t = t0 + i;
         const bool ok = t < L;
         const float* row = qkv + ((int64_t)b * L + (ok ? t : 0)) * Cc;
-        float* dst;
-        const float* src;
-        if (c < DK) {
-            dst = qs + i * PK + c;
-            src = row + hk * DK + c;
-        } else if (c < 2 * DK) {
-            dst = ks + i * PK + (c - DK);
-            src = row + Hk * DK + hk * DK + (c - DK);
-        } else {
-            dst = Vs + i * PV + (c - 2 * DK);
-            src = row + 2 * Hk * DK + h * dv + (c - 2 * DK);
-        }
+        float* dst = c < DK ? qs + i * PK + c : ks + i * PK + (c - DK);
+        const float* src = c < DK ? row + hk * DK + c : row + Hk * DK + hk * DK + (c - DK);
         __pipeline_memcpy_async(dst, src, 16, ok ? 0 : 16);
     }
     __pipeline_commit();
@@ -197,7 +195,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
     }
     __syncthreads();
 
-    // K̂K̂ᵀ → A and Q̂K̂ᵀ → Aq, lower 16 × 16 tiles only (the masks below zero the rest)
+    // K̂K̂ᵀ → KK and Q̂K̂ᵀ → Aq, lower 16 × 16 tiles only (the masks below zero the rest)
     for (int job = warp; job < 32; job += WARPS) {
         const int mat = job / 16, rt = (job % 16) / 4, ct = job % 4;
         if (ct > rt) continue;
@@ -205,7 +203,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
         FragC acc;
         wmma::fill_fragment(acc, 0.f);
         mma_steps<FragA, FragBT>(acc, left + rt * 16 * PK, PK, 8, ks + ct * 16 * PK, PK, 8, DK / 8);
-        wmma::store_matrix_sync((mat ? Aq : A) + rt * 16 * PC + ct * 16, acc, PC,
+        wmma::store_matrix_sync((mat ? Aq : KK) + rt * 16 * PCT + ct * 16, acc, PCT,
                                 wmma::mem_row_major);
     }
     __syncthreads();
@@ -219,45 +217,54 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
     float* dec = Aqk + C * C;
     const float g_last = Gs[C - 1];
 
-    // A (strictly lower) in place, Aqk (lower incl. diagonal) to the workspace
+    // Aqk (lower incl. diagonal) to the workspace; Qg = q̂ e^Γ, Kd = k̂ e^{Γ_last − Γ}
     for (int e = tid; e < C * C; e += NT) {
         const int i = e / C, j = e % C;
-        const float decay = j <= i ? expf(Gs[i] - Gs[j]) : 0.f;
-        const float kk = A[i * PC + j];
-        A[i * PC + j] = j < i ? Bs[i] * kk * decay : 0.f;
-        Aqk[e] = j <= i ? Aq[i * PC + j] * decay : 0.f;
+        Aqk[e] = j <= i ? Aq[i * PCT + j] * expf(Gs[i] - Gs[j]) : 0.f;
     }
-    // Qg = q̂ e^Γ, Kd = k̂ e^{Γ_last − Γ} (before k̂ is rescaled below)
     for (int e = tid; e < C * DK; e += NT) {
         const int i = e / DK, d = e % DK;
         Qg[e] = qs[i * PK + d] * EG[i];
         Kd[e] = ks[i * PK + d] * EL[i];
     }
-    __syncthreads();
-    // T = (I + A)^{-1} (unit lower triangular) into Aq, by 16 × 16 blocks M_ij of M = I + A:
+    __syncthreads();  // q̂ spent: R1 takes A
+    // A (strictly lower) = β_i K̂K̂ᵀ e^{Γ_i − Γ_j}
+    for (int e = tid; e < C * C; e += NT) {
+        const int i = e / C, j = e % C;
+        A[i * PCT + j] = j < i ? Bs[i] * KK[i * PCT + j] * expf(Gs[i] - Gs[j]) : 0.f;
+    }
+    __syncthreads();  // the products spent: R3 takes v, copied in while T is solved
+    for (int e = tid; e < C * dv / 4; e += NT) {
+        const int i = e / (dv / 4), c = 4 * (e % (dv / 4));
+        const int t = t0 + i;
+        const bool ok = t < L;
+        const float* row = qkv + ((int64_t)b * L + (ok ? t : 0)) * Cc;
+        __pipeline_memcpy_async(Vs + i * PV + c, row + 2 * Hk * DK + h * dv + c, 16, ok ? 0 : 16);
+    }
+    __pipeline_commit();
+    // T = (I + A)^{-1} (unit lower triangular), by 16 × 16 blocks M_ij of M = I + A:
     // the four diagonal blocks by forward substitution, one thread per column, in registers;
     // then, by distance from the diagonal, T_ij = −T_ii · Σ_{j≤k<i} A_ik T_kj.
-    float* T = Aq;
     if (tid < C) {
         const int blk = tid / 16, j = tid % 16;
-        const float* Ab = A + blk * 16 * PC + blk * 16;
+        const float* Ab = A + blk * 16 * PCT + blk * 16;
         float x[16];
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
             float v = r == j ? 1.f : 0.f;
 #pragma unroll
-            for (int k = 0; k < r; ++k) v -= Ab[r * PC + k] * x[k];
+            for (int k = 0; k < r; ++k) v -= Ab[r * PCT + k] * x[k];
             x[r] = v;
         }
 #pragma unroll
-        for (int r = 0; r < 16; ++r) T[(blk * 16 + r) * PC + blk * 16 + j] = x[r];
+        for (int r = 0; r < 16; ++r) T[(blk * 16 + r) * PCT + blk * 16 + j] = x[r];
     } else {
         // the upper blocks of T are zero
         for (int e = tid - C; e < 6 * 256; e += NT - C) {
             const int blk = e / 256, r = (e % 256) / 16, c = e % 16;
             const int bi = blk < 3 ? 0 : blk < 5 ? 1 : 2;
             const int bj = blk < 3 ? 1 + blk : blk < 5 ? blk - 1 : 3;
-            T[(bi * 16 + r) * PC + bj * 16 + c] = 0.f;
+            T[(bi * 16 + r) * PCT + bj * 16 + c] = 0.f;
         }
     }
     __syncthreads();
@@ -267,8 +274,8 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
         for (int e = tid; e < n * 256; e += NT) {
             const int i = dist + e / 256, j = i - dist, r = (e % 256) / 16, c = e % 16;
             float acc = 0.f;
-            for (int k = j * 16; k < i * 16; ++k) acc += A[(i * 16 + r) * PC + k] * T[k * PC + j * 16 + c];
-            A[(j * 16 + r) * PC + i * 16 + c] = acc;
+            for (int k = j * 16; k < i * 16; ++k) acc += A[(i * 16 + r) * PCT + k] * T[k * PCT + j * 16 + c];
+            A[(j * 16 + r) * PCT + i * 16 + c] = acc;
         }
         __syncthreads();
         // T_ij = −T_ii P
@@ -277,12 +284,14 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
             float acc = 0.f;
 #pragma unroll
             for (int m = 0; m < 16; ++m)
-                acc += T[(i * 16 + r) * PC + i * 16 + m] * A[(j * 16 + m) * PC + i * 16 + c];
-            T[(i * 16 + r) * PC + j * 16 + c] = -acc;
+                acc += T[(i * 16 + r) * PCT + i * 16 + m] * A[(j * 16 + m) * PCT + i * 16 + c];
+            T[(i * 16 + r) * PCT + j * 16 + c] = -acc;
         }
         __syncthreads();
     }
     // the right-hand sides β e^Γ k̂ and β v
+    __pipeline_wait_prior(0);
+    __syncthreads();
     for (int e = tid; e < C * DK; e += NT) {
         const int i = e / DK, d = e % DK;
         ks[i * PK + d] *= BE[i];
@@ -306,7 +315,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
         const int ld = is_w ? PK : PV;
         FragC acc;
         wmma::fill_fragment(acc, 0.f);
-        mma_steps<FragA, FragB>(acc, T + rt * 16 * PC, PC, 8, rhs + ct * 16, ld, 8 * ld, 2 * (rt + 1));
+        mma_steps<FragA, FragB>(acc, T + rt * 16 * PCT, PCT, 8, rhs + ct * 16, ld, 8 * ld, 2 * (rt + 1));
         if (is_w)
             wmma::store_matrix_sync(W + rt * 16 * DK + ct * 16, acc, DK, wmma::mem_row_major);
         else

@@ -42,7 +42,8 @@ TF32_REL = 5e-3
 
 
 def prep_smem(dk, dv):
-    return 4 * (2 * C * (dk + 8) + 2 * C * (C + 8) + C * (dv + 8) + 5 * C)
+    tri = 2 * C * (C + 4)  # prep's regions are reused (see the kernel's layout)
+    return 4 * (max(C * (dk + 8), tri) + C * (dk + 8) + max(C * (dv + 8), tri) + 5 * C)
 
 
 def scan_smem(dk):

@@ -289,8 +289,14 @@ mod cuda {
     /// Padded shared-memory rows of the kernels (32-byte aligned WMMA tiles, fewer conflicts).
     const PAD: usize = 8;
 
+    /// Prep's three reused regions (q̂ then A | T; k̂; the two products then v: see the kernel)
+    /// and its per-token scalars; its C × C matrices have rows of C + 4.
     fn prep_smem(dk: usize, dv: usize) -> usize {
-        4 * (2 * CHUNK * (dk + PAD) + 2 * CHUNK * (CHUNK + PAD) + CHUNK * (dv + PAD) + 5 * CHUNK)
+        let tri = 2 * CHUNK * (CHUNK + 4);
+        4 * ((CHUNK * (dk + PAD)).max(tri)
+            + CHUNK * (dk + PAD)
+            + (CHUNK * (dv + PAD)).max(tri)
+            + 5 * CHUNK)
     }
     fn scan_smem(dk: usize) -> usize {
         let sld = SCAN_TILE + PAD;
