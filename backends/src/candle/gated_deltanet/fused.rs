@@ -71,6 +71,7 @@ pub fn prefill_form() -> PrefillForm {
 
 /// Whether a layer computing in `low_precision` (bf16 / f16) takes the chunked form for long
 /// calls under the form in force.
+#[cfg(feature = "cuda")]
 fn chunked_wanted(low_precision: bool) -> bool {
     match prefill_form() {
         PrefillForm::Chunked => true,
