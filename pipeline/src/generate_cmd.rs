@@ -62,7 +62,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         schema_hash: compiled.schema_hash(),
     };
     let mut value = serde_json::to_value(&baseline)?;
-    value["decoding"] = serde_json::json!("greedy (full-vocabulary argmax, lowest id on ties), one forward per token over the cached state");
+    value["decoding"] = forkscore_engine::generate::DECODING.into();
     value["warmup"] = serde_json::json!(
         "one untimed decision and one untimed 2-token generation ran before the timed pair"
     );

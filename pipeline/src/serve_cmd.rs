@@ -96,6 +96,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_merged_contexts: args.max_merged_contexts,
         request_timeout: Duration::from_secs_f64(args.request_timeout_s),
         budget,
+        eos_ids: forkscore_engine::generate::eos_ids_from_folder(
+            &engine.backend().checkpoint().dir,
+        ),
         ..ServeConfig::default()
     };
     let model = match serde_json::to_value(&loaded.provenance)? {

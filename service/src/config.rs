@@ -21,6 +21,10 @@ pub struct ServeConfig {
     pub budget: GroupBudget,
     /// Distinct compiled schemas kept.
     pub schema_cache: usize,
+    /// End-of-sequence ids `/v1/generate` stops at besides the tokenizer's own (the CLI reads
+    /// them from the checkpoint's `generation_config.json` / `config.json`, as `forkscore
+    /// generate` does).
+    pub eos_ids: Vec<u32>,
 }
 
 impl Default for ServeConfig {
@@ -34,6 +38,7 @@ impl Default for ServeConfig {
             request_timeout: Duration::from_secs(60),
             budget: GroupBudget::default(),
             schema_cache: 64,
+            eos_ids: Vec::new(),
         }
     }
 }

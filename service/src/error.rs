@@ -5,7 +5,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use forkscore_engine::EngineError;
+use forkscore_engine::{EngineError, GenerateError};
 use forkscore_seam::BackendError;
 use serde_json::json;
 
@@ -66,6 +66,29 @@ impl ApiError {
             EngineError::TooManyTokens { .. }
             | EngineError::TextTooLong { .. }
             | EngineError::TextOverModelLimit { .. } => (S::PAYLOAD_TOO_LARGE, "too_many_tokens"),
+        };
+        ApiError {
+            status,
+            kind,
+            path: path.to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The kind and status of a `/v1/generate` failure (exhaustive, as [`ApiError::from_engine`]).
+    pub fn from_generate(e: &GenerateError) -> ApiError {
+        use StatusCode as S;
+        let (status, kind, path) = match e {
+            GenerateError::Engine(e) => return ApiError::from_engine(e, "context"),
+            GenerateError::Backend(_) | GenerateError::Tokenizer(_) => {
+                (S::INTERNAL_SERVER_ERROR, "backend", "<root>")
+            }
+            GenerateError::NoFields => (S::BAD_REQUEST, "invalid_schema", "schema"),
+            GenerateError::MaxNewTokens(_) => (S::BAD_REQUEST, "invalid_field", "max_new_tokens"),
+            GenerateError::PromptTooShort { .. } => (S::BAD_REQUEST, "empty_context", "context"),
+            GenerateError::PromptTooLong { .. } | GenerateError::OverModelLimit { .. } => {
+                (S::PAYLOAD_TOO_LARGE, "too_many_tokens", "context")
+            }
         };
         ApiError {
             status,

@@ -9,6 +9,9 @@
 //! split back per job in order. Merging only changes batching, never rows or prompts, so a
 //! merged decision equals the single-request one (`tests/api.rs`).
 //!
+//! A generation job (`/v1/generate`: the autoregressive baseline beside forkscore's decision) runs
+//! alone, in its arrival order: it is one context decoded token by token, nothing to merge.
+//!
 //! A full queue refuses at once (503). A job whose requester gave up (timeout, disconnect) is
 //! dropped unscored. The thread ends when every sender is gone (graceful shutdown: in-flight
 //! jobs are answered first).
@@ -16,7 +19,10 @@
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use axum::http::StatusCode;
-use forkscore_engine::{CompiledSchema, Decision, Engine, EngineError, GroupBudget, ScoreOptions};
+use forkscore_engine::{
+    Baseline, CompiledSchema, Decision, Engine, EngineError, GenerateError, GenerateOptions,
+    GroupBudget, ScoreOptions,
+};
 use forkscore_seam::Backend;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -29,9 +35,25 @@ pub struct Job {
     pub reply: oneshot::Sender<Vec<Result<Decision, EngineError>>>,
 }
 
+/// One `/v1/generate` request's work: forkscore's decision and the greedy generation of the same
+/// context ([`Engine::generate_baseline`]).
+pub struct GenerateJob {
+    pub compiled: Arc<CompiledSchema>,
+    pub context: String,
+    pub options: ScoreOptions,
+    pub generate: GenerateOptions,
+    pub reply: oneshot::Sender<Result<Baseline, GenerateError>>,
+}
+
+/// What the model thread takes from the queue.
+enum Task {
+    Decide(Job),
+    Generate(GenerateJob),
+}
+
 #[derive(Clone)]
 pub struct Queue {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::Sender<Task>,
     metrics: Arc<Metrics>,
 }
 
@@ -55,8 +77,17 @@ impl Queue {
 
     /// Enqueue without waiting: a full queue is 503 `queue_full`.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.send(Task::Decide(job))
+    }
+
+    /// Enqueue a generation without waiting (as [`Queue::submit`]).
+    pub fn submit_generate(&self, job: GenerateJob) -> Result<(), ApiError> {
+        self.send(Task::Generate(job))
+    }
+
+    fn send(&self, task: Task) -> Result<(), ApiError> {
         self.metrics.queue_add(1);
-        self.tx.try_send(job).map_err(|e| {
+        self.tx.try_send(task).map_err(|e| {
             self.metrics.queue_add(-1);
             let message = match e {
                 mpsc::error::TrySendError::Full(_) => "the scoring queue is full; retry later",
@@ -70,24 +101,47 @@ impl Queue {
 
 fn run<B: Backend>(
     engine: &Engine<B>,
-    mut rx: mpsc::Receiver<Job>,
+    mut rx: mpsc::Receiver<Task>,
     max_merged: usize,
     budget: &GroupBudget,
     metrics: &Metrics,
 ) {
-    while let Some(first) = rx.blocking_recv() {
+    // a generation met while merging decisions waits here for its turn
+    let mut held: Option<Task> = None;
+    while let Some(first) = held.take().or_else(|| rx.blocking_recv()) {
+        metrics.queue_add(-1);
+        let first = match first {
+            Task::Generate(job) => {
+                if !job.reply.is_closed() {
+                    let result = engine.generate_baseline(
+                        &job.context,
+                        &job.compiled,
+                        &job.options,
+                        &job.generate,
+                    );
+                    let _ = job.reply.send(result);
+                }
+                continue;
+            }
+            Task::Decide(job) => job,
+        };
         let mut taken = first.contexts.len();
         let mut jobs = vec![first];
         while taken < max_merged {
             match rx.try_recv() {
-                Ok(job) => {
+                Ok(Task::Decide(job)) => {
+                    metrics.queue_add(-1);
                     taken += job.contexts.len();
                     jobs.push(job);
+                }
+                Ok(task) => {
+                    // counted off the queue when its turn comes
+                    held = Some(task);
+                    break;
                 }
                 Err(_) => break,
             }
         }
-        metrics.queue_add(-(jobs.len() as i64));
         jobs.retain(|j| !j.reply.is_closed());
         for bucket in buckets(jobs) {
             decide_bucket(engine, bucket, budget, metrics);

@@ -4,6 +4,9 @@
 //! - `/v1/score`: `{"context": str, "schema": object, "options"?: Options}`
 //! - `/v1/decide_many`: `{"contexts": [str, …], "schema": object, "options"?: Options}`
 //! - `/v1/ask`: `{"context": str, "question": str, "options"?: Options}` (one boolean field `answer`)
+//! - `/v1/generate`: `{"context": str, "schema": object, "options"?: Options,
+//!   "max_new_tokens"?: 1 ..= [`MAX_NEW_TOKENS`]}` (forkscore's decision beside a greedy
+//!   generation of the answer; default length: the schema's longest answer + 16 tokens)
 //!
 //! Options: `mode` (`parallel` | `cached-serial` | `independent` | `tree`), `temperature` (finite > 0),
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
@@ -20,12 +23,18 @@ use serde_json::{json, Map, Value};
 /// Unconstrained tokens listed per field with `allowed_mass` and no `top_k` (as `--top-k`).
 pub const DEFAULT_TOP_K: usize = 5;
 
+/// Most tokens a `/v1/generate` request may ask for (a generation holds the model thread for
+/// one forward per token).
+pub const MAX_NEW_TOKENS: usize = 4096;
+
 /// Contexts + schema + options, whichever endpoint they came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecideRequest {
     pub contexts: Vec<String>,
     pub schema: Schema,
     pub options: ScoreOptions,
+    /// `/v1/generate` only: the request's `max_new_tokens` (None: the schema's default).
+    pub max_new_tokens: Option<usize>,
 }
 
 /// Which endpoint a body is for.
@@ -34,6 +43,7 @@ pub enum Endpoint {
     Score,
     DecideMany,
     Ask,
+    Generate,
 }
 
 impl Endpoint {
@@ -42,6 +52,7 @@ impl Endpoint {
             Endpoint::Score => &["context", "schema", "options"],
             Endpoint::DecideMany => &["contexts", "schema", "options"],
             Endpoint::Ask => &["context", "question", "options"],
+            Endpoint::Generate => &["context", "schema", "options", "max_new_tokens"],
         }
     }
 }
@@ -77,7 +88,7 @@ pub fn parse(
     let options = parse_options(obj.remove("options"), cfg)?;
     let context_bytes = context_byte_bound(options.max_input_tokens);
     let contexts = match endpoint {
-        Endpoint::Score | Endpoint::Ask => {
+        Endpoint::Score | Endpoint::Ask | Endpoint::Generate => {
             vec![context_string(
                 obj.remove("context"),
                 "context",
@@ -146,6 +157,20 @@ pub fn parse(
             .remove("schema")
             .ok_or_else(|| ApiError::bad("missing_schema", "schema", "required"))?,
     };
+    let max_new_tokens = match obj.remove("max_new_tokens") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|n| (1..=MAX_NEW_TOKENS as u64).contains(n))
+                .ok_or_else(|| {
+                    ApiError::bad(
+                        "invalid_field",
+                        "max_new_tokens",
+                        format!("must be an integer from 1 to {MAX_NEW_TOKENS}"),
+                    )
+                })? as usize,
+        ),
+    };
     let schema = Schema::from_value(&schema_value).map_err(|e| {
         let path = if e.path == "<root>" {
             "schema".to_string()
@@ -158,6 +183,7 @@ pub fn parse(
         contexts,
         schema,
         options,
+        max_new_tokens,
     })
 }
 

@@ -5,6 +5,7 @@
 //! | `POST /v1/score` | one context + schema → the `forkscore score` result JSON |
 //! | `POST /v1/decide_many` | many contexts + one schema → `{"results": [result or {"error"}…]}` in input order |
 //! | `POST /v1/ask` | context + yes/no question → the result of the one boolean field `answer` |
+//! | `POST /v1/generate` | context + schema → forkscore's decision beside a greedy generation of the answer (the `forkscore generate` report) |
 //! | `GET /` | the web page (one self-contained HTML file: paste a context, pick a preset, score) |
 //! | `GET /v1/presets` | the example schemas the page offers |
 //! | `GET /health` | `{"status": "ok", "model", "queue_depth"}` |
@@ -14,9 +15,9 @@
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::queue::{Job, Queue};
+use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
-use crate::result::result_json;
+use crate::result::{generate_json, result_json};
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
@@ -24,7 +25,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use forkscore_engine::Engine;
+use forkscore_engine::{Engine, GenerateOptions};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
 use std::future::Future;
@@ -37,6 +38,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/score"),
     ("post", "/v1/decide_many"),
     ("post", "/v1/ask"),
+    ("post", "/v1/generate"),
     ("get", "/"),
     ("get", "/v1/presets"),
     ("get", "/health"),
@@ -94,6 +96,7 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         .route("/v1/score", post(score::<B>))
         .route("/v1/decide_many", post(decide_many::<B>))
         .route("/v1/ask", post(ask::<B>))
+        .route("/v1/generate", post(generate::<B>))
         .route("/", get(page))
         .route("/v1/presets", get(presets))
         .route("/health", get(health::<B>))
@@ -124,6 +127,9 @@ async fn decide_many<B: Backend + 'static>(
 }
 async fn ask<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
     handle(s, Endpoint::Ask, "/v1/ask", body).await
+}
+async fn generate<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
+    handle(s, Endpoint::Generate, "/v1/generate", body).await
 }
 
 async fn handle<B: Backend + 'static>(
@@ -164,6 +170,36 @@ async fn decide<B: Backend + 'static>(
         .schemas
         .get(&s.engine, &req.schema)
         .map_err(|e| ApiError::from_engine(&e, "schema"))?;
+    if endpoint == Endpoint::Generate {
+        let temperature = s
+            .engine
+            .resolve_temperature(&req.options)
+            .map_err(|e| ApiError::from_engine(&e, "options"))?;
+        let (reply, rx) = oneshot::channel();
+        let context = req.contexts.into_iter().next().unwrap_or_default();
+        s.queue.submit_generate(GenerateJob {
+            compiled: compiled.clone(),
+            context,
+            options: req.options.clone(),
+            generate: GenerateOptions {
+                max_new_tokens: req.max_new_tokens,
+                max_input_tokens: req.options.max_input_tokens,
+                eos_ids: s.config.eos_ids.clone(),
+                include_prompt: req.options.include_prompt,
+            },
+            reply,
+        })?;
+        let baseline = wait(rx, s.config.request_timeout)
+            .await?
+            .map_err(|e| ApiError::from_generate(&e))?;
+        return Ok(generate_json(
+            &baseline,
+            &compiled,
+            &req.options,
+            &temperature,
+            &s.model,
+        ));
+    }
     let (reply, rx) = oneshot::channel();
     s.queue.submit(Job {
         compiled: compiled.clone(),
@@ -171,25 +207,10 @@ async fn decide<B: Backend + 'static>(
         options: req.options.clone(),
         reply,
     })?;
-    let timeout = s.config.request_timeout;
-    let results = match tokio::time::timeout(timeout, rx).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => {
-            return Err(
-                ApiError::bad("backend", "<root>", "the model thread stopped")
-                    .with_status(StatusCode::INTERNAL_SERVER_ERROR),
-            )
-        }
-        Err(_) => {
-            return Err(
-                ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
-                    .with_status(StatusCode::GATEWAY_TIMEOUT),
-            )
-        }
-    };
+    let results = wait(rx, s.config.request_timeout).await?;
     let one = |d: &forkscore_engine::Decision| result_json(d, &compiled, &req.options, &s.model);
     match endpoint {
-        Endpoint::Score | Endpoint::Ask => match results.first() {
+        Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),
             Some(Err(e)) => Err(ApiError::from_engine(e, "context")),
             None => Err(ApiError::bad("backend", "<root>", "no result")
@@ -206,6 +227,21 @@ async fn decide<B: Backend + 'static>(
                 .collect();
             Ok(json!({ "results": list }))
         }
+    }
+}
+
+/// The model thread's reply, or 504 once `timeout` has passed (the job is then dropped unrun).
+async fn wait<T>(rx: oneshot::Receiver<T>, timeout: std::time::Duration) -> Result<T, ApiError> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(_)) => Err(
+            ApiError::bad("backend", "<root>", "the model thread stopped")
+                .with_status(StatusCode::INTERNAL_SERVER_ERROR),
+        ),
+        Err(_) => Err(
+            ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
+                .with_status(StatusCode::GATEWAY_TIMEOUT),
+        ),
     }
 }
 

@@ -436,6 +436,58 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
             "unknown_key",
             "schema",
         ),
+        (
+            "/v1/generate",
+            json!({"context": "x", "schema": s, "max_new_tokens": 0})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "max_new_tokens",
+        ),
+        (
+            "/v1/generate",
+            json!({"context": "x", "schema": s, "max_new_tokens": 4097})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "max_new_tokens",
+        ),
+        (
+            "/v1/generate",
+            json!({"context": "x", "schema": s, "max_new_tokens": "many"})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            "max_new_tokens",
+        ),
+        (
+            "/v1/generate",
+            json!({"context": "   ", "schema": s})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "empty_context",
+            "context",
+        ),
+        (
+            "/v1/generate",
+            json!({"schema": s}).to_string().into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "missing_context",
+            "context",
+        ),
+        (
+            "/v1/score",
+            json!({"context": "x", "schema": s, "max_new_tokens": 8})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "unknown_key",
+            "max_new_tokens",
+        ),
     ];
     for (path, body, status, kind, at) in cases {
         let (got, v, text) = call(&app, "POST", path, Some(body)).await;
@@ -477,6 +529,44 @@ async fn ask_scores_one_boolean_field() {
     let scores = v["fields"]["answer"]["scores"].as_object().unwrap();
     let sum: f64 = scores.values().map(|p| p.as_f64().unwrap()).sum();
     assert!((sum - 1.0).abs() < 1e-9, "{scores:?}");
+}
+
+#[tokio::test]
+async fn generate_reports_the_generation_beside_the_same_decision() {
+    let app = router(state(ServeConfig::default()));
+    let (status, v) = post(
+        &app,
+        "/v1/generate",
+        json!({"context": CONTEXTS[0], "schema": schema(), "max_new_tokens": 12}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    // forkscore's side is the decision /v1/score gives for the context
+    assert_eq!(v["forkscore"]["output"], reference(CONTEXTS[0])["output"]);
+    let g = &v["generation"];
+    assert!(g["valid"].is_boolean(), "{g}");
+    let n = g["generated_tokens"].as_u64().unwrap();
+    assert!((1..=12).contains(&n), "{g}");
+    assert_eq!(g["max_new_tokens"], 12);
+    assert!(g["text"].is_string() && g["stop_reason"].is_string(), "{g}");
+    assert!(v["speedup"].as_f64().unwrap() > 0.0);
+    let fields = v["agreement"]["fields"].as_object().unwrap();
+    assert_eq!(
+        fields.len(),
+        reference(CONTEXTS[0])["output"].as_object().unwrap().len()
+    );
+    assert!(v["decoding"].as_str().unwrap().starts_with("greedy"));
+    assert_eq!(v["provenance"]["model_id"], "fake");
+    assert!(v["provenance"]["schema_hash"].is_string());
+    // a decision request queued behind a generation is still answered, and equal
+    let (status, d) = post(
+        &app,
+        "/v1/score",
+        json!({"context": CONTEXTS[1], "schema": schema()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["output"], reference(CONTEXTS[1])["output"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

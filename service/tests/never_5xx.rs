@@ -130,7 +130,7 @@ proptest! {
 
     #[test]
     fn arbitrary_json_is_never_a_5xx(
-        route in prop::sample::select(&["/v1/score", "/v1/decide_many", "/v1/ask"][..]),
+        route in prop::sample::select(&["/v1/score", "/v1/decide_many", "/v1/ask", "/v1/generate"][..]),
         v in value(),
     ) {
         let (status, body) = status_of(route, serde_json::to_vec(&v).unwrap());
@@ -162,7 +162,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_are_never_a_5xx(
-        route in prop::sample::select(&["/v1/score", "/v1/decide_many", "/v1/ask"][..]),
+        route in prop::sample::select(&["/v1/score", "/v1/decide_many", "/v1/ask", "/v1/generate"][..]),
         bytes in prop::collection::vec(any::<u8>(), 0..256),
     ) {
         let (status, body) = status_of(route, bytes);

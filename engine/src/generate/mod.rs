@@ -37,6 +37,10 @@ use std::time::Instant;
 /// trailing newline, spacing the model chooses).
 pub const DEFAULT_SLACK_TOKENS: usize = 16;
 
+/// How [`Engine::generate`] decodes, in words (recorded in every generation report).
+pub const DECODING: &str =
+    "greedy (full-vocabulary argmax, lowest id on ties), one forward per token over the cached state";
+
 /// Largest `max_new_tokens` accepted (a bound on the loop, far above any schema's answer).
 pub const MAX_NEW_TOKENS_LIMIT: usize = 65_536;
 

@@ -3,7 +3,10 @@
 Writes the demo model, starts `forkscore serve` on it on a free loopback port, opens the page,
 picks the `parallel_schema` preset, fills a context, clicks Score, waits for the probability
 bars, checks the field names, the bars (one per choice, widths summing to 100% per field) and the
-telemetry, saves a screenshot, then stops the server with SIGTERM (graceful: exit status 0).
+telemetry, saves a screenshot, compares with the autoregressive baseline ("Compare with
+generation": live clocks for both requests, then the generation report — server times, speed-up,
+validity, per-field agreement), checks a bad schema's typed error, then stops the server with
+SIGTERM (graceful: exit status 0).
 
 Run (from the repository root, after `cargo build -p forkscore-pipeline`):
 
@@ -113,6 +116,22 @@ def test_page_scores_a_context_and_draws_probability_bars():
             driver.save_screenshot(str(SHOT))
             print(f"screenshot: {SHOT}")
 
+            # forkscore vs generation: both live clocks stop, the report fills in
+            driver.find_element(By.ID, "compare").click()
+            wait.until(EC.presence_of_element_located((By.ID, "compare-table")))
+            assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+            for clock in ("clock-forkscore", "clock-generation"):
+                assert re.fullmatch(r"\d+\.\d\d s", driver.find_element(By.ID, clock).text), clock
+            report = driver.find_element(By.ID, "compare-table").text
+            for label in ("forkscore decision (server ms)", "generation (server ms)", "speed-up",
+                          "generated tokens", "valid JSON answer", "fields agreeing"):
+                assert label in report, report
+            agreement = driver.find_elements(By.CSS_SELECTOR, "#agreement tr")
+            assert [r.get_attribute("data-field") for r in agreement] == list(FIELDS)
+            shot_compare = SHOT.with_name(SHOT.stem + "-compare" + SHOT.suffix)
+            driver.set_window_size(1280, 1750)  # the comparison sits below the results
+            driver.save_screenshot(str(shot_compare))
+            print(f"screenshot: {shot_compare}")
             # a bad schema: the typed 4xx (kind, JSON path, rule) is shown, not a blank page
             schema = driver.find_element(By.ID, "schema")
             schema.clear()
