@@ -2,7 +2,7 @@
 # The Ray Data recipe (README "Scale-out with Ray") on a local CPU Ray cluster: installs
 # ray[data] when absent, builds and installs the forkscore package (scripts/python-test.sh does
 # the same in CI), and checks the recipe's records against `forkscore batch` on the demo model.
-# Not run by CI: ray[data] is a large install (see the README).
+# CI runs it last (.ci/run); ray[data] is a large install (see the README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
