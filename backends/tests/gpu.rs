@@ -751,3 +751,79 @@ fn cuda_stacked_gate_up_equals_separate_products() {
     }
     report.finish("cuda_stacked_gate_up_equals_separate_products");
 }
+
+/// In-memory q8_0 on CUDA against q8_0 on the CPU, same checkpoint, f32 compute: a 57-token
+/// forward (more rows than the GPU's matrix-vector kernels serve, so the weight is dequantized
+/// for the dense GEMM) and prefill + a 3-token fork (the quantized kernels). Both sides hold the
+/// same blocks; they differ by where activations are rounded to 8 bits, bounded by the q8_0
+/// tolerance the CPU tests hold against f32. bf16 compute must pick the same argmax except at
+/// near-ties.
+#[test]
+fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
+    use forkscore_backends::Quantization;
+    let Some(trios) = trios() else { return };
+    let mut report = Report::default();
+    let load_q = |dir: &Path, device: DeviceSpec, dtype: ComputeDType| {
+        let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-gpu-q8").expect("resolve");
+        CandleBackend::load(
+            &ckpt,
+            &LoadOptions {
+                device,
+                dtype,
+                quantization: Some(Quantization::Q8_0),
+                ..LoadOptions::default()
+            },
+        )
+        .expect("load quantized")
+    };
+    for t in trios {
+        let cpu = load_q(&t.dir, DeviceSpec::Cpu, ComputeDType::F32);
+        let cands = wide_candidates(t.rows);
+        let prompt = ids(92, 57, t.vocab);
+        for dtype in [ComputeDType::F32, ComputeDType::Bf16] {
+            let gpu = load_q(&t.dir, DeviceSpec::Cuda(0), dtype);
+            assert_eq!(
+                gpu.quant_summary(),
+                cpu.quant_summary(),
+                "{}: the same weights are quantized",
+                t.name
+            );
+            let tol = match dtype {
+                ComputeDType::F32 => Tolerance::Q8_0_TINY_LOGITS,
+                _ => gpu_tolerance(dtype),
+            };
+            let want = cpu.forward_full(&prompt, &cands).expect("cpu q8_0");
+            let got = gpu.forward_full(&prompt, &cands).expect("cuda q8_0");
+            report.check(
+                tol,
+                &format!("{} {dtype:?} q8_0 cuda vs cpu", t.name),
+                "forward_full 57 tokens (dequantized GEMM)",
+                &got,
+                &want,
+            );
+            let small = [cands[7], cands[100], cands[2000]];
+            let st_cpu = cpu.prefill(&prompt[..54]).expect("cpu prefill");
+            let st_gpu = gpu.prefill(&prompt[..54]).expect("gpu prefill");
+            let row = |state| ScoreRow {
+                state,
+                suffix: &prompt[54..],
+            };
+            let want = cpu
+                .score_rows(&[&st_cpu], &[row(0)], &small)
+                .expect("cpu score")
+                .data;
+            let got = gpu
+                .score_rows(&[&st_gpu], &[row(0)], &small)
+                .expect("gpu score")
+                .data;
+            report.check(
+                tol,
+                &format!("{} {dtype:?} q8_0 cuda vs cpu", t.name),
+                "prefill 54 + fork of 3 (quantized kernels)",
+                &got,
+                &want,
+            );
+        }
+    }
+    report.finish("cuda_quantized_q8_0_tracks_cpu_q8_0");
+}

@@ -4,7 +4,7 @@
 //!
 //! `cargo bench -p forkscore-benches --bench qmatmul` — prints a table and writes
 //! target/bench/qmatmul.json. The crossover row count it shows is where the quantized linear
-//! layer switches to dequantize + GEMM on the CPU (`linear::CPU_QUANTIZED_KERNEL_MAX_ROWS`).
+//! layer switches to dequantize + GEMM on the CPU (`linear::kernel_max_rows`).
 //! Env: FORKSCORE_BENCH_REPEATS (default 5), FORKSCORE_BENCH_ROWS (default 1,4,8,16,40,441).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};

@@ -9,8 +9,11 @@ parameters x tokens fed (prefix + every row's suffix) / the f32 matmul rate meas
 run (gemm_peak.json). Fidelity of a quantized run: per field, the argmax code and the softmax
 over the field's code logits (temperature 1) against the f32 run's dump.
 """
-import json, math, sys
+import json, sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quant_fidelity import compare_case  # noqa: E402
 
 out = Path(sys.argv[1])
 load = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else None
@@ -84,15 +87,8 @@ for scheme in ("q8_0", "q4k"):
     qdump = {c["fields"]: c for c in (qd or {}).get("cases", [])}
     for r in q["rows"]:
         f = r["fields"]
-        agree = total = 0
-        dp = 0.0
-        for a, b in zip(dump_by.get(f, {}).get("rows", []), qdump.get(f, {}).get("rows", [])):
-            total += 1
-            agree += a["argmax_code_id"] == b["argmax_code_id"]
-            sa = [math.exp(x - max(a["logits"])) for x in a["logits"]]
-            sb = [math.exp(x - max(b["logits"])) for x in b["logits"]]
-            pa, pb = [x / sum(sa) for x in sa], [x / sum(sb) for x in sb]
-            dp = max(dp, max(abs(x - y) for x, y in zip(pa, pb)))
+        fid = compare_case(dump_by.get(f), qdump.get(f)) or {"agree": 0, "rows": 0, "max_abs_dp": float("nan")}
+        agree, total, dp = fid["agree"], fid["rows"], fid["max_abs_dp"]
         base = f32_rows.get(f, {}).get("parallel_ms")
         weights = ", ".join(f"{k} {v}" for k, v in (q.get("linear_weights") or {}).items())
         report["quantized"].append({"scheme": scheme, "fields": f, "parallel_ms": r["parallel_ms"], "cached_serial_ms": r["cached_serial_ms"],

@@ -68,19 +68,24 @@ impl CandleBackend {
             }
         }
         let mut logits = None;
-        let next_state = self.run_chunks(Some(state), &[token], 1, |hidden, _| {
-            // (1, 1, D) -> (1, D) -> (1, V) f32 -> host (V,)
-            let row = hidden
-                .squeeze(0)
-                .map_err(CandleError::tensor("decode hidden row"))?;
-            let full = b.full_logits(&row)?;
-            logits = Some(
-                full.flatten_all()
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(CandleError::tensor("decode logits to host"))?,
-            );
-            Ok(())
-        })?;
+        let next_state = self.run_chunks(
+            Some(state),
+            &[token],
+            1,
+            Some(|hidden: &candle_core::Tensor, _| {
+                // (1, 1, D) -> (1, D) -> (1, V) f32 -> host (V,)
+                let row = hidden
+                    .squeeze(0)
+                    .map_err(CandleError::tensor("decode hidden row"))?;
+                let full = b.full_logits(&row)?;
+                logits = Some(
+                    full.flatten_all()
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map_err(CandleError::tensor("decode logits to host"))?,
+                );
+                Ok(())
+            }),
+        )?;
         let row = logits.ok_or_else(|| CandleError::InvalidRequest {
             reason: "decode step produced no hidden row".into(),
         })?;

@@ -343,17 +343,19 @@ impl CandleBackend {
         ids: &[u32],
         chunk: usize,
     ) -> Result<CandleState, CandleError> {
-        self.run_chunks(start, ids, chunk, |_, _| Ok(()))
+        self.run_chunks(start, ids, chunk, None::<fn(&Tensor, usize) -> _>)
     }
 
     /// [`CandleBackend::continue_chunked`], handing each chunk's hidden states `(1, L, D)`
-    /// (before the final norm) and the chunk's first position to `on_hidden`.
+    /// (before the final norm) and the chunk's first position to `on_hidden` when given. With
+    /// `None` no hidden state is read, so the last layer computes its state update only
+    /// ([`models::Wanted::StateOnly`]).
     pub(crate) fn run_chunks(
         &self,
         start: Option<&CandleState>,
         ids: &[u32],
         chunk: usize,
-        mut on_hidden: impl FnMut(&Tensor, usize) -> Result<(), CandleError>,
+        mut on_hidden: Option<impl FnMut(&Tensor, usize) -> Result<(), CandleError>>,
     ) -> Result<CandleState, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot prefill an empty prefix"));
@@ -383,8 +385,14 @@ impl CandleBackend {
                     .map(LayerPast::whole)
                     .collect::<Result<_, _>>()?
             };
-            let (hidden, updates) = b.forward(part, &pasts, &step)?;
-            on_hidden(&hidden, offset)?;
+            let updates = match on_hidden.as_mut() {
+                Some(on_hidden) => {
+                    let (hidden, updates) = b.forward(part, &pasts, &step)?;
+                    on_hidden(&hidden, offset)?;
+                    updates
+                }
+                None => b.forward_state(part, &pasts, &step)?,
+            };
             layers = if layers.is_empty() {
                 updates
                     .into_iter()
@@ -469,7 +477,7 @@ impl CandleBackend {
         let zeros = vec![0usize; prefixes.len()];
         let step = Step::new(&b.rope, &zeros, &lens, len, None, b.dtype, &b.device)?;
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
-        let (_, updates) = b.forward(&ids, &pasts, &step)?;
+        let updates = b.forward_state(&ids, &pasts, &step)?;
         let op = |e: candle_core::Error| CandleError::tensor("split batched prefill")(e);
         let mut per_row: Vec<Vec<LayerState>> = prefixes
             .iter()
@@ -798,3 +806,69 @@ const _: fn() = || {
     assert_send_sync::<CandleBackend>();
     assert_send_sync::<CandleState>();
 };
+
+#[cfg(test)]
+mod state_only_tests {
+    //! A prefill's last layer computes its state update only (`models::Wanted::StateOnly`):
+    //! the retained state must be exactly what the full forward retains, on every architecture
+    //! (Qwen2.5 with biased q/k/v, Qwen3 with q/k norms, the Qwen3.5 hybrid whose layers
+    //! alternate Gated DeltaNet and gated attention), in one chunk and over several chunks.
+    use super::*;
+    use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+    use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+
+    fn load(dir: &std::path::Path) -> CandleBackend {
+        let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-test").expect("resolve");
+        CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load")
+    }
+
+    fn host(state: &CandleState) -> Vec<Vec<f32>> {
+        state
+            .layers()
+            .iter()
+            .flat_map(|l| match l {
+                state::LayerState::Attention { k, v } => [k.clone(), v.clone()],
+                state::LayerState::Linear { conv, recurrent } => [conv.clone(), recurrent.clone()],
+            })
+            .map(|t| {
+                t.flatten_all()
+                    .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .expect("state to host")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn state_only_prefill_keeps_exactly_the_full_forward_state() {
+        let models = [
+            ("qwen2.5", load(&ensure_tiny_model(&TinySpec::qwen25()))),
+            ("qwen3", load(&ensure_tiny_model(&TinySpec::qwen3()))),
+            (
+                "qwen3.5",
+                load(
+                    &TinyQwen35::new(8, Qwen35Layout::TextOnly)
+                        .ensure()
+                        .expect("tiny qwen3.5"),
+                ),
+            ),
+        ];
+        let ids: Vec<u32> = (0..45u32).map(|i| (i * 7919 + 13) % 500).collect();
+        for (name, backend) in &models {
+            for chunk in [45usize, 16] {
+                let full = backend
+                    .run_chunks(None, &ids, chunk, Some(|_: &Tensor, _: usize| Ok(())))
+                    .expect("full forward");
+                let state_only = backend
+                    .run_chunks(None, &ids, chunk, None::<fn(&Tensor, usize) -> _>)
+                    .expect("state only");
+                assert_eq!(full.len(), state_only.len());
+                assert_eq!(
+                    host(&full),
+                    host(&state_only),
+                    "{name}, chunk {chunk}: the state-only prefill changed the state"
+                );
+            }
+        }
+    }
+}

@@ -1,8 +1,11 @@
 //! SwiGLU of a stacked gate|up product: `(…, 2F) [gate | up] -> (…, F) = SiLU(gate) · up`.
 //!
 //! On CUDA in f32 or bf16 one kernel (`kernels/swiglu.cu`) reads each pair once and writes the
-//! result once; elsewhere (and for other dtypes) the same function runs as candle ops on the two
-//! halves, the reference the GPU test compares with.
+//! result once. On the CPU in f32 one pass over the rows, split across the rayon threads, does
+//! the same with candle's own SiLU formula, so it equals the reference bit for bit (the candle
+//! ops form runs SiLU on one thread into a temporary, then the product). Elsewhere (and for
+//! other dtypes) the same function runs as candle ops on the two halves, the reference the
+//! tests compare with.
 
 use candle_core::{Result, Tensor, D};
 
@@ -21,7 +24,57 @@ pub fn swiglu(gu: &Tensor) -> Result<Tensor> {
     {
         return gu.contiguous()?.apply_op1_no_bwd(&cuda::SwiGlu);
     }
+    if gu.device().is_cpu() && gu.dtype() == candle_core::DType::F32 {
+        return gu.contiguous()?.apply_op1_no_bwd(&cpu::SwiGluF32);
+    }
     reference(gu)
+}
+
+mod cpu {
+    use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
+    use rayon::prelude::*;
+
+    /// Rows per rayon task: enough work per task (≥ 64 K elements at F = 4,864) to amortise
+    /// the split, and at least as many tasks as threads on a prefill.
+    const ROWS_PER_TASK: usize = 16;
+
+    pub(super) struct SwiGluF32;
+
+    impl CustomOp1 for SwiGluF32 {
+        fn name(&self) -> &'static str {
+            "swiglu-f32-cpu"
+        }
+
+        fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+            let CpuStorage::F32(all) = s else {
+                candle_core::bail!("swiglu-f32-cpu: input is not f32");
+            };
+            let Some((a, b)) = l.contiguous_offsets() else {
+                candle_core::bail!("swiglu-f32-cpu: input is not contiguous");
+            };
+            let src = &all[a..b];
+            let mut dims = l.shape().dims().to_vec();
+            let two_f = dims.pop().unwrap_or(0);
+            let f = two_f / 2;
+            dims.push(f);
+            let mut out = vec![0f32; src.len() / 2];
+            if f > 0 {
+                // (rows, 2F) [gate | up] -> (rows, F)
+                src.par_chunks(two_f * ROWS_PER_TASK)
+                    .zip(out.par_chunks_mut(f * ROWS_PER_TASK))
+                    .for_each(|(src, dst)| {
+                        for (gu, y) in src.chunks_exact(two_f).zip(dst.chunks_exact_mut(f)) {
+                            let (gate, up) = gu.split_at(f);
+                            for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+                                // candle's SiLU: v / (1 + e^-v)
+                                *y = g / (1.0 + (-g).exp()) * u;
+                            }
+                        }
+                    });
+            }
+            Ok((CpuStorage::F32(out), Shape::from(dims)))
+        }
+    }
 }
 
 /// The candle ops form: SiLU of the first half times the second half.
@@ -116,5 +169,43 @@ mod cuda {
             };
             Ok((out, Shape::from(dims)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    /// The one-pass CPU form equals the candle ops form bit for bit (same SiLU formula, same
+    /// rounding order), for a row count that spans several rayon tasks, an odd F, and an input
+    /// that is not contiguous.
+    #[test]
+    fn cpu_pass_equals_the_candle_ops_form_exactly() -> Result<()> {
+        let dev = Device::Cpu;
+        for (rows, f) in [(1usize, 1usize), (3, 37), (41, 96)] {
+            let gu = Tensor::randn(0f32, 3.0, (rows, 2 * f), &dev)?;
+            let fused = swiglu(&gu)?;
+            let reference = reference(&gu)?;
+            assert_eq!(fused.dims(), &[rows, f]);
+            let diff = (fused - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!(diff, 0.0, "rows {rows}, F {f}");
+        }
+        // (B, L, 2F) strided: a transposed view is copied first, then fused
+        let t = Tensor::randn(0f32, 1.0, (2, 8, 5), &dev)?.transpose(1, 2)?;
+        assert!(!t.is_contiguous());
+        let diff = (swiglu(&t)? - reference(&t)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn odd_width_is_an_error() -> Result<()> {
+        let gu = Tensor::zeros((2, 7), candle_core::DType::F32, &Device::Cpu)?;
+        assert!(swiglu(&gu).is_err());
+        Ok(())
     }
 }

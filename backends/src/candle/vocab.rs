@@ -111,7 +111,7 @@ impl CandleBackend {
             None,
             &ids[..positions.end],
             self.prefill_chunk,
-            |hidden, offset| {
+            Some(|hidden: &Tensor, offset: usize| {
                 let len = hidden.dims().get(1).copied().unwrap_or(0);
                 let (lo, hi) = (positions.start.max(offset), positions.end.min(offset + len));
                 if lo >= hi {
@@ -126,7 +126,7 @@ impl CandleBackend {
                     (lo..hi).map(|p| (p, ids.get(p + 1).copied())).collect();
                 out.extend(self.summarise(&rows, request.top_k(), &meta)?);
                 Ok(())
-            },
+            }),
         )?;
         Ok(out)
     }
@@ -136,19 +136,24 @@ impl CandleBackend {
     pub fn full_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>, CandleError> {
         self.check_ids(ids)?;
         let mut rows = Vec::with_capacity(ids.len());
-        self.run_chunks(None, ids, self.prefill_chunk, |hidden, _| {
-            // (1, L, D) -> (L, D) -> (L, V)
-            let h = hidden
-                .squeeze(0)
-                .map_err(CandleError::tensor("full logits rows"))?;
-            let logits = self.backbone.full_logits(&h)?;
-            rows.extend(
-                logits
-                    .to_vec2::<f32>()
-                    .map_err(CandleError::tensor("full logits to host"))?,
-            );
-            Ok(())
-        })?;
+        self.run_chunks(
+            None,
+            ids,
+            self.prefill_chunk,
+            Some(|hidden: &Tensor, _| {
+                // (1, L, D) -> (L, D) -> (L, V)
+                let h = hidden
+                    .squeeze(0)
+                    .map_err(CandleError::tensor("full logits rows"))?;
+                let logits = self.backbone.full_logits(&h)?;
+                rows.extend(
+                    logits
+                        .to_vec2::<f32>()
+                        .map_err(CandleError::tensor("full logits to host"))?,
+                );
+                Ok(())
+            }),
+        )?;
         Ok(rows)
     }
 }

@@ -44,6 +44,18 @@ pub(crate) trait Mixer: Send + Sync {
         past: &LayerPast,
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError>;
+
+    /// Only what the new tokens add to the layer's state, for a last layer whose output nobody
+    /// reads (a prefill). Must equal `forward`'s update; the default computes `forward` and drops
+    /// the output, a mixer that can skip work overrides it.
+    fn state_update(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<LayerUpdate, CandleError> {
+        self.forward(x, past, step).map(|(_, update)| update)
+    }
 }
 
 /// One pre-norm decoder layer.
@@ -77,6 +89,34 @@ impl DecoderLayer {
         let x = (x + m).map_err(CandleError::tensor("residual add"))?;
         Ok((x, update))
     }
+
+    /// The layer's state update alone: its output (mixer output, residual, MLP) is not computed.
+    fn state_update(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<LayerUpdate, CandleError> {
+        let region = match self.mixer.kind() {
+            LayerKind::FullAttention => "attention",
+            LayerKind::LinearAttention => "linear_attention",
+        };
+        profile::region(region, x.device(), || {
+            self.mixer
+                .state_update(&self.input_norm.forward(x)?, past, step)
+        })
+    }
+}
+
+/// What a [`Backbone::forward_to`] call must produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wanted {
+    /// The last layer's hidden states and every layer's update.
+    Hidden,
+    /// Every layer's update only (a prefill whose hidden states nobody reads): the last layer
+    /// computes its state update and skips its output, i.e. for an attention layer its queries,
+    /// attention, `o_proj` and MLP over every new token.
+    StateOnly,
 }
 
 /// Embedding, decoder layers, final norm and candidate head of one loaded model.
@@ -118,6 +158,33 @@ impl Backbone {
         pasts: &[LayerPast],
         step: &Step,
     ) -> Result<(Tensor, Vec<LayerUpdate>), CandleError> {
+        let (hidden, updates) = self.forward_to(ids, pasts, step, Wanted::Hidden)?;
+        let hidden = hidden.ok_or_else(|| CandleError::InvalidRequest {
+            reason: "a model with no decoder layers has no hidden states".into(),
+        })?;
+        Ok((hidden, updates))
+    }
+
+    /// One update per layer, without the last layer's output ([`Wanted::StateOnly`]); equal
+    /// to [`Backbone::forward`]'s updates (tested).
+    pub fn forward_state(
+        &self,
+        ids: &[u32],
+        pasts: &[LayerPast],
+        step: &Step,
+    ) -> Result<Vec<LayerUpdate>, CandleError> {
+        Ok(self.forward_to(ids, pasts, step, Wanted::StateOnly)?.1)
+    }
+
+    /// [`Backbone::forward`] or [`Backbone::forward_state`]: the hidden states are `None`
+    /// exactly when `wanted` is [`Wanted::StateOnly`].
+    pub fn forward_to(
+        &self,
+        ids: &[u32],
+        pasts: &[LayerPast],
+        step: &Step,
+        wanted: Wanted,
+    ) -> Result<(Option<Tensor>, Vec<LayerUpdate>), CandleError> {
         if pasts.len() != self.layers.len() {
             return Err(CandleError::InvalidRequest {
                 reason: format!(
@@ -136,12 +203,17 @@ impl Backbone {
         })
         .map_err(CandleError::tensor("embed"))?;
         let mut updates = Vec::with_capacity(self.layers.len());
-        for (layer, past) in self.layers.iter().zip(pasts) {
+        let last = self.layers.len().saturating_sub(1);
+        for (i, (layer, past)) in self.layers.iter().zip(pasts).enumerate() {
+            if i == last && wanted == Wanted::StateOnly {
+                updates.push(layer.state_update(&x, past, step)?);
+                return Ok((None, updates));
+            }
             let (next, update) = layer.forward(&x, past, step)?;
             x = next;
             updates.push(update);
         }
-        Ok((x, updates))
+        Ok((Some(x), updates))
     }
 
     /// Final norm and candidate head: `(N, D)` -> `(N, C)` f32.

@@ -162,12 +162,77 @@ impl Mixer for SelfAttention {
         past: &LayerPast,
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
+        let (q, k, v, gate) = self.project(x, step)?;
+        let past_kv = match past {
+            LayerPast::Empty => None,
+            LayerPast::Attention { k, v } => Some(PastKv { k, v }),
+            LayerPast::Linear { .. } => {
+                return Err(CandleError::InvalidRequest {
+                    reason: "attention layer given a linear-attention state".into(),
+                })
+            }
+        };
+        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
+        if let Some(gate) = gate {
+            o = candle_nn::ops::sigmoid(&gate)
+                .and_then(|g| o * g)
+                .map_err(op("output gate"))?;
+        }
+        let out = apply(&self.o_proj, &o, "o_proj")?; // (B, L, D)
+        Ok((out, LayerUpdate::Attention { k, v }))
+    }
+
+    /// K and V alone: no queries, no attention, no `o_proj` (the stacked q|k|v product, one
+    /// GEMM, still computes the query columns).
+    fn state_update(
+        &self,
+        x: &Tensor,
+        past: &LayerPast,
+        step: &Step,
+    ) -> Result<LayerUpdate, CandleError> {
+        if matches!(past, LayerPast::Linear { .. }) {
+            return Err(CandleError::InvalidRequest {
+                reason: "attention layer given a linear-attention state".into(),
+            });
+        }
+        let (k, v) = match &self.qkv {
+            Qkv::Stacked(_) => {
+                let (_, k, v, _) = self.project(x, step)?;
+                (k, v)
+            }
+            Qkv::Separate { k, v, .. } => self.project_kv(k, v, x, step)?,
+        };
+        Ok(LayerUpdate::Attention { k, v })
+    }
+}
+
+type Projected = (Tensor, Tensor, Tensor, Option<Tensor>);
+
+impl SelfAttention {
+    /// K `(B, Hkv, L, hd)` after norm and RoPE, and V `(B, Hkv, L, hd)`, from separate
+    /// projections.
+    fn project_kv(
+        &self,
+        k_proj: &Linear,
+        v_proj: &Linear,
+        x: &Tensor,
+        step: &Step,
+    ) -> Result<(Tensor, Tensor), CandleError> {
+        let s = &self.spec;
+        let kn = self.qk_norm.as_ref().map(|(_, kn)| kn);
+        let k = apply(k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
+        let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
+        let v = apply(v_proj, x, "v_proj")?;
+        let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+        Ok((k, v))
+    }
+
+    /// Queries `(B, H, L, hd)` after norm and RoPE, K and V `(B, Hkv, L, hd)`, and the output
+    /// gate `(B, L, H*hd)` when the layer has one.
+    fn project(&self, x: &Tensor, step: &Step) -> Result<Projected, CandleError> {
         let s = &self.spec;
         let (b, l) = (step.rows, step.len);
-        let (qn, kn) = match &self.qk_norm {
-            Some((qn, kn)) => (Some(qn), Some(kn)),
-            None => (None, None),
-        };
+        let qn = self.qk_norm.as_ref().map(|(qn, _)| qn);
         let (q, k, v, gate) = match &self.qkv {
             Qkv::Stacked(stacked) => {
                 // (B, L, (H + 2Hkv)·hd) -> (B, L, H + 2Hkv, hd), heads [q | k | v]; each part is
@@ -208,30 +273,10 @@ impl Mixer for SelfAttention {
                     (q, None)
                 };
                 let q = step.rope.apply(&self.heads(q, s.heads, qn, step)?)?; // (B, H, L, hd)
-                let k = apply(k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
-                let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
-                let v = apply(v_proj, x, "v_proj")?;
-                let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+                let (k, v) = self.project_kv(k_proj, v_proj, x, step)?;
                 (q, k, v, gate)
             }
         };
-
-        let past_kv = match past {
-            LayerPast::Empty => None,
-            LayerPast::Attention { k, v } => Some(PastKv { k, v }),
-            LayerPast::Linear { .. } => {
-                return Err(CandleError::InvalidRequest {
-                    reason: "attention layer given a linear-attention state".into(),
-                })
-            }
-        };
-        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
-        if let Some(gate) = gate {
-            o = candle_nn::ops::sigmoid(&gate)
-                .and_then(|g| o * g)
-                .map_err(op("output gate"))?;
-        }
-        let out = apply(&self.o_proj, &o, "o_proj")?; // (B, L, D)
-        Ok((out, LayerUpdate::Attention { k, v }))
+        Ok((q, k, v, gate))
     }
 }
