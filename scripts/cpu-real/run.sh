@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The CPU bench of issue 14 in one command: forkscore (f32, q8_0, q4k) and transformers on the
-# same seeded Qwen2.5-0.5B-Instruct-shaped checkpoint and the same token ids, in one run.
+# The CPU bench in one command: forkscore (f32, q8_0, q4k, bf16), transformers and llama.cpp
+# (F32 and Q8_0 GGUF) on the same seeded Qwen2.5-0.5B-Instruct-shaped checkpoint and the same
+# token ids, in one run.
 #
 #   PYTHON=/path/to/python-with-torch-and-transformers bash scripts/cpu-real/run.sh OUTDIR
 #
-# Writes OUTDIR/{modes-*.json, dump-*.json, peer.json, gemm_peak.json, qmatmul.json, report.md,
-# report.json, run.log}. Env: MODEL_DIR (default OUTDIR/ckpt; the checkpoint is written there
-# once), WORDS (context words, default 80 -> a ~441-token prefix at 8 fields), REPEATS (3).
+# Writes OUTDIR/{modes-*.json, dump-*.json, peer*.json, llama-*.json, llama-bench.jsonl,
+# gemm_peak.json, qmatmul.json, report.md, report.json, run.log}. Env: MODEL_DIR (default
+# OUTDIR/ckpt; the checkpoint is written there once), WORDS (context words, default 80 -> a
+# ~480-token prefix at 8 fields), REPEATS (3), SKIP_LLAMA=1 (no llama.cpp peer; see
+# scripts/cpu-real/llama.sh for its own knobs, e.g. LLAMA_DIR where its build is kept).
 set -euo pipefail
 OUT=${1:?usage: run.sh OUTDIR}
 mkdir -p "$OUT"
@@ -40,10 +43,17 @@ bench() { # NAME FIELDS MODES [QUANTIZE]
 }
 bench f32 3,8,28 parallel,cached-serial
 "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" --out "$OUT/peer.json" \
-  --label cpu --device cpu --dtype float32 --repeats "$REPEATS" --budget-s 60 \
-  --modes prefill,cached_serial,batched
+  --label cpu --device cpu --dtype float32 --repeats "$REPEATS" --budget-s 20 \
+  --modes prefill,cached_serial,prefix_batched
+# full prompts as one padded batch (what a transformers user without a cache writes): one run
+# each, and only up to 8 fields (28 full prompts of ~1,000 tokens take minutes)
+"$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" --out "$OUT/peer-batched.json" \
+  --label cpu --device cpu --dtype float32 --repeats 1 --budget-s 1 --modes batched \
+  --cases "3:$WORDS,8:$WORDS"
 bench q8_0 8,28 parallel,cached-serial q8_0
 bench q4k 8,28 parallel,cached-serial q4k
+# bf16 compute on this CPU (no native bf16 arithmetic on AVX2: measured, not assumed)
+FORKSCORE_BENCH_DTYPE=bf16 bench bf16 8 parallel
 # independent (one full forward per field) at 8 fields only: 8 prefills per run
 REPEATS_SAVE=$REPEATS; REPEATS=1
 bench f32-independent 8 independent
@@ -51,6 +61,10 @@ REPEATS=$REPEATS_SAVE
 "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32-independent.json" --model "$CKPT" \
   --out "$OUT/peer-independent.json" --label cpu --device cpu --dtype float32 --repeats 1 \
   --budget-s 1 --modes independent
+if [ "${SKIP_LLAMA:-0}" != 1 ]; then
+  PYTHON="$PYTHON" CKPT="$CKPT" DUMP="$OUT/dump-f32.json" REPEATS="$REPEATS" \
+    bash scripts/cpu-real/llama.sh "$OUT"
+fi
 "$PYTHON" scripts/cpu-real/gemm_peak.py --out "$OUT/gemm_peak.json"
 FORKSCORE_BENCH_OUT="$OUT" cargo bench -p forkscore-benches --bench qmatmul
 "$PYTHON" scripts/cpu-real/report.py "$OUT"

@@ -15,6 +15,10 @@ Per case (one shared prefix, R rows = one suffix per field, candidate code ids p
   cached_serial  prefill once, then per row a deep copy of the cache extended by the suffix
   batched        all R full prompts as one right-padded batch with an attention mask; each row's
                  last real position projected
+  prefix_batched prefill once, the cache repeated to R rows, then every row's suffix in ONE
+                 right-padded batch over it (attention mask, positions after the prefix): one
+                 prefill + one scoring pass, transformers' counterpart of forkscore's parallel
+                 mode (dense models; a Gated DeltaNet cache is not repeated here)
 Timing: torch.cuda.synchronize around each run; 1 warm-up, then up to --repeats runs (fewer
 when one run is slow: at most --budget-s seconds of timed runs per mode; a mode whose warm-up
 run alone exceeds --budget-s is measured by that run, `runs_ms` then holds it alone); median ms.
@@ -130,6 +134,20 @@ class Peer:
                                past_key_values=copy.deepcopy(cache), use_cache=True)
             hs.append(out.last_hidden_state[0, -1])
         return self.project(torch.stack(hs), [r["code_ids"] for r in case["rows"]])
+
+    def prefix_batched(self, case):
+        cache = self.prefill(case)
+        rows = case["rows"]
+        cache.batch_repeat_interleave(len(rows))
+        p = len(case["prefix_ids"])
+        width = max(len(r["suffix_ids"]) for r in rows)
+        ids = self.ids([r["suffix_ids"] + [0] * (width - len(r["suffix_ids"])) for r in rows])
+        mask = self.ids([[1] * (p + len(r["suffix_ids"])) + [0] * (width - len(r["suffix_ids"])) for r in rows])
+        pos = torch.arange(p, p + width, device=self.device).unsqueeze(0).expand(len(rows), -1)
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        last = torch.tensor([len(r["suffix_ids"]) - 1 for r in rows], device=self.device)
+        h = out.last_hidden_state[torch.arange(len(rows), device=self.device), last]
+        return self.project(h, [r["code_ids"] for r in rows])
 
     def batched(self, case):
         fulls = [case["prefix_ids"] + r["suffix_ids"] for r in case["rows"]]
@@ -262,7 +280,7 @@ def main() -> int:
                       f"{mode:<14} {entry.get('ms', float('nan')):10.1f} ms "
                       f"{entry.get('error', '')}", flush=True)
             ref = logits_by_mode.get("independent")
-            for mode in ("batched", "cached_serial"):
+            for mode in ("batched", "cached_serial", "prefix_batched"):
                 if ref and logits_by_mode.get(mode):
                     res[f"{mode}_vs_independent_max_abs"] = max(
                         abs(x - y) for ra, rb in zip(logits_by_mode[mode], ref) for x, y in zip(ra, rb))
