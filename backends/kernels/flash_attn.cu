@@ -9,13 +9,17 @@
 //
 // over the keys j that query (b, h, l) sees, in this order: the past of row b's slot (keys
 // past_start[b] .. P of slot b / (B/S); left padding before past_start[b] is hidden), then the
-// row's own new keys 0 ..= l (causal). Query head h reads KV head h / G, G = H / Hkv.
+// row's own new keys 0 ..= l (causal) — or, for the nodes of a token tree packed into one
+// sequence (parents first), only the new keys j <= l with tree[l·L + j] != 0 (the node itself and
+// its ancestors). Query head h reads KV head h / G, G = H / Hkv.
 //
 // Layout (bf16, row-major, contiguous):
 //   q       (B, H, L, HD)
 //   k_new   (B, Hkv, L, HD)       v_new the same
 //   k_past  (Hkv, S, P, HD)       v_past the same; nullptr when P == 0
 //   past_start (B) int32          first visible past key per row; nullptr = 0 for every row
+//   tree    (L, L) uint8          new key j visible to new query l; nullptr = causal. Every row's
+//                                 visible keys must lie in 0 ..= l (parents come first).
 //   out     (B, L, H·HD)
 //
 // Work decomposition: a block owns (row b, KV head, a tile of BM = 64 query rows), where the
@@ -94,6 +98,7 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
                                 const __nv_bfloat16* __restrict__ k_past,
                                 const __nv_bfloat16* __restrict__ v_past,
                                 const int32_t* __restrict__ past_start,
+                                const uint8_t* __restrict__ tree,
                                 __nv_bfloat16* __restrict__ out, int B, int H, int Hkv, int L,
                                 int S, int P, float scale_log2) {
     constexpr int SR = HD + PAD;  // shared row stride (bf16)
@@ -218,7 +223,11 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
             for (int e = 0; e < 4; ++e) {
                 const int j = k0 + n * 8 + 2 * t + (e & 1);
                 const int lrow = e < 2 ? l0 : l1;
-                const bool visible = j < k0 + rows && (is_past ? j >= start : j <= lrow);
+                const bool visible =
+                    j < k0 + rows &&
+                    (is_past ? j >= start
+                             : j <= lrow && (tree == nullptr ||
+                                             (lrow < L && tree[static_cast<size_t>(lrow) * L + j])));
                 const float v = visible ? s[n][e] * scale_log2 : -INFINITY;
                 s[n][e] = v;
                 tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
@@ -306,9 +315,10 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
     extern "C" __global__ void __launch_bounds__(THREADS) flash_attn_hd##HD(                   \
         const __nv_bfloat16* q, const __nv_bfloat16* k_new, const __nv_bfloat16* v_new,         \
         const __nv_bfloat16* k_past, const __nv_bfloat16* v_past, const int32_t* past_start,    \
-        __nv_bfloat16* out, int B, int H, int Hkv, int L, int S, int P, float scale_log2) {     \
-        flash_attn_body<HD, BN>(q, k_new, v_new, k_past, v_past, past_start, out, B, H, Hkv,    \
-                                L, S, P, scale_log2);                                           \
+        const uint8_t* tree, __nv_bfloat16* out, int B, int H, int Hkv, int L, int S, int P,    \
+        float scale_log2) {                                                                     \
+        flash_attn_body<HD, BN>(q, k_new, v_new, k_past, v_past, past_start, tree, out, B, H,   \
+                                Hkv, L, S, P, scale_log2);                                      \
     }
 
 FLASH_ATTN_KERNEL(64, 64)

@@ -645,6 +645,78 @@ fn cuda_flash_attention_equals_candle_path() {
         println!("{name}: max |flash - candle| {d:e}");
         worst = worst.max(d);
     }
+    // Token trees packed into one sequence over a shared prefix (tree mode): the kernel reads
+    // the tree's u8 visibility. (name, H, Hkv, hd, P, parents)
+    let trees: Vec<(&str, usize, usize, usize, usize, Vec<Option<usize>>)> = vec![
+        (
+            "tree: 3 roots, shared internal nodes, depth 3",
+            12,
+            2,
+            128,
+            300,
+            vec![
+                None,
+                Some(0),
+                Some(1),
+                Some(1),
+                None,
+                Some(4),
+                Some(5),
+                Some(5),
+                Some(4),
+                None,
+            ],
+        ),
+        (
+            "tree: 70 nodes (two key tiles), hd256",
+            16,
+            4,
+            256,
+            97,
+            (0..70)
+                .map(|i: usize| (i % 7 != 0).then(|| i - 1 - (i % 3).min(i % 7 - 1)))
+                .collect(),
+        ),
+        (
+            "tree: chains only (= causal)",
+            6,
+            3,
+            64,
+            0,
+            vec![None, Some(0), Some(1), Some(2)],
+        ),
+    ];
+    for (name, h, hkv, hd, p, parents) in trees {
+        let l = parents.len();
+        let q = rand(&[1, h, l, hd]);
+        let (kn, vn) = (rand(&[1, hkv, l, hd]), rand(&[1, hkv, l, hd]));
+        let past = (p > 0).then(|| (rand(&[hkv, 1, p, hd]), rand(&[hkv, 1, p, hd])));
+        let tree = mask::NewKeysMask::tree(&parents, &dev).expect("tree mask");
+        let masks = AttnMasks {
+            new_keys: Some(&tree),
+            past: None,
+            past_start: None,
+        };
+        let pkv = || past.as_ref().map(|(k, v)| PastKv { k, v });
+        assert!(
+            takes_flash(&q, &kn, pkv().as_ref(), &masks),
+            "{name}: the flash kernel must take a tree-masked call"
+        );
+        set_kernel(Some(AttentionKernel::Fastest));
+        let flash = attend(&q, &kn, &vn, pkv(), &masks).expect("flash");
+        set_kernel(Some(AttentionKernel::Candle));
+        let reference = attend(&q, &kn, &vn, pkv(), &masks).expect("candle");
+        set_kernel(None);
+        let flat = |t: &Tensor| -> Vec<f32> {
+            t.to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .expect("to host")
+        };
+        let d = Tolerance::max_abs_diff(&flat(&flash), &flat(&reference));
+        println!("{name}: max |flash - candle| {d:e}");
+        worst = worst.max(d);
+    }
     println!(
         "SUMMARY flash attention: worst max |diff| {worst:e} ({})",
         tol.name

@@ -15,10 +15,10 @@
 //! `hd^-1/2` (as transformers' SDPA math path does) so no pass over the scores is spent on it.
 //!
 //! That candle path is the reference. On CUDA in bf16, [`super::flash_attention`] computes the
-//! same function without materialising the scores (one kernel, online softmax); it is taken
-//! whenever it supports the call (never under a token tree's mask, which only the candle path
-//! applies), unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the
-//! environment asks for the candle path (to compare or profile).
+//! same function without materialising the scores (one kernel, online softmax; under a token
+//! tree's mask it reads the tree's u8 visibility); it is taken whenever it supports the call,
+//! unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the environment asks for the candle
+//! path (to compare or profile).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -36,8 +36,8 @@ pub struct PastKv<'a> {
 
 /// Masks for one call, see [`super::mask`].
 pub struct AttnMasks<'a> {
-    /// `(1, 1, 1, L, L)` over the new keys: causal (built when the candle path first reads it),
-    /// or a packed token tree's; `None` when `L == 1`.
+    /// `(1, 1, 1, L, L)` over the new keys: causal or a packed token tree's (each built when a
+    /// path first reads it); `None` when `L == 1`.
     pub new_keys: Option<&'a super::mask::NewKeysMask>,
     /// `(1, B, 1, 1, P)`; `None` when every row sees its whole past.
     pub past: Option<&'a Tensor>,
@@ -102,7 +102,11 @@ pub fn attend(
     masks: &AttnMasks<'_>,
 ) -> Result<Tensor, CandleError> {
     if takes_flash(q, k_new, past.as_ref(), masks) {
-        return flash_attention::attend(q, k_new, v_new, past.as_ref(), masks.past_start);
+        let tree = match masks.new_keys {
+            Some(m) => m.visibility()?,
+            None => None,
+        };
+        return flash_attention::attend(q, k_new, v_new, past.as_ref(), masks.past_start, tree);
     }
     attend_candle(q, k_new, v_new, past, masks)
 }
@@ -117,7 +121,6 @@ pub fn takes_flash(
     kernel() == AttentionKernel::Fastest
         && flash_attention::supports(q, k_new, past)
         && masks.past.is_some() == masks.past_start.is_some()
-        && !masks.new_keys.is_some_and(|m| m.is_tree())
 }
 
 /// The candle path: scores materialised in f32, one softmax over past ++ new keys.

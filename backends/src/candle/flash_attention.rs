@@ -5,8 +5,10 @@
 //!
 //! In (bf16, on one CUDA device): `q (B, H, L, hd)`, `k_new, v_new (B, Hkv, L, hd)`, optionally
 //! the past `k, v (Hkv, S, P, hd)` of `S` slots (row `b` continues slot `b / (B/S)`) and
-//! `past_start (B,)` u32, each row's first visible past key (its left padding is hidden).
-//! Out: `(B, L, H·hd)` bf16. Query `l` sees the visible past and new keys `0..=l`.
+//! `past_start (B,)` u32, each row's first visible past key (its left padding is hidden), and
+//! optionally a token tree's `(L, L)` u8 visibility (the new tokens are packed tree nodes, parents
+//! first). Out: `(B, L, H·hd)` bf16. Query `l` sees the visible past and new keys `0..=l`, under
+//! a tree only those its visibility row opens.
 //!
 //! Supported: bf16, `hd ∈ {64, 128, 256}`, `H` a multiple of `Hkv`; [`supports`] says whether
 //! a call can take this path. Without the `cuda` feature, or on another device, it is false.
@@ -39,8 +41,10 @@ pub(crate) fn attend(
     v_new: &Tensor,
     past: Option<&PastKv<'_>>,
     past_start: Option<&Tensor>,
+    tree: Option<&Tensor>,
 ) -> Result<Tensor, CandleError> {
-    cuda::attend(q, k_new, v_new, past, past_start).map_err(CandleError::tensor("flash attention"))
+    cuda::attend(q, k_new, v_new, past, past_start, tree)
+        .map_err(CandleError::tensor("flash attention"))
 }
 
 /// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
@@ -51,6 +55,7 @@ pub(crate) fn attend(
     _v_new: &Tensor,
     _past: Option<&PastKv<'_>>,
     _past_start: Option<&Tensor>,
+    _tree: Option<&Tensor>,
 ) -> Result<Tensor, CandleError> {
     Err(CandleError::InvalidRequest {
         reason: "the flash attention kernel needs the `cuda` feature".into(),
@@ -94,6 +99,7 @@ mod cuda {
         v_new: Tensor,
         past: Option<(Tensor, Tensor)>,
         past_start: Option<Tensor>,
+        tree: Option<Tensor>,
     }
 
     const OP: &str = "flash attention";
@@ -146,6 +152,11 @@ mod cuda {
                 Some((s, layout)) => Some(contiguous_view::<u32>(s, layout, OP, "past starts")?),
                 None => None,
             };
+            let tree_guard = self.tree.as_ref().map(|t| t.storage_and_layout());
+            let tree = match &tree_guard {
+                Some((s, layout)) => Some(contiguous_view::<u8>(s, layout, OP, "tree visibility")?),
+                None => None,
+            };
 
             // SAFETY: the kernel writes every output element (each query row of every block).
             let mut out = unsafe { dev.alloc::<bf16>(b * l * h * hd)? };
@@ -186,6 +197,10 @@ mod cuda {
                 Some(s) => builder.arg(s),
                 None => builder.arg(&null),
             };
+            match &tree {
+                Some(t) => builder.arg(t),
+                None => builder.arg(&null),
+            };
             builder.arg(&mut out);
             for v in &ints {
                 builder.arg(v);
@@ -208,6 +223,7 @@ mod cuda {
         v_new: &Tensor,
         past: Option<&PastKv<'_>>,
         past_start: Option<&Tensor>,
+        tree: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, h, l, hd) = q.dims4()?;
         let (kb, hkv, kl, khd) = k_new.dims4()?;
@@ -244,11 +260,21 @@ mod cuda {
             }
             _ => None,
         };
+        let tree = match tree {
+            Some(t) => {
+                if t.dims() != [l, l] || t.dtype() != candle_core::DType::U8 {
+                    candle_core::bail!("{OP}: tree visibility {:?} for {l} new tokens", t.dims());
+                }
+                Some(t.contiguous()?)
+            }
+            None => None,
+        };
         let op = FlashAttention {
             k_new: k_new.contiguous()?,
             v_new: v_new.contiguous()?,
             past,
             past_start,
+            tree,
         };
         q.contiguous()?.apply_op1_no_bwd(&op)
     }

@@ -46,15 +46,30 @@ pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Tensor, Candle
     Tensor::from_vec(data, (1, 1, 1, t, t), device).map_err(CandleError::tensor("tree mask"))
 }
 
+/// `(T, T)` u8 visibility of packed tree nodes (1 = query `i` sees key `j`), the form the flash
+/// kernel reads: the same information as [`tree`]'s additive mask.
+pub fn tree_visibility(parents: &[Option<usize>], device: &Device) -> Result<Tensor, CandleError> {
+    let additive = tree(parents, &Device::Cpu)?;
+    let t = parents.len();
+    additive
+        .reshape((t, t))
+        .and_then(|m| m.eq(0f64))
+        .and_then(|m| m.to_device(device))
+        .map_err(CandleError::tensor("tree visibility"))
+}
+
 /// The mask over the new keys of one call: causal (built on first use: the flash kernel never
 /// reads it, so a GPU prefill of `L` tokens does not fill and upload `L²` floats — 16 MB at
-/// 2,000 tokens — that only the candle attention path needs), or a token tree's (built up
-/// front; only the candle attention path can apply it).
+/// 2,000 tokens — that only the candle attention path needs), or a token tree's (the additive
+/// mask for the candle path and, on CUDA, the u8 visibility the flash kernel reads, each built
+/// on first use).
 pub struct NewKeysMask {
     len: usize,
     device: Device,
-    tree: bool,
+    /// The tree's parents, `None` for a causal mask.
+    tree: Option<Vec<Option<usize>>>,
     built: std::sync::OnceLock<Tensor>,
+    visibility: std::sync::OnceLock<Tensor>,
 }
 
 impl NewKeysMask {
@@ -63,26 +78,36 @@ impl NewKeysMask {
         NewKeysMask {
             len,
             device: device.clone(),
-            tree: false,
+            tree: None,
             built: std::sync::OnceLock::new(),
+            visibility: std::sync::OnceLock::new(),
         }
     }
 
-    /// The tree mask of packed nodes with these parents, see [`tree`].
+    /// The tree mask of packed nodes with these parents, see [`tree`]. Parents must come
+    /// first (checked here).
     pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Self, CandleError> {
-        let built = std::sync::OnceLock::new();
-        let _ = built.set(tree(parents, device)?);
+        for (i, p) in parents.iter().enumerate() {
+            if let Some(p) = *p {
+                if p >= i {
+                    return Err(CandleError::InvalidRequest {
+                        reason: format!("tree node {i} has parent {p}: parents must come first"),
+                    });
+                }
+            }
+        }
         Ok(NewKeysMask {
             len: parents.len(),
             device: device.clone(),
-            tree: true,
-            built,
+            tree: Some(parents.to_vec()),
+            built: std::sync::OnceLock::new(),
+            visibility: std::sync::OnceLock::new(),
         })
     }
 
-    /// True for a tree mask (which the flash kernel cannot apply).
+    /// True for a tree mask.
     pub fn is_tree(&self) -> bool {
-        self.tree
+        self.tree.is_some()
     }
 
     /// `(1, 1, 1, L, L)`, see [`causal`] and [`tree`].
@@ -90,8 +115,23 @@ impl NewKeysMask {
         if let Some(t) = self.built.get() {
             return Ok(t);
         }
-        let t = causal(self.len, &self.device)?;
+        let t = match &self.tree {
+            Some(parents) => tree(parents, &self.device)?,
+            None => causal(self.len, &self.device)?,
+        };
         Ok(self.built.get_or_init(|| t))
+    }
+
+    /// For a tree, its `(L, L)` u8 visibility ([`tree_visibility`]); `None` when causal.
+    pub fn visibility(&self) -> Result<Option<&Tensor>, CandleError> {
+        let Some(parents) = &self.tree else {
+            return Ok(None);
+        };
+        if let Some(t) = self.visibility.get() {
+            return Ok(Some(t));
+        }
+        let t = tree_visibility(parents, &self.device)?;
+        Ok(Some(self.visibility.get_or_init(|| t)))
     }
 }
 
@@ -142,5 +182,35 @@ mod tests {
         let diff = (chain.flatten_all().unwrap().to_vec1::<f32>().unwrap())
             == c.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(diff);
+    }
+
+    #[test]
+    fn tree_visibility_is_the_additive_mask_as_bytes() {
+        let parents = [None, Some(0), Some(1), Some(1), None, Some(4)];
+        let v = tree_visibility(&parents, &Device::Cpu)
+            .and_then(|t| t.flatten_all().map_err(CandleError::tensor("flatten")))
+            .and_then(|t| t.to_vec1::<u8>().map_err(CandleError::tensor("host")))
+            .expect("visibility");
+        let m = tree(&parents, &Device::Cpu)
+            .and_then(|t| t.flatten_all().map_err(CandleError::tensor("flatten")))
+            .and_then(|t| t.to_vec1::<f32>().map_err(CandleError::tensor("host")))
+            .expect("mask");
+        let want: Vec<u8> = m.iter().map(|&x| u8::from(x == 0.0)).collect();
+        assert_eq!(v, want);
+        let lazy = NewKeysMask::tree(&parents, &Device::Cpu).expect("mask");
+        assert!(lazy.is_tree());
+        let built = lazy
+            .visibility()
+            .expect("visibility")
+            .expect("a tree has one")
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<u8>())
+            .expect("host");
+        assert_eq!(built, want);
+        assert!(NewKeysMask::causal(4, &Device::Cpu)
+            .visibility()
+            .expect("causal")
+            .is_none());
+        assert!(NewKeysMask::tree(&[None, Some(1)], &Device::Cpu).is_err());
     }
 }
