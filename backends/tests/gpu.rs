@@ -565,6 +565,37 @@ fn cuda_flash_attention_equals_candle_path() {
     };
     let tol = Tolerance::GPU_BF16_ATTENTION;
     let mut worst = 0f32;
+    // One call through the flash kernel (which must take it) and through the candle path:
+    // max |difference| of the outputs.
+    let flash_vs_candle = |name: &str,
+                           q: &Tensor,
+                           kn: &Tensor,
+                           vn: &Tensor,
+                           past: Option<&(Tensor, Tensor)>,
+                           masks: &AttnMasks<'_>|
+     -> f32 {
+        let pkv = || past.map(|(k, v)| PastKv { k, v });
+        assert!(
+            takes_flash(q, kn, pkv().as_ref(), masks),
+            "{name}: the flash kernel must take this call"
+        );
+        set_kernel(Some(AttentionKernel::Fastest));
+        let flash = attend(q, kn, vn, pkv(), masks).expect("flash");
+        set_kernel(Some(AttentionKernel::Candle));
+        let reference = attend(q, kn, vn, pkv(), masks).expect("candle");
+        set_kernel(None);
+        let flat = |t: &Tensor| -> Vec<f32> {
+            t.to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .expect("to host")
+        };
+        let (got, want) = (flat(&flash), flat(&reference));
+        assert_eq!(got.len(), want.len(), "{name}: output sizes");
+        let d = Tolerance::max_abs_diff(&got, &want);
+        println!("{name}: max |flash - candle| {d:e}");
+        d
+    };
     // (name, B, H, Hkv, L, hd, S, P, past lengths per row (None: all see the whole past))
     type Case = (
         &'static str,
@@ -623,27 +654,7 @@ fn cuda_flash_attention_equals_candle_path() {
             past: past_mask.as_ref(),
             past_start: past_start.as_ref(),
         };
-        let pkv = || past.as_ref().map(|(k, v)| PastKv { k, v });
-        assert!(
-            takes_flash(&q, &kn, pkv().as_ref(), &masks),
-            "{name}: the flash kernel must take this call"
-        );
-        set_kernel(Some(AttentionKernel::Fastest));
-        let flash = attend(&q, &kn, &vn, pkv(), &masks).expect("flash");
-        set_kernel(Some(AttentionKernel::Candle));
-        let reference = attend(&q, &kn, &vn, pkv(), &masks).expect("candle");
-        set_kernel(None);
-        let flat = |t: &Tensor| -> Vec<f32> {
-            t.to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .expect("to host")
-        };
-        let (got, want) = (flat(&flash), flat(&reference));
-        assert_eq!(got.len(), want.len(), "{name}: output sizes");
-        let d = Tolerance::max_abs_diff(&got, &want);
-        println!("{name}: max |flash - candle| {d:e}");
-        worst = worst.max(d);
+        worst = worst.max(flash_vs_candle(name, &q, &kn, &vn, past.as_ref(), &masks));
     }
     // Token trees packed into one sequence over a shared prefix (tree mode): the kernel reads
     // the tree's u8 visibility. (name, H, Hkv, hd, P, parents)
@@ -697,25 +708,7 @@ fn cuda_flash_attention_equals_candle_path() {
             past: None,
             past_start: None,
         };
-        let pkv = || past.as_ref().map(|(k, v)| PastKv { k, v });
-        assert!(
-            takes_flash(&q, &kn, pkv().as_ref(), &masks),
-            "{name}: the flash kernel must take a tree-masked call"
-        );
-        set_kernel(Some(AttentionKernel::Fastest));
-        let flash = attend(&q, &kn, &vn, pkv(), &masks).expect("flash");
-        set_kernel(Some(AttentionKernel::Candle));
-        let reference = attend(&q, &kn, &vn, pkv(), &masks).expect("candle");
-        set_kernel(None);
-        let flat = |t: &Tensor| -> Vec<f32> {
-            t.to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .expect("to host")
-        };
-        let d = Tolerance::max_abs_diff(&flat(&flash), &flat(&reference));
-        println!("{name}: max |flash - candle| {d:e}");
-        worst = worst.max(d);
+        worst = worst.max(flash_vs_candle(name, &q, &kn, &vn, past.as_ref(), &masks));
     }
     println!(
         "SUMMARY flash attention: worst max |diff| {worst:e} ({})",

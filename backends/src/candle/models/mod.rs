@@ -67,6 +67,14 @@ pub(crate) struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The profiling region of its mixer.
+    fn region(&self) -> &'static str {
+        match self.mixer.kind() {
+            LayerKind::FullAttention => "attention",
+            LayerKind::LinearAttention => "linear_attention",
+        }
+    }
+
     /// `(B, L, D) -> (B, L, D)`.
     fn forward(
         &self,
@@ -75,10 +83,7 @@ impl DecoderLayer {
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
         let add = CandleError::tensor("residual add");
-        let region = match self.mixer.kind() {
-            LayerKind::FullAttention => "attention",
-            LayerKind::LinearAttention => "linear_attention",
-        };
+        let region = self.region();
         let (m, update) = profile::region(region, x.device(), || {
             self.mixer.forward(&self.input_norm.forward(x)?, past, step)
         })?;
@@ -97,10 +102,7 @@ impl DecoderLayer {
         past: &LayerPast,
         step: &Step,
     ) -> Result<LayerUpdate, CandleError> {
-        let region = match self.mixer.kind() {
-            LayerKind::FullAttention => "attention",
-            LayerKind::LinearAttention => "linear_attention",
-        };
+        let region = self.region();
         profile::region(region, x.device(), || {
             self.mixer
                 .state_update(&self.input_norm.forward(x)?, past, step)
