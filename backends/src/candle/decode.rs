@@ -72,7 +72,7 @@ impl CandleBackend {
             Some(state),
             &[token],
             1,
-            Some(|hidden: &candle_core::Tensor, _| {
+            Some(&mut |hidden: &candle_core::Tensor, _| {
                 // (1, 1, D) -> (1, D) -> (1, V) f32 -> host (V,)
                 let row = hidden
                     .squeeze(0)

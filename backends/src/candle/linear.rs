@@ -198,9 +198,8 @@ fn quantize_rows_parallel(
     let (out, in_dim) = w.dims2()?;
     let host = w.flatten_all()?.to_vec1::<f32>()?;
     // a few tasks per thread, each at least 16 rows
-    let tasks = (rayon::current_num_threads() * 4).max(1);
-    let rows_per_task = out.div_ceil(tasks).max(16);
-    let starts: Vec<usize> = (0..out).step_by(rows_per_task.max(1)).collect();
+    let rows_per_task = out.div_ceil(rayon::current_num_threads() * 4).max(16);
+    let starts: Vec<usize> = (0..out).step_by(rows_per_task).collect();
     let parts = starts
         .par_iter()
         .map(|&r0| {

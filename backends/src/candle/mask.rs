@@ -25,25 +25,35 @@ pub fn causal(len: usize, device: &Device) -> Result<Tensor, CandleError> {
 /// `(1, 1, 1, T, T)` tree mask over `T` packed tree nodes: `parents[i]` is node `i`'s parent
 /// (an earlier index) or `None` for a root; query `i` sees key `j` iff `j` is `i` or an ancestor.
 pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Tensor, CandleError> {
+    check_parents(parents)?;
     let t = parents.len();
     // row i = row of its parent with column i opened (parents come first, so their rows are done)
     let mut data = vec![f32::NEG_INFINITY; t * t];
     for (i, parent) in parents.iter().enumerate() {
         match *parent {
-            Some(p) if p < i => {
+            Some(p) => {
                 let (done, row) = data.split_at_mut(i * t);
                 row[..t].copy_from_slice(&done[p * t..(p + 1) * t]);
-            }
-            Some(p) => {
-                return Err(CandleError::InvalidRequest {
-                    reason: format!("tree node {i} has parent {p}: parents must come first"),
-                })
             }
             None => {}
         }
         data[i * t + i] = 0.0;
     }
     Tensor::from_vec(data, (1, 1, 1, t, t), device).map_err(CandleError::tensor("tree mask"))
+}
+
+/// Every node's parent must be an earlier node.
+fn check_parents(parents: &[Option<usize>]) -> Result<(), CandleError> {
+    match parents
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| p.filter(|&p| p >= i).map(|p| (i, p)))
+    {
+        Some((i, p)) => Err(CandleError::InvalidRequest {
+            reason: format!("tree node {i} has parent {p}: parents must come first"),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `(T, T)` u8 visibility of packed tree nodes (1 = query `i` sees key `j`), the form the flash
@@ -87,15 +97,7 @@ impl NewKeysMask {
     /// The tree mask of packed nodes with these parents, see [`tree`]. Parents must come
     /// first (checked here).
     pub fn tree(parents: &[Option<usize>], device: &Device) -> Result<Self, CandleError> {
-        for (i, p) in parents.iter().enumerate() {
-            if let Some(p) = *p {
-                if p >= i {
-                    return Err(CandleError::InvalidRequest {
-                        reason: format!("tree node {i} has parent {p}: parents must come first"),
-                    });
-                }
-            }
-        }
+        check_parents(parents)?;
         Ok(NewKeysMask {
             len: parents.len(),
             device: device.clone(),

@@ -343,19 +343,19 @@ impl CandleBackend {
         ids: &[u32],
         chunk: usize,
     ) -> Result<CandleState, CandleError> {
-        self.run_chunks(start, ids, chunk, None::<fn(&Tensor, usize) -> _>)
+        self.run_chunks(start, ids, chunk, None)
     }
 
     /// [`CandleBackend::continue_chunked`], handing each chunk's hidden states `(1, L, D)`
     /// (before the final norm) and the chunk's first position to `on_hidden` when given. With
     /// `None` no hidden state is read, so the last layer computes its state update only
-    /// ([`models::Wanted::StateOnly`]).
+    /// ([`Backbone::forward_state`]).
     pub(crate) fn run_chunks(
         &self,
         start: Option<&CandleState>,
         ids: &[u32],
         chunk: usize,
-        mut on_hidden: Option<impl FnMut(&Tensor, usize) -> Result<(), CandleError>>,
+        mut on_hidden: Option<&mut dyn FnMut(&Tensor, usize) -> Result<(), CandleError>>,
     ) -> Result<CandleState, CandleError> {
         if ids.is_empty() {
             return Err(invalid("cannot prefill an empty prefix"));
@@ -809,7 +809,7 @@ const _: fn() = || {
 
 #[cfg(test)]
 mod state_only_tests {
-    //! A prefill's last layer computes its state update only (`models::Wanted::StateOnly`):
+    //! A prefill's last layer computes its state update only (`Backbone::forward_state`):
     //! the retained state must be exactly what the full forward retains, on every architecture
     //! (Qwen2.5 with biased q/k/v, Qwen3 with q/k norms, the Qwen3.5 hybrid whose layers
     //! alternate Gated DeltaNet and gated attention), in one chunk and over several chunks.
@@ -857,10 +857,10 @@ mod state_only_tests {
         for (name, backend) in &models {
             for chunk in [45usize, 16] {
                 let full = backend
-                    .run_chunks(None, &ids, chunk, Some(|_: &Tensor, _: usize| Ok(())))
+                    .run_chunks(None, &ids, chunk, Some(&mut |_, _| Ok(())))
                     .expect("full forward");
                 let state_only = backend
-                    .run_chunks(None, &ids, chunk, None::<fn(&Tensor, usize) -> _>)
+                    .run_chunks(None, &ids, chunk, None)
                     .expect("state only");
                 assert_eq!(full.len(), state_only.len());
                 assert_eq!(

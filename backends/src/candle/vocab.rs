@@ -111,7 +111,7 @@ impl CandleBackend {
             None,
             &ids[..positions.end],
             self.prefill_chunk,
-            Some(|hidden: &Tensor, offset: usize| {
+            Some(&mut |hidden: &Tensor, offset: usize| {
                 let len = hidden.dims().get(1).copied().unwrap_or(0);
                 let (lo, hi) = (positions.start.max(offset), positions.end.min(offset + len));
                 if lo >= hi {
@@ -140,7 +140,7 @@ impl CandleBackend {
             None,
             ids,
             self.prefill_chunk,
-            Some(|hidden: &Tensor, _| {
+            Some(&mut |hidden: &Tensor, _| {
                 // (1, L, D) -> (L, D) -> (L, V)
                 let h = hidden
                     .squeeze(0)

@@ -110,17 +110,6 @@ impl DecoderLayer {
     }
 }
 
-/// What a [`Backbone::forward_to`] call must produce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wanted {
-    /// The last layer's hidden states and every layer's update.
-    Hidden,
-    /// Every layer's update only (a prefill whose hidden states nobody reads): the last layer
-    /// computes its state update and skips its output, i.e. for an attention layer its queries,
-    /// attention, `o_proj` and MLP over every new token.
-    StateOnly,
-}
-
 /// Embedding, decoder layers, final norm and candidate head of one loaded model.
 pub(crate) struct Backbone {
     /// `(V, D)` in the compute dtype.
@@ -160,33 +149,40 @@ impl Backbone {
         pasts: &[LayerPast],
         step: &Step,
     ) -> Result<(Tensor, Vec<LayerUpdate>), CandleError> {
-        let (hidden, updates) = self.forward_to(ids, pasts, step, Wanted::Hidden)?;
-        let hidden = hidden.ok_or_else(|| CandleError::InvalidRequest {
-            reason: "a model with no decoder layers has no hidden states".into(),
-        })?;
-        Ok((hidden, updates))
+        let x = self.embed_ids(ids, pasts, step)?;
+        let mut updates = Vec::with_capacity(self.layers.len());
+        let x = run_layers(&self.layers, pasts, x, step, &mut updates)?;
+        Ok((x, updates))
     }
 
-    /// One update per layer, without the last layer's output ([`Wanted::StateOnly`]); equal
-    /// to [`Backbone::forward`]'s updates (tested).
+    /// One update per layer, equal to [`Backbone::forward`]'s (tested), for a prefill whose
+    /// hidden states nobody reads: the last layer computes its state update only and skips its
+    /// output — for an attention layer its queries, attention, `o_proj` and MLP over every new
+    /// token.
     pub fn forward_state(
         &self,
         ids: &[u32],
         pasts: &[LayerPast],
         step: &Step,
     ) -> Result<Vec<LayerUpdate>, CandleError> {
-        Ok(self.forward_to(ids, pasts, step, Wanted::StateOnly)?.1)
+        let x = self.embed_ids(ids, pasts, step)?;
+        let mut updates = Vec::with_capacity(self.layers.len());
+        if let (Some((last, layers)), Some((last_past, layer_pasts))) =
+            (self.layers.split_last(), pasts.split_last())
+        {
+            let x = run_layers(layers, layer_pasts, x, step, &mut updates)?;
+            updates.push(last.state_update(&x, last_past, step)?);
+        }
+        Ok(updates)
     }
 
-    /// [`Backbone::forward`] or [`Backbone::forward_state`]: the hidden states are `None`
-    /// exactly when `wanted` is [`Wanted::StateOnly`].
-    pub fn forward_to(
+    /// `ids (B*L,)` -> embeddings `(B, L, D)`, after checking there is one past per layer.
+    fn embed_ids(
         &self,
         ids: &[u32],
         pasts: &[LayerPast],
         step: &Step,
-        wanted: Wanted,
-    ) -> Result<(Option<Tensor>, Vec<LayerUpdate>), CandleError> {
+    ) -> Result<Tensor, CandleError> {
         if pasts.len() != self.layers.len() {
             return Err(CandleError::InvalidRequest {
                 reason: format!(
@@ -198,24 +194,12 @@ impl Backbone {
         }
         let ids = Tensor::new(ids, &self.device).map_err(CandleError::tensor("ids"))?;
         // (B*L,) -> (B*L, D) -> (B, L, D)
-        let mut x = profile::region("embed", &self.device, || {
+        profile::region("embed", &self.device, || {
             self.embed
                 .index_select(&ids, 0)
                 .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
         })
-        .map_err(CandleError::tensor("embed"))?;
-        let mut updates = Vec::with_capacity(self.layers.len());
-        let last = self.layers.len().saturating_sub(1);
-        for (i, (layer, past)) in self.layers.iter().zip(pasts).enumerate() {
-            if i == last && wanted == Wanted::StateOnly {
-                updates.push(layer.state_update(&x, past, step)?);
-                return Ok((None, updates));
-            }
-            let (next, update) = layer.forward(&x, past, step)?;
-            x = next;
-            updates.push(update);
-        }
-        Ok((Some(x), updates))
+        .map_err(CandleError::tensor("embed"))
     }
 
     /// Final norm and candidate head: `(N, D)` -> `(N, C)` f32.
@@ -233,6 +217,22 @@ impl Backbone {
             self.head.project_all(&h)
         })
     }
+}
+
+/// `x (B, L, D)` through `layers` over their `pasts`, pushing each layer's update.
+fn run_layers(
+    layers: &[DecoderLayer],
+    pasts: &[LayerPast],
+    mut x: Tensor,
+    step: &Step,
+    updates: &mut Vec<LayerUpdate>,
+) -> Result<Tensor, CandleError> {
+    for (layer, past) in layers.iter().zip(pasts) {
+        let (next, update) = layer.forward(&x, past, step)?;
+        x = next;
+        updates.push(update);
+    }
+    Ok(x)
 }
 
 /// The output head, tied to the embedding (stored as `embed_name`, a root-level name) exactly
