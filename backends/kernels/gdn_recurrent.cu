@@ -339,3 +339,106 @@ extern "C" __global__ void gdn_causal_conv_silu_bf16(const __nv_bfloat16* p, con
                                                      int Cc, int Kc) {
     causal_conv_silu_body(p, state, w, lens, out, new_state, B, L, Cc, Kc);
 }
+
+// The same conv + SiLU with two adjacent channels per thread and a sliding window in registers:
+// a thread owns channels (c, c + 1) of one batch row over a run of CONV_RUN consecutive tokens,
+// reads each input once (a bf16 pair or a float2), keeps the last KC inputs in registers and
+// writes a float2 per token; the sums are taken in the same order as causal_conv_silu_body
+// (taps 0 … KC−1 from zero), so the outputs are bit-identical to it. The last row block of each
+// batch row writes that row's new state. A row may start from another row's state:
+// slot_of_row (B) int32 picks the state row of each batch row (nullptr: row b reads state row
+// b), so a scoring pass forked from S retained states needs no gathered copy of them.
+// Needs Cc even and p, out 8-byte aligned (the launcher checks), 2 ≤ Kc ≤ 8.
+// Launch: grid (ceil(Cc / (2 · blockDim.x)), ceil(L / CONV_RUN) + 1, B), 1-D blocks.
+constexpr int CONV_RUN = 16;
+
+__device__ __forceinline__ float2 load_pair(const float* p) {
+    return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+
+template <typename TP, int KC>
+__device__ void conv_pairs_body(const TP* __restrict__ p, const float* __restrict__ state,
+                                const float* __restrict__ w, const int32_t* __restrict__ lens,
+                                const int32_t* __restrict__ slot_of_row, float* __restrict__ out,
+                                float* __restrict__ new_state, int L, int Cc) {
+    constexpr int keep = KC - 1;
+    const int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= Cc) return;
+    const int b = blockIdx.z;
+    const int sb = slot_of_row ? slot_of_row[b] : b;
+    const float* st = state + (int64_t)sb * keep * Cc + c;
+    const TP* pb = p + (int64_t)b * L * Cc + c;
+    // x(s) for s in [0, keep + L): the state rows first, then p.
+    auto x = [&](int s) -> float2 {
+        if (s < keep) return make_float2(st[(int64_t)s * Cc], st[(int64_t)s * Cc + 1]);
+        return load_pair(pb + (int64_t)(s - keep) * Cc);
+    };
+    const int runs = (L + CONV_RUN - 1) / CONV_RUN;
+    if ((int)blockIdx.y == runs) {
+        const int len = lens ? lens[b] : L;
+#pragma unroll
+        for (int i = 0; i < keep; ++i) {
+            const float2 v = x(len + i);
+            float* dst = new_state + ((int64_t)b * keep + i) * Cc + c;
+            dst[0] = v.x;
+            dst[1] = v.y;
+        }
+        return;
+    }
+    float w0[KC], w1[KC];
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+        w0[j] = w[(int64_t)c * KC + j];
+        w1[j] = w[(int64_t)(c + 1) * KC + j];
+    }
+    const int t0 = blockIdx.y * CONV_RUN, t1 = min(t0 + CONV_RUN, L);
+    float2 win[KC];
+#pragma unroll
+    for (int j = 0; j < keep; ++j) win[j] = x(t0 + j);
+    float* ob = out + (int64_t)b * L * Cc + c;
+    for (int t = t0; t < t1; ++t) {
+        win[keep] = x(t + keep);
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; ++j) {
+            a0 += w0[j] * win[j].x;
+            a1 += w1[j] * win[j].y;
+        }
+        *reinterpret_cast<float2*>(ob + (int64_t)t * Cc) =
+            make_float2(a0 / (1.f + expf(-a0)), a1 / (1.f + expf(-a1)));
+#pragma unroll
+        for (int j = 0; j < keep; ++j) win[j] = win[j + 1];
+    }
+}
+
+template <typename TP>
+__device__ void conv_pairs(const TP* p, const float* state, const float* w, const int32_t* lens,
+                           const int32_t* slot_of_row, float* out, float* new_state, int L,
+                           int Cc, int Kc) {
+    switch (Kc) {
+        case 2: conv_pairs_body<TP, 2>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 3: conv_pairs_body<TP, 3>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 4: conv_pairs_body<TP, 4>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 5: conv_pairs_body<TP, 5>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 6: conv_pairs_body<TP, 6>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 7: conv_pairs_body<TP, 7>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 8: conv_pairs_body<TP, 8>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        default: break;  // the launcher takes the per-channel kernel for other widths
+    }
+}
+
+extern "C" __global__ void gdn_conv_pairs(const float* p, const float* state, const float* w,
+                                          const int32_t* lens, const int32_t* slot_of_row,
+                                          float* out, float* new_state, int L, int Cc, int Kc) {
+    conv_pairs(p, state, w, lens, slot_of_row, out, new_state, L, Cc, Kc);
+}
+
+extern "C" __global__ void gdn_conv_pairs_bf16(const __nv_bfloat16* p, const float* state,
+                                               const float* w, const int32_t* lens,
+                                               const int32_t* slot_of_row, float* out,
+                                               float* new_state, int L, int Cc, int Kc) {
+    conv_pairs(p, state, w, lens, slot_of_row, out, new_state, L, Cc, Kc);
+}

@@ -176,8 +176,8 @@ fn layer_chunked_equals_token_by_token_and_split_prefill() -> Result<()> {
     let x = rng.tensor(&[b, l, 32], -2.0, 2.0)?;
     let s0 = random_state(&mut rng, &layer, b)?;
 
-    let (y_c, st_c) = layer.forward_with(&x, &s0, None, DeltaRule::Chunked(64))?;
-    let (y_r, st_r) = layer.forward_with(&x, &s0, None, DeltaRule::Recurrent)?;
+    let (y_c, st_c) = layer.forward_with(&x, &s0, None, None, DeltaRule::Chunked(64))?;
+    let (y_r, st_r) = layer.forward_with(&x, &s0, None, None, DeltaRule::Recurrent)?;
     // Decode-style: one call per token, state carried.
     let mut st = s0.clone();
     let mut ys = Vec::new();
@@ -217,7 +217,7 @@ fn right_padding_leaves_each_row_as_if_alone() -> Result<()> {
     let pad = RightPadding::new(lengths.clone(), l).ok_or_else(|| anyhow::anyhow!("padding"))?;
     let mut worst = 0f32;
     for rule in [DeltaRule::Chunked(64), DeltaRule::Recurrent] {
-        let (y, st) = layer.forward_with(&x, &s0, Some(&pad), rule)?;
+        let (y, st) = layer.forward_with(&x, &s0, None, Some(&pad), rule)?;
         for (row, &len) in lengths.iter().enumerate() {
             let s_row = s0.select_rows(&[row as u32])?;
             let want_state = if len == 0 {
@@ -226,6 +226,7 @@ fn right_padding_leaves_each_row_as_if_alone() -> Result<()> {
                 let (y_alone, st_alone) = layer.forward_with(
                     &x.narrow(0, row, 1)?.narrow(1, 0, len)?,
                     &s_row,
+                    None,
                     None,
                     rule,
                 )?;
@@ -281,4 +282,38 @@ proptest! {
         let e = run().map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(e <= TOL, "cut {}: {:e}", cut, e);
     }
+}
+
+/// Rows continuing picked state rows (a scoring pass forked from retained states) equal the
+/// same rows run from a gathered copy of those states, with and without right padding; a map
+/// of the wrong length or naming a missing state row is refused with a clear error.
+#[test]
+fn rows_from_slots_equal_gathered_rows_and_bad_slots_are_refused() -> Result<()> {
+    let mut rng = Rng(41);
+    let layer = tiny_layer(&mut rng)?;
+    let (b, l) = (3, 20);
+    let x = rng.tensor(&[b, l, 32], -2.0, 2.0)?;
+    let s0 = random_state(&mut rng, &layer, 2)?;
+    let slots = [1u32, 0, 1];
+    let pad = RightPadding::new(vec![20, 7, 13], l).ok_or_else(|| anyhow::anyhow!("padding"))?;
+    for padding in [None, Some(&pad)] {
+        let (y, st) = layer.forward_from_slots(&x, &s0, &slots, padding)?;
+        let (y_g, st_g) = layer.forward(&x, &s0.select_rows(&slots)?, padding)?;
+        assert_eq!(max_abs_diff(&y, &y_g)?, 0.0);
+        assert_eq!(state_diff(&st, &st_g)?, 0.0);
+    }
+    let err = layer
+        .forward_from_slots(&x, &s0, &[0, 2, 1], None)
+        .expect_err("slot 2 of 2 states")
+        .to_string();
+    assert!(
+        err.contains("row slot 2 out of range: the GDN state holds 2 rows"),
+        "{err}"
+    );
+    let err = layer
+        .forward_from_slots(&x, &s0, &[0, 1], None)
+        .expect_err("2 slots for 3 rows")
+        .to_string();
+    assert!(err.contains("2 row slots for an input of 3 rows"), "{err}");
+    Ok(())
 }

@@ -470,13 +470,13 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                 };
                 let pad = lengths.map(|ls| RightPadding::new(ls, l).expect("padding"));
                 let (y_f, s_f) = layer
-                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Fused)
+                    .forward_with(&x, &st, None, pad.as_ref(), DeltaRule::Fused)
                     .expect("fused");
                 let (y_c, s_c) = layer
-                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Chunked(64))
+                    .forward_with(&x, &st, None, pad.as_ref(), DeltaRule::Chunked(64))
                     .expect("chunked");
                 let (y_r, s_r) = layer
-                    .forward_with(&x, &st, pad.as_ref(), DeltaRule::Recurrent)
+                    .forward_with(&x, &st, None, pad.as_ref(), DeltaRule::Recurrent)
                     .expect("recurrent");
                 // Padded positions' outputs are unspecified: compare the real prefix of each row.
                 let rows: Vec<usize> = match &pad {
@@ -499,6 +499,35 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                         worst = worst.max(ey_r).max(ey_c);
                     }
                     println!("{form:?} dk {dk} dv {dv} B {b} L {l} row {row}: |fused - recurrent| {ey_r:e}, |fused - chunked| {ey_c:e}");
+                }
+                // Rows continuing retained states through a slot map (read in place by the
+                // kernels) equal the same rows from a gathered copy, bit for bit.
+                for slots in [vec![0u32; b], (0..b as u32).rev().collect::<Vec<_>>()] {
+                    let (y_m, s_m) = layer
+                        .forward_with(&x, &st, Some(&slots), pad.as_ref(), DeltaRule::Fused)
+                        .expect("fused from slots");
+                    let gathered = st.select_rows(&slots).expect("gather");
+                    let (y_g, s_g) = layer
+                        .forward_with(&x, &gathered, None, pad.as_ref(), DeltaRule::Fused)
+                        .expect("fused from a gathered state");
+                    for (row, len) in rows.iter().enumerate() {
+                        let cut = |t: &Tensor| {
+                            t.narrow(0, row, 1)
+                                .and_then(|t| t.narrow(1, 0, *len))
+                                .expect("cut")
+                        };
+                        assert_eq!(
+                            max_diff(&cut(&y_m), &cut(&y_g)),
+                            0.0,
+                            "slots {slots:?} row {row}"
+                        );
+                    }
+                    assert_eq!(
+                        max_diff(&s_m.recurrent, &s_g.recurrent),
+                        0.0,
+                        "slots {slots:?}"
+                    );
+                    assert_eq!(max_diff(&s_m.conv, &s_g.conv), 0.0, "slots {slots:?}");
                 }
                 let es = max_diff(&s_f.recurrent, &s_r.recurrent)
                     .max(max_diff(&s_f.recurrent, &s_c.recurrent));

@@ -10,7 +10,9 @@ machine, next to the token-by-token kernel it replaces for prefill.
    dv a multiple of 16) — relative error of outputs and final state (TF32 products: bound
    TF32_REL), every element written;
 3. timing (CUDA events around 20 back-to-back calls, median of 5 rounds): the Qwen3.5-4B layer shape (Hk 16, Hv 32, dk = dv = 128)
-   at 1,000 / 1,547 / 2,048 / 4,096 tokens (B = 1): chunked (prep + scan) vs recurrent.
+   at 1,000 / 1,547 / 2,048 / 4,096 tokens (B = 1): chunked (prep + scan) vs recurrent, and vs
+   flash-linear-attention's chunk_gated_delta_rule on the same inputs when it is importable
+   (FLA_PATH=folder of the unpacked fla-core / flash-linear-attention wheels).
 """
 import os
 import subprocess
@@ -114,6 +116,37 @@ def time_loop_ms(fn, reps=20, rounds=5):
     return sorted(ts)[len(ts) // 2]
 
 
+def fla_chunk():
+    """flash-linear-attention's chunked gated delta rule when it is importable (FLA_PATH or the
+    environment), else None."""
+    if os.environ.get("FLA_PATH"):
+        sys.path.insert(0, os.environ["FLA_PATH"])
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001
+        print(f"  (flash-linear-attention not importable: {type(e).__name__}: {e})")
+        return None
+    return chunk_gated_delta_rule
+
+
+def fla_time(fla, qkv, beta, g, s0, Hk, Hv, dk, dv):
+    """GPU time of one flash-linear-attention call on the same layer, as transformers makes it
+    for Qwen3.5: bf16 q/k/v with the key heads repeated to the value heads, q/k L2-normalised in
+    the kernel, f32 initial state, final state returned."""
+    B, L, _ = qkv.shape
+    q = qkv[..., : Hk * dk].reshape(B, L, Hk, dk).repeat_interleave(Hv // Hk, dim=2).bfloat16()
+    k = qkv[..., Hk * dk: 2 * Hk * dk].reshape(B, L, Hk, dk).repeat_interleave(Hv // Hk, dim=2).bfloat16()
+    v = qkv[..., 2 * Hk * dk:].reshape(B, L, Hv, dv).bfloat16()
+    b16 = beta.bfloat16()
+    st = s0[:B].contiguous()
+    call = lambda: fla(q, k, v, g=g, beta=b16, scale=dk ** -0.5, initial_state=st,
+                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+    for _ in range(2):  # Triton compiles / autotunes per shape
+        call()
+    torch.cuda.synchronize()
+    return time_loop_ms(call)
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -149,8 +182,9 @@ def main():
         worst = max(worst, 0 if ok_written else 1)
     print(f"  worst relative error {worst:.2e}")
     print("== timing, Qwen3.5-4B layer (Hk 16, Hv 32, dk = dv = 128), B = 1 (ms, median)")
-    print("| tokens | recurrent | chunked | prep | scan | recurrent ÷ chunked |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    fla = fla_chunk()
+    print("| tokens | recurrent | chunked | prep | scan | recurrent ÷ chunked | fla chunk (bf16 in) | fla ÷ chunked |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for L in (1000, 1547, 2048, 4096):
         qkv, beta, g, s0, slot = rec.inputs(1, L, 16, 32, 128, 128, 1, 0, gen)
         nc = (L + C - 1) // C
@@ -162,7 +196,25 @@ def main():
         tc = time_loop_ms(lambda: launch(mod, *args, ws, out, s1))
         tp = time_loop_ms(lambda: launch(mod, *args, ws, out, s1, parts=("prep",)))
         ts = time_loop_ms(lambda: launch(mod, *args, ws, out, s1, parts=("scan",)))
-        print(f"| {L:,} | {tr:.3f} | {tc:.3f} | {tp:.3f} | {ts:.3f} | {tr / tc:.1f}× |")
+        tf = fla_time(fla, qkv, beta, g, s0, 16, 32, 128, 128) if fla else None
+        peer = f"{tf:.3f} | {tf / tc:.2f}×" if tf else "– | –"
+        print(f"| {L:,} | {tr:.3f} | {tc:.3f} | {tp:.3f} | {ts:.3f} | {tr / tc:.1f}× | {peer} |")
+    print("== short calls from one forked state (a scoring pass: B rows of L tokens, every row")
+    print("   starting from slot 0 through slot_of_row), Qwen3.5-4B layer shape (ms, median)")
+    print("| rows | tokens | recurrent | chunked | prep | scan | recurrent ÷ chunked |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for B, L in ((8, 12), (8, 24), (28, 12), (28, 24), (28, 48), (64, 24)):
+        qkv, beta, g, s0, slot = rec.inputs(B, L, 16, 32, 128, 128, 1, 0, gen)
+        nc = (L + C - 1) // C
+        ws = torch.empty(B * 32 * nc * ws_per_chunk(128, 128), device="cuda")
+        out = torch.empty(B, L, 32, 128, device="cuda")
+        s1 = torch.empty(B, 32, 128, 128, device="cuda")
+        args = (qkv, beta, g, s0, slot, 16, 32, 128, 128, 128 ** -0.5)
+        tr = time_loop_ms(lambda: rec.launch(rmod, 2, 4, *args, out, s1))
+        tc = time_loop_ms(lambda: launch(mod, *args, ws, out, s1))
+        tp = time_loop_ms(lambda: launch(mod, *args, ws, out, s1, parts=("prep",)))
+        ts = time_loop_ms(lambda: launch(mod, *args, ws, out, s1, parts=("scan",)))
+        print(f"| {B} | {L} | {tr:.3f} | {tc:.3f} | {tp:.3f} | {ts:.3f} | {tr / tc:.1f}× |")
     print(f"[gdn-chunk] {'PASS' if worst < TF32_REL else 'FAIL'} (TF32 bound {TF32_REL:g})")
     sys.exit(0 if worst < TF32_REL else 1)
 

@@ -123,8 +123,105 @@ pub fn takes_flash(
         && masks.past.is_some() == masks.past_start.is_some()
 }
 
-/// The candle path: scores materialised in f32, one softmax over past ++ new keys.
+/// Queries per block of [`attend_causal_blocks`].
+const CAUSAL_BLOCK: usize = 128;
+
+/// The candle path: scores materialised in f32, one softmax over past ++ new keys. A causal
+/// call without a past (a prefill, or the first chunk of one) of more than one block of
+/// queries takes [`attend_causal_blocks`], which skips the keys the mask hides.
 fn attend_candle(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    past: Option<PastKv<'_>>,
+    masks: &AttnMasks<'_>,
+) -> Result<Tensor, CandleError> {
+    let l = q.dim(2).map_err(op("attention q dims"))?;
+    match (&past, masks.new_keys) {
+        (None, Some(m)) if !m.is_tree() && l > CAUSAL_BLOCK && blocks_enabled() => {
+            attend_causal_blocks(q, k_new, v_new, m)
+        }
+        _ => attend_full(q, k_new, v_new, past, masks),
+    }
+}
+
+/// Whether causal calls take the blocked form (`FORKSCORE_CAUSAL_BLOCKS=0` turns it off, to
+/// compare or profile).
+fn blocks_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FORKSCORE_CAUSAL_BLOCKS").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Causal self-attention of `L` new tokens without a past, by blocks of [`CAUSAL_BLOCK`]
+/// queries: block `i` (queries `[s, e)`) scores only keys `[0, e)` — the keys after `e` are
+/// masked for all of its queries — so about half of the `L × L` scores are never computed and
+/// no `L × L` matrix is ever held. Each query row's softmax sees the same unmasked scores as
+/// [`attend_full`]'s (the skipped ones are exactly 0 after its softmax), so the two agree to
+/// f32 rounding (the equivalence test holds them together).
+fn attend_causal_blocks(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    mask: &super::mask::NewKeysMask,
+) -> Result<Tensor, CandleError> {
+    let (b, h, l, hd) = q.dims4().map_err(op("attention q dims"))?;
+    let hkv = k_new.dim(1).map_err(op("attention k dims"))?;
+    let g = h / hkv;
+    let dtype = q.dtype();
+    let scale = 1.0 / (hd as f64).sqrt();
+    // (B, H, L, hd) -> (Hkv, B, G, L, hd), pre-scaled
+    let q = (q * scale)
+        .and_then(|q| q.reshape((b, hkv, g, l, hd)))
+        .and_then(|q| q.transpose(0, 1))
+        .map_err(op("attention q layout"))?;
+    // (B, Hkv, L, hd) -> (Hkv, B, L, hd)
+    let kv_major = |t: &Tensor| t.transpose(0, 1).and_then(|t| t.contiguous());
+    let k = kv_major(k_new).map_err(op("attention k layout"))?;
+    let v = kv_major(v_new).map_err(op("attention v layout"))?;
+    // (1, 1, 1, L, L)
+    let causal = mask.tensor()?;
+    let mut outs = Vec::with_capacity(l.div_ceil(CAUSAL_BLOCK));
+    for start in (0..l).step_by(CAUSAL_BLOCK) {
+        let end = (start + CAUSAL_BLOCK).min(l);
+        let n = end - start;
+        // (Hkv, B, G, n, hd) -> (Hkv, B, G*n, hd)
+        let qb = q
+            .narrow(3, start, n)
+            .and_then(|t| t.contiguous())
+            .and_then(|t| t.reshape((hkv, b, g * n, hd)))
+            .map_err(op("attention q block"))?;
+        // (Hkv, B, end, hd): the keys any query of the block may see
+        let kb = k.narrow(2, 0, end).map_err(op("attention k block"))?;
+        let vb = v.narrow(2, 0, end).map_err(op("attention v block"))?;
+        // (Hkv, B, G*n, hd) x (Hkv, B, hd, end) -> (Hkv, B, G, n, end) f32, + mask rows [s, e)
+        let scores = qb
+            .matmul(&kb.t().map_err(op("k^T"))?)
+            .and_then(|s| s.to_dtype(DType::F32))
+            .and_then(|s| s.reshape((hkv, b, g, n, end)))
+            .and_then(|s| {
+                let m = causal.narrow(3, start, n)?.narrow(4, 0, end)?;
+                s.broadcast_add(&m)
+            })
+            .map_err(op("attention block scores"))?;
+        // (Hkv, B, G*n, end) x (Hkv, B, end, hd) -> (Hkv, B, G, n, hd)
+        let ob = candle_nn::ops::softmax_last_dim(&scores)
+            .and_then(|p| p.to_dtype(dtype))
+            .and_then(|p| p.reshape((hkv, b, g * n, end)))
+            .and_then(|p| p.matmul(&vb))
+            .and_then(|o| o.reshape((hkv, b, g, n, hd)))
+            .map_err(op("attention block values"))?;
+        outs.push(ob);
+    }
+    // (Hkv, B, G, L, hd) -> (B, L, Hkv, G, hd) -> (B, L, H*hd)
+    Tensor::cat(&outs, 3)
+        .and_then(|o| o.permute((1, 3, 0, 2, 4)))
+        .and_then(|o| o.contiguous())
+        .and_then(|o| o.reshape((b, l, h * hd)))
+        .map_err(op("attention out"))
+}
+
+/// The candle path over the whole `L × (P + L)` score matrix.
+fn attend_full(
     q: &Tensor,
     k_new: &Tensor,
     v_new: &Tensor,
@@ -226,4 +323,68 @@ fn attend_candle(
         .and_then(|o| o.contiguous())
         .and_then(|o| o.reshape((b, l, h * hd)))
         .map_err(op("attention out"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::candle::mask::NewKeysMask;
+    use candle_core::Device;
+
+    fn rand(shape: &[usize], seed: &mut u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 2.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor")
+    }
+
+    /// The blocked causal form equals the full score matrix on prefills of one block plus a
+    /// token, several whole blocks and a ragged tail, with grouped-query heads and two rows.
+    #[test]
+    fn causal_blocks_equal_the_full_scores() {
+        let mut seed = 7u64;
+        let mut worst = 0f32;
+        for (b, h, hkv, l, hd) in [
+            (1, 2, 1, CAUSAL_BLOCK + 1, 8),
+            (2, 4, 2, 3 * CAUSAL_BLOCK, 16),
+            (1, 6, 2, 2 * CAUSAL_BLOCK + 37, 8),
+        ] {
+            let q = rand(&[b, h, l, hd], &mut seed);
+            let k = rand(&[b, hkv, l, hd], &mut seed);
+            let v = rand(&[b, hkv, l, hd], &mut seed);
+            let mask = NewKeysMask::causal(l, &Device::Cpu);
+            let masks = AttnMasks {
+                new_keys: Some(&mask),
+                past: None,
+                past_start: None,
+            };
+            let blocked = attend_causal_blocks(&q, &k, &v, &mask).expect("blocked");
+            let full = attend_full(&q, &k, &v, None, &masks).expect("full");
+            let through_attend = attend(&q, &k, &v, None, &masks).expect("attend");
+            let d = (&blocked - &full)
+                .and_then(|d| d.abs())
+                .and_then(|d| d.flatten_all())
+                .and_then(|d| d.max(0))
+                .and_then(|d| d.to_scalar::<f32>())
+                .expect("diff");
+            worst = worst.max(d);
+            assert_eq!(blocked.dims(), &[b, l, h * hd]);
+            let same: Vec<f32> = (&through_attend - &blocked)
+                .and_then(|d| d.abs())
+                .and_then(|d| d.flatten_all())
+                .and_then(|d| d.to_vec1())
+                .expect("attend");
+            assert!(
+                same.iter().all(|x| *x == 0.0),
+                "attend takes the blocked form"
+            );
+        }
+        assert!(worst <= 1e-5, "blocked vs full: {worst:e}");
+    }
 }

@@ -84,13 +84,23 @@ pub(crate) enum LayerPast {
     /// row count and rows are slot-major: row `b` continues slot `b / (B / S)`. `S == 1`: one
     /// shared prefix.
     Attention { k: Tensor, v: Tensor },
-    /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32, `S == 1` when `shared`, else `B`.
-    /// Built from states of linear-attention layers (Qwen3.5); dense models never produce one.
+    /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32 of `S` retained states, and which
+    /// of them each row of the call continues. Built from states of linear-attention layers
+    /// (Qwen3.5); dense models never produce one.
     Linear {
         conv: Tensor,
         recurrent: Tensor,
-        shared: bool,
+        rows: StateRows,
     },
+}
+
+/// Which retained linear-attention state each row of a call continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StateRows {
+    /// `S == 1`: every row continues the one state.
+    Shared,
+    /// Row `b` continues state `slot_of_row[b]` (`B` entries, each `< S`).
+    Slots(Vec<u32>),
 }
 
 impl LayerPast {
@@ -104,7 +114,7 @@ impl LayerPast {
             LayerState::Linear { conv, recurrent } => LayerPast::Linear {
                 conv: conv.clone(),
                 recurrent: recurrent.clone(),
-                shared: true,
+                rows: StateRows::Shared,
             },
         })
     }
@@ -159,7 +169,9 @@ impl PrefixState for CandleState {
 /// number of rows). Returns the views and the merged past length `P` (the longest used prefix).
 /// One slot: every view is the state itself (leading dim 1). Several: attention K/V are stacked
 /// into `(S, Hkv, P, hd)`, each left-padded with zeros (hidden by the padding mask) — one copy
-/// per slot, never per row; linear states are gathered per row (`(B, ..)`, `shared: false`).
+/// per slot, never per row; linear states are stacked per slot too (`(S, ..)`) with each row's
+/// slot ([`StateRows::Slots`]): the fused CUDA kernels read a row's state through its slot, the
+/// candle path gathers it per row.
 pub(crate) fn merge_slots(
     states: &[&CandleState],
     slots: &[usize],
@@ -183,14 +195,9 @@ pub(crate) fn merge_slots(
     let Some(first) = slots.first().map(|&s| states[s]) else {
         return Ok((Vec::new(), p));
     };
-    let Some(device) = first
-        .layers
-        .first()
-        .map(|l| l.tensors()[0].device().clone())
-    else {
+    if first.layers.is_empty() {
         return Ok((Vec::new(), p));
-    };
-    let batch_slot = Tensor::new(batch_slot, &device).map_err(CandleError::tensor("row slots"))?;
+    }
     let mismatch = || CandleError::InvalidRequest {
         reason: "states disagree on layer kinds".into(),
     };
@@ -226,14 +233,11 @@ pub(crate) fn merge_slots(
                     cs.push(conv.clone());
                     rs.push(recurrent.clone());
                 }
-                // S x (1, ..) -> (S, ..) -> (B, ..)
-                let gather = |parts: Vec<Tensor>| {
-                    Tensor::cat(&parts, 0).and_then(|t| t.index_select(&batch_slot, 0))
-                };
+                // S x (1, ..) -> (S, ..); row b continues slot batch_slot[b]
                 LayerPast::Linear {
-                    conv: gather(cs).map_err(op)?,
-                    recurrent: gather(rs).map_err(op)?,
-                    shared: false,
+                    conv: Tensor::cat(&cs, 0).map_err(op)?,
+                    recurrent: Tensor::cat(&rs, 0).map_err(op)?,
+                    rows: StateRows::Slots(batch_slot.to_vec()),
                 }
             }
         };

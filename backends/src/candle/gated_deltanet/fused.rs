@@ -8,7 +8,9 @@
 //! sharing and the head-major transposes around it.
 //!
 //! Delta rule in: the conv output `qkv: (B, L, Cc)` f32 (`Cc = 2·Hk·dk + Hv·dv`), `beta, g: (B, L, Hv)` f32
-//! (already 0 at right-padded positions), `state: (B, Hv, dk, dv)` f32.
+//! (already 0 at right-padded positions), `state: (S, Hv, dk, dv)` f32 with, when `S ≠ B` or
+//! rows share states, `slot_of_row: (B,)` u32 (row `b` continues state row `slot_of_row[b]`:
+//! a scoring pass forked from one prefix reads the prefix state in place, no per-row copy).
 //! Out: `o: (B, L, Hv, dv)` f32 (token-major, ready for the gated norm) and the final state.
 //!
 //! Supported: `dk ∈ {32, 64, 128, 256}`, any `dv`, `Hv` a multiple of `Hk`; [`supports`] says
@@ -98,24 +100,35 @@ pub fn gated_delta_rule(
     beta: &Tensor,
     g: &Tensor,
     state: &Tensor,
+    slot_of_row: Option<&Tensor>,
     dims: &GdnDims,
     low_precision: bool,
 ) -> Result<(Tensor, Tensor)> {
-    cuda::run(qkv, beta, g, state, dims, chunked_wanted(low_precision))
+    cuda::run(
+        qkv,
+        beta,
+        g,
+        state,
+        slot_of_row,
+        dims,
+        chunked_wanted(low_precision),
+    )
 }
 
 /// Causal depthwise conv + SiLU with its new conv state, in one kernel: the same function as
 /// [`super::conv::causal_conv_silu`] (`p: (B, L, Cc)` f32 or bf16 — bf16 is upcast exactly in
-/// the kernel, so no cast pass runs —, `state: (B, Kc−1, Cc)`, `weight: (Cc, Kc)` f32; `lengths`: each row's real tokens when right-padded). Outputs at padded positions are
-/// unspecified, as there.
+/// the kernel, so no cast pass runs —, `state: (S, Kc−1, Cc)` with `slot_of_row` as for the
+/// delta rule (`S == B` without it), `weight: (Cc, Kc)` f32; `lengths`: each row's real tokens
+/// when right-padded). Outputs at padded positions are unspecified, as there.
 #[cfg(feature = "cuda")]
 pub fn causal_conv_silu(
     p: &Tensor,
     state: &Tensor,
+    slot_of_row: Option<&Tensor>,
     weight: &Tensor,
     lengths: Option<&[usize]>,
 ) -> Result<(Tensor, Tensor)> {
-    cuda::conv(p, state, weight, lengths)
+    cuda::conv(p, state, slot_of_row, weight, lengths)
 }
 
 /// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
@@ -123,6 +136,7 @@ pub fn causal_conv_silu(
 pub fn causal_conv_silu(
     _p: &Tensor,
     _state: &Tensor,
+    _slot_of_row: Option<&Tensor>,
     _weight: &Tensor,
     _lengths: Option<&[usize]>,
 ) -> Result<(Tensor, Tensor)> {
@@ -136,6 +150,7 @@ pub fn gated_delta_rule(
     _beta: &Tensor,
     _g: &Tensor,
     _state: &Tensor,
+    _slot_of_row: Option<&Tensor>,
     _dims: &GdnDims,
     _low_precision: bool,
 ) -> Result<(Tensor, Tensor)> {
@@ -173,6 +188,8 @@ mod cuda {
         beta: Tensor,
         g: Tensor,
         state: Tensor,
+        /// `(B,)` u32: the state row each batch row continues (None: row b continues row b).
+        slots: Option<Tensor>,
         dims: GdnDims,
         /// Long calls take the chunked kernels where they fit ([`takes_chunked`]).
         chunked: bool,
@@ -184,6 +201,15 @@ mod cuda {
         what: &str,
     ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
         crate::candle::cuda_module::contiguous_view::<f32>(storage, layout, "fused GDN", what)
+    }
+
+    /// A contiguous `(n,)` u32 tensor on the GPU as a view (the lengths / slot maps).
+    fn cuda_u32<'a>(
+        storage: &'a Storage,
+        layout: &Layout,
+        what: &str,
+    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, u32>> {
+        crate::candle::cuda_module::contiguous_view::<u32>(storage, layout, "fused GDN", what)
     }
 
     impl CustomOp1 for GatedDeltaRule {
@@ -221,6 +247,11 @@ mod cuda {
             let g = cuda_f32(&g_s, g_l, "g")?;
             let (st_s, st_l) = self.state.storage_and_layout();
             let s0 = cuda_f32(&st_s, st_l, "state")?;
+            let slots_guard = self.slots.as_ref().map(|t| t.storage_and_layout());
+            let slots = match &slots_guard {
+                Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
+                None => None,
+            };
 
             let n_out = b * l * hv * dv;
             let n_state = b * hv * dk * dv;
@@ -231,7 +262,17 @@ mod cuda {
 
             if self.chunked && takes_chunked(l, dk, dv) {
                 chunked(
-                    &dev, &qkv, &beta, &g, &s0, &mut out, &mut s1, b, l, &self.dims,
+                    &dev,
+                    &qkv,
+                    &beta,
+                    &g,
+                    &s0,
+                    slots.as_ref(),
+                    &mut out,
+                    &mut s1,
+                    b,
+                    l,
+                    &self.dims,
                 )?;
                 return Ok((
                     CudaStorage::wrap_cuda_slice(dst, dev),
@@ -255,7 +296,10 @@ mod cuda {
             builder.arg(&beta);
             builder.arg(&g);
             builder.arg(&s0);
-            builder.arg(&no_slots);
+            match &slots {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&no_slots),
+            };
             builder.arg(&mut out);
             builder.arg(&mut s1);
             builder.arg(&l_i);
@@ -328,6 +372,7 @@ mod cuda {
         beta: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
         g: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
         s0: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        slots: Option<&candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>>,
         out: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
         s1: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
         b: usize,
@@ -382,7 +427,10 @@ mod cuda {
         let mut builder = stream.launch_builder(&scan);
         builder.arg(&ws);
         builder.arg(s0);
-        builder.arg(&no_slots);
+        match slots {
+            Some(v) => builder.arg(v),
+            None => builder.arg(&no_slots),
+        };
         builder.arg(out);
         builder.arg(s1);
         builder.arg(&l_i);
@@ -404,9 +452,29 @@ mod cuda {
     /// concatenation `[out (B·L·Cc) | new_state (B·(Kc−1)·Cc)]`, split by [`conv`].
     struct CausalConvSilu {
         state: Tensor,
+        /// `(B,)` u32: the state row each batch row continues (None: row b continues row b).
+        /// Only with the paired kernel ([`conv`] gathers the state rows for the other one).
+        slots: Option<Tensor>,
         weight: Tensor,
         /// `(B,)` u32 lengths, or None when no row is padded.
         lengths: Option<Tensor>,
+    }
+
+    /// Tokens per thread of the paired conv kernel (`CONV_RUN` of the kernel source).
+    const CONV_RUN: usize = 16;
+    /// Threads per block of the paired conv kernel (each owns two channels).
+    const CONV_PAIR_THREADS: usize = 128;
+
+    /// Whether a conv call can take the paired kernel (`gdn_conv_pairs*`: two channels per
+    /// thread, taps in registers, state rows read through a slot map): an even channel count
+    /// and an even start of `p` (pair loads are 4- / 8-byte aligned), 2 ≤ Kc ≤ 8 (the widths it
+    /// is instantiated for), and a grid within CUDA's limits.
+    fn takes_pairs(b: usize, l: usize, cc: usize, kc: usize, p_start: usize) -> bool {
+        cc % 2 == 0
+            && p_start % 2 == 0
+            && (2..=8).contains(&kc)
+            && b <= 65_535
+            && l.div_ceil(CONV_RUN) < 65_535
     }
 
     impl CustomOp1 for CausalConvSilu {
@@ -459,25 +527,53 @@ mod cuda {
                 }
                 None => None,
             };
+            let slots_guard = self.slots.as_ref().map(|t| t.storage_and_layout());
+            let slots = match &slots_guard {
+                Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
+                None => None,
+            };
+            let pairs = takes_pairs(b, l, cc, kc, p_l.start_offset());
+            if slots.is_some() && !pairs {
+                candle_core::bail!("fused conv: a slot map needs the paired kernel");
+            }
             let n_out = b * l * cc;
             let n_state = b * (kc - 1) * cc;
             // SAFETY: the kernel writes every output element and every state element.
             let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
             let (mut out, mut ns) = dst.split_at_mut(n_out);
+            let kernel = match (pairs, p_bf16.is_some()) {
+                (true, true) => "gdn_conv_pairs_bf16",
+                (true, false) => "gdn_conv_pairs",
+                (false, _) => kernel,
+            };
             let func = module(&dev)?.load_function(kernel).w()?;
             let stream = dev.cuda_stream();
-            // one thread per channel, each row block taking runs of CONV_ROWS of the
-            // B·L + B·(Kc−1) rows (the kernel's constant)
-            const CONV_ROWS: usize = 16;
-            let rows = b * l + b * (kc - 1);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    cc.div_ceil(256) as u32,
-                    rows.div_ceil(CONV_ROWS).clamp(1, 65_535) as u32,
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+            let cfg = if pairs {
+                // a thread per channel pair and run of CONV_RUN tokens of one row; one more row
+                // block per batch row writes its new state
+                LaunchConfig {
+                    grid_dim: (
+                        (cc / 2).div_ceil(CONV_PAIR_THREADS) as u32,
+                        (l.div_ceil(CONV_RUN) + 1) as u32,
+                        b as u32,
+                    ),
+                    block_dim: (CONV_PAIR_THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            } else {
+                // one thread per channel, each row block taking runs of CONV_ROWS of the
+                // B·L + B·(Kc−1) rows (the kernel's constant)
+                const CONV_ROWS: usize = 16;
+                let rows = b * l + b * (kc - 1);
+                LaunchConfig {
+                    grid_dim: (
+                        cc.div_ceil(256) as u32,
+                        rows.div_ceil(CONV_ROWS).clamp(1, 65_535) as u32,
+                        1,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                }
             };
             let (b_i, l_i, cc_i, kc_i) = (b as i32, l as i32, cc as i32, kc as i32);
             let null: u64 = 0;
@@ -493,14 +589,23 @@ mod cuda {
                 Some(v) => builder.arg(v),
                 None => builder.arg(&null),
             };
+            if pairs {
+                match &slots {
+                    Some(v) => builder.arg(v),
+                    None => builder.arg(&null),
+                };
+            }
             builder.arg(&mut out);
             builder.arg(&mut ns);
-            builder.arg(&b_i);
+            if !pairs {
+                builder.arg(&b_i);
+            }
             builder.arg(&l_i);
             builder.arg(&cc_i);
             builder.arg(&kc_i);
-            // SAFETY: argument types and order match the kernel's signature; shapes were
-            // checked by `conv`.
+            // SAFETY: argument types and order match the chosen kernel's signature (the paired
+            // kernel takes the slot map after the lengths and no batch size: its grid has it);
+            // shapes were checked by `conv`.
             unsafe { builder.launch(cfg) }.w()?;
             drop(builder);
             Ok((
@@ -513,12 +618,14 @@ mod cuda {
     pub(super) fn conv(
         p: &Tensor,
         state: &Tensor,
+        slot_of_row: Option<&Tensor>,
         weight: &Tensor,
         lengths: Option<&[usize]>,
     ) -> Result<(Tensor, Tensor)> {
         let (b, l, cc) = p.dims3()?;
         let (wc, kc) = weight.dims2()?;
-        if wc != cc || kc == 0 || state.dims() != [b, kc - 1, cc] {
+        let states = check_slots(slot_of_row, b, state.dim(0)?)?;
+        if wc != cc || kc == 0 || state.dims() != [states, kc - 1, cc] {
             candle_core::bail!(
                 "fused conv: p {:?}, state {:?}, weight {:?} do not fit",
                 p.dims(),
@@ -537,16 +644,23 @@ mod cuda {
             None => None,
         };
         let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
-        let op = CausalConvSilu {
-            state: f32c(state)?,
-            weight: f32c(weight)?,
-            lengths,
-        };
         // bf16 p is read as is (exact upcast in the kernel); any other dtype goes through f32
         let p = if p.dtype() == DType::BF16 {
             p.contiguous()?
         } else {
             f32c(p)?
+        };
+        let pairs = takes_pairs(b, l, cc, kc, p.layout().start_offset());
+        // The per-channel kernel reads state row b for row b: gather the rows for it.
+        let (state, slots) = match slot_of_row {
+            Some(idx) if !pairs => (state.index_select(idx, 0)?, None),
+            other => (state.clone(), other.map(Tensor::contiguous).transpose()?),
+        };
+        let op = CausalConvSilu {
+            state: f32c(&state)?,
+            slots,
+            weight: f32c(weight)?,
+            lengths,
         };
         // (B·L·Cc + B·(Kc−1)·Cc,) -> (B, L, Cc), (B, Kc−1, Cc)
         let flat = p.apply_op1_no_bwd(&op)?;
@@ -558,11 +672,26 @@ mod cuda {
         Ok((out, new_state))
     }
 
+    /// Checks an optional row → state-row map of `rows` rows against `states` retained rows;
+    /// returns the state rows the call must be given (`rows` without a map).
+    fn check_slots(slots: Option<&Tensor>, rows: usize, states: usize) -> Result<usize> {
+        let Some(t) = slots else { return Ok(rows) };
+        if t.dtype() != DType::U32 || t.dims() != [rows] {
+            candle_core::bail!(
+                "fused GDN: slot_of_row is {:?} {:?}, expected u32 ({rows},)",
+                t.dtype(),
+                t.dims()
+            );
+        }
+        Ok(states)
+    }
+
     pub(super) fn run(
         qkv: &Tensor,
         beta: &Tensor,
         g: &Tensor,
         state: &Tensor,
+        slot_of_row: Option<&Tensor>,
         dims: &GdnDims,
         chunked: bool,
     ) -> Result<(Tensor, Tensor)> {
@@ -583,11 +712,12 @@ mod cuda {
                 );
             }
         }
-        if state.dims() != [b, hv, dk, dv] {
+        let states = check_slots(slot_of_row, b, state.dim(0)?)?;
+        if state.dims() != [states, hv, dk, dv] {
             candle_core::bail!(
                 "fused GDN: state is {:?}, expected {:?}",
                 state.dims(),
-                [b, hv, dk, dv]
+                [states, hv, dk, dv]
             );
         }
         let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
@@ -595,6 +725,7 @@ mod cuda {
             beta: f32c(beta)?,
             g: f32c(g)?,
             state: f32c(state)?,
+            slots: slot_of_row.map(Tensor::contiguous).transpose()?,
             dims: *dims,
             chunked,
         };

@@ -343,22 +343,61 @@ impl GdnLayer {
             &self.dims,
             x.device(),
         );
-        self.forward_with(x, state, padding, rule)
+        self.forward_with(x, state, None, padding, rule)
     }
 
-    /// Run the layer with an explicit delta-rule form (tests compare the two forms).
+    /// Run `B` rows that continue rows of `state` (`S` rows): row `b` continues state row
+    /// `slot_of_row[b]`, several rows may continue one (a scoring pass forked from a prefix).
+    /// The same result as [`GdnLayer::forward`] from `state.select_rows(slot_of_row)`; the
+    /// fused CUDA kernels read each row's state in place instead of copying it per row.
+    pub fn forward_from_slots(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        slot_of_row: &[u32],
+        padding: Option<&RightPadding>,
+    ) -> Result<(Tensor, GdnState), CandleError> {
+        let rule = DeltaRule::for_call(
+            x.dims().get(1).copied().unwrap_or(0),
+            &self.dims,
+            x.device(),
+        );
+        self.forward_with(x, state, Some(slot_of_row), padding, rule)
+    }
+
+    /// Run the layer with an explicit delta-rule form (tests compare the forms), optionally
+    /// from state rows picked per row ([`GdnLayer::forward_from_slots`]).
     pub fn forward_with(
         &self,
         x: &Tensor,
         state: &GdnState,
+        slot_of_row: Option<&[u32]>,
         padding: Option<&RightPadding>,
         rule: DeltaRule,
     ) -> Result<(Tensor, GdnState), CandleError> {
         let (b, l, _) = x.dims3().map_err(CandleError::tensor("gdn.input"))?;
-        if state.batch() != b {
-            return Err(CandleError::InvalidRequest {
-                reason: format!("GDN state holds {} rows, input has {b}", state.batch()),
-            });
+        match slot_of_row {
+            None if state.batch() != b => {
+                return Err(CandleError::InvalidRequest {
+                    reason: format!("GDN state holds {} rows, input has {b}", state.batch()),
+                });
+            }
+            Some(slots) if slots.len() != b => {
+                return Err(CandleError::InvalidRequest {
+                    reason: format!("{} row slots for an input of {b} rows", slots.len()),
+                });
+            }
+            Some(slots) => {
+                if let Some(bad) = slots.iter().find(|&&s| s as usize >= state.batch()) {
+                    return Err(CandleError::InvalidRequest {
+                        reason: format!(
+                            "row slot {bad} out of range: the GDN state holds {} rows",
+                            state.batch()
+                        ),
+                    });
+                }
+            }
+            None => {}
         }
         if let Some(pad) = padding {
             if pad.lengths().len() != b || pad.padded_len() != l {
@@ -371,7 +410,7 @@ impl GdnLayer {
                 });
             }
         }
-        self.run(x, state, padding, rule)
+        self.run(x, state, slot_of_row, padding, rule)
             .map_err(CandleError::tensor("gdn.forward"))
     }
 
@@ -379,6 +418,7 @@ impl GdnLayer {
         &self,
         x: &Tensor,
         state: &GdnState,
+        slot_of_row: Option<&[u32]>,
         padding: Option<&RightPadding>,
         rule: DeltaRule,
     ) -> candle_core::Result<(Tensor, GdnState)> {
@@ -394,6 +434,17 @@ impl GdnLayer {
         let act = x.dtype();
 
         let dev = x.device();
+        // Rows continuing picked state rows: the fused kernels read them through the map, the
+        // candle forms from a gathered copy (B, ..).
+        let gathered;
+        let (state, slots) = match slot_of_row {
+            Some(rows) if rule != DeltaRule::Fused => {
+                gathered = state.select_rows(rows)?;
+                (&gathered, None)
+            }
+            Some(rows) => (state, Some(Tensor::new(rows, dev)?)),
+            None => (state, None),
+        };
         // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
         // The fused kernels read bf16 projections directly (an exact upcast inside each kernel),
         // so the four cast passes only run on the candle path and for other dtypes.
@@ -417,7 +468,7 @@ impl GdnLayer {
         let (c, conv_state) = profile::region("gdn.conv", dev, || {
             if rule == DeltaRule::Fused {
                 let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
-                fused::causal_conv_silu(&p, &state.conv, &self.conv, lengths)
+                fused::causal_conv_silu(&p, &state.conv, slots.as_ref(), &self.conv, lengths)
             } else {
                 conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)
             }
@@ -453,6 +504,7 @@ impl GdnLayer {
                     &beta,
                     &g,
                     &state.recurrent,
+                    slots.as_ref(),
                     &self.dims,
                     act != DType::F32,
                 )

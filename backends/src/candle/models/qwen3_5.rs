@@ -12,8 +12,8 @@
 //! before `o_proj`; no biases unless `attention_bias`. GDN parameters `A_log`, `dt_bias`,
 //! `conv1d` and `norm` are read in f32 whatever the compute dtype.
 //!
-//! State: a GDN layer continues from `LayerPast::Linear` (one shared prefix state broadcast to
-//! every row, or one stacked state per row after a slot merge) and returns its new conv +
+//! State: a GDN layer continues from `LayerPast::Linear` (one shared prefix state read by every
+//! row, or the states of several slots with each row's slot after a slot merge) and returns its new conv +
 //! recurrent state as the update; right-padded rows of a scoring call leave it exactly where
 //! their last real token put it (β = 0, g = 0, per-row conv gather, see `gated_deltanet`).
 
@@ -27,7 +27,7 @@ use crate::candle::linear::QuantSummary;
 use crate::candle::mlp::Mlp;
 use crate::candle::norm::RmsNorm;
 use crate::candle::rope::Rope;
-use crate::candle::state::{LayerPast, LayerUpdate};
+use crate::candle::state::{LayerPast, LayerUpdate, StateRows};
 use crate::candle::step::Step;
 use crate::candle::weights::Weights;
 use crate::error::CandleError;
@@ -93,32 +93,37 @@ impl LinearAttention {
         Ok(LinearAttention { layer })
     }
 
-    /// The state the `rows` of this call start from: zeros, the shared prefix state broadcast
-    /// to every row (copied, the source is untouched), or the per-row stacked states.
+    /// The state the `rows` of this call start from: zeros, or retained states with the state
+    /// row each call row continues (`None`: row b continues row b). A shared prefix state is
+    /// not copied per row: every row reads its one row through the map.
     fn start_state(
         &self,
         past: &LayerPast,
         rows: usize,
         device: &Device,
-    ) -> Result<GdnState, CandleError> {
+    ) -> Result<(GdnState, Option<Vec<u32>>), CandleError> {
         let op = CandleError::tensor("gdn start state");
         match past {
-            LayerPast::Empty => GdnState::zeros(self.layer.dims(), rows, device).map_err(op),
+            LayerPast::Empty => Ok((
+                GdnState::zeros(self.layer.dims(), rows, device).map_err(op)?,
+                None,
+            )),
             LayerPast::Linear {
                 conv,
                 recurrent,
-                shared,
+                rows: which,
             } => {
                 let state = GdnState {
                     conv: conv.clone(),
                     recurrent: recurrent.clone(),
                 };
-                if *shared && rows != state.batch() {
-                    // (1, ...) -> (B, ...)
-                    state.select_rows(&vec![0u32; rows]).map_err(op)
-                } else {
-                    Ok(state)
-                }
+                let slots = match which {
+                    StateRows::Shared if rows == state.batch() => None,
+                    // (1, ...) read by every row
+                    StateRows::Shared => Some(vec![0u32; rows]),
+                    StateRows::Slots(slots) => Some(slots.clone()),
+                };
+                Ok((state, slots))
             }
             LayerPast::Attention { .. } => Err(CandleError::InvalidRequest {
                 reason: "linear-attention layer given an attention K/V state".into(),
@@ -142,7 +147,7 @@ impl Mixer for LinearAttention {
         past: &LayerPast,
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
-        let state = self.start_state(past, step.rows, x.device())?;
+        let (state, slots) = self.start_state(past, step.rows, x.device())?;
         let padding = if step.valid.iter().any(|&v| v < step.len) {
             let pad = RightPadding::new(step.valid.clone(), step.len).ok_or_else(|| {
                 CandleError::InvalidRequest {
@@ -153,7 +158,12 @@ impl Mixer for LinearAttention {
         } else {
             None
         };
-        let (y, next) = self.layer.forward(x, &state, padding.as_ref())?;
+        let (y, next) = match &slots {
+            Some(slots) => self
+                .layer
+                .forward_from_slots(x, &state, slots, padding.as_ref())?,
+            None => self.layer.forward(x, &state, padding.as_ref())?,
+        };
         Ok((
             y,
             LayerUpdate::Linear {
