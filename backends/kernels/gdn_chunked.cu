@@ -48,7 +48,13 @@ using namespace nvcuda;
 constexpr int C = 64;        // tokens per chunk
 constexpr int NT = 256;      // threads per block (8 warps)
 constexpr int WARPS = NT / 32;
-constexpr int TILE = 32;     // value columns per scan block
+#ifndef GDN_SCAN_TILE
+#define GDN_SCAN_TILE 32
+#endif
+constexpr int TILE = GDN_SCAN_TILE;  // value columns per scan block (16 or 32)
+// The scan's warps: one per 16 × 16 tile of a chunk's C × TILE block of V' and O.
+constexpr int SCAN_WARPS = (C / 16) * (TILE / 16);
+constexpr int SCAN_NT = 32 * SCAN_WARPS;
 constexpr int PC = C + 8;    // padded row of a C × C matrix in the scan's shared memory
 constexpr int PCT = C + 4;   // the same in prep (keeps its three regions at 2 · C · PCT each)
 constexpr int SLD = TILE + 8;  // padded row of a scan tile
@@ -328,7 +334,7 @@ __device__ void prep_body(const float* __restrict__ qkv, const float* __restrict
 __device__ __forceinline__ void copy_async(float* dst, int ss, const float* src, int64_t gs,
                                            int rows, int cols) {
     const int q = cols / 4;
-    for (int e = threadIdx.x; e < rows * q; e += NT) {
+    for (int e = threadIdx.x; e < rows * q; e += SCAN_NT) {
         const int r = e / q, c = 4 * (e % q);
         __pipeline_memcpy_async(dst + r * ss + c, src + r * gs + c, 16);
     }
@@ -354,7 +360,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
     const int slot = slot_of_row ? slot_of_row[b] : b;
     const int tile_cols = min(TILE, dv - c0);  // a multiple of 16 (dv is)
     const float* S0 = s0 + ((int64_t)slot * Hv + h) * DK * dv;
-    for (int e = tid; e < DK * TILE; e += NT) {
+    for (int e = tid; e < DK * TILE; e += SCAN_NT) {
         const int d = e / TILE, j = e % TILE;
         S[d * SLD + j] = j < tile_cols ? S0[(int64_t)d * dv + c0 + j] : 0.f;
     }
@@ -383,7 +389,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
     issue(0, 1);
     issue(0, 2);
     issue(0, 3);
-    // the (row tile, column tile) of V' and O this warp computes: C/16 × TILE/16 = 8 = WARPS
+    // the (row tile, column tile) of V' and O this warp computes: C/16 × TILE/16 = SCAN_WARPS
     const int rt = warp / (TILE / 16), ct = warp % (TILE / 16);
     const bool ct_ok = ct * 16 < tile_cols;
     for (int chunk = 0; chunk < nc; ++chunk) {
@@ -439,7 +445,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
         issue(chunk + 1, 2);
         __pipeline_wait_prior(2);
         __syncthreads();  // G3 landed
-        for (int e = tid; e < C * TILE; e += NT) {
+        for (int e = tid; e < C * TILE; e += SCAN_NT) {
             const int i = e / TILE, j = e % TILE;
             const int t = chunk * C + i;
             if (t < L && j < tile_cols)
@@ -449,12 +455,12 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
         // A warp's tiles (job warp + 8m) share their column of V', so one B fragment serves all.
         {
             constexpr int JOBS = (DK / 16) * (TILE / 16);
-            constexpr int M = (JOBS + WARPS - 1) / WARPS;
+            constexpr int M = (JOBS + SCAN_WARPS - 1) / SCAN_WARPS;
             const int sc = warp % (TILE / 16);
             FragC sacc[M];
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                const int job = warp + WARPS * m;
+                const int job = warp + SCAN_WARPS * m;
                 if (job < JOBS) {
                     wmma::load_matrix_sync(sacc[m], S + (job / (TILE / 16)) * 16 * SLD + sc * 16,
                                            SLD, wmma::mem_row_major);
@@ -469,7 +475,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
                 tf32(bm);
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const int job = warp + WARPS * m;
+                    const int job = warp + SCAN_WARPS * m;
                     if (job < JOBS) {
                         FragAT a;
                         wmma::load_matrix_sync(a, Ks + k * 8 * PK + (job / (TILE / 16)) * 16, PK);
@@ -480,7 +486,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
             }
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                const int job = warp + WARPS * m;
+                const int job = warp + SCAN_WARPS * m;
                 if (job < JOBS)
                     wmma::store_matrix_sync(S + (job / (TILE / 16)) * 16 * SLD + sc * 16, sacc[m],
                                             SLD, wmma::mem_row_major);
@@ -492,7 +498,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
     __pipeline_wait_prior(0);
     __syncthreads();
     float* S1 = s1 + ((int64_t)b * Hv + h) * DK * dv;
-    for (int e = tid; e < DK * TILE; e += NT) {
+    for (int e = tid; e < DK * TILE; e += SCAN_NT) {
         const int d = e / TILE, j = e % TILE;
         if (j < tile_cols) S1[(int64_t)d * dv + c0 + j] = S[d * SLD + j];
     }
@@ -506,7 +512,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
         int dv, float q_scale, float eps) {                                                      \
         prep_body<DK>(qkv, beta, g, ws, L, Hk, Hv, dv, q_scale, eps);                            \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_scan_dk##DK(                      \
+    extern "C" __global__ void __launch_bounds__(SCAN_NT) gdn_chunk_scan_dk##DK(                      \
         const float* ws, const float* s0, const int32_t* slot_of_row, float* out, float* s1,     \
         int L, int Hv, int dv, int nc) {                                                         \
         scan_body<DK>(ws, s0, slot_of_row, out, s1, L, Hv, dv, nc);                              \
