@@ -13,6 +13,7 @@ const KERNELS: &[&str] = &[
     "vocab_topk",
     "swiglu",
     "gdn_chunked",
+    "add_rms_norm",
 ];
 
 fn main() {

@@ -921,3 +921,82 @@ fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
     }
     report.finish("cuda_quantized_q8_0_tracks_cpu_q8_0");
 }
+
+/// The fused residual add + RMSNorm kernel against candle's add then rmsnorm, in f32 and bf16,
+/// over the hidden sizes of the supported models' shapes and one-row calls.
+#[test]
+fn cuda_add_rms_norm_equals_add_then_norm() {
+    use candle_core::{DType, Tensor};
+    use forkscore_backends::candle::residual_norm::{add_rms_norm, reference};
+    let Ok(dev) = DeviceSpec::Cuda(0).open() else {
+        eprintln!("SKIPPED: no CUDA device");
+        return;
+    };
+    let mut seed = 0xadd_u64;
+    let mut rand = |shape: &[usize], scale: f32, dtype: DType| -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &dev)
+            .and_then(|t| t.to_dtype(dtype))
+            .expect("tensor")
+    };
+    let max_abs = |a: &Tensor, b: &Tensor| -> (f32, f32) {
+        let f = |t: &Tensor| t.to_dtype(DType::F32).expect("f32");
+        let d = (f(a) - f(b))
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("diff");
+        let r = f(b)
+            .abs()
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("max");
+        (d, r)
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        for shape in [
+            [3usize, 17, 2560],
+            [1, 5, 896],
+            [2, 1, 1536],
+            [1, 300, 4096],
+        ] {
+            let d = shape[2];
+            let x = rand(&shape, 4.0, dtype);
+            let m = rand(&shape, 2.0, dtype);
+            let w = rand(&[d], 1.5, dtype);
+            let (s_f, n_f) = add_rms_norm(&x, &m, &w, 1e-6).expect("fused");
+            let (s_r, n_r) = reference(&x, &m, &w, 1e-6).expect("reference");
+            assert_eq!(s_f.dims(), &shape);
+            assert_eq!(n_f.dims(), &shape);
+            let (ds, rs) = max_abs(&s_f, &s_r);
+            let (dn, rn) = max_abs(&n_f, &n_r);
+            println!(
+                "add_rms_norm {dtype:?} {shape:?}: |Δsum| {ds:e} (max {rs:.2}), |Δnormed| {dn:e} (max {rn:.2})"
+            );
+            // the sum is the same rounding of the same values; the norm differs only in the
+            // f32 summation order of mean(x²): f32 to ~1e-6 relative, bf16 to one ulp
+            let (sum_tol, norm_tol) = match dtype {
+                DType::F32 => (0.0, 1e-5 * rn),
+                _ => (rs / 128.0, rn / 64.0),
+            };
+            assert!(
+                ds <= sum_tol,
+                "{dtype:?} {shape:?}: sum {ds:e} > {sum_tol:e}"
+            );
+            assert!(
+                dn <= norm_tol,
+                "{dtype:?} {shape:?}: normed {dn:e} > {norm_tol:e}"
+            );
+        }
+    }
+}

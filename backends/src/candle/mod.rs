@@ -40,6 +40,7 @@ pub mod mask;
 pub mod mlp;
 mod models;
 mod norm;
+pub mod residual_norm;
 mod rope;
 mod shards;
 mod step;

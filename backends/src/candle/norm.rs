@@ -50,4 +50,18 @@ impl RmsNorm {
         };
         candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(CandleError::tensor("rms_norm"))
     }
+
+    /// The residual add before this norm, fused with it where a kernel runs it
+    /// ([`super::residual_norm`]): `(x + m, norm(x + m))`, both `(.., dim)`.
+    pub fn add_forward(&self, x: &Tensor, m: &Tensor) -> Result<(Tensor, Tensor), CandleError> {
+        let w = if x.dtype() == self.weight.dtype() {
+            self.weight.clone()
+        } else {
+            self.weight
+                .to_dtype(x.dtype())
+                .map_err(CandleError::tensor("rms_norm weight dtype"))?
+        };
+        super::residual_norm::add_rms_norm(x, m, &w, self.eps)
+            .map_err(CandleError::tensor("residual add + rms_norm"))
+    }
 }

@@ -114,12 +114,26 @@ mod cuda {
         let n = rows * f;
         // SAFETY: the kernel writes every one of the n outputs.
         let mut out = unsafe { dev.alloc::<T>(n)? };
+        // 16-byte vectors where every row is whole vectors and the input starts aligned
+        // (allocations are; a view's offset may not be), else one element per thread
+        let width = 16 / std::mem::size_of::<T>();
+        let vec = f % width == 0
+            && (start * std::mem::size_of::<T>()) % 16 == 0
+            && n / width < u32::MAX as usize;
+        let name = if vec {
+            name.replacen("swiglu_", "swiglu_vec_", 1)
+        } else {
+            name.to_string()
+        };
+        let threads_needed = if vec { n / width } else { n };
         let func = cuda_module::load(dev, "swiglu", FATBIN)?
-            .load_function(name)
+            .load_function(&name)
             .w()?;
         let cfg = LaunchConfig {
             grid_dim: (
-                (n as u64).div_ceil(THREADS as u64).clamp(1, 1 << 20) as u32,
+                (threads_needed as u64)
+                    .div_ceil(THREADS as u64)
+                    .clamp(1, 1 << 20) as u32,
                 1,
                 1,
             ),

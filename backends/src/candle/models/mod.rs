@@ -5,7 +5,9 @@
 //!
 //! Backbone call: ids `(B, L)` -> embed `(B, L, D)` -> per layer
 //! `x += mixer(norm1(x), past, step); x += mlp(norm2(x))` -> hidden `(B, L, D)` (before the final
-//! norm, which [`Backbone::logits`] applies to the gathered last positions only).
+//! norm, which [`Backbone::logits`] applies to the gathered last positions only). Each residual
+//! add runs with the norm that reads its result (`RmsNorm::add_forward`: one kernel on CUDA);
+//! the MLP's add is carried into the next layer as a [`Residual`].
 //! Adding an architecture: a variant of [`Architecture`], a file here with
 //! `pub(crate) fn load(&ModelConfig, &Weights) -> Result<Backbone, CandleError>`, one match arm.
 
@@ -75,38 +77,74 @@ impl DecoderLayer {
         }
     }
 
-    /// `(B, L, D) -> (B, L, D)`.
+    /// `(B, L, D) -> (B, L, D)`, the output left as the residual stream plus the MLP output
+    /// (the next layer adds it in one kernel with its input norm, [`Residual`]).
     fn forward(
         &self,
-        x: &Tensor,
+        x: Residual,
         past: &LayerPast,
         step: &Step,
-    ) -> Result<(Tensor, LayerUpdate), CandleError> {
-        let add = CandleError::tensor("residual add");
+    ) -> Result<(Residual, LayerUpdate), CandleError> {
         let region = self.region();
-        let (m, update) = profile::region(region, x.device(), || {
-            self.mixer.forward(&self.input_norm.forward(x)?, past, step)
-        })?;
-        let x = (x + m).map_err(add)?;
-        let m = profile::region("mlp", x.device(), || {
-            self.mlp.forward(&self.post_norm.forward(&x)?)
-        })?;
-        let x = (x + m).map_err(CandleError::tensor("residual add"))?;
-        Ok((x, update))
+        let (x, h) = x.add_norm(&self.input_norm)?;
+        let (m, update) =
+            profile::region(region, x.device(), || self.mixer.forward(&h, past, step))?;
+        let (x, h) = self.post_norm.add_forward(&x, &m)?;
+        let m = profile::region("mlp", x.device(), || self.mlp.forward(&h))?;
+        Ok((
+            Residual {
+                x,
+                pending: Some(m),
+            },
+            update,
+        ))
     }
 
     /// The layer's state update alone: its output (mixer output, residual, MLP) is not computed.
     fn state_update(
         &self,
-        x: &Tensor,
+        x: Residual,
         past: &LayerPast,
         step: &Step,
     ) -> Result<LayerUpdate, CandleError> {
         let region = self.region();
-        profile::region(region, x.device(), || {
-            self.mixer
-                .state_update(&self.input_norm.forward(x)?, past, step)
+        let (_, h) = x.add_norm(&self.input_norm)?;
+        profile::region(region, h.device(), || {
+            self.mixer.state_update(&h, past, step)
         })
+    }
+}
+
+/// The residual stream between decoder layers: `x`, and the previous layer's MLP output when
+/// it is not added yet — the next layer adds it in the same pass as its input norm
+/// ([`RmsNorm::add_forward`]), the last one by [`Residual::finish`].
+pub(crate) struct Residual {
+    x: Tensor,
+    pending: Option<Tensor>,
+}
+
+impl Residual {
+    fn new(x: Tensor) -> Self {
+        Residual { x, pending: None }
+    }
+
+    /// The stream with the pending output added, and its norm under `norm`.
+    fn add_norm(self, norm: &RmsNorm) -> Result<(Tensor, Tensor), CandleError> {
+        match self.pending {
+            Some(m) => norm.add_forward(&self.x, &m),
+            None => {
+                let h = norm.forward(&self.x)?;
+                Ok((self.x, h))
+            }
+        }
+    }
+
+    /// `(B, L, D)`: the stream with the pending output added.
+    fn finish(self) -> Result<Tensor, CandleError> {
+        match self.pending {
+            Some(m) => (self.x + m).map_err(CandleError::tensor("residual add")),
+            None => Ok(self.x),
+        }
     }
 }
 
@@ -149,9 +187,9 @@ impl Backbone {
         pasts: &[LayerPast],
         step: &Step,
     ) -> Result<(Tensor, Vec<LayerUpdate>), CandleError> {
-        let x = self.embed_ids(ids, pasts, step)?;
+        let x = Residual::new(self.embed_ids(ids, pasts, step)?);
         let mut updates = Vec::with_capacity(self.layers.len());
-        let x = run_layers(&self.layers, pasts, x, step, &mut updates)?;
+        let x = run_layers(&self.layers, pasts, x, step, &mut updates)?.finish()?;
         Ok((x, updates))
     }
 
@@ -165,13 +203,13 @@ impl Backbone {
         pasts: &[LayerPast],
         step: &Step,
     ) -> Result<Vec<LayerUpdate>, CandleError> {
-        let x = self.embed_ids(ids, pasts, step)?;
+        let x = Residual::new(self.embed_ids(ids, pasts, step)?);
         let mut updates = Vec::with_capacity(self.layers.len());
         if let (Some((last, layers)), Some((last_past, layer_pasts))) =
             (self.layers.split_last(), pasts.split_last())
         {
             let x = run_layers(layers, layer_pasts, x, step, &mut updates)?;
-            updates.push(last.state_update(&x, last_past, step)?);
+            updates.push(last.state_update(x, last_past, step)?);
         }
         Ok(updates)
     }
@@ -223,12 +261,12 @@ impl Backbone {
 fn run_layers(
     layers: &[DecoderLayer],
     pasts: &[LayerPast],
-    mut x: Tensor,
+    mut x: Residual,
     step: &Step,
     updates: &mut Vec<LayerUpdate>,
-) -> Result<Tensor, CandleError> {
+) -> Result<Residual, CandleError> {
     for (layer, past) in layers.iter().zip(pasts) {
-        let (next, update) = layer.forward(&x, past, step)?;
+        let (next, update) = layer.forward(x, past, step)?;
         x = next;
         updates.push(update);
     }
