@@ -14,7 +14,8 @@
 #    all rows batched over the shared prefix) for each precision, and llama-bench measures the
 #    prefill of the longest prefix and decode.
 # Env: THREADS (nproc), REPEATS (3), LLAMA_DIR (/tmp/llama-peer), LLAMA_VERSION (11434.0.0),
-#      KV (f32: the K/V cache type of the F32 run; the Q8_0 run keeps llama.cpp's f16 default).
+#      KV (f32: the K/V cache type of the F32 run; the Q8_0 run keeps llama.cpp's f16 default),
+#      TYPES ("f32 q8_0": the GGUF types converted, scored and benched).
 # Writes OUTDIR/{llama-f32.json, llama-q8_0.json, llama-bench.jsonl, llama.log}.
 set -euo pipefail
 OUT=${1:?usage: llama.sh OUTDIR}
@@ -60,7 +61,8 @@ g++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/vendor" \
   "$SRC/build/ggml/src/libggml-cpu.a" "$SRC/build/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl \
   -o "$L/llama_peer"
 name=$(basename "$CKPT")
-for t in f32 q8_0; do
+TYPES=${TYPES:-f32 q8_0}
+for t in $TYPES; do
   if [ ! -f "$L/$name-$t.gguf" ]; then
     echo "== convert $CKPT to GGUF $t"
     PYTHONPATH="$SRC/gguf-py" "$PYTHON" "$SRC/convert_hf_to_gguf.py" "$CKPT" --outtype "$t" \
@@ -70,11 +72,13 @@ done
 echo "== llama.cpp $(cd "$SRC" && git describe --tags 2>/dev/null || echo "$VERSION"), $THREADS threads"
 "$L/llama_peer" "$L/$name-f32.gguf" "$DUMP" "$OUT/llama-f32.json" "$THREADS" "$REPEATS" "${KV:-f32}" 2>&1 \
   | grep "^\[llama.cpp\]"
-"$L/llama_peer" "$L/$name-q8_0.gguf" "$DUMP" "$OUT/llama-q8_0.json" "$THREADS" "$REPEATS" f16 2>&1 \
-  | grep "^\[llama.cpp\]"
+if [[ " $TYPES " == *" q8_0 "* ]]; then
+  "$L/llama_peer" "$L/$name-q8_0.gguf" "$DUMP" "$OUT/llama-q8_0.json" "$THREADS" "$REPEATS" f16 2>&1 \
+    | grep "^\[llama.cpp\]"
+fi
 P=$("$PYTHON" -c 'import json,sys; print(max(len(c["prefix_ids"]) for c in json.load(open(sys.argv[1]))["cases"]))' "$DUMP")
 : > "$OUT/llama-bench.jsonl"
-for t in f32 q8_0; do
+for t in $TYPES; do
   "$SRC/build/bin/llama-bench" -m "$L/$name-$t.gguf" -p "$P" -n 16 -t "$THREADS" -r "$REPEATS" -o jsonl \
     >> "$OUT/llama-bench.jsonl" 2>> "$L/bench.log"
 done

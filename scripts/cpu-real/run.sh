@@ -9,7 +9,9 @@
 # gemm_peak.json, qmatmul.json, report.md, report.json, run.log}. Env: MODEL_DIR (default
 # OUTDIR/ckpt; the checkpoint is written there once), WORDS (context words, default 80 -> a
 # ~480-token prefix at 8 fields), REPEATS (3), SKIP_LLAMA=1 (no llama.cpp peer; see
-# scripts/cpu-real/llama.sh for its own knobs, e.g. LLAMA_DIR where its build is kept).
+# scripts/cpu-real/llama.sh for its own knobs, e.g. LLAMA_DIR where its build is kept),
+# F32_ONLY=1 (f32 only: no q8_0 / q4k / bf16 / independent runs, llama.cpp F32 only; ~12 min
+# instead of ~30 — for a change that touches the f32 path alone).
 set -euo pipefail
 OUT=${1:?usage: run.sh OUTDIR}
 mkdir -p "$OUT"
@@ -50,6 +52,7 @@ bench f32 3,8,28 parallel,cached-serial
 "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" --out "$OUT/peer-batched.json" \
   --label cpu --device cpu --dtype float32 --repeats 1 --budget-s 1 --modes batched \
   --cases "3:$WORDS,8:$WORDS"
+if [ "${F32_ONLY:-0}" != 1 ]; then
 bench q8_0 8,28 parallel,cached-serial q8_0
 bench q4k 8,28 parallel,cached-serial q4k
 # bf16 compute on this CPU (no native bf16 arithmetic on AVX2: measured, not assumed)
@@ -61,8 +64,10 @@ REPEATS=$REPEATS_SAVE
 "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32-independent.json" --model "$CKPT" \
   --out "$OUT/peer-independent.json" --label cpu --device cpu --dtype float32 --repeats 1 \
   --budget-s 1 --modes independent
+fi
 if [ "${SKIP_LLAMA:-0}" != 1 ]; then
-  PYTHON="$PYTHON" CKPT="$CKPT" DUMP="$OUT/dump-f32.json" REPEATS="$REPEATS" \
+  TYPES=$([ "${F32_ONLY:-0}" = 1 ] && echo f32 || echo "f32 q8_0")
+  PYTHON="$PYTHON" CKPT="$CKPT" DUMP="$OUT/dump-f32.json" REPEATS="$REPEATS" TYPES="$TYPES" \
     bash scripts/cpu-real/llama.sh "$OUT"
 fi
 "$PYTHON" scripts/cpu-real/gemm_peak.py --out "$OUT/gemm_peak.json"

@@ -94,11 +94,9 @@ mod cuda {
         let n = x.1.shape().elem_count();
         let d = x.1.shape().dims().last().copied().unwrap_or(0);
         let rows = n / d.max(1);
-        let view = |s: &CudaStorage, l: &Layout| -> Result<_> {
-            let start = l.start_offset();
-            Ok(s.as_cuda_slice::<T>()?.slice(start..start + n))
-        };
-        let (xv, mv) = (view(x.0, x.1)?, view(m.0, m.1)?);
+        let (xs, ms) = (x.1.start_offset(), m.1.start_offset());
+        let xv = x.0.as_cuda_slice::<T>()?.slice(xs..xs + n);
+        let mv = m.0.as_cuda_slice::<T>()?.slice(ms..ms + n);
         let (w_s, w_l) = w.storage_and_layout();
         let wv = cuda_module::contiguous_view::<T>(&w_s, w_l, "add_rms_norm", "weight")?;
         // SAFETY: the kernel writes all 2·n outputs (every row's sum and normed halves).
