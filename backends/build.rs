@@ -2,6 +2,7 @@
 //! fat binary per source (machine code for `CUDA_COMPUTE_CAP`, default 90 → sm_90a, plus
 //! compute_80 PTX that the driver can compile for any other GPU from Ampere on), embedded in the
 //! library with `include_bytes!`. Without the feature nothing is compiled and nothing is needed.
+//! With the `openblas` feature it links the system OpenBLAS for the CPU f32 linear layers.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,6 +23,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     for k in KERNELS {
         println!("cargo:rerun-if-changed=kernels/{k}.cu");
+    }
+    if std::env::var_os("CARGO_FEATURE_OPENBLAS").is_some() {
+        // the system OpenBLAS (Debian / Ubuntu: libopenblas-dev)
+        println!("cargo:rustc-link-lib=openblas");
     }
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

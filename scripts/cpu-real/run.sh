@@ -11,7 +11,8 @@
 # ~480-token prefix at 8 fields), REPEATS (3), SKIP_LLAMA=1 (no llama.cpp peer; see
 # scripts/cpu-real/llama.sh for its own knobs, e.g. LLAMA_DIR where its build is kept),
 # F32_ONLY=1 (f32 only: no q8_0 / q4k / bf16 / independent runs, llama.cpp F32 only; ~12 min
-# instead of ~30 — for a change that touches the f32 path alone).
+# instead of ~30 — for a change that touches the f32 path alone), FEATURES (cargo features of
+# the forkscore build, e.g. `openblas`: f32 linear layers through the system OpenBLAS).
 set -euo pipefail
 OUT=${1:?usage: run.sh OUTDIR}
 mkdir -p "$OUT"
@@ -23,7 +24,7 @@ REPEATS=${REPEATS:-3}
 MODEL_DIR=${MODEL_DIR:-$OUT/ckpt}
 exec > >(tee -a "$OUT/run.log") 2>&1
 cd "$REPO"
-echo "== $(date -u +%FT%TZ) commit $(git rev-parse HEAD 2>/dev/null || echo unknown), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== $(date -u +%FT%TZ) commit $(git rev-parse HEAD 2>/dev/null || echo unknown), $(nproc) cores, features: ${FEATURES:-none}, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # 1. the seeded checkpoint (transformers' own init under torch.manual_seed(0), f32)
 if [ ! -f "$MODEL_DIR/qwen25-0.5b/.done" ]; then
@@ -32,15 +33,16 @@ fi
 CKPT=$MODEL_DIR/qwen25-0.5b
 
 # 2. build once, then time each configuration
-cargo bench -p forkscore-benches --bench modes --no-run
-cargo bench -p forkscore-benches --bench qmatmul --no-run
+FEAT=(${FEATURES:+--features "$FEATURES"})
+cargo bench -p forkscore-benches "${FEAT[@]}" --bench modes --no-run
+cargo bench -p forkscore-benches "${FEAT[@]}" --bench qmatmul --no-run
 bench() { # NAME FIELDS MODES [QUANTIZE]
   local name=$1 fields=$2 modes=$3 q=${4:-}
   echo "== forkscore $name: fields $fields, modes $modes, quantize ${q:-none}"
   env FORKSCORE_BENCH_MODEL="$CKPT" FORKSCORE_BENCH_FIELDS="$fields" FORKSCORE_BENCH_WORDS="$WORDS" \
     FORKSCORE_BENCH_REPEATS="$REPEATS" FORKSCORE_BENCH_MODES="$modes" FORKSCORE_BENCH_OUT="$OUT/$name" \
     FORKSCORE_BENCH_DUMP="$OUT/dump-$name.json" FORKSCORE_BENCH_PROFILE=1 \
-    ${q:+FORKSCORE_BENCH_QUANTIZE=$q} cargo bench -p forkscore-benches --bench modes
+    ${q:+FORKSCORE_BENCH_QUANTIZE=$q} cargo bench -p forkscore-benches "${FEAT[@]}" --bench modes
   mv "$OUT/$name/modes.json" "$OUT/modes-$name.json" && rmdir "$OUT/$name"
 }
 bench f32 3,8,28 parallel,cached-serial
@@ -71,6 +73,6 @@ if [ "${SKIP_LLAMA:-0}" != 1 ]; then
     bash scripts/cpu-real/llama.sh "$OUT"
 fi
 "$PYTHON" scripts/cpu-real/gemm_peak.py --out "$OUT/gemm_peak.json"
-FORKSCORE_BENCH_OUT="$OUT" cargo bench -p forkscore-benches --bench qmatmul
+FORKSCORE_BENCH_OUT="$OUT" cargo bench -p forkscore-benches "${FEAT[@]}" --bench qmatmul
 "$PYTHON" scripts/cpu-real/report.py "$OUT"
 echo "== $(date -u +%FT%TZ) done, load: $(cut -d' ' -f1-3 /proc/loadavg)"

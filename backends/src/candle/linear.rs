@@ -139,7 +139,7 @@ impl Linear {
     /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`].
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Linear::Dense(l) => l.forward(x),
+            Linear::Dense(l) => dense(x, l.weight(), l.bias()),
             Linear::Quantized {
                 weight, bias, ggml, ..
             } => {
@@ -177,7 +177,7 @@ impl Linear {
             Linear::Quantized { blocks, bias, .. } => {
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
-                let y = candle_nn::Linear::new(w, None).forward(x)?;
+                let y = dense(x, &w, None)?;
                 add_bias(y, bias)
             }
         }
@@ -217,6 +217,20 @@ fn quantize_rows_parallel(
         .collect::<candle_core::Result<Vec<Vec<u8>>>>()?;
     let bytes = parts.concat();
     candle_core::quantized::ggml_file::qtensor_from_ggml(ggml, &bytes, vec![out, in_dim], device)
+}
+
+/// `x (.., in) · w (out, in)ᵀ (+ bias)`: candle's matmul, or on the CPU in f32 with the
+/// `openblas` feature one `cblas_sgemm` ([`super::cpu_blas`]).
+fn dense(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "openblas")]
+    if super::cpu_blas::takes(x, w) {
+        let y = super::cpu_blas::linear(x, w)?;
+        return match bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
+    }
+    candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)
 }
 
 fn add_bias(y: Tensor, bias: &Option<Tensor>) -> candle_core::Result<Tensor> {

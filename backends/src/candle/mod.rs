@@ -28,6 +28,8 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
+#[cfg(feature = "openblas")]
+mod cpu_blas;
 #[cfg(feature = "cuda")]
 mod cuda_module;
 #[cfg(feature = "cuda")]
