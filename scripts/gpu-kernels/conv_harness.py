@@ -23,6 +23,9 @@ import tempfile
 import cupy as cp
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gdn_chunk_harness import time_loop_ms as time_ms  # noqa: E402  (events around back-to-back calls)
+
 SRC = os.environ.get("GDN_SRC") or os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "gdn_recurrent.cu")
 ROWS = 16  # CONV_ROWS of the kernel source (and of the Rust launcher)
 
@@ -79,21 +82,6 @@ def reference(p, state, w, lens):
     ns = torch.stack([x[b, int(lens[b]) if lens is not None else L: (int(lens[b]) if lens is not None else L) + Kc - 1]
                       for b in range(B)])
     return out, ns
-
-
-def time_ms(fn, reps=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / reps)
-    return sorted(ts)[len(ts) // 2]
 
 
 def main():

@@ -91,32 +91,36 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let block = out.div_ceil(threads).next_multiple_of(16).min(out);
     let y_addr = y.as_mut_ptr() as usize;
     use rayon::prelude::*;
-    (0..out).step_by(block).collect::<Vec<_>>().par_iter().for_each(|&n0| {
-        let nb = block.min(out - n0);
-        // SAFETY: the extents fit i32 (`takes`); a is rows × k row-major and b the nb rows
-        // n0.. of the out × k weight, both in bounds (sliced above); c starts at column n0 of
-        // the rows × out output (capacity reserved above) with row stride out, and the blocks
-        // write disjoint columns. With beta = 0 sgemm writes every element of its block
-        // without reading it.
-        unsafe {
-            ffi::cblas_sgemm(
-                ROW_MAJOR,
-                NO_TRANS,
-                TRANS,
-                rows as i32,
-                nb as i32,
-                k as i32,
-                1.0,
-                xd.as_ptr(),
-                k as i32,
-                wd.as_ptr().add(n0 * k),
-                k as i32,
-                0.0,
-                (y_addr as *mut f32).add(n0),
-                out as i32,
-            );
-        }
-    });
+    (0..out)
+        .step_by(block)
+        .collect::<Vec<_>>()
+        .par_iter()
+        .for_each(|&n0| {
+            let nb = block.min(out - n0);
+            // SAFETY: the extents fit i32 (`takes`); a is rows × k row-major and b the nb rows
+            // n0.. of the out × k weight, both in bounds (sliced above); c starts at column n0 of
+            // the rows × out output (capacity reserved above) with row stride out, and the blocks
+            // write disjoint columns. With beta = 0 sgemm writes every element of its block
+            // without reading it.
+            unsafe {
+                ffi::cblas_sgemm(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    TRANS,
+                    rows as i32,
+                    nb as i32,
+                    k as i32,
+                    1.0,
+                    xd.as_ptr(),
+                    k as i32,
+                    wd.as_ptr().add(n0 * k),
+                    k as i32,
+                    0.0,
+                    (y_addr as *mut f32).add(n0),
+                    out as i32,
+                );
+            }
+        });
     // SAFETY: the column blocks cover [0, out) of every row, so all rows × out elements are
     // written.
     unsafe { y.set_len(rows * out) };
@@ -137,7 +141,11 @@ mod tests {
     #[test]
     fn openblas_linear_equals_candle_matmul() -> Result<()> {
         let dev = Device::Cpu;
-        for (xdims, out) in [(vec![37usize, 96], 130usize), (vec![2, 19, 64], 48), (vec![1, 1, 896], 7)] {
+        for (xdims, out) in [
+            (vec![37usize, 96], 130usize),
+            (vec![2, 19, 64], 48),
+            (vec![1, 1, 896], 7),
+        ] {
             let k = *xdims.last().unwrap();
             let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
             let w = Tensor::randn(0f32, 1.0, (out + 3, k), &dev)?.narrow(0, 3, out)?;
@@ -149,7 +157,11 @@ mod tests {
                 let got = linear(&x, w)?;
                 let want = x.broadcast_matmul(&w.t()?)?;
                 assert_eq!(got.dims(), want.dims());
-                let d = (&got - &want)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+                let d = (&got - &want)?
+                    .abs()?
+                    .flatten_all()?
+                    .max(0)?
+                    .to_scalar::<f32>()?;
                 let r = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
                 assert!(d <= 1e-5 * r.max(1.0), "{xdims:?}: {d:e} (max {r})");
             }

@@ -41,27 +41,25 @@ impl RmsNorm {
         let x = x
             .contiguous()
             .map_err(CandleError::tensor("rms_norm contiguous"))?;
-        let w = if x.dtype() == self.weight.dtype() {
-            self.weight.clone()
-        } else {
-            self.weight
-                .to_dtype(x.dtype())
-                .map_err(CandleError::tensor("rms_norm weight dtype"))?
-        };
+        let w = self.weight_in(x.dtype())?;
         candle_nn::ops::rms_norm(&x, &w, self.eps).map_err(CandleError::tensor("rms_norm"))
     }
 
     /// The residual add before this norm, fused with it where a kernel runs it
     /// ([`super::residual_norm`]): `(x + m, norm(x + m))`, both `(.., dim)`.
     pub fn add_forward(&self, x: &Tensor, m: &Tensor) -> Result<(Tensor, Tensor), CandleError> {
-        let w = if x.dtype() == self.weight.dtype() {
-            self.weight.clone()
-        } else {
-            self.weight
-                .to_dtype(x.dtype())
-                .map_err(CandleError::tensor("rms_norm weight dtype"))?
-        };
+        let w = self.weight_in(x.dtype())?;
         super::residual_norm::add_rms_norm(x, m, &w, self.eps)
             .map_err(CandleError::tensor("residual add + rms_norm"))
+    }
+
+    /// The weight in `dtype` (the stored one when it already is).
+    fn weight_in(&self, dtype: candle_core::DType) -> Result<Tensor, CandleError> {
+        if dtype == self.weight.dtype() {
+            return Ok(self.weight.clone());
+        }
+        self.weight
+            .to_dtype(dtype)
+            .map_err(CandleError::tensor("rms_norm weight dtype"))
     }
 }

@@ -338,12 +338,7 @@ impl GdnLayer {
         state: &GdnState,
         padding: Option<&RightPadding>,
     ) -> Result<(Tensor, GdnState), CandleError> {
-        let rule = DeltaRule::for_call(
-            x.dims().get(1).copied().unwrap_or(0),
-            &self.dims,
-            x.device(),
-        );
-        self.forward_with(x, state, None, padding, rule)
+        self.forward_with(x, state, None, padding, self.rule_for(x))
     }
 
     /// Run `B` rows that continue rows of `state` (`S` rows): row `b` continues state row
@@ -357,12 +352,16 @@ impl GdnLayer {
         slot_of_row: &[u32],
         padding: Option<&RightPadding>,
     ) -> Result<(Tensor, GdnState), CandleError> {
-        let rule = DeltaRule::for_call(
+        self.forward_with(x, state, Some(slot_of_row), padding, self.rule_for(x))
+    }
+
+    /// The delta-rule form of a call on `x (B, L, D)` ([`DeltaRule::for_call`]).
+    fn rule_for(&self, x: &Tensor) -> DeltaRule {
+        DeltaRule::for_call(
             x.dims().get(1).copied().unwrap_or(0),
             &self.dims,
             x.device(),
-        );
-        self.forward_with(x, state, Some(slot_of_row), padding, rule)
+        )
     }
 
     /// Run the layer with an explicit delta-rule form (tests compare the forms), optionally
