@@ -123,6 +123,27 @@ pub fn takes_flash(
         && masks.past.is_some() == masks.past_start.is_some()
 }
 
+/// `(B, Hkv, L, hd) -> (Hkv, B, L, hd)`, contiguous: K/V in the KV-head-major layout.
+fn kv_major(t: &Tensor, what: &'static str) -> Result<Tensor, CandleError> {
+    t.transpose(0, 1)
+        .and_then(|t| t.contiguous())
+        .map_err(op(what))
+}
+
+/// `(Hkv, B, G, L, hd)` (any shape of that many elements) -> `(B, L, Hkv, G, hd)` ->
+/// `(B, L, H*hd)`, the attention output ready for `o_proj`.
+fn merge_heads(
+    out: &Tensor,
+    dims: (usize, usize, usize, usize, usize),
+) -> Result<Tensor, CandleError> {
+    let (hkv, b, g, l, hd) = dims;
+    out.reshape((hkv, b, g, l, hd))
+        .and_then(|o| o.permute((1, 3, 0, 2, 4)))
+        .and_then(|o| o.contiguous())
+        .and_then(|o| o.reshape((b, l, hkv * g * hd)))
+        .map_err(op("attention out"))
+}
+
 /// Queries per block of [`attend_causal_blocks`].
 const CAUSAL_BLOCK: usize = 128;
 
@@ -174,10 +195,8 @@ fn attend_causal_blocks(
         .and_then(|q| q.reshape((b, hkv, g, l, hd)))
         .and_then(|q| q.transpose(0, 1))
         .map_err(op("attention q layout"))?;
-    // (B, Hkv, L, hd) -> (Hkv, B, L, hd)
-    let kv_major = |t: &Tensor| t.transpose(0, 1).and_then(|t| t.contiguous());
-    let k = kv_major(k_new).map_err(op("attention k layout"))?;
-    let v = kv_major(v_new).map_err(op("attention v layout"))?;
+    let k = kv_major(k_new, "attention k layout")?;
+    let v = kv_major(v_new, "attention v layout")?;
     // (1, 1, 1, L, L)
     let causal = mask.tensor()?;
     let mut outs = Vec::with_capacity(l.div_ceil(CAUSAL_BLOCK));
@@ -212,12 +231,9 @@ fn attend_causal_blocks(
             .map_err(op("attention block values"))?;
         outs.push(ob);
     }
-    // (Hkv, B, G, L, hd) -> (B, L, Hkv, G, hd) -> (B, L, H*hd)
-    Tensor::cat(&outs, 3)
-        .and_then(|o| o.permute((1, 3, 0, 2, 4)))
-        .and_then(|o| o.contiguous())
-        .and_then(|o| o.reshape((b, l, h * hd)))
-        .map_err(op("attention out"))
+    // n-blocks of (Hkv, B, G, n, hd) -> (Hkv, B, G, L, hd)
+    let out = Tensor::cat(&outs, 3).map_err(op("attention out"))?;
+    merge_heads(&out, (hkv, b, g, l, hd))
 }
 
 /// The candle path over the whole `L × (P + L)` score matrix.
@@ -239,13 +255,8 @@ fn attend_full(
         .and_then(|q| q.transpose(0, 1))
         .and_then(|q| q.contiguous())
         .map_err(op("attention q layout"))?;
-    // (B, Hkv, L, hd) -> (Hkv, B, L, hd)
-    let kv_major = |t: &Tensor| t.transpose(0, 1).and_then(|t| t.contiguous());
-    let (k_new, v_new) = (kv_major(k_new), kv_major(v_new));
-    let (k_new, v_new) = (
-        k_new.map_err(op("attention k layout"))?,
-        v_new.map_err(op("attention v layout"))?,
-    );
+    let k_new = kv_major(k_new, "attention k layout")?;
+    let v_new = kv_major(v_new, "attention v layout")?;
 
     // new part: (Hkv, B, G*L, hd) x (Hkv, B, hd, L) -> (Hkv, B, G, L, L) f32
     let s_new = q
@@ -317,12 +328,8 @@ fn attend_full(
             .map_err(op("attention past values"))?;
         out = (out + pp).map_err(op("attention sum"))?;
     }
-    // (Hkv, B, G, L, hd) -> (B, L, Hkv, G, hd) -> (B, L, H*hd)
-    out.reshape((hkv, b, g, l, hd))
-        .and_then(|o| o.permute((1, 3, 0, 2, 4)))
-        .and_then(|o| o.contiguous())
-        .and_then(|o| o.reshape((b, l, h * hd)))
-        .map_err(op("attention out"))
+    // (Hkv, B, G*L, hd)
+    merge_heads(&out, (hkv, b, g, l, hd))
 }
 
 #[cfg(test)]

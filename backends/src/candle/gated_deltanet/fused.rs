@@ -455,6 +455,8 @@ mod cuda {
         /// `(B,)` u32: the state row each batch row continues (None: row b continues row b).
         /// Only with the paired kernel ([`conv`] gathers the state rows for the other one).
         slots: Option<Tensor>,
+        /// The paired kernel runs ([`takes_pairs`], decided by [`conv`] on the input it passes).
+        pairs: bool,
         weight: Tensor,
         /// `(B,)` u32 lengths, or None when no row is padded.
         lengths: Option<Tensor>,
@@ -532,7 +534,7 @@ mod cuda {
                 Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
                 None => None,
             };
-            let pairs = takes_pairs(b, l, cc, kc, p_l.start_offset());
+            let pairs = self.pairs;
             if slots.is_some() && !pairs {
                 candle_core::bail!("fused conv: a slot map needs the paired kernel");
             }
@@ -659,6 +661,7 @@ mod cuda {
         let op = CausalConvSilu {
             state: f32c(&state)?,
             slots,
+            pairs,
             weight: f32c(weight)?,
             lengths,
         };
