@@ -22,10 +22,12 @@ impl Tolerance {
     };
     /// CPU f32 vs CPU f32 on raw logits of the tiny models, whose logits spread to |x| ≈ 50 on
     /// purpose: one f32 ulp at 32–64 is 3.8e-6, and a different summation order (chunked vs
-    /// one-shot prefill, batched vs single-row matmuls) moves a logit by a few ulps.
+    /// one-shot prefill, batched vs single-row matmuls) moves a logit by a few ulps. Measured:
+    /// 3.05e-5 on a chunked vs one-shot prefill's top log-probabilities (`vocab` test, Qwen2.5,
+    /// CPU attention kernel; 2.29e-5 through the candle attention ops), so 4e-5.
     pub const CPU_F32_LOGITS: Tolerance = Tolerance {
         name: "cpu-f32-logits",
-        abs: 3e-5,
+        abs: 4e-5,
     };
     /// CPU f32 vs CPU f32 on raw logits of the tiny models when rows are batched, right-padded
     /// or slot-merged in random mixes (the scoring proptests) vs each row alone: the matmul

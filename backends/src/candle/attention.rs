@@ -25,6 +25,7 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Tensor, D};
 
+use super::cpu_attention;
 use super::flash_attention;
 use crate::error::CandleError;
 
@@ -108,6 +109,16 @@ pub fn attend(
         };
         return flash_attention::attend(q, k_new, v_new, past.as_ref(), masks.past_start, tree);
     }
+    if takes_cpu_kernel(q, k_new, v_new, past.as_ref(), masks) {
+        return cpu_attention::attend(
+            q,
+            k_new,
+            v_new,
+            past.as_ref(),
+            masks.past_start,
+            masks.new_keys,
+        );
+    }
     attend_candle(q, k_new, v_new, past, masks)
 }
 
@@ -120,6 +131,19 @@ pub fn takes_flash(
 ) -> bool {
     kernel() == AttentionKernel::Fastest
         && flash_attention::supports(q, k_new, past)
+        && masks.past.is_some() == masks.past_start.is_some()
+}
+
+/// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::cpu_attention`]).
+pub fn takes_cpu_kernel(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    past: Option<&PastKv<'_>>,
+    masks: &AttnMasks<'_>,
+) -> bool {
+    kernel() == AttentionKernel::Fastest
+        && cpu_attention::supports(q, k_new, v_new, past)
         && masks.past.is_some() == masks.past_start.is_some()
 }
 
@@ -149,8 +173,9 @@ const CAUSAL_BLOCK: usize = 128;
 
 /// The candle path: scores materialised in f32, one softmax over past ++ new keys. A causal
 /// call without a past (a prefill, or the first chunk of one) of more than one block of
-/// queries takes [`attend_causal_blocks`], which skips the keys the mask hides.
-fn attend_candle(
+/// queries takes [`attend_causal_blocks`], which skips the keys the mask hides. The reference
+/// the faster forms are tested against.
+pub(crate) fn attend_candle(
     q: &Tensor,
     k_new: &Tensor,
     v_new: &Tensor,
@@ -223,12 +248,15 @@ fn attend_causal_blocks(
             })
             .map_err(op("attention block scores"))?;
         // (Hkv, B, G*n, end) x (Hkv, B, end, hd) -> (Hkv, B, G, n, hd)
-        let ob = candle_nn::ops::softmax_last_dim(&scores)
-            .and_then(|p| p.to_dtype(dtype))
-            .and_then(|p| p.reshape((hkv, b, g * n, end)))
-            .and_then(|p| p.matmul(&vb))
-            .and_then(|o| o.reshape((hkv, b, g, n, hd)))
-            .map_err(op("attention block values"))?;
+        let dev = scores.device().clone();
+        let ob = super::profile::region("attention.softmax", &dev, || {
+            candle_nn::ops::softmax_last_dim(&scores)
+        })
+        .and_then(|p| p.to_dtype(dtype))
+        .and_then(|p| p.reshape((hkv, b, g * n, end)))
+        .and_then(|p| p.matmul(&vb))
+        .and_then(|o| o.reshape((hkv, b, g, n, hd)))
+        .map_err(op("attention block values"))?;
         outs.push(ob);
     }
     // n-blocks of (Hkv, B, G, n, hd) -> (Hkv, B, G, L, hd)
@@ -302,9 +330,11 @@ fn attend_full(
             Tensor::cat(&[&s_past, &s_new], D::Minus1).map_err(op("attention cat scores"))?
         }
     };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)
-        .and_then(|p| p.to_dtype(dtype))
-        .map_err(op("attention softmax"))?;
+    let probs = super::profile::region("attention.softmax", scores.device(), || {
+        candle_nn::ops::softmax_last_dim(&scores)
+    })
+    .and_then(|p| p.to_dtype(dtype))
+    .map_err(op("attention softmax"))?;
 
     let p = slots_p.map(|(_, p)| p).unwrap_or(0);
     // (Hkv, B, G*L, L) x (Hkv, B, L, hd) -> (Hkv, B, G*L, hd)
@@ -373,7 +403,7 @@ mod tests {
             };
             let blocked = attend_causal_blocks(&q, &k, &v, &mask).expect("blocked");
             let full = attend_full(&q, &k, &v, None, &masks).expect("full");
-            let through_attend = attend(&q, &k, &v, None, &masks).expect("attend");
+            let through_candle = attend_candle(&q, &k, &v, None, &masks).expect("candle");
             let d = (&blocked - &full)
                 .and_then(|d| d.abs())
                 .and_then(|d| d.flatten_all())
@@ -382,14 +412,14 @@ mod tests {
                 .expect("diff");
             worst = worst.max(d);
             assert_eq!(blocked.dims(), &[b, l, h * hd]);
-            let same: Vec<f32> = (&through_attend - &blocked)
+            let same: Vec<f32> = (&through_candle - &blocked)
                 .and_then(|d| d.abs())
                 .and_then(|d| d.flatten_all())
                 .and_then(|d| d.to_vec1())
-                .expect("attend");
+                .expect("candle path");
             assert!(
                 same.iter().all(|x| *x == 0.0),
-                "attend takes the blocked form"
+                "the candle path takes the blocked form"
             );
         }
         assert!(worst <= 1e-5, "blocked vs full: {worst:e}");

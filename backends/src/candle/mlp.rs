@@ -6,6 +6,7 @@ use candle_core::Tensor;
 
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
+use super::profile;
 use super::swiglu;
 use super::weights::Weights;
 use crate::error::CandleError;
@@ -90,17 +91,22 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, CandleError> {
         let h = match &self.gate_up {
             GateUp::Separate { gate, up } => {
-                let gate = apply(gate, x, "mlp gate")?; // (B, L, F)
-                let up = apply(up, x, "mlp up")?; // (B, L, F)
-                candle_nn::ops::silu(&gate)
-                    .and_then(|g| g * up)
-                    .map_err(CandleError::tensor("mlp swiglu"))?
+                let dev = x.device();
+                let (gate, up) = profile::region("mlp.gate_up", dev, || {
+                    Ok::<_, CandleError>((apply(gate, x, "mlp gate")?, apply(up, x, "mlp up")?))
+                })?; // (B, L, F) each
+                profile::region("mlp.act", dev, || {
+                    candle_nn::ops::silu(&gate)
+                        .and_then(|g| g * up)
+                        .map_err(CandleError::tensor("mlp swiglu"))
+                })?
             }
             GateUp::Stacked(l) => {
                 let gu = apply(l, x, "mlp gate|up")?; // (B, L, 2F)
                 swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))? // (B, L, F)
             }
         };
-        apply(&self.down, &h, "mlp down") // (B, L, D)
+        profile::region("mlp.down", h.device(), || apply(&self.down, &h, "mlp down"))
+        // (B, L, D)
     }
 }

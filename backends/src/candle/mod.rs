@@ -28,8 +28,10 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
+mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
+mod cpu_math;
 #[cfg(feature = "cuda")]
 mod cuda_module;
 #[cfg(feature = "cuda")]

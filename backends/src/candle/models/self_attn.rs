@@ -14,6 +14,7 @@ use crate::candle::config::LayerKind;
 use crate::candle::linear::{Linear, QuantSummary};
 use crate::candle::mlp::{apply, linear};
 use crate::candle::norm::RmsNorm;
+use crate::candle::profile;
 use crate::candle::state::{LayerPast, LayerUpdate};
 use crate::candle::step::Step;
 use crate::candle::weights::Weights;
@@ -162,7 +163,8 @@ impl Mixer for SelfAttention {
         past: &LayerPast,
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
-        let (q, k, v, gate) = self.project(x, step)?;
+        let dev = x.device();
+        let (q, k, v, gate) = profile::region("attention.project", dev, || self.project(x, step))?;
         let past_kv = match past {
             LayerPast::Empty => None,
             LayerPast::Attention { k, v } => Some(PastKv { k, v }),
@@ -172,13 +174,17 @@ impl Mixer for SelfAttention {
                 })
             }
         };
-        let mut o = attend(&q, &k, &v, past_kv, &step.masks())?; // (B, L, H*hd)
+        let mut o = profile::region("attention.core", dev, || {
+            attend(&q, &k, &v, past_kv, &step.masks())
+        })?; // (B, L, H*hd)
         if let Some(gate) = gate {
             o = candle_nn::ops::sigmoid(&gate)
                 .and_then(|g| o * g)
                 .map_err(op("output gate"))?;
         }
-        let out = apply(&self.o_proj, &o, "o_proj")?; // (B, L, D)
+        let out = profile::region("attention.o_proj", dev, || {
+            apply(&self.o_proj, &o, "o_proj")
+        })?; // (B, L, D)
         Ok((out, LayerUpdate::Attention { k, v }))
     }
 
