@@ -544,7 +544,7 @@ mod tests {
         let v = rand(&[c.b, c.hkv, c.l, c.hd], seed);
         let pk = rand(&[c.hkv, c.slots, c.p, c.hd], seed);
         let pv = rand(&[c.hkv, c.slots, c.p, c.hd], seed);
-        let past = (c.p > 0).then(|| PastKv { k: &pk, v: &pv });
+        let past = (c.p > 0).then_some(PastKv { k: &pk, v: &pv });
         let new_keys = match (&c.tree, c.l) {
             (Some(parents), _) => Some(NewKeysMask::tree(parents, &dev).expect("tree")),
             (None, 1) => None,

@@ -36,11 +36,12 @@ const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
-/// Whether CPU f32 linear layers go through OpenBLAS (the default with the feature).
+/// Whether CPU f32 linear layers go through OpenBLAS (`FORKSCORE_CPU_GEMM=openblas`, or
+/// with the feature on a CPU without AVX2 + FMA; see [`super::cpu_gemm::choice`]).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let on = std::env::var("FORKSCORE_CPU_GEMM").map_or(true, |v| v.trim() != "candle");
+        let on = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::OpenBlas;
         if on {
             // OpenBLAS runs single-threaded inside the rayon threads (see `linear`): its own
             // worker threads keep spinning after each call and would take the cores from the

@@ -24,6 +24,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
+use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use crate::error::CandleError;
 
 /// One linear layer.
@@ -31,6 +32,11 @@ use crate::error::CandleError;
 pub(crate) enum Linear {
     /// `W (out, in)` in the compute dtype (candle's GEMM).
     Dense(candle_nn::Linear),
+    /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu_gemm`]; `bias (out,)` f32.
+    Packed {
+        weight: Arc<PackedWeight>,
+        bias: Option<Tensor>,
+    },
     /// `W` quantized; `bias (out,)` in the compute dtype.
     Quantized {
         weight: QMatMul,
@@ -78,9 +84,77 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
 }
 
 impl Linear {
-    /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype.
+    /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype:
+    /// an f32 weight on the CPU is packed for [`super::cpu_gemm`] when that kernel runs here
+    /// ([`cpu_gemm::choice`]), anything else keeps candle's tensor.
     pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        if weight.device().is_cpu()
+            && weight.dtype() == DType::F32
+            && cpu_gemm::choice() == CpuGemm::Packed
+        {
+            if let Ok(packed) = PackedWeight::pack(&weight) {
+                return Linear::Packed {
+                    weight: Arc::new(packed),
+                    bias,
+                };
+            }
+        }
         Linear::Dense(candle_nn::Linear::new(weight, bias))
+    }
+
+    /// The layers stacked along `out` into one (`[a; b; …]`, biases likewise): all dense, or
+    /// all packed, with one `in` and either all or none with a bias; `None` otherwise (the
+    /// caller keeps them separate).
+    pub fn stack(parts: &[&Linear]) -> Result<Option<Self>, CandleError> {
+        let biases: Option<Vec<&Tensor>> = parts
+            .iter()
+            .map(|l| match l {
+                Linear::Dense(d) => d.bias(),
+                Linear::Packed { bias, .. } => bias.as_ref(),
+                Linear::Quantized { bias, .. } => bias.as_ref(),
+            })
+            .collect();
+        let with_bias = parts.iter().filter(|l| l.bias().is_some()).count();
+        if parts.is_empty() || (with_bias != 0 && with_bias != parts.len()) {
+            return Ok(None);
+        }
+        let bias = match biases {
+            Some(b) if !b.is_empty() => {
+                Some(Tensor::cat(&b, 0).map_err(CandleError::tensor("stack biases"))?)
+            }
+            _ => None,
+        };
+        let dense: Option<Vec<&Tensor>> = parts
+            .iter()
+            .map(|l| match l {
+                Linear::Dense(d) => Some(d.weight()),
+                _ => None,
+            })
+            .collect();
+        if let Some(ws) = dense {
+            let w = Tensor::cat(&ws, 0).map_err(CandleError::tensor("stack weights"))?;
+            return Ok(Some(Linear::Dense(candle_nn::Linear::new(w, bias))));
+        }
+        let packed: Option<Vec<&PackedWeight>> = parts
+            .iter()
+            .map(|l| match l {
+                Linear::Packed { weight, .. } => Some(weight.as_ref()),
+                _ => None,
+            })
+            .collect();
+        Ok(packed
+            .and_then(|ws| PackedWeight::stack(&ws))
+            .map(|w| Linear::Packed {
+                weight: Arc::new(w),
+                bias,
+            }))
+    }
+
+    fn bias(&self) -> Option<&Tensor> {
+        match self {
+            Linear::Dense(d) => d.bias(),
+            Linear::Packed { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        }
     }
 
     /// `weight (out, in)` quantized under `q` onto `device` (the source may sit on any device,
@@ -130,7 +204,7 @@ impl Linear {
     /// The ggml type of the weight, `None` when dense.
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
-            Linear::Dense(_) => None,
+            Linear::Dense(_) | Linear::Packed { .. } => None,
             Linear::Quantized { ggml, .. } => Some(*ggml),
         }
     }
@@ -140,6 +214,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
+            Linear::Packed { weight, bias } => add_bias(cpu_gemm::linear(x, weight)?, bias),
             Linear::Quantized {
                 weight, bias, ggml, ..
             } => {
@@ -161,6 +236,7 @@ impl Linear {
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
+            Linear::Packed { .. } => self.forward(x),
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
                 add_bias(y.to_dtype(x.dtype())?, bias)
@@ -174,6 +250,7 @@ impl Linear {
     pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
+            Linear::Packed { .. } => self.forward(x),
             Linear::Quantized { blocks, bias, .. } => {
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;

@@ -1,6 +1,6 @@
-//! Linear layers and the SwiGLU MLP: `down( silu(gate(x)) * up(x) )`. On CUDA the gate and up
-//! weights are stacked at load into one `(2F, D)` product whose output feeds one fused SwiGLU
-//! kernel (`super::swiglu`): two launches instead of four, one larger matrix product.
+//! Linear layers and the SwiGLU MLP: `down( silu(gate(x)) * up(x) )`. On CUDA and the CPU the
+//! gate and up weights are stacked at load into one `(2F, D)` product whose output feeds one
+//! fused SwiGLU pass (`super::swiglu`): two kernels instead of four, one larger matrix product.
 
 use candle_core::Tensor;
 
@@ -23,9 +23,9 @@ pub(crate) fn linear(
     w.linear(name, in_dim, out_dim, bias)
 }
 
-/// The gate and up projections: two products (CPU reference path, quantized weights), or one
-/// product with the weights stacked `(2F, D)` followed by the fused SwiGLU kernel (CUDA; see
-/// [`super::fusion`]).
+/// The gate and up projections: two products (the reference, and quantized weights), or one
+/// product with the weights stacked `(2F, D)` followed by the fused SwiGLU pass (dense weights
+/// on CUDA and the CPU; see [`super::fusion`]).
 enum GateUp {
     Separate { gate: Linear, up: Linear },
     Stacked(Linear),
@@ -59,14 +59,13 @@ impl Mlp {
             hidden,
             false,
         )?;
-        let gate_up = match (gate, up) {
-            (Linear::Dense(g), Linear::Dense(u)) if super::fusion::gate_up(w.device()) => {
-                // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
-                let stacked = Tensor::cat(&[g.weight(), u.weight()], 0)
-                    .map_err(CandleError::tensor("mlp gate|up stack"))?;
-                GateUp::Stacked(Linear::dense(stacked, None))
-            }
-            (gate, up) => GateUp::Separate { gate, up },
+        let gate_up = match super::fusion::gate_up(w.device()) {
+            // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
+            true => match Linear::stack(&[&gate, &up])? {
+                Some(stacked) => GateUp::Stacked(stacked),
+                None => GateUp::Separate { gate, up },
+            },
+            false => GateUp::Separate { gate, up },
         };
         Ok(Mlp { gate_up, down })
     }
@@ -102,8 +101,11 @@ impl Mlp {
                 })?
             }
             GateUp::Stacked(l) => {
-                let gu = apply(l, x, "mlp gate|up")?; // (B, L, 2F)
-                swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))? // (B, L, F)
+                let dev = x.device();
+                let gu = profile::region("mlp.gate_up", dev, || apply(l, x, "mlp gate|up"))?; // (B, L, 2F)
+                profile::region("mlp.act", dev, || {
+                    swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))
+                })? // (B, L, F)
             }
         };
         profile::region("mlp.down", h.device(), || apply(&self.down, &h, "mlp down"))

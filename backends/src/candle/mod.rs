@@ -31,6 +31,7 @@ pub mod state;
 mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
+mod cpu_gemm;
 mod cpu_math;
 #[cfg(feature = "cuda")]
 mod cuda_module;

@@ -65,10 +65,8 @@ mod cpu {
                     .for_each(|(src, dst)| {
                         for (gu, y) in src.chunks_exact(two_f).zip(dst.chunks_exact_mut(f)) {
                             let (gate, up) = gu.split_at(f);
-                            for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
-                                // candle's SiLU: v / (1 + e^-v)
-                                *y = g / (1.0 + (-g).exp()) * u;
-                            }
+                            // candle's SiLU: v / (1 + e^-v)
+                            crate::candle::cpu_math::silu_mul(gate, up, y);
                         }
                     });
             }
@@ -191,28 +189,33 @@ mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
 
-    /// The one-pass CPU form equals the candle ops form bit for bit (same SiLU formula, same
-    /// rounding order), for a row count that spans several rayon tasks, an odd F, and an input
-    /// that is not contiguous.
+    /// The one-pass CPU form equals the candle ops form to 4e-7 relative (same SiLU formula, a
+    /// vectorised `exp` within 1 ulp of libm's), for a row count that spans several rayon
+    /// tasks, an odd F, and an input that is not contiguous.
     #[test]
-    fn cpu_pass_equals_the_candle_ops_form_exactly() -> Result<()> {
+    fn cpu_pass_equals_the_candle_ops_form() -> Result<()> {
         let dev = Device::Cpu;
         for (rows, f) in [(1usize, 1usize), (3, 37), (41, 96)] {
             let gu = Tensor::randn(0f32, 3.0, (rows, 2 * f), &dev)?;
             let fused = swiglu(&gu)?;
             let reference = reference(&gu)?;
             assert_eq!(fused.dims(), &[rows, f]);
-            let diff = (fused - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert_eq!(diff, 0.0, "rows {rows}, F {f}");
+            let diff = ((&fused - &reference)?.abs()? - (reference.abs()? * 4e-7)?)?
+                .max_all()?
+                .to_scalar::<f32>()?;
+            assert!(
+                diff <= 1e-30,
+                "rows {rows}, F {f}: {diff:e} over 4e-7 relative"
+            );
         }
         // (B, L, 2F) strided: a transposed view is copied first, then fused
         let t = Tensor::randn(0f32, 1.0, (2, 8, 5), &dev)?.transpose(1, 2)?;
         assert!(!t.is_contiguous());
-        let diff = (swiglu(&t)? - reference(&t)?)?
-            .abs()?
+        let (fused, reference) = (swiglu(&t)?, reference(&t)?);
+        let diff = ((&fused - &reference)?.abs()? - (reference.abs()? * 4e-7)?)?
             .max_all()?
             .to_scalar::<f32>()?;
-        assert_eq!(diff, 0.0);
+        assert!(diff <= 1e-30, "strided: {diff:e} over 4e-7 relative");
         Ok(())
     }
 

@@ -88,25 +88,18 @@ impl SelfAttention {
         let q = linear(w, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?;
         let k = linear(w, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?;
         let v = linear(w, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?;
-        let qkv = match (q, k, v) {
-            (Linear::Dense(q), Linear::Dense(k), Linear::Dense(v))
-                if s.qkv_bias
-                    && !s.output_gate
-                    && s.qk_norm.is_none()
-                    && crate::candle::fusion::qkv(w.device()) =>
-            {
-                // (H·hd, D) ++ (Hkv·hd, D) ++ (Hkv·hd, D) -> rows [q | k | v]; biases alike
-                let weight = Tensor::cat(&[q.weight(), k.weight(), v.weight()], 0)
-                    .map_err(op("q|k|v stack"))?;
-                let bias = match (q.bias(), k.bias(), v.bias()) {
-                    (Some(qb), Some(kb), Some(vb)) => {
-                        Some(Tensor::cat(&[qb, kb, vb], 0).map_err(op("q|k|v bias stack"))?)
-                    }
-                    _ => None,
-                };
-                Qkv::Stacked(Linear::dense(weight, bias))
-            }
-            (q, k, v) => Qkv::Separate { q, k, v },
+        let stackable = s.qkv_bias
+            && !s.output_gate
+            && s.qk_norm.is_none()
+            && crate::candle::fusion::qkv(w.device());
+        // (H·hd, D) ++ (Hkv·hd, D) ++ (Hkv·hd, D) -> rows [q | k | v]; biases alike
+        let stacked = match stackable {
+            true => Linear::stack(&[&q, &k, &v])?,
+            false => None,
+        };
+        let qkv = match stacked {
+            Some(l) => Qkv::Stacked(l),
+            None => Qkv::Separate { q, k, v },
         };
         Ok(SelfAttention {
             qkv,

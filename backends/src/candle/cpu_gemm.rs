@@ -1,0 +1,476 @@
+//! f32 linear layers on x86 CPUs with AVX2 + FMA: `y = x Wᵀ` against a weight packed once at
+//! load time into panels of [`NR`] output columns (`(⌈out/16⌉, in, 16)`, k-major inside a
+//! panel), so no call packs the weight again, and a 6 × 16 register-tiled microkernel.
+//!
+//! Why: a linear layer through candle's matmul (the `gemm` crate) packs both operands on every
+//! call, and so does OpenBLAS through `cblas_sgemm`. Scoring passes multiply a few dozen rows
+//! by each weight, where packing the weight costs about as much as the product (measured on the
+//! 2-core bench machine, one thread, Qwen2.5-0.5B shapes: 32 × 896 → 4,864 ran at 43–52 GFLOP/s
+//! here against OpenBLAS's 30–38; a 480-row prefill product at 64–80 against 62–77).
+//!
+//! Per call: the activations `x (m, k)` are packed once into groups of [`MR`] rows
+//! (k-major inside a group, the microkernel broadcasts one element per row); the panels are
+//! split into one contiguous run per rayon thread; each thread walks its panels in blocks of
+//! [`NC_PANELS`], rows in blocks of [`MC`] and `k` in blocks of [`KC`] (for `k` up to
+//! [`SHORT_K`] the `k` loop is innermost, so each output tile is finished while it is in cache;
+//! for longer `k` it is outermost, so a panel block stays in cache across all rows). A ragged
+//! last panel is computed into a scratch strip and copied.
+//!
+//! The weight is packed only where the CPU has AVX2 and FMA (detected once); elsewhere layers
+//! keep candle's dense weight and matmul. `FORKSCORE_CPU_GEMM=candle` (or `openblas` with that
+//! feature) keeps the dense weight too, to compare. The equivalence tests hold this kernel to
+//! candle's matmul.
+
+use candle_core::{DType, Device, Result, Storage, Tensor};
+
+/// Output columns per panel (two 8-lane vectors).
+pub(crate) const NR: usize = 16;
+/// Rows per microkernel tile.
+const MR: usize = 6;
+/// `k` per block: a 16 KiB panel block and a 6 KiB row group stay in L1.
+const KC: usize = 256;
+/// Rows per block: a 72 × 256 packed block (72 KiB) stays in L2.
+const MC: usize = 72;
+/// Panels per block (128 columns).
+const NC_PANELS: usize = 8;
+/// Longest `k` that runs with the `k` loop innermost.
+const SHORT_K: usize = 1536;
+
+/// Which CPU GEMM f32 dense layers use, read once from `FORKSCORE_CPU_GEMM`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuGemm {
+    /// Weights packed at load, this module's kernel (the default where the CPU has AVX2 + FMA).
+    Packed,
+    /// The system OpenBLAS (`--features openblas`, `FORKSCORE_CPU_GEMM=openblas`).
+    OpenBlas,
+    /// candle's matmul (the reference; the default elsewhere).
+    Candle,
+}
+
+/// The GEMM this process runs CPU f32 linear layers with.
+pub(crate) fn choice() -> CpuGemm {
+    use std::sync::OnceLock;
+    static C: OnceLock<CpuGemm> = OnceLock::new();
+    *C.get_or_init(|| {
+        let asked = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
+        match asked.trim() {
+            "candle" => CpuGemm::Candle,
+            "openblas" if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
+            _ if kernel_available() => CpuGemm::Packed,
+            _ if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
+            _ => CpuGemm::Candle,
+        }
+    })
+}
+
+/// Whether this CPU runs the packed kernel (x86-64 with AVX2 and FMA).
+pub(crate) fn kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
+/// panel `p` is row `16p + c` of `W`; the last panel is zero-padded).
+#[derive(Debug, Clone)]
+pub(crate) struct PackedWeight {
+    n: usize,
+    k: usize,
+    panels: Vec<f32>,
+}
+
+impl PackedWeight {
+    /// Pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
+    pub fn pack(w: &Tensor) -> Result<Self> {
+        let (n, k) = w.dims2()?;
+        let host = w
+            .to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(Self::from_rows(&host, n, k))
+    }
+
+    fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
+        use rayon::prelude::*;
+        let count = n.div_ceil(NR);
+        let mut panels = vec![0f32; count * k * NR];
+        panels
+            .par_chunks_mut((k * NR).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..NR.min(n.saturating_sub(p * NR)) {
+                    let row = &w[(p * NR + c) * k..][..k];
+                    for (kk, &v) in row.iter().enumerate() {
+                        panel[kk * NR + c] = v;
+                    }
+                }
+            });
+        PackedWeight { n, k, panels }
+    }
+
+    /// `(out, in)`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The rows of `W`, `(n, k)` row-major.
+    fn rows(&self) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        let mut w = vec![0f32; n * k];
+        for (r, row) in w.chunks_exact_mut(k.max(1)).enumerate().take(n) {
+            let panel = &self.panels[(r / NR) * k * NR..];
+            for (kk, v) in row.iter_mut().enumerate() {
+                *v = panel[kk * NR + r % NR];
+            }
+        }
+        w
+    }
+
+    /// `W` as a dense `(n, k)` f32 tensor on the host.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn unpack(&self) -> Result<Tensor> {
+        Tensor::from_vec(self.rows(), (self.n, self.k), &Device::Cpu)
+    }
+
+    /// The weights stacked along `out` (`[a; b; …]`), all with one `in`; `None` for an empty
+    /// list or differing `in`. Whole panels are concatenated as they are when every part but
+    /// the last has a multiple of 16 rows; otherwise the rows are repacked.
+    pub fn stack(parts: &[&PackedWeight]) -> Option<Self> {
+        let k = parts.first()?.k;
+        if parts.iter().any(|p| p.k != k) {
+            return None;
+        }
+        let n = parts.iter().map(|p| p.n).sum();
+        let aligned = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
+        if aligned {
+            let panels = parts
+                .iter()
+                .flat_map(|p| p.panels.iter().copied())
+                .collect();
+            return Some(PackedWeight { n, k, panels });
+        }
+        let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();
+        Some(Self::from_rows(&rows, n, k))
+    }
+}
+
+/// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU. Errors (never panics) on a non-f32, non-CPU or
+/// mis-sized `x`.
+pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
+    let (n, k) = (w.n, w.k);
+    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
+        candle_core::bail!(
+            "packed linear: input {:?} {:?} on {:?} does not fit a ({n}, {k}) f32 CPU weight",
+            x.dims(),
+            x.dtype(),
+            x.device()
+        );
+    }
+    let m = x.elem_count() / k.max(1);
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    if m == 0 || n == 0 {
+        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
+    }
+    if !kernel_available() {
+        candle_core::bail!("packed linear: this CPU has no AVX2 + FMA");
+    }
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let Storage::Cpu(xc) = &*xs else {
+        candle_core::bail!("packed linear: input is not on the CPU");
+    };
+    let xd = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
+    let y = if k == 0 {
+        vec![0f32; m * n]
+    } else {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::product(xd, m, w)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            unreachable!("kernel_available() is false off x86-64")
+        }
+    };
+    drop(xs);
+    Tensor::from_vec(y, dims, &Device::Cpu)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use rayon::prelude::*;
+
+    use super::{PackedWeight, KC, MC, MR, NC_PANELS, NR, SHORT_K};
+
+    /// `x (m, k)` into groups of [`MR`] rows, k-major: `a[g][kk][r] = x[g·MR + r][kk]`
+    /// (missing rows of the last group are 0).
+    fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+        let groups = m.div_ceil(MR);
+        let mut a = vec![0f32; groups * MR * k];
+        a.par_chunks_mut(MR * k).enumerate().for_each(|(g, dst)| {
+            for r in 0..MR.min(m - g * MR) {
+                let src = &x[(g * MR + r) * k..][..k];
+                for (kk, &v) in src.iter().enumerate() {
+                    dst[kk * MR + r] = v;
+                }
+            }
+        });
+        a
+    }
+
+    /// `C (R, 16) (+)= A (R, kc) · B (kc, 16)`: `a` a packed row group at its block, `b` a
+    /// panel at its block, `c` row-major with row stride `ldc`; `first` overwrites `C`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn micro<const R: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        first: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if !first {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm256_loadu_ps(c.add(r * ldc));
+                acc[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
+            }
+        }
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*a.add(r));
+                acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(c.add(r * ldc), acc[0]);
+            _mm256_storeu_ps(c.add(r * ldc + 8), acc[1]);
+        }
+    }
+
+    /// Rows `ir..ir + rows` (≤ MR) of one tile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn micro_rows(
+        rows: usize,
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        first: bool,
+    ) {
+        match rows {
+            6 => micro::<6>(kc, a, b, c, ldc, first),
+            5 => micro::<5>(kc, a, b, c, ldc, first),
+            4 => micro::<4>(kc, a, b, c, ldc, first),
+            3 => micro::<3>(kc, a, b, c, ldc, first),
+            2 => micro::<2>(kc, a, b, c, ldc, first),
+            _ => micro::<1>(kc, a, b, c, ldc, first),
+        }
+    }
+
+    /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
+    pub(super) fn product(x: &[f32], m: usize, w: &PackedWeight) -> Vec<f32> {
+        let (n, k) = (w.n, w.k);
+        let a = pack_rows(x, m, k);
+        let panels = n.div_ceil(NR);
+        let threads = rayon::current_num_threads().clamp(1, panels);
+        let per = panels.div_ceil(threads);
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let y_addr = y.as_mut_ptr() as usize;
+        (0..panels)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(|p0| {
+                let p1 = (p0 + per).min(panels);
+                // SAFETY: the CPU has AVX2 + FMA (the caller checked `kernel_available`); `a` holds
+                // ⌈m/6⌉·6·k and the panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has
+                // capacity m·n and runs of panels write disjoint columns.
+                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32) };
+            });
+        // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
+        // first k block of each tile overwrites its output).
+        unsafe { y.set_len(m * n) };
+        y
+    }
+
+    /// Panels `p0..p1` of the product into `y (m, n)`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run(a: &[f32], m: usize, w: &PackedWeight, p0: usize, p1: usize, y: *mut f32) {
+        let (n, k) = (w.n, w.k);
+        // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
+        let ragged = n % NR != 0 && p1 == n.div_ceil(NR);
+        let mut strip = if ragged {
+            vec![0f32; m * NR]
+        } else {
+            Vec::new()
+        };
+        let strip_ptr = strip.as_mut_ptr();
+        let block = |jc: usize, ic: usize, pc: usize| {
+            let je = (jc + NC_PANELS).min(p1);
+            let mc = MC.min(m - ic);
+            let kc = KC.min(k - pc);
+            for p in jc..je {
+                let b = w.panels.as_ptr().add((p * k + pc) * NR);
+                let (c0, ldc) = if ragged && p == p1 - 1 {
+                    (strip_ptr, NR)
+                } else {
+                    (y.add(p * NR), n)
+                };
+                let mut ir = 0;
+                while ir < mc {
+                    let rows = MR.min(mc - ir);
+                    let row = ic + ir;
+                    let at = a.as_ptr().add(row * k + pc * MR);
+                    micro_rows(rows, kc, at, b, c0.add(row * ldc), ldc, pc == 0);
+                    ir += rows;
+                }
+            }
+        };
+        if k <= SHORT_K {
+            for jc in (p0..p1).step_by(NC_PANELS) {
+                for ic in (0..m).step_by(MC) {
+                    for pc in (0..k).step_by(KC) {
+                        block(jc, ic, pc);
+                    }
+                }
+            }
+        } else {
+            for pc in (0..k).step_by(KC) {
+                for jc in (p0..p1).step_by(NC_PANELS) {
+                    for ic in (0..m).step_by(MC) {
+                        block(jc, ic, pc);
+                    }
+                }
+            }
+        }
+        if ragged {
+            let (col0, width) = ((p1 - 1) * NR, n % NR);
+            for r in 0..m {
+                std::ptr::copy_nonoverlapping(
+                    strip.as_ptr().add(r * NR),
+                    y.add(r * n + col0),
+                    width,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0));
+        let s = b.abs().and_then(|d| d.flatten_all()).and_then(|d| d.max(0));
+        d.and_then(|d| d.to_scalar::<f32>()).expect("diff")
+            / s.and_then(|s| s.to_scalar::<f32>())
+                .expect("scale")
+                .max(1.0)
+    }
+
+    /// The packed kernel equals candle's matmul to f32 rounding on every tail there is: rows
+    /// that are not a multiple of 6 or of the row block, ragged last panels, `k` not a multiple
+    /// of the `k` block, a `k` above [`SHORT_K`] (the other loop order), 3-D inputs, a strided
+    /// input, and a single row.
+    #[test]
+    fn packed_linear_equals_candle_matmul() -> Result<()> {
+        if !kernel_available() {
+            eprintln!("no AVX2 + FMA: the packed kernel does not run here");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        for (xdims, n) in [
+            (vec![37usize, 96], 130usize),
+            (vec![2, 19, 64], 48),
+            (vec![1, 1, 896], 7),
+            (vec![150, 300], 33),
+            (vec![13, SHORT_K + 40], 40),
+            (vec![MC + 5, 257], 16 * NC_PANELS + 16),
+        ] {
+            let k = *xdims.last().unwrap();
+            let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
+            let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
+            let p = PackedWeight::pack(&w)?;
+            assert_eq!(p.dims(), (n, k));
+            let got = linear(&x, &p)?;
+            let want = x.broadcast_matmul(&w.t()?)?;
+            assert_eq!(got.dims(), want.dims());
+            let d = max_rel(&got, &want);
+            assert!(d <= 2e-6, "{xdims:?} x ({n}, {k}): {d:e}");
+            assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+        }
+        let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
+        let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
+        let d = max_rel(&linear(&x, &PackedWeight::pack(&w)?)?, &x.matmul(&w.t()?)?);
+        assert!(d <= 2e-6, "strided input: {d:e}");
+        Ok(())
+    }
+
+    /// Stacking packed weights equals packing the stacked rows, aligned (panels concatenated)
+    /// or not (rows repacked); differing `in` is refused.
+    #[test]
+    fn stacking_packed_weights_equals_packing_the_stack() -> Result<()> {
+        let dev = Device::Cpu;
+        for rows in [[32usize, 16, 7], [5, 16, 9]] {
+            let ws: Vec<Tensor> = rows
+                .iter()
+                .map(|&r| Tensor::randn(0f32, 1.0, (r, 24), &dev))
+                .collect::<Result<_>>()?;
+            let packed: Vec<PackedWeight> =
+                ws.iter().map(PackedWeight::pack).collect::<Result<_>>()?;
+            let refs: Vec<&PackedWeight> = packed.iter().collect();
+            let stacked = PackedWeight::stack(&refs).expect("one in");
+            let want = Tensor::cat(&ws, 0)?;
+            assert_eq!(stacked.dims(), want.dims2()?);
+            assert_eq!(stacked.unpack()?.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
+            assert_eq!(stacked.panels, PackedWeight::pack(&want)?.panels);
+        }
+        let a = PackedWeight::pack(&Tensor::zeros((4, 8), DType::F32, &dev)?)?;
+        let b = PackedWeight::pack(&Tensor::zeros((4, 9), DType::F32, &dev)?)?;
+        assert!(PackedWeight::stack(&[&a, &b]).is_none());
+        assert!(PackedWeight::stack(&[]).is_none());
+        Ok(())
+    }
+
+    /// A mis-sized or non-f32 input is an error naming the shapes, never a panic.
+    #[test]
+    fn a_mis_sized_input_is_an_error() -> Result<()> {
+        let dev = Device::Cpu;
+        let p = PackedWeight::pack(&Tensor::zeros((4, 8), DType::F32, &dev)?)?;
+        let e = linear(&Tensor::zeros((3, 7), DType::F32, &dev)?, &p).expect_err("k 7 vs 8");
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        let e = linear(&Tensor::zeros((3, 8), DType::F64, &dev)?, &p).expect_err("f64");
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert_eq!(
+            linear(&Tensor::zeros((0, 8), DType::F32, &dev)?, &p)?.dims(),
+            &[0, 4]
+        );
+        Ok(())
+    }
+}
