@@ -31,9 +31,7 @@
 
 use forkscore_backends::candle::{profile, ComputeDType, DeviceSpec, LoadOptions};
 use forkscore_backends::{Backend, BranchFootprint};
-use forkscore_benches::{
-    case_dump, context_of, load_engine, median_ms, median_stages, triage_subset,
-};
+use forkscore_benches::{case_dump, context_of, load_engine, median_stages, triage_subset};
 use forkscore_engine::{Mode, ScoreOptions};
 use forkscore_testkit::tiny_model::{write_hf_folder, TinySpec};
 use std::path::PathBuf;
@@ -233,43 +231,59 @@ fn main() -> anyhow::Result<()> {
         for (preset, schema) in &cases {
             let fields = schema.fields().len();
             let compiled = engine.compile(schema)?;
-            // Median wall ms of one mode, the median of each telemetry stage over the timed
-            // runs and the branch memory of one decision; None when the mode is not selected.
-            let run = |key: &str,
-                       mode: Mode,
-                       fbs: Option<usize>|
-             -> anyhow::Result<Option<(f64, serde_json::Value, BranchFootprint)>> {
-                if !modes.iter().any(|m| m == key) {
-                    return Ok(None);
-                }
-                let opts = ScoreOptions {
-                    mode,
-                    field_batch_size: fbs,
-                    ..ScoreOptions::default()
-                };
-                // one untimed decision, alone, for its branch footprint
+            // Per selected mode: the median wall ms, the median of each telemetry stage over
+            // the timed runs and the branch memory of one decision (None when not selected).
+            // The timed runs interleave the modes (one decision of each mode per round), so a
+            // drift of the machine's speed falls on every mode alike instead of on whichever ran
+            // during a slow stretch.
+            let wanted: Vec<(&str, Mode, Option<usize>)> = [
+                ("parallel", Mode::Parallel, None),
+                ("fbs4", Mode::Parallel, Some(4)),
+                ("cached-serial", Mode::CachedSerial, None),
+                ("independent", Mode::Independent, None),
+                ("tree", Mode::Tree, None),
+            ]
+            .into_iter()
+            .filter(|(key, _, _)| modes.iter().any(|m| m == key))
+            .collect();
+            let opts_of = |mode: Mode, fbs: Option<usize>| ScoreOptions {
+                mode,
+                field_batch_size: fbs,
+                ..ScoreOptions::default()
+            };
+            let mut branches = Vec::with_capacity(wanted.len());
+            for &(_, mode, fbs) in &wanted {
+                // one untimed decision, alone, for its branch footprint (also the warm-up)
                 engine.backend().take_branch_footprint();
-                engine.decide(&context, &compiled, &opts)?;
-                let branch = engine.backend().take_branch_footprint();
-                let mut stages = Vec::with_capacity(repeats + 1);
-                let ms = median_ms(1, repeats, || {
-                    let d = engine.decide(&context, &compiled, &opts)?;
-                    stages.push(d.telemetry.timings_ms);
-                    Ok(())
-                })?;
-                // The warm-up run is the first entry.
-                Ok(Some((ms, median_stages(&stages[1..]), branch)))
+                engine.decide(&context, &compiled, &opts_of(mode, fbs))?;
+                branches.push(engine.backend().take_branch_footprint());
+            }
+            let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(repeats); wanted.len()];
+            let mut stages: Vec<Vec<_>> = vec![Vec::with_capacity(repeats); wanted.len()];
+            for _ in 0..repeats {
+                for (i, &(_, mode, fbs)) in wanted.iter().enumerate() {
+                    let t = std::time::Instant::now();
+                    let d = engine.decide(&context, &compiled, &opts_of(mode, fbs))?;
+                    times[i].push(t.elapsed().as_secs_f64() * 1e3);
+                    stages[i].push(d.telemetry.timings_ms);
+                }
+            }
+            let result = |key: &str| -> Option<(f64, serde_json::Value, BranchFootprint)> {
+                let i = wanted.iter().position(|(k, _, _)| *k == key)?;
+                let mut t = times[i].clone();
+                t.sort_by(f64::total_cmp);
+                Some((t[t.len() / 2], median_stages(&stages[i]), branches[i]))
             };
             let prefix = engine
                 .prepare(&context, &compiled, usize::MAX)?
                 .split()
                 .prefix_ids
                 .len();
-            let par = run("parallel", Mode::Parallel, None)?;
-            let fbs4 = run("fbs4", Mode::Parallel, Some(4))?;
-            let ser = run("cached-serial", Mode::CachedSerial, None)?;
-            let ind = run("independent", Mode::Independent, None)?;
-            let tree = run("tree", Mode::Tree, None)?;
+            let par = result("parallel");
+            let fbs4 = result("fbs4");
+            let ser = result("cached-serial");
+            let ind = result("independent");
+            let tree = result("tree");
             if dump_path.is_some() {
                 let opts = ScoreOptions {
                     include_prompt: true,

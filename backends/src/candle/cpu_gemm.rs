@@ -91,9 +91,13 @@ impl PackedWeight {
         let host = w
             .to_device(&Device::Cpu)?
             .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        Ok(Self::from_rows(&host, n, k))
+            .contiguous()?;
+        let (st, l) = host.storage_and_layout();
+        let Storage::Cpu(c) = &*st else {
+            candle_core::bail!("packed weight: the host copy is not on the CPU");
+        };
+        let rows = &c.as_slice::<f32>()?[l.start_offset()..][..n * k];
+        Ok(Self::from_rows(rows, n, k))
     }
 
     fn from_rows(w: &[f32], n: usize, k: usize) -> Self {

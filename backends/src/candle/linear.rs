@@ -254,6 +254,15 @@ impl Linear {
             Linear::Quantized { blocks, bias, .. } => {
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
+                if x.device().is_cpu()
+                    && x.dtype() == DType::F32
+                    && cpu_gemm::choice() == CpuGemm::Packed
+                {
+                    // packed for this call: the packed kernel outruns candle's GEMM by more
+                    // than the packing costs at the row counts that get here
+                    let y = cpu_gemm::linear(x, &PackedWeight::pack(&w)?)?;
+                    return add_bias(y, bias);
+                }
                 let y = dense(x, &w, None)?;
                 add_bias(y, bias)
             }
