@@ -1,9 +1,10 @@
-//! f32 linear layers on the CPU through the system OpenBLAS (`--features openblas`; Debian /
-//! Ubuntu `libopenblas-dev`): `y = x Wᵀ` as one `cblas_sgemm` on the untouched row-major
-//! weight. Measured on the 2-core bench machine at a 306-token prefill's shapes: OpenBLAS 127–144
-//! GFLOP/s against 80–110 for candle's own GEMM (`benches/results/cpu-2026-12-01-run3/`). The
-//! candle matmul stays the reference (the equivalence test below) and what every build without
-//! the feature runs; `FORKSCORE_CPU_GEMM=candle` switches back at run time.
+//! f32 linear layers on the CPU through the system OpenBLAS (`--features openblas` and
+//! `FORKSCORE_CPU_GEMM=openblas`, or by default on a CPU without AVX2 + FMA, where the packed
+//! kernel of `super::cpu_gemm` does not run; Debian / Ubuntu `libopenblas-dev`): `y = x Wᵀ` as
+//! one `cblas_sgemm` on the untouched row-major weight. Measured on the 2-core bench machine at
+//! a 306-token prefill's shapes: OpenBLAS 127–144 GFLOP/s against 80–110 for candle's own GEMM
+//! (`benches/results/cpu-2026-12-01-run3/`). candle's matmul stays the reference (the
+//! equivalence test below); `FORKSCORE_CPU_GEMM=candle` switches to it at run time.
 
 use std::sync::OnceLock;
 
@@ -53,15 +54,20 @@ fn enabled() -> bool {
     })
 }
 
-/// Whether [`linear`] runs `x (.., in)` against `w (out, in)`: both f32 on the CPU, `w`
-/// contiguous, and every extent within OpenBLAS's 32-bit indices.
+/// Whether linear layers run `x (.., in)` against `w (out, in)` through [`linear`]: OpenBLAS
+/// chosen ([`enabled`]) and the operands [`fits`].
 pub(crate) fn takes(x: &Tensor, w: &Tensor) -> bool {
+    enabled() && fits(x, w)
+}
+
+/// Whether [`linear`] can run `x (.., in)` against `w (out, in)`: both f32 on the CPU, `w`
+/// contiguous, and every extent within OpenBLAS's 32-bit indices.
+fn fits(x: &Tensor, w: &Tensor) -> bool {
     let Ok((out, k)) = w.dims2() else {
         return false;
     };
     let rows = x.elem_count() / k.max(1);
-    enabled()
-        && x.device().is_cpu()
+    x.device().is_cpu()
         && w.device().is_cpu()
         && x.dtype() == DType::F32
         && w.dtype() == DType::F32
@@ -154,7 +160,7 @@ mod tests {
             let big = Tensor::randn(0f32, 1.0, (out + 1, k), &dev)?;
             let w_view = big.narrow(0, 1, out)?; // contiguous, start offset k
             for w in [&w, &w_view] {
-                assert!(takes(&x, w), "{xdims:?} x ({out}, {k})");
+                assert!(fits(&x, w), "{xdims:?} x ({out}, {k})");
                 let got = linear(&x, w)?;
                 let want = x.broadcast_matmul(&w.t()?)?;
                 assert_eq!(got.dims(), want.dims());
