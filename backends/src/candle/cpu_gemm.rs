@@ -21,6 +21,7 @@
 //! feature) keeps the dense weight too, to compare. The equivalence tests hold this kernel to
 //! candle's matmul.
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
 /// Output columns per panel (two 8-lane vectors).
@@ -108,14 +109,66 @@ impl PackedWeight {
             .par_chunks_mut((k * NR).max(1))
             .enumerate()
             .for_each(|(p, panel)| {
-                for c in 0..NR.min(n.saturating_sub(p * NR)) {
-                    let row = &w[(p * NR + c) * k..][..k];
-                    for (kk, &v) in row.iter().enumerate() {
-                        panel[kk * NR + c] = v;
+                // by runs of 64 k: the 16 rows' runs land in one 4 KiB stretch of the panel
+                for k0 in (0..k).step_by(64) {
+                    let k1 = (k0 + 64).min(k);
+                    for c in 0..NR.min(n.saturating_sub(p * NR)) {
+                        let row = &w[(p * NR + c) * k..][k0..k1];
+                        for (kk, &v) in (k0..k1).zip(row) {
+                            panel[kk * NR + c] = v;
+                        }
                     }
                 }
             });
         PackedWeight { n, k, panels }
+    }
+
+    /// Pack a ggml weight `(n, k)` straight from its blocks, for `Q8_0` (`d · q`, 34-byte
+    /// blocks) and `Q4_0` (`d · (nibble − 8)`, 18-byte blocks): exactly candle's dequantization
+    /// (tested equal), on the rayon threads, without the dense intermediate. `None` for other
+    /// types or a byte count that does not fit `(n, k)`.
+    pub fn from_blocks(ggml: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
+        use rayon::prelude::*;
+        let block_bytes = match ggml {
+            GgmlDType::Q8_0 => 34,
+            GgmlDType::Q4_0 => 18,
+            _ => return None,
+        };
+        if k % 32 != 0 || bytes.len() != n * (k / 32) * block_bytes {
+            return None;
+        }
+        let row_bytes = (k / 32) * block_bytes;
+        let count = n.div_ceil(NR);
+        let mut panels = vec![0f32; count * k * NR];
+        panels
+            .par_chunks_mut((k * NR).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                // block column by block column: the 16 rows' blocks b fill one 2 KiB stretch
+                for b in 0..k / 32 {
+                    for c in 0..NR.min(n.saturating_sub(p * NR)) {
+                        let block =
+                            &bytes[(p * NR + c) * row_bytes + b * block_bytes..][..block_bytes];
+                        let d =
+                            half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                        let at = |j: usize| (b * 32 + j) * NR + c;
+                        match ggml {
+                            GgmlDType::Q8_0 => {
+                                for (j, &q) in block[2..].iter().enumerate() {
+                                    panel[at(j)] = (q as i8) as f32 * d;
+                                }
+                            }
+                            _ => {
+                                for (j, &q) in block[2..].iter().enumerate() {
+                                    panel[at(j)] = ((q & 0x0F) as i16 - 8) as f32 * d;
+                                    panel[at(j + 16)] = ((q >> 4) as i16 - 8) as f32 * d;
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        Some(PackedWeight { n, k, panels })
     }
 
     /// `(out, in)`.
@@ -459,6 +512,27 @@ mod tests {
         let b = PackedWeight::pack(&Tensor::zeros((4, 9), DType::F32, &dev)?)?;
         assert!(PackedWeight::stack(&[&a, &b]).is_none());
         assert!(PackedWeight::stack(&[]).is_none());
+        Ok(())
+    }
+
+    /// Packing Q8_0 / Q4_0 blocks directly equals packing candle's dequantization bit for bit;
+    /// other types and mis-sized bytes are refused.
+    #[test]
+    fn packing_blocks_equals_packing_the_dequantized_weight() -> Result<()> {
+        use candle_core::quantized::QTensor;
+        let dev = Device::Cpu;
+        for (n, k) in [(37usize, 64usize), (16, 896), (5, 32)] {
+            let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
+            for ggml in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+                let q = QTensor::quantize(&w, ggml)?;
+                let direct = PackedWeight::from_blocks(ggml, &q.data()?, n, k).expect("packs");
+                let via = PackedWeight::pack(&q.dequantize(&dev)?)?;
+                assert_eq!(direct.panels, via.panels, "{ggml:?} ({n}, {k})");
+            }
+        }
+        let q = QTensor::quantize(&Tensor::zeros((4, 256), DType::F32, &dev)?, GgmlDType::Q4K)?;
+        assert!(PackedWeight::from_blocks(GgmlDType::Q4K, &q.data()?, 4, 256).is_none());
+        assert!(PackedWeight::from_blocks(GgmlDType::Q8_0, &[0u8; 33], 1, 32).is_none());
         Ok(())
     }
 

@@ -251,18 +251,25 @@ impl Linear {
         match self {
             Linear::Dense(l) => l.forward(x),
             Linear::Packed { .. } => self.forward(x),
-            Linear::Quantized { blocks, bias, .. } => {
-                // (out, in) blocks -> (out, in) dense, transient
-                let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
+            Linear::Quantized {
+                blocks, bias, ggml, ..
+            } => {
                 if x.device().is_cpu()
                     && x.dtype() == DType::F32
                     && cpu_gemm::choice() == CpuGemm::Packed
                 {
-                    // packed for this call: the packed kernel outruns candle's GEMM by more
-                    // than the packing costs at the row counts that get here
-                    let y = cpu_gemm::linear(x, &PackedWeight::pack(&w)?)?;
-                    return add_bias(y, bias);
+                    // packed for this call, Q8_0 / Q4_0 straight from the blocks: the packed
+                    // kernel outruns candle's GEMM by more than the packing costs at the row
+                    // counts that get here
+                    let (n, k) = blocks.shape().dims2()?;
+                    let packed = match PackedWeight::from_blocks(*ggml, &blocks.data()?, n, k) {
+                        Some(p) => p,
+                        None => PackedWeight::pack(&blocks.dequantize(x.device())?)?,
+                    };
+                    return add_bias(cpu_gemm::linear(x, &packed)?, bias);
                 }
+                // (out, in) blocks -> (out, in) dense, transient
+                let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
                 let y = dense(x, &w, None)?;
                 add_bias(y, bias)
             }
