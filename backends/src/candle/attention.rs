@@ -363,12 +363,14 @@ fn attend_full(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::candle::mask::NewKeysMask;
     use candle_core::Device;
 
-    fn rand(shape: &[usize], seed: &mut u64) -> Tensor {
+    /// A `shape` tensor of uniform values in (-2, 2) from a seeded LCG (also the CPU kernel's
+    /// tests' inputs).
+    pub(crate) fn rand(shape: &[usize], seed: &mut u64) -> Tensor {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n)
             .map(|_| {

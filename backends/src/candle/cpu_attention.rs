@@ -496,22 +496,10 @@ fn tile(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::candle::attention::tests::rand;
     use crate::candle::attention::{attend_candle, AttnMasks};
     use crate::candle::mask;
     use candle_core::Device;
-
-    fn rand(shape: &[usize], seed: &mut u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 2.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor")
-    }
 
     /// One call's shape: rows, query heads, KV heads, new tokens, head dim, past slots and
     /// length (0: no past), each row's own past length (left padding; `None`: all of it), and
