@@ -134,7 +134,7 @@ impl PackedWeight {
             GgmlDType::Q4_0 => 18,
             _ => return None,
         };
-        if k % 32 != 0 || bytes.len() != n * (k / 32) * block_bytes {
+        if !k.is_multiple_of(32) || bytes.len() != n * (k / 32) * block_bytes {
             return None;
         }
         let row_bytes = (k / 32) * block_bytes;

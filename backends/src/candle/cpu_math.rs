@@ -25,7 +25,7 @@ const P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000e-1,
+    0.5,
 ];
 
 /// `e^x`, the scalar form of the vector kernels (same reduction and polynomial).
