@@ -11,7 +11,6 @@ use forkscore_engine::{
     Schema,
 };
 use std::path::Path;
-use std::time::Instant;
 
 /// Load a checkpoint folder into an engine on `options`' device.
 pub fn load_engine(dir: &Path, options: &LoadOptions) -> anyhow::Result<Engine<CandleBackend>> {
@@ -43,25 +42,6 @@ pub fn context_of(words: usize) -> String {
         out.push_str(base);
     }
     out
-}
-
-/// Median wall time in ms of `f` over `repeats` runs after `warmup` runs.
-pub fn median_ms(
-    warmup: usize,
-    repeats: usize,
-    mut f: impl FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
-    for _ in 0..warmup {
-        f()?;
-    }
-    let mut times = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        let t = Instant::now();
-        f()?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
 }
 
 /// Per stage, the median over `runs` (JSON object: render, split, prefill, score, assemble, total).

@@ -47,6 +47,14 @@ pub struct AttnMasks<'a> {
     pub past_start: Option<&'a Tensor>,
 }
 
+impl AttnMasks<'_> {
+    /// Whether the past's two forms are both given or both absent: the kernels read
+    /// `past_start`, the candle path the additive `past`.
+    fn past_forms_agree(&self) -> bool {
+        self.past.is_some() == self.past_start.is_some()
+    }
+}
+
 /// Which implementation computes attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
@@ -131,7 +139,7 @@ pub fn takes_flash(
 ) -> bool {
     kernel() == AttentionKernel::Fastest
         && flash_attention::supports(q, k_new, past)
-        && masks.past.is_some() == masks.past_start.is_some()
+        && masks.past_forms_agree()
 }
 
 /// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::cpu_attention`]).
@@ -144,7 +152,7 @@ pub fn takes_cpu_kernel(
 ) -> bool {
     kernel() == AttentionKernel::Fastest
         && cpu_attention::supports(q, k_new, v_new, past)
-        && masks.past.is_some() == masks.past_start.is_some()
+        && masks.past_forms_agree()
 }
 
 /// `(B, Hkv, L, hd) -> (Hkv, B, L, hd)`, contiguous: K/V in the KV-head-major layout.
@@ -248,8 +256,7 @@ fn attend_causal_blocks(
             })
             .map_err(op("attention block scores"))?;
         // (Hkv, B, G*n, end) x (Hkv, B, end, hd) -> (Hkv, B, G, n, hd)
-        let dev = scores.device().clone();
-        let ob = super::profile::region("attention.softmax", &dev, || {
+        let ob = super::profile::region("attention.softmax", scores.device(), || {
             candle_nn::ops::softmax_last_dim(&scores)
         })
         .and_then(|p| p.to_dtype(dtype))

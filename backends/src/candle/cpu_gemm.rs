@@ -101,26 +101,31 @@ impl PackedWeight {
         Ok(Self::from_rows(rows, n, k))
     }
 
-    fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
+    /// The `⌈n/16⌉` zeroed panels of an `(n, k)` weight, each filled on the rayon threads by
+    /// `fill(p, panel, rows)` (`rows` ≤ 16: how many of the panel's columns are real rows).
+    fn filled(n: usize, k: usize, fill: impl Fn(usize, &mut [f32], usize) + Sync) -> Self {
         use rayon::prelude::*;
-        let count = n.div_ceil(NR);
-        let mut panels = vec![0f32; count * k * NR];
+        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
         panels
             .par_chunks_mut((k * NR).max(1))
             .enumerate()
-            .for_each(|(p, panel)| {
-                // by runs of 64 k: the 16 rows' runs land in one 4 KiB stretch of the panel
-                for k0 in (0..k).step_by(64) {
-                    let k1 = (k0 + 64).min(k);
-                    for c in 0..NR.min(n.saturating_sub(p * NR)) {
-                        let row = &w[(p * NR + c) * k..][k0..k1];
-                        for (kk, &v) in (k0..k1).zip(row) {
-                            panel[kk * NR + c] = v;
-                        }
+            .for_each(|(p, panel)| fill(p, panel, NR.min(n.saturating_sub(p * NR))));
+        PackedWeight { n, k, panels }
+    }
+
+    fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
+        Self::filled(n, k, |p, panel, rows| {
+            // by runs of 64 k: the 16 rows' runs land in one 4 KiB stretch of the panel
+            for k0 in (0..k).step_by(64) {
+                let k1 = (k0 + 64).min(k);
+                for c in 0..rows {
+                    let row = &w[(p * NR + c) * k..][k0..k1];
+                    for (kk, &v) in (k0..k1).zip(row) {
+                        panel[kk * NR + c] = v;
                     }
                 }
-            });
-        PackedWeight { n, k, panels }
+            }
+        })
     }
 
     /// Pack a ggml weight `(n, k)` straight from its blocks, for `Q8_0` (`d · q`, 34-byte
@@ -128,7 +133,6 @@ impl PackedWeight {
     /// (tested equal), on the rayon threads, without the dense intermediate. `None` for other
     /// types or a byte count that does not fit `(n, k)`.
     pub fn from_blocks(ggml: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
-        use rayon::prelude::*;
         let block_bytes = match ggml {
             GgmlDType::Q8_0 => 34,
             GgmlDType::Q4_0 => 18,
@@ -138,37 +142,29 @@ impl PackedWeight {
             return None;
         }
         let row_bytes = (k / 32) * block_bytes;
-        let count = n.div_ceil(NR);
-        let mut panels = vec![0f32; count * k * NR];
-        panels
-            .par_chunks_mut((k * NR).max(1))
-            .enumerate()
-            .for_each(|(p, panel)| {
-                // block column by block column: the 16 rows' blocks b fill one 2 KiB stretch
-                for b in 0..k / 32 {
-                    for c in 0..NR.min(n.saturating_sub(p * NR)) {
-                        let block =
-                            &bytes[(p * NR + c) * row_bytes + b * block_bytes..][..block_bytes];
-                        let d =
-                            half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
-                        let at = |j: usize| (b * 32 + j) * NR + c;
-                        match ggml {
-                            GgmlDType::Q8_0 => {
-                                for (j, &q) in block[2..].iter().enumerate() {
-                                    panel[at(j)] = (q as i8) as f32 * d;
-                                }
+        Some(Self::filled(n, k, |p, panel, rows| {
+            // block column by block column: the 16 rows' blocks b fill one 2 KiB stretch
+            for b in 0..k / 32 {
+                for c in 0..rows {
+                    let block = &bytes[(p * NR + c) * row_bytes + b * block_bytes..][..block_bytes];
+                    let d = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                    let at = |j: usize| (b * 32 + j) * NR + c;
+                    match ggml {
+                        GgmlDType::Q8_0 => {
+                            for (j, &q) in block[2..].iter().enumerate() {
+                                panel[at(j)] = (q as i8) as f32 * d;
                             }
-                            _ => {
-                                for (j, &q) in block[2..].iter().enumerate() {
-                                    panel[at(j)] = ((q & 0x0F) as i16 - 8) as f32 * d;
-                                    panel[at(j + 16)] = ((q >> 4) as i16 - 8) as f32 * d;
-                                }
+                        }
+                        _ => {
+                            for (j, &q) in block[2..].iter().enumerate() {
+                                panel[at(j)] = ((q & 0x0F) as i16 - 8) as f32 * d;
+                                panel[at(j + 16)] = ((q >> 4) as i16 - 8) as f32 * d;
                             }
                         }
                     }
                 }
-            });
-        Some(PackedWeight { n, k, panels })
+            }
+        }))
     }
 
     /// `(out, in)`.

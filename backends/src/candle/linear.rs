@@ -106,23 +106,13 @@ impl Linear {
     /// all packed, with one `in` and either all or none with a bias; `None` otherwise (the
     /// caller keeps them separate).
     pub fn stack(parts: &[&Linear]) -> Result<Option<Self>, CandleError> {
-        let biases: Option<Vec<&Tensor>> = parts
-            .iter()
-            .map(|l| match l {
-                Linear::Dense(d) => d.bias(),
-                Linear::Packed { bias, .. } => bias.as_ref(),
-                Linear::Quantized { bias, .. } => bias.as_ref(),
-            })
-            .collect();
-        let with_bias = parts.iter().filter(|l| l.bias().is_some()).count();
-        if parts.is_empty() || (with_bias != 0 && with_bias != parts.len()) {
+        let biases: Vec<&Tensor> = parts.iter().filter_map(|l| l.bias()).collect();
+        if parts.is_empty() || (!biases.is_empty() && biases.len() != parts.len()) {
             return Ok(None);
         }
-        let bias = match biases {
-            Some(b) if !b.is_empty() => {
-                Some(Tensor::cat(&b, 0).map_err(CandleError::tensor("stack biases"))?)
-            }
-            _ => None,
+        let bias = match biases.is_empty() {
+            true => None,
+            false => Some(Tensor::cat(&biases, 0).map_err(CandleError::tensor("stack biases"))?),
         };
         let dense: Option<Vec<&Tensor>> = parts
             .iter()
@@ -214,7 +204,9 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
-            Linear::Packed { weight, bias } => add_bias(cpu_gemm::linear(x, weight)?, bias),
+            Linear::Packed { weight, bias } => {
+                add_bias(cpu_gemm::linear(x, weight)?, bias.as_ref())
+            }
             Linear::Quantized {
                 weight, bias, ggml, ..
             } => {
@@ -225,7 +217,7 @@ impl Linear {
                 let dtype = x.dtype();
                 // candle's quantized kernels take contiguous f32 activations
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
-                add_bias(y.to_dtype(dtype)?, bias)
+                add_bias(y.to_dtype(dtype)?, bias.as_ref())
             }
         }
     }
@@ -239,7 +231,7 @@ impl Linear {
             Linear::Packed { .. } => self.forward(x),
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
-                add_bias(y.to_dtype(x.dtype())?, bias)
+                add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
             }
         }
     }
@@ -266,12 +258,12 @@ impl Linear {
                         Some(p) => p,
                         None => PackedWeight::pack(&blocks.dequantize(x.device())?)?,
                     };
-                    return add_bias(cpu_gemm::linear(x, &packed)?, bias);
+                    return add_bias(cpu_gemm::linear(x, &packed)?, bias.as_ref());
                 }
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
                 let y = dense(x, &w, None)?;
-                add_bias(y, bias)
+                add_bias(y, bias.as_ref())
             }
         }
     }
@@ -317,16 +309,12 @@ fn quantize_rows_parallel(
 fn dense(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     #[cfg(feature = "openblas")]
     if super::cpu_blas::takes(x, w) {
-        let y = super::cpu_blas::linear(x, w)?;
-        return match bias {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        };
+        return add_bias(super::cpu_blas::linear(x, w)?, bias);
     }
     candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)
 }
 
-fn add_bias(y: Tensor, bias: &Option<Tensor>) -> candle_core::Result<Tensor> {
+fn add_bias(y: Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     match bias {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
