@@ -176,7 +176,7 @@ fn main() -> anyhow::Result<()> {
     let write = |rows: &Vec<serde_json::Value>,
                  dump: &Vec<serde_json::Value>|
      -> anyhow::Result<()> {
-        let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "quantization": quantization, "linear_weights": quant_summary, "load_ms": load_ms, "rss_after_load_mib": rss_mib, "repeats": repeats, "rows": rows});
+        let report = serde_json::json!({"model": label, "device": device.to_string(), "dtype": dtype, "quantization": quantization, "linear_weights": quant_summary, "load_ms": load_ms, "rss_after_load_mib": rss_mib, "cpu_kernel_isa": forkscore_backends::candle::cpu_kernel_isa(), "repeats": repeats, "rows": rows});
         std::fs::write(
             out.join("modes.json"),
             serde_json::to_string_pretty(&report)?,
@@ -188,8 +188,9 @@ fn main() -> anyhow::Result<()> {
         Ok(())
     };
     println!(
-        "model: {label} on {device} ({dtype}, quantization {}), loaded in {load_ms:.0} ms, resident {} MiB",
+        "model: {label} on {device} ({dtype}, quantization {}, CPU kernels {}), loaded in {load_ms:.0} ms, resident {} MiB",
         quantization.as_deref().unwrap_or("none"),
+        forkscore_backends::candle::cpu_kernel_isa().unwrap_or("none"),
         rss_mib.map_or("?".to_string(), |m| format!("{m:.0}"))
     );
     println!(

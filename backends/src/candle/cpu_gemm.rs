@@ -16,6 +16,9 @@
 //! for longer `k` it is outermost, so a panel block stays in cache across all rows). A ragged
 //! last panel is computed into a scratch strip and copied.
 //!
+//! Where the CPU has AVX-512 ([`Isa::Avx512`]) the same panels go through a 6 × 32 microkernel
+//! of 16-lane registers, two panels at a time (one for an odd last panel).
+//!
 //! The weight is packed only where the CPU has AVX2 and FMA (detected once); elsewhere layers
 //! keep candle's dense weight and matmul. `FORKSCORE_CPU_GEMM=candle` (or `openblas` with that
 //! feature) keeps the dense weight too, to compare. The equivalence tests hold this kernel to
@@ -23,6 +26,8 @@
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Result, Storage, Tensor};
+
+use super::cpu_isa::Isa;
 
 /// Output columns per panel (two 8-lane vectors).
 pub(crate) const NR: usize = 16;
@@ -217,6 +222,14 @@ impl PackedWeight {
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU. Errors (never panics) on a non-f32, non-CPU or
 /// mis-sized `x`.
 pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
+    match Isa::chosen() {
+        Some(isa) => linear_with(x, w, isa),
+        None => candle_core::bail!("packed linear: this CPU has no AVX2 + FMA"),
+    }
+}
+
+/// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise).
+pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa) -> Result<Tensor> {
     let (n, k) = (w.n, w.k);
     if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
         candle_core::bail!(
@@ -234,8 +247,8 @@ pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     if m == 0 || n == 0 {
         return Tensor::zeros(dims, DType::F32, &Device::Cpu);
     }
-    if !kernel_available() {
-        candle_core::bail!("packed linear: this CPU has no AVX2 + FMA");
+    if !Isa::supported().contains(&isa) {
+        candle_core::bail!("packed linear: this CPU has no {}", isa.name());
     }
     let x = x.contiguous()?;
     let (xs, xl) = x.storage_and_layout();
@@ -248,7 +261,7 @@ pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     } else {
         #[cfg(target_arch = "x86_64")]
         {
-            x86::product(xd, m, w)
+            x86::product(xd, m, w, isa)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -265,7 +278,7 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::{PackedWeight, KC, MC, MR, NC_PANELS, NR, SHORT_K};
+    use super::{Isa, PackedWeight, KC, MC, MR, NC_PANELS, NR, SHORT_K};
 
     /// `x (m, k)` into groups of [`MR`] rows, k-major: `a[g][kk][r] = x[g·MR + r][kk]`
     /// (missing rows of the last group are 0).
@@ -342,13 +355,94 @@ mod x86 {
         }
     }
 
-    /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
-    pub(super) fn product(x: &[f32], m: usize, w: &PackedWeight) -> Vec<f32> {
+    /// `C (R, 16·P) (+)= A (R, kc) · [B₀ … B_P] (kc, 16·P)` in 16-lane registers: `P` panels
+    /// `bstride` floats apart, otherwise as [`micro`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn micro512<const R: usize, const P: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        bstride: usize,
+        c: *mut f32,
+        ldc: usize,
+        first: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        if !first {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_loadu_ps(c.add(r * ldc + j * NR));
+                }
+            }
+        }
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [_mm512_setzero_ps(); P];
+            for (j, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm512_loadu_ps(b.add(j * bstride));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(r));
+                for (acc, bv) in acc.iter_mut().zip(&bv) {
+                    *acc = _mm512_fmadd_ps(av, *bv, *acc);
+                }
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (j, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(c.add(r * ldc + j * NR), *acc);
+            }
+        }
+    }
+
+    /// Rows `ir..ir + rows` (≤ MR) of one tile of `panels` (1 or 2) panels, AVX-512.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn micro512_rows(
+        rows: usize,
+        panels: usize,
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        bstride: usize,
+        c: *mut f32,
+        ldc: usize,
+        first: bool,
+    ) {
+        macro_rules! go {
+            ($r:literal) => {
+                match panels {
+                    2 => micro512::<$r, 2>(kc, a, b, bstride, c, ldc, first),
+                    _ => micro512::<$r, 1>(kc, a, b, bstride, c, ldc, first),
+                }
+            };
+        }
+        match rows {
+            6 => go!(6),
+            5 => go!(5),
+            4 => go!(4),
+            3 => go!(3),
+            2 => go!(2),
+            _ => go!(1),
+        }
+    }
+
+    /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each), with
+    /// the microkernels of `isa` (supported by the CPU: the caller checked).
+    pub(super) fn product(x: &[f32], m: usize, w: &PackedWeight, isa: Isa) -> Vec<f32> {
         let (n, k) = (w.n, w.k);
         let a = pack_rows(x, m, k);
         let panels = n.div_ceil(NR);
         let threads = rayon::current_num_threads().clamp(1, panels);
-        let per = panels.div_ceil(threads);
+        // an even run per thread under AVX-512, so panels pair up
+        let per = match isa {
+            Isa::Avx512 => panels.div_ceil(threads).next_multiple_of(2),
+            Isa::Avx2 => panels.div_ceil(threads),
+        };
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let y_addr = y.as_mut_ptr() as usize;
         (0..panels)
@@ -357,10 +451,10 @@ mod x86 {
             .into_par_iter()
             .for_each(|p0| {
                 let p1 = (p0 + per).min(panels);
-                // SAFETY: the CPU has AVX2 + FMA (the caller checked `kernel_available`); `a` holds
-                // ⌈m/6⌉·6·k and the panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has
-                // capacity m·n and runs of panels write disjoint columns.
-                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32) };
+                // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/6⌉·6·k and the
+                // panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has capacity m·n and runs
+                // of panels write disjoint columns.
+                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa) };
             });
         // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
         // first k block of each tile overwrites its output).
@@ -370,7 +464,15 @@ mod x86 {
 
     /// Panels `p0..p1` of the product into `y (m, n)`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run(a: &[f32], m: usize, w: &PackedWeight, p0: usize, p1: usize, y: *mut f32) {
+    unsafe fn run(
+        a: &[f32],
+        m: usize,
+        w: &PackedWeight,
+        p0: usize,
+        p1: usize,
+        y: *mut f32,
+        isa: Isa,
+    ) {
         let (n, k) = (w.n, w.k);
         // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
         let ragged = n % NR != 0 && p1 == n.div_ceil(NR);
@@ -384,21 +486,35 @@ mod x86 {
             let je = (jc + NC_PANELS).min(p1);
             let mc = MC.min(m - ic);
             let kc = KC.min(k - pc);
-            for p in jc..je {
+            let mut p = jc;
+            while p < je {
                 let b = w.panels.as_ptr().add((p * k + pc) * NR);
-                let (c0, ldc) = if ragged && p == p1 - 1 {
-                    (strip_ptr, NR)
-                } else {
-                    (y.add(p * NR), n)
+                let in_strip = ragged && p == p1 - 1;
+                let (c0, ldc) = match in_strip {
+                    true => (strip_ptr, NR),
+                    false => (y.add(p * NR), n),
+                };
+                // AVX-512 pairs a panel with the next unless that one is the scratch strip's
+                let pair = isa == Isa::Avx512 && p + 1 < je && !(ragged && p + 1 == p1 - 1);
+                let panels = match (isa, pair) {
+                    (Isa::Avx512, true) => 2,
+                    _ => 1,
                 };
                 let mut ir = 0;
                 while ir < mc {
                     let rows = MR.min(mc - ir);
                     let row = ic + ir;
                     let at = a.as_ptr().add(row * k + pc * MR);
-                    micro_rows(rows, kc, at, b, c0.add(row * ldc), ldc, pc == 0);
+                    let c = c0.add(row * ldc);
+                    match isa {
+                        Isa::Avx512 => {
+                            micro512_rows(rows, panels, kc, at, b, k * NR, c, ldc, pc == 0)
+                        }
+                        Isa::Avx2 => micro_rows(rows, kc, at, b, c, ldc, pc == 0),
+                    }
                     ir += rows;
                 }
+                p += panels;
             }
         };
         if k <= SHORT_K {
@@ -447,41 +563,48 @@ mod tests {
                 .max(1.0)
     }
 
-    /// The packed kernel equals candle's matmul to f32 rounding on every tail there is: rows
-    /// that are not a multiple of 6 or of the row block, ragged last panels, `k` not a multiple
-    /// of the `k` block, a `k` above [`SHORT_K`] (the other loop order), 3-D inputs, a strided
-    /// input, and a single row.
+    /// The packed kernel equals candle's matmul to f32 rounding, under every instruction level
+    /// the CPU has, on every tail there is: rows that are not a multiple of 6 or of the row
+    /// block, ragged last panels (after an odd and an even count of whole ones), `k` not a
+    /// multiple of the `k` block, a `k` above [`SHORT_K`] (the other loop order), 3-D inputs,
+    /// a strided input, and a single row.
     #[test]
     fn packed_linear_equals_candle_matmul() -> Result<()> {
-        if !kernel_available() {
+        let levels = Isa::supported();
+        if levels.is_empty() {
             eprintln!("no AVX2 + FMA: the packed kernel does not run here");
             return Ok(());
         }
         let dev = Device::Cpu;
-        for (xdims, n) in [
-            (vec![37usize, 96], 130usize),
-            (vec![2, 19, 64], 48),
-            (vec![1, 1, 896], 7),
-            (vec![150, 300], 33),
-            (vec![13, SHORT_K + 40], 40),
-            (vec![MC + 5, 257], 16 * NC_PANELS + 16),
-        ] {
-            let k = *xdims.last().unwrap();
-            let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
-            let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
-            let p = PackedWeight::pack(&w)?;
-            assert_eq!(p.dims(), (n, k));
-            let got = linear(&x, &p)?;
-            let want = x.broadcast_matmul(&w.t()?)?;
-            assert_eq!(got.dims(), want.dims());
-            let d = max_rel(&got, &want);
-            assert!(d <= 2e-6, "{xdims:?} x ({n}, {k}): {d:e}");
-            assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+        for isa in levels {
+            for (xdims, n) in [
+                (vec![37usize, 96], 130usize),
+                (vec![2, 19, 64], 48),
+                (vec![1, 1, 896], 7),
+                (vec![150, 300], 33),
+                (vec![7, 40], 50),
+                (vec![13, SHORT_K + 40], 40),
+                (vec![MC + 5, 257], 16 * NC_PANELS + 16),
+                (vec![9, 64], 16 * NC_PANELS + 48),
+            ] {
+                let k = *xdims.last().unwrap();
+                let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
+                let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
+                let p = PackedWeight::pack(&w)?;
+                assert_eq!(p.dims(), (n, k));
+                let got = linear_with(&x, &p, isa)?;
+                let want = x.broadcast_matmul(&w.t()?)?;
+                assert_eq!(got.dims(), want.dims());
+                let d = max_rel(&got, &want);
+                assert!(d <= 2e-6, "{isa:?} {xdims:?} x ({n}, {k}): {d:e}");
+                assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+            }
+            let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
+            let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
+            let got = linear_with(&x, &PackedWeight::pack(&w)?, isa)?;
+            let d = max_rel(&got, &x.matmul(&w.t()?)?);
+            assert!(d <= 2e-6, "{isa:?} strided input: {d:e}");
         }
-        let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
-        let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
-        let d = max_rel(&linear(&x, &PackedWeight::pack(&w)?)?, &x.matmul(&w.t()?)?);
-        assert!(d <= 2e-6, "strided input: {d:e}");
         Ok(())
     }
 

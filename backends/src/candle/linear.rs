@@ -16,6 +16,12 @@
 //! `Q5_0` there; candle's CPU `Q5_0` dot product has no SIMD form on x86 and requires an even
 //! block count, while `Q4_0` has an AVX2 kernel. A weight whose `in` is not a multiple of 32
 //! stays dense. [`QuantSummary`] counts what each weight got.
+//!
+//! On an x86 CPU with AVX2 + FMA, an f32 model's `Q8_0` weights are packed once at load for the
+//! integer kernel of [`super::cpu_qgemm`] (`Linear::PackedQ8`, the blocks are not kept): every
+//! call, whatever its row count, rounds the activations to 8-bit blocks and multiplies in
+//! integers, as candle's own CPU kernel does for a few rows but register-tiled, so it is the
+//! fast path for a prefill too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +31,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
+use super::cpu_isa::Isa;
+use super::cpu_qgemm::{self, PackedQ8};
 use crate::error::CandleError;
 
 /// One linear layer.
@@ -35,6 +43,11 @@ pub(crate) enum Linear {
     /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu_gemm`]; `bias (out,)` f32.
     Packed {
         weight: Arc<PackedWeight>,
+        bias: Option<Tensor>,
+    },
+    /// `W` `Q8_0`, packed for the integer kernel of [`super::cpu_qgemm`]; `bias (out,)` f32.
+    PackedQ8 {
+        weight: Arc<PackedQ8>,
         bias: Option<Tensor>,
     },
     /// `W` quantized; `bias (out,)` in the compute dtype.
@@ -102,8 +115,8 @@ impl Linear {
         Linear::Dense(candle_nn::Linear::new(weight, bias))
     }
 
-    /// The layers stacked along `out` into one (`[a; b; …]`, biases likewise): all dense, or
-    /// all packed, with one `in` and either all or none with a bias; `None` otherwise (the
+    /// The layers stacked along `out` into one (`[a; b; …]`, biases likewise): all dense, all
+    /// packed, or all packed `Q8_0` (every part but the last a multiple of 16 rows), with one `in` and either all or none with a bias; `None` otherwise (the
     /// caller keeps them separate).
     pub fn stack(parts: &[&Linear]) -> Result<Option<Self>, CandleError> {
         let biases: Vec<&Tensor> = parts.iter().filter_map(|l| l.bias()).collect();
@@ -125,6 +138,19 @@ impl Linear {
             let w = Tensor::cat(&ws, 0).map_err(CandleError::tensor("stack weights"))?;
             return Ok(Some(Linear::Dense(candle_nn::Linear::new(w, bias))));
         }
+        let q8: Option<Vec<&PackedQ8>> = parts
+            .iter()
+            .map(|l| match l {
+                Linear::PackedQ8 { weight, .. } => Some(weight.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if let Some(ws) = q8 {
+            return Ok(PackedQ8::stack(&ws).map(|w| Linear::PackedQ8 {
+                weight: Arc::new(w),
+                bias,
+            }));
+        }
         let packed: Option<Vec<&PackedWeight>> = parts
             .iter()
             .map(|l| match l {
@@ -143,7 +169,9 @@ impl Linear {
     fn bias(&self) -> Option<&Tensor> {
         match self {
             Linear::Dense(d) => d.bias(),
-            Linear::Packed { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            Linear::Packed { bias, .. }
+            | Linear::PackedQ8 { bias, .. }
+            | Linear::Quantized { bias, .. } => bias.as_ref(),
         }
     }
 
@@ -182,6 +210,16 @@ impl Linear {
             .and_then(|w| w.to_dtype(DType::F32))
             .map_err(op("weight to host f32"))?;
         let blocks = Arc::new(quantize_rows_parallel(&host, ggml, device).map_err(op("quantize"))?);
+        if let Some(isa) = q8_kernel(ggml, dtype, device) {
+            let (n, k) = blocks.shape().dims2().map_err(op("quantized shape"))?;
+            let data = blocks.data().map_err(op("quantized blocks"))?;
+            if let Some(packed) = PackedQ8::from_blocks(&data, n, k, isa) {
+                return Ok(Linear::PackedQ8 {
+                    weight: Arc::new(packed),
+                    bias,
+                });
+            }
+        }
         let weight = QMatMul::from_arc(blocks.clone()).map_err(op("quantized matmul"))?;
         Ok(Linear::Quantized {
             weight,
@@ -195,6 +233,7 @@ impl Linear {
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
             Linear::Dense(_) | Linear::Packed { .. } => None,
+            Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::Quantized { ggml, .. } => Some(*ggml),
         }
     }
@@ -206,6 +245,9 @@ impl Linear {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
             Linear::Packed { weight, bias } => {
                 add_bias(cpu_gemm::linear(x, weight)?, bias.as_ref())
+            }
+            Linear::PackedQ8 { weight, bias } => {
+                add_bias(cpu_qgemm::linear(x, weight)?, bias.as_ref())
             }
             Linear::Quantized {
                 weight, bias, ggml, ..
@@ -228,7 +270,7 @@ impl Linear {
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Packed { .. } => self.forward(x),
+            Linear::Packed { .. } | Linear::PackedQ8 { .. } => self.forward(x),
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
                 add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
@@ -243,6 +285,12 @@ impl Linear {
         match self {
             Linear::Dense(l) => l.forward(x),
             Linear::Packed { .. } => self.forward(x),
+            Linear::PackedQ8 { weight, bias } => {
+                // (out, in) dequantized, transient
+                let (n, k) = weight.dims();
+                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
+                add_bias(dense(x, &w, None)?, bias.as_ref())
+            }
             Linear::Quantized {
                 blocks, bias, ggml, ..
             } => {
@@ -266,6 +314,16 @@ impl Linear {
                 add_bias(y, bias.as_ref())
             }
         }
+    }
+}
+
+/// The integer kernel a `ggml` weight of a `dtype` model on `device` gets: `Q8_0`, f32, on a
+/// CPU where [`cpu_qgemm`] runs (and `FORKSCORE_CPU_GEMM` does not ask for candle's matmul).
+fn q8_kernel(ggml: GgmlDType, dtype: DType, device: &Device) -> Option<Isa> {
+    let fits = ggml == GgmlDType::Q8_0 && dtype == DType::F32 && device.is_cpu();
+    match fits && cpu_gemm::choice() == CpuGemm::Packed {
+        true => Isa::chosen(),
+        false => None,
     }
 }
 
@@ -376,9 +434,12 @@ mod tests {
                 diff <= RELATIVE * scale,
                 "{q} in {in_dim}: |kernel - dequantized| {diff} > {RELATIVE} * {scale}"
             );
-            // forward() picks one of the two (14 rows > the Q8_0 / Q4_0 kernel limit)
+            // forward() picks one of the two (14 rows > the Q8_0 / Q4_0 kernel limit of
+            // candle's kernels; the integer kernel of cpu_qgemm takes every row count)
             let f = layer.forward(&x)?;
-            let pick = if kernel_max_rows(&dev, layer.ggml().unwrap_or(GgmlDType::F32)) >= 14 {
+            let integer = matches!(layer, Linear::PackedQ8 { .. });
+            let ggml = layer.ggml().unwrap_or(GgmlDType::F32);
+            let pick = if integer || kernel_max_rows(&dev, ggml) >= 14 {
                 a
             } else {
                 d

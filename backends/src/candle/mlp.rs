@@ -78,7 +78,7 @@ impl Mlp {
                 summary.count(up);
             }
             GateUp::Stacked(l) => {
-                // two checkpoint projections, both dense
+                // two checkpoint projections, one kind
                 summary.count(l);
                 summary.count(l);
             }

@@ -32,7 +32,9 @@ mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
 mod cpu_gemm;
+mod cpu_isa;
 mod cpu_math;
+mod cpu_qgemm;
 #[cfg(feature = "cuda")]
 mod cuda_module;
 #[cfg(feature = "cuda")]
@@ -63,6 +65,13 @@ pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
 pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
 pub use linear::QuantSummary;
 pub use state::{CandleState, LayerState};
+
+/// The x86 vector instructions this process's CPU kernels run with (`"avx512"` or `"avx2"`,
+/// capped by `FORKSCORE_CPU_ISA=avx2`); `None` where they do not run (no AVX2 + FMA, or off
+/// x86-64), so CPU layers take candle's kernels.
+pub fn cpu_kernel_isa() -> Option<&'static str> {
+    cpu_isa::Isa::chosen().map(cpu_isa::Isa::name)
+}
 
 use crate::error::CandleError;
 use forkscore_seam::{

@@ -1,0 +1,672 @@
+//! `Q8_0` linear layers on x86 CPUs as integer products: `y = x Wᵀ` with `W` kept as its
+//! `Q8_0` int8 values and per-block scales, packed once at load, and `x` rounded on each call
+//! to 8-bit blocks of 32 the way `Q8_0` rounds (`d = max|x| / 127`, `q = round(x / d)`, `d`
+//! kept in f32). This is the product candle's and llama.cpp's CPU `Q8_0` kernels compute
+//! ("W8A8"), register-tiled:
+//!
+//! `y[r][c] = Σ_b (dx[r][b] · dw[c][b]) · Σ_{j<32} qx[r][32b + j] · qw[c][32b + j]`
+//!
+//! Each block's inner sum is exact in i32 (at most 32 · 127² in magnitude), converted to f32
+//! once and accumulated with one fused multiply-add, block after block.
+//!
+//! Two kernels, by [`Isa`]:
+//! - AVX2: int8 values sign-extended to 16 bits, multiplied and summed in pairs (`vpmaddwd`:
+//!   8 lanes × 2 products); tiles of 4 rows × 16 columns.
+//! - AVX-512 VNNI: 4-way `u8 × i8` dot products (`vpdpbusd`: 16 lanes × 4 products). The
+//!   activations are stored offset by 128 as u8; each block's sum starts from
+//!   `-128 Σ_j qw[c][32b + j]` (precomputed per block and column when packing), which cancels
+//!   the offset exactly. Tiles of 6 rows × 32 columns (two panels).
+//!
+//! Weight layout, per panel of [`NR`] columns and block of 32 `k`: `32 / G` groups of `G`
+//! consecutive `k` (`G` = 2 for AVX2, 4 for VNNI), each group 16 columns × `G` bytes with a
+//! column's `G` values together, so a group is one register of 16-bit pairs (AVX2: two
+//! registers of 8 columns) or of byte quads (VNNI). Activations, per group of `MR` rows and
+//! block: the same `k` groups, each row's `G` values in one u32, the unit the kernel broadcasts.
+//!
+//! [`product_reference`] computes the same sums in plain Rust; the tests hold both kernels to
+//! it bit for bit.
+
+use candle_core::{DType, Device, Result, Storage, Tensor};
+
+use super::cpu_gemm::NR;
+use super::cpu_isa::Isa;
+
+/// `k` per `Q8_0` block.
+const BLOCK: usize = 32;
+/// Bytes of one (panel, block): 16 columns × 32 int8.
+const PANEL_BLOCK: usize = NR * BLOCK;
+/// Bytes of one serialized `Q8_0` block: an f16 scale and 32 int8.
+const Q8_0_BYTES: usize = 34;
+/// Rows per tile (AVX2).
+const MR_AVX2: usize = 4;
+/// Rows per tile (AVX-512).
+const MR_AVX512: usize = 6;
+/// Rows per block of the row loop: a few row groups' activations stay in L2 while the
+/// thread's panels pass over them.
+const MC: usize = 48;
+
+/// `k` values per broadcast unit.
+fn group(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx2 => 2,
+        Isa::Avx512 => 4,
+    }
+}
+
+/// Rows per tile.
+fn mr(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx2 => MR_AVX2,
+        Isa::Avx512 => MR_AVX512,
+    }
+}
+
+/// A `Q8_0` weight `W (n, k)` packed for the kernel of one [`Isa`] (`k` a multiple of 32;
+/// the last panel zero-padded, with zero scales).
+#[derive(Debug, Clone)]
+pub(crate) struct PackedQ8 {
+    n: usize,
+    k: usize,
+    isa: Isa,
+    /// `[panel][block][group][column][G]`.
+    q: Vec<i8>,
+    /// `[panel][block][column]`: the weight scales.
+    d: Vec<f32>,
+    /// `[panel][block][column]`: `-128 Σ_j q` (AVX-512 only, empty for AVX2).
+    offset: Vec<i32>,
+}
+
+impl PackedQ8 {
+    /// Pack `Q8_0` blocks of `(n, k)` (candle's serialized form: per row, `k / 32` blocks of
+    /// an f16 scale and 32 int8) for `isa`. `None` when `k` is not a multiple of 32 or the
+    /// byte count does not fit `(n, k)`.
+    pub fn from_blocks(bytes: &[u8], n: usize, k: usize, isa: Isa) -> Option<Self> {
+        use rayon::prelude::*;
+        if !k.is_multiple_of(BLOCK) || bytes.len() != n * (k / BLOCK) * Q8_0_BYTES {
+            return None;
+        }
+        let (blocks, g) = (k / BLOCK, group(isa));
+        let row_bytes = blocks * Q8_0_BYTES;
+        let panels = n.div_ceil(NR);
+        let mut q = vec![0i8; panels * blocks * PANEL_BLOCK];
+        let mut d = vec![0f32; panels * blocks * NR];
+        let mut offset = vec![0i32; panels * blocks * NR];
+        q.par_chunks_mut((blocks * PANEL_BLOCK).max(1))
+            .zip(d.par_chunks_mut((blocks * NR).max(1)))
+            .zip(offset.par_chunks_mut((blocks * NR).max(1)))
+            .enumerate()
+            .for_each(|(p, ((q, d), offset))| {
+                for c in 0..NR.min(n - p * NR) {
+                    let row = &bytes[(p * NR + c) * row_bytes..][..row_bytes];
+                    for (b, block) in row.chunks_exact(Q8_0_BYTES).enumerate() {
+                        let scale = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]]));
+                        d[b * NR + c] = scale.to_f32();
+                        let mut sum = 0i32;
+                        for (j, &v) in block[2..].iter().enumerate() {
+                            let v = v as i8;
+                            q[b * PANEL_BLOCK + (j / g) * NR * g + c * g + j % g] = v;
+                            sum += v as i32;
+                        }
+                        offset[b * NR + c] = -128 * sum;
+                    }
+                }
+            });
+        if isa == Isa::Avx2 {
+            offset = Vec::new();
+        }
+        Some(PackedQ8 {
+            n,
+            k,
+            isa,
+            q,
+            d,
+            offset,
+        })
+    }
+
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The int8 value and scale of `W[c][kk]`.
+    fn at(&self, c: usize, kk: usize) -> (i8, f32) {
+        let (p, c, b, j) = (c / NR, c % NR, kk / BLOCK, kk % BLOCK);
+        let g = group(self.isa);
+        let pb = p * (self.k / BLOCK) + b;
+        let q = self.q[pb * PANEL_BLOCK + (j / g) * NR * g + c * g + j % g];
+        (q, self.d[pb * NR + c])
+    }
+
+    /// `W` dequantized (`d · q`), `(n, k)` row-major.
+    pub fn rows(&self) -> Vec<f32> {
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for c in 0..self.n {
+            w.extend((0..self.k).map(|kk| {
+                let (q, d) = self.at(c, kk);
+                q as f32 * d
+            }));
+        }
+        w
+    }
+
+    /// The weights stacked along `out` (`[a; b; …]`): `None` for an empty list, differing
+    /// `in` or kernels, or a part other than the last whose row count is not a multiple of 16
+    /// (its padded panel would sit inside the stack).
+    pub fn stack(parts: &[&PackedQ8]) -> Option<Self> {
+        let first = parts.first()?;
+        let (k, isa) = (first.k, first.isa);
+        let aligned = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
+        if !aligned || parts.iter().any(|p| p.k != k || p.isa != isa) {
+            return None;
+        }
+        Some(PackedQ8 {
+            n: parts.iter().map(|p| p.n).sum(),
+            k,
+            isa,
+            q: parts.iter().flat_map(|p| p.q.iter().copied()).collect(),
+            d: parts.iter().flat_map(|p| p.d.iter().copied()).collect(),
+            offset: parts
+                .iter()
+                .flat_map(|p| p.offset.iter().copied())
+                .collect(),
+        })
+    }
+}
+
+/// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q`.
+fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
+    let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; BLOCK];
+    for (q, &x) in q.iter_mut().zip(xs) {
+        *q = (x * id).round().clamp(-127.0, 127.0) as i8;
+    }
+    (d, q)
+}
+
+/// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
+/// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
+/// are zero).
+fn quantize_rows(x: &[f32], m: usize, k: usize, isa: Isa) -> (Vec<u32>, Vec<f32>) {
+    use rayon::prelude::*;
+    let (mr, g, blocks) = (mr(isa), group(isa), k / BLOCK);
+    let units = BLOCK / g;
+    let groups = m.div_ceil(mr);
+    let mut a = vec![0u32; groups * blocks * units * mr];
+    let mut s = vec![0f32; groups * blocks * mr];
+    a.par_chunks_mut((blocks * units * mr).max(1))
+        .zip(s.par_chunks_mut((blocks * mr).max(1)))
+        .enumerate()
+        .for_each(|(gi, (a, s))| {
+            for r in 0..mr.min(m - gi * mr) {
+                let row = &x[(gi * mr + r) * k..][..k];
+                for (b, xs) in row.chunks_exact(BLOCK).enumerate() {
+                    let (d, q) = quantize_block(xs);
+                    s[b * mr + r] = d;
+                    for (u, vals) in q.chunks_exact(g).enumerate() {
+                        a[(b * units + u) * mr + r] = match isa {
+                            // two i16, the first in the low half (vpmaddwd's pair order)
+                            Isa::Avx2 => {
+                                (vals[0] as i16 as u16 as u32)
+                                    | ((vals[1] as i16 as u16 as u32) << 16)
+                            }
+                            // four u8 offset by 128, the first in the low byte
+                            Isa::Avx512 => u32::from_le_bytes([
+                                (vals[0] as i32 + 128) as u8,
+                                (vals[1] as i32 + 128) as u8,
+                                (vals[2] as i32 + 128) as u8,
+                                (vals[3] as i32 + 128) as u8,
+                            ]),
+                        };
+                    }
+                }
+            }
+        });
+    (a, s)
+}
+
+/// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
+/// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
+pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
+    let (n, k) = (w.n, w.k);
+    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
+        candle_core::bail!(
+            "q8_0 linear: input {:?} {:?} on {:?} does not fit a ({n}, {k}) q8_0 CPU weight",
+            x.dims(),
+            x.dtype(),
+            x.device()
+        );
+    }
+    if !Isa::supported().contains(&w.isa) {
+        candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name());
+    }
+    let m = x.elem_count() / k.max(1);
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    if m == 0 || n == 0 || k == 0 {
+        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
+    }
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let Storage::Cpu(xc) = &*xs else {
+        candle_core::bail!("q8_0 linear: input is not on the CPU");
+    };
+    let xd = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
+    #[cfg(target_arch = "x86_64")]
+    let y = x86::product(xd, m, w);
+    #[cfg(not(target_arch = "x86_64"))]
+    let y: Vec<f32> = unreachable!("no ISA is supported off x86-64: {}", xd.len());
+    drop(xs);
+    Tensor::from_vec(y, dims, &Device::Cpu)
+}
+
+/// The sums the kernels compute, `x (m, k) -> (m, n)` row-major, in plain Rust: the same
+/// rounded activations, the same block order, one `mul_add` per block.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
+    let (n, k) = (w.n, w.k);
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        let blocks: Vec<(f32, [i8; BLOCK])> = x[r * k..][..k]
+            .chunks_exact(BLOCK)
+            .map(quantize_block)
+            .collect();
+        for c in 0..n {
+            let mut f = 0f32;
+            for (b, (dx, qx)) in blocks.iter().enumerate() {
+                let mut dot = 0i32;
+                for (j, &v) in qx.iter().enumerate() {
+                    dot += v as i32 * w.at(c, b * BLOCK + j).0 as i32;
+                }
+                let dw = w.at(c, b * BLOCK).1;
+                f = (dot as f32).mul_add(dx * dw, f);
+            }
+            y[r * n + c] = f;
+        }
+    }
+    y
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use rayon::prelude::*;
+
+    use super::{
+        group, mr, quantize_rows, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK,
+    };
+
+    /// One tile's output, `[row][column]` (32 columns: two panels).
+    type Tile = [[f32; 2 * NR]; MR_AVX512];
+
+    /// AVX2: rows `0..R` × one panel over `blocks` blocks. `a` / `sa`: the row group's units
+    /// and scales; `w` / `dw`: the panel's int8 values and scales.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_avx2<const R: usize>(
+        blocks: usize,
+        a: *const u32,
+        sa: *const f32,
+        w: *const i8,
+        dw: *const f32,
+        out: &mut Tile,
+    ) {
+        const UNITS: usize = BLOCK / 2;
+        let mut f = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..blocks {
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            let ab = a.add(b * UNITS * MR_AVX2);
+            let wb = w.add(b * PANEL_BLOCK);
+            for u in 0..UNITS {
+                let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(u * 32) as *const __m128i));
+                let w1 =
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(u * 32 + 16) as *const __m128i));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(*ab.add(u * MR_AVX2 + r) as i32);
+                    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(av, w0));
+                    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(av, w1));
+                }
+            }
+            let d0 = _mm256_loadu_ps(dw.add(b * NR));
+            let d1 = _mm256_loadu_ps(dw.add(b * NR + 8));
+            for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
+                let s = _mm256_set1_ps(*sa.add(b * MR_AVX2 + r));
+                f[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_mul_ps(s, d0), f[0]);
+                f[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_mul_ps(s, d1), f[1]);
+            }
+        }
+        for (f, out) in f.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
+        }
+    }
+
+    /// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
+    /// `blocks` blocks; `off` the panels' offsets, laid out as their scales.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_avx512<const R: usize, const P: usize>(
+        blocks: usize,
+        a: *const u32,
+        sa: *const f32,
+        w: *const i8,
+        wstride: usize,
+        dw: *const f32,
+        off: *const i32,
+        dstride: usize,
+        out: &mut Tile,
+    ) {
+        const UNITS: usize = BLOCK / 4;
+        let mut f = [[_mm512_setzero_ps(); P]; R];
+        for b in 0..blocks {
+            let mut acc = [[_mm512_setzero_si512(); P]; R];
+            for j in 0..P {
+                let o = _mm512_loadu_si512(off.add(j * dstride + b * NR) as *const __m512i);
+                for acc in acc.iter_mut() {
+                    acc[j] = o;
+                }
+            }
+            let ab = a.add(b * UNITS * MR_AVX512);
+            for u in 0..UNITS {
+                let mut wv = [_mm512_setzero_si512(); P];
+                for (j, wv) in wv.iter_mut().enumerate() {
+                    let at = w.add(j * wstride + b * PANEL_BLOCK + u * 64);
+                    *wv = _mm512_loadu_si512(at as *const __m512i);
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_epi32(*ab.add(u * MR_AVX512 + r) as i32);
+                    for (acc, wv) in acc.iter_mut().zip(&wv) {
+                        *acc = _mm512_dpbusd_epi32(*acc, av, *wv);
+                    }
+                }
+            }
+            for j in 0..P {
+                let dv = _mm512_loadu_ps(dw.add(j * dstride + b * NR));
+                for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
+                    let s = _mm512_set1_ps(*sa.add(b * MR_AVX512 + r));
+                    f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j]), _mm512_mul_ps(s, dv), f[j]);
+                }
+            }
+        }
+        for (f, out) in f.iter().zip(out.iter_mut()) {
+            for (j, f) in f.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(j * NR), *f);
+            }
+        }
+    }
+
+    /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
+    pub(super) fn product(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
+        let (n, k, isa) = (w.n, w.k, w.isa);
+        let (a, s) = quantize_rows(x, m, k, isa);
+        let panels = n.div_ceil(NR);
+        let threads = rayon::current_num_threads().clamp(1, panels);
+        let per = match isa {
+            Isa::Avx512 => panels.div_ceil(threads).next_multiple_of(2),
+            Isa::Avx2 => panels.div_ceil(threads),
+        };
+        let mut y = vec![0f32; m * n];
+        let y_addr = y.as_mut_ptr() as usize;
+        (0..panels)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(|p0| {
+                // SAFETY: the CPU has `isa` (`linear` checked); `a` / `s` hold every row group
+                // `run` reads and the weight every panel; runs of panels write disjoint
+                // columns of `y` (m · n elements).
+                unsafe { run(&a, &s, m, w, p0, (p0 + per).min(panels), y_addr as *mut f32) };
+            });
+        y
+    }
+
+    /// Panels `p0..p1` of the product into `y (m, n)`.
+    unsafe fn run(a: &[u32], s: &[f32], m: usize, w: &PackedQ8, p0: usize, p1: usize, y: *mut f32) {
+        let (n, k, isa) = (w.n, w.k, w.isa);
+        let (blocks, mr, units) = (k / BLOCK, mr(isa), BLOCK / group(isa));
+        let mut out: Tile = [[0f32; 2 * NR]; MR_AVX512];
+        for ic in (0..m).step_by(MC) {
+            let ie = (ic + MC).min(m);
+            let mut p = p0;
+            while p < p1 {
+                let width = match isa {
+                    Isa::Avx512 if p + 1 < p1 => 2,
+                    _ => 1,
+                };
+                let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
+                let dp = w.d.as_ptr().add(p * blocks * NR);
+                for g0 in (ic..ie).step_by(mr) {
+                    let rows = mr.min(m - g0);
+                    let gi = g0 / mr;
+                    let ag = a.as_ptr().add(gi * blocks * units * mr);
+                    let sg = s.as_ptr().add(gi * blocks * mr);
+                    match isa {
+                        Isa::Avx2 => {
+                            macro_rules! go {
+                                ($r:literal) => {
+                                    tile_avx2::<$r>(blocks, ag, sg, wp, dp, &mut out)
+                                };
+                            }
+                            match rows {
+                                4 => go!(4),
+                                3 => go!(3),
+                                2 => go!(2),
+                                _ => go!(1),
+                            }
+                        }
+                        Isa::Avx512 => {
+                            let op = w.offset.as_ptr().add(p * blocks * NR);
+                            let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
+                            macro_rules! go {
+                                ($r:literal) => {
+                                    match width {
+                                        2 => tile_avx512::<$r, 2>(
+                                            blocks, ag, sg, wp, ws, dp, op, ds, &mut out,
+                                        ),
+                                        _ => tile_avx512::<$r, 1>(
+                                            blocks, ag, sg, wp, ws, dp, op, ds, &mut out,
+                                        ),
+                                    }
+                                };
+                            }
+                            match rows {
+                                6 => go!(6),
+                                5 => go!(5),
+                                4 => go!(4),
+                                3 => go!(3),
+                                2 => go!(2),
+                                _ => go!(1),
+                            }
+                        }
+                    }
+                    // the tile's real columns into y
+                    let cols = (width * NR).min(n - p * NR);
+                    for (r, out) in out.iter().enumerate().take(rows) {
+                        std::ptr::copy_nonoverlapping(
+                            out.as_ptr(),
+                            y.add((g0 + r) * n + p * NR),
+                            cols,
+                        );
+                    }
+                }
+                p += width;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QTensor};
+
+    use super::*;
+
+    fn q8(w: &Tensor) -> Result<(Vec<u8>, QTensor)> {
+        let q = QTensor::quantize(w, GgmlDType::Q8_0)?;
+        Ok((q.data()?.into_owned(), q))
+    }
+
+    /// Both kernels equal the plain-Rust sums bit for bit, on every tail there is: row counts
+    /// off the tile and row-block sizes, ragged last panels after odd and even counts of whole
+    /// ones, one block of `k` and many, 3-D and strided inputs, a single row.
+    #[test]
+    fn kernels_equal_the_reference_sums() -> Result<()> {
+        let levels = Isa::supported();
+        if levels.is_empty() {
+            eprintln!("no AVX2 + FMA: the q8_0 kernels do not run here");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        for isa in levels {
+            for (xdims, n) in [
+                (vec![37usize, 96], 130usize),
+                (vec![2, 19, 64], 48),
+                (vec![1, 1, 896], 7),
+                (vec![5, 32], 50),
+                (vec![MC + 7, 160], 176),
+                (vec![13, 1024], 16),
+                (vec![150, 64], 33),
+            ] {
+                let k = *xdims.last().unwrap();
+                let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
+                let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (n, k), &dev)?)?;
+                let w = PackedQ8::from_blocks(&bytes, n, k, isa).expect("fits");
+                assert_eq!(w.dims(), (n, k));
+                let got = linear(&x, &w)?;
+                let mut want_dims = xdims.clone();
+                *want_dims.last_mut().unwrap() = n;
+                assert_eq!(got.dims(), &want_dims[..]);
+                let m = x.elem_count() / k;
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let want = product_reference(&xs, m, &w);
+                let got = got.flatten_all()?.to_vec1::<f32>()?;
+                assert!(got == want, "{isa:?} {xdims:?} x ({n}, {k}): differs");
+            }
+            let x = Tensor::randn(0f32, 1.0, (64, 10), &dev)?.t()?; // (10, 64), strided
+            let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (20, 64), &dev)?)?;
+            let w = PackedQ8::from_blocks(&bytes, 20, 64, isa).expect("fits");
+            let got = linear(&x, &w)?.flatten_all()?.to_vec1::<f32>()?;
+            let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+            assert!(
+                got == product_reference(&xs, 10, &w),
+                "{isa:?} strided input"
+            );
+        }
+        Ok(())
+    }
+
+    /// The reference sums are the product of the dequantized weight and the activations
+    /// rounded to 8-bit blocks, up to f32 rounding; and the packed weight dequantizes to
+    /// exactly candle's dequantization.
+    #[test]
+    fn the_reference_is_the_product_of_the_rounded_operands() -> Result<()> {
+        let dev = Device::Cpu;
+        let (m, n, k) = (9usize, 40usize, 128usize);
+        let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+        let (bytes, qt) = q8(&Tensor::randn(0f32, 0.2, (n, k), &dev)?)?;
+        let dense = qt.dequantize(&dev)?;
+        // the activations rounded to 8-bit blocks, dequantized
+        let xs = x.to_vec2::<f32>()?;
+        let rounded: Vec<f32> = xs
+            .iter()
+            .flat_map(|row| {
+                row.chunks_exact(BLOCK)
+                    .flat_map(|b| {
+                        let (d, q) = quantize_block(b);
+                        q.map(|q| q as f32 * d)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let xr = Tensor::from_vec(rounded, (m, k), &dev)?;
+        let want = xr.matmul(&dense.t()?)?.flatten_all()?.to_vec1::<f32>()?;
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let w = PackedQ8::from_blocks(&bytes, n, k, isa).expect("fits");
+            assert_eq!(w.rows(), dense.flatten_all()?.to_vec1::<f32>()?, "{isa:?}");
+            let got = product_reference(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+            assert!(diff <= 1e-5 * scale, "{isa:?}: {diff} vs scale {scale}");
+        }
+        Ok(())
+    }
+
+    /// Stacking equals packing the stacked blocks; unaligned parts, differing `in` or
+    /// kernels are refused, and so are blocks that do not fit the shape.
+    #[test]
+    fn stacking_and_refusals() -> Result<()> {
+        let dev = Device::Cpu;
+        let ws: Vec<Tensor> = [32usize, 16, 7]
+            .iter()
+            .map(|&r| Tensor::randn(0f32, 1.0, (r, 64), &dev))
+            .collect::<Result<_>>()?;
+        let all = Tensor::cat(&ws, 0)?;
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let parts: Vec<PackedQ8> = ws
+                .iter()
+                .map(|w| {
+                    let (b, _) = q8(w)?;
+                    Ok(PackedQ8::from_blocks(&b, w.dim(0)?, 64, isa).expect("fits"))
+                })
+                .collect::<Result<_>>()?;
+            let refs: Vec<&PackedQ8> = parts.iter().collect();
+            let stacked = PackedQ8::stack(&refs).expect("aligned");
+            let (b, _) = q8(&all)?;
+            let whole = PackedQ8::from_blocks(&b, 55, 64, isa).expect("fits");
+            assert_eq!(stacked.dims(), (55, 64));
+            assert_eq!(stacked.q, whole.q);
+            assert_eq!(stacked.d, whole.d);
+            assert_eq!(stacked.offset, whole.offset);
+            assert!(
+                PackedQ8::stack(&[&parts[2], &parts[0]]).is_none(),
+                "7 rows first"
+            );
+        }
+        let (b, _) = q8(&ws[1])?;
+        let a2 = PackedQ8::from_blocks(&b, 16, 64, Isa::Avx2).expect("fits");
+        let a5 = PackedQ8::from_blocks(&b, 16, 64, Isa::Avx512).expect("fits");
+        assert!(PackedQ8::stack(&[&a2, &a5]).is_none(), "two kernels");
+        assert!(PackedQ8::stack(&[]).is_none());
+        assert!(
+            PackedQ8::from_blocks(&b, 16, 32, Isa::Avx2).is_none(),
+            "bytes of (16, 64)"
+        );
+        assert!(
+            PackedQ8::from_blocks(&[0u8; 34], 1, 40, Isa::Avx2).is_none(),
+            "k 40"
+        );
+        Ok(())
+    }
+
+    /// A mis-sized or non-f32 input is an error naming the shapes, never a panic.
+    #[test]
+    fn a_mis_sized_input_is_an_error() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, _) = q8(&Tensor::zeros((4, 64), DType::F32, &dev)?)?;
+        let Some(&isa) = Isa::supported().first() else {
+            return Ok(());
+        };
+        let w = PackedQ8::from_blocks(&b, 4, 64, isa).expect("fits");
+        let e = linear(&Tensor::zeros((3, 32), DType::F32, &dev)?, &w).expect_err("k 32 vs 64");
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        let e = linear(&Tensor::zeros((3, 64), DType::F64, &dev)?, &w).expect_err("f64");
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert_eq!(
+            linear(&Tensor::zeros((0, 64), DType::F32, &dev)?, &w)?.dims(),
+            &[0, 4]
+        );
+        // all-zero activations round to zero blocks (scale 0), not NaN
+        let y = linear(&Tensor::zeros((2, 64), DType::F32, &dev)?, &w)?;
+        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, vec![0f32; 8]);
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The CPU bench and the CPU kernel tests on another x86 CPU than the build machine's, e.g. an
+# AVX-512 + VNNI Xeon that has no Rust toolchain: binaries built here, run there on two cores.
+#
+#   bash scripts/cpu-real/device.sh pack            # here: build, strip, xz into carry/cpu/
+#   bash scripts/cpu-real/device.sh run OUTDIR      # there, from the repo root (carry/cpu/ copied)
+#
+# `run` writes OUTDIR/{lscpu.txt, tests.txt, test-*.log, ckpt.log, <config>/modes.json,
+# dump-<config>.json, peer.json, run.log}: the backends' library tests (every kernel level the CPU
+# has), the quantized, scoring and transformers-reference integration tests; the seeded
+# Qwen2.5-0.5B-shaped checkpoint written there by transformers; forkscore at 8 and 28 fields
+# (parallel mode) in f32 and q8_0, with the widest kernels and capped at AVX2
+# (FORKSCORE_CPU_ISA=avx2); transformers' prefill and prefix-batched scoring of the same token ids
+# on the same cores. Env: CORES (taskset list, default 0,1), REPEATS (3), PYTHON (python3).
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+case "${1:-}" in
+pack)
+  set -e
+  mkdir -p carry/cpu
+  tests=$(cargo test -p forkscore-backends --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_backends","quantized","scoring","reference_transformers"):
+        print(("lib" if m["target"]["name"]=="forkscore_backends" else m["target"]["name"])+"="+m["executable"])')
+  modes=$(cargo bench -p forkscore-benches --bench modes --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="modes": print("modes="+m["executable"])')
+  for pair in $tests $modes; do
+    name=${pair%%=*}; exe=${pair#*=}
+    strip -o "/tmp/device-$name" "$exe"
+    xz -T2 -6 -c "/tmp/device-$name" > "carry/cpu/$name.xz"
+    echo "carry/cpu/$name.xz <- $exe"
+  done
+  ;;
+run)
+  OUT=${2:?usage: device.sh run OUTDIR}
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/run.log") 2>&1
+  CORES=${CORES:-0,1}
+  REPEATS=${REPEATS:-3}
+  PYTHON=${PYTHON:-python3}
+  BIN=/tmp/forkscore-bin
+  mkdir -p "$BIN"
+  for f in carry/cpu/*.xz; do
+    xz -dc "$f" > "$BIN/$(basename "$f" .xz)" && chmod +x "$BIN/$(basename "$f" .xz)"
+  done
+  # the test binaries read fixtures by the path they were built in
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$REPO" /work/main; }
+  lscpu > "$OUT/lscpu.txt"
+  export RAYON_NUM_THREADS=2 OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+  T=(taskset -c "$CORES")
+  echo "== $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo), cores $CORES"
+  for t in lib quantized scoring reference_transformers; do
+    "${T[@]}" "$BIN/$t" --test-threads=2 > "$OUT/test-$t.log" 2>&1
+    echo "$t: rc $? $(grep 'test result' "$OUT/test-$t.log" | tail -1)" | tee -a "$OUT/tests.txt"
+  done
+  "$PYTHON" scripts/gpu-real/write_checkpoints.py /tmp/ckpt --models qwen25-0.5b --device cpu \
+    --dtype float32 > "$OUT/ckpt.log" 2>&1 || { echo "checkpoint failed"; tail "$OUT/ckpt.log"; exit 1; }
+  CKPT=/tmp/ckpt/qwen25-0.5b
+  bench() { # NAME [ENV=VALUE ...]
+    local name=$1; shift
+    echo "== forkscore $name $*"
+    env "$@" FORKSCORE_BENCH_MODEL="$CKPT" FORKSCORE_BENCH_FIELDS=8,28 FORKSCORE_BENCH_WORDS=80 \
+      FORKSCORE_BENCH_REPEATS="$REPEATS" FORKSCORE_BENCH_MODES=parallel \
+      FORKSCORE_BENCH_OUT="$OUT/$name" FORKSCORE_BENCH_DUMP="$OUT/dump-$name.json" \
+      "${T[@]}" "$BIN/modes" --bench | tail -4
+  }
+  bench f32
+  bench q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
+  bench f32-avx2 FORKSCORE_CPU_ISA=avx2
+  bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0
+  echo "== transformers"
+  "${T[@]}" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \
+    --out "$OUT/peer.json" --label cpu --device cpu --dtype float32 --repeats "$REPEATS" \
+    --budget-s 20 --modes prefill,prefix_batched 2>&1 | tail -6
+  echo "== $(date -u +%FT%TZ) done"
+  ;;
+*)
+  echo "usage: device.sh pack | device.sh run OUTDIR" >&2
+  exit 2
+  ;;
+esac
