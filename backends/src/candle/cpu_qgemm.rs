@@ -174,14 +174,25 @@ impl PackedQ8 {
     }
 }
 
-/// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q`.
+/// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q` (`q` to the
+/// nearest integer, ties to even: what the vector form's conversion does).
 fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
+    #[cfg(target_arch = "x86_64")]
+    if xs.len() == BLOCK && Isa::chosen().is_some() {
+        // SAFETY: the CPU has AVX2 (every ISA level includes it); `xs` holds 32 floats.
+        return unsafe { x86::quantize_block(xs) };
+    }
+    quantize_block_scalar(xs)
+}
+
+/// [`quantize_block`] one element at a time.
+fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
     let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0i8; BLOCK];
     for (q, &x) in q.iter_mut().zip(xs) {
-        *q = (x * id).round().clamp(-127.0, 127.0) as i8;
+        *q = (x * id).round_ties_even().clamp(-127.0, 127.0) as i8;
     }
     (d, q)
 }
@@ -273,7 +284,7 @@ pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
     for r in 0..m {
         let blocks: Vec<(f32, [i8; BLOCK])> = x[r * k..][..k]
             .chunks_exact(BLOCK)
-            .map(quantize_block)
+            .map(quantize_block_scalar)
             .collect();
         for c in 0..n {
             let mut f = 0f32;
@@ -303,6 +314,31 @@ mod x86 {
 
     /// One tile's output, `[row][column]` (32 columns: two panels).
     type Tile = [[f32; 2 * NR]; MR_AVX512];
+
+    /// [`super::quantize_block`] in four 8-lane registers: the same max, scale, product and
+    /// rounding (the conversion rounds to nearest, ties to even), so the same result.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
+        let p = xs.as_ptr();
+        let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for v in &v {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.iter().fold(0f32, |a, &x| a.max(x));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        let mut q32 = [0i32; BLOCK];
+        for (i, v) in v.iter().enumerate() {
+            let r = _mm256_cvtps_epi32(_mm256_mul_ps(*v, idv));
+            _mm256_storeu_si256(q32.as_mut_ptr().add(8 * i) as *mut __m256i, r);
+        }
+        (d, q32.map(|q| q.clamp(-127, 127) as i8))
+    }
 
     /// AVX2: rows `0..R` × one panel over `blocks` blocks. `a` / `sa`: the row group's units
     /// and scales; `w` / `dw`: the panel's int8 values and scales.
@@ -530,7 +566,8 @@ mod tests {
                 (vec![1, 1, 896], 7),
                 (vec![5, 32], 50),
                 (vec![MC + 7, 160], 176),
-                (vec![13, 1024], 16),
+                (vec![13, 1280], 16),
+                (vec![MC + 9, 2080], 40),
                 (vec![150, 64], 33),
             ] {
                 let k = *xdims.last().unwrap();
@@ -578,7 +615,7 @@ mod tests {
             .flat_map(|row| {
                 row.chunks_exact(BLOCK)
                     .flat_map(|b| {
-                        let (d, q) = quantize_block(b);
+                        let (d, q) = quantize_block_scalar(b);
                         q.map(|q| q as f32 * d)
                     })
                     .collect::<Vec<_>>()
@@ -596,6 +633,37 @@ mod tests {
                 .zip(&want)
                 .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
             assert!(diff <= 1e-5 * scale, "{isa:?}: {diff} vs scale {scale}");
+        }
+        Ok(())
+    }
+
+    /// The vector rounding of a block equals the scalar one: random blocks of several scales,
+    /// exact ties (x · 127 / max|x| = k + 0.5), an all-zero block, one large value.
+    #[test]
+    fn vector_rounding_equals_scalar_rounding() -> Result<()> {
+        let dev = Device::Cpu;
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for scale in [1e-6f32, 1.0, 3e4] {
+            let x = Tensor::randn(0f32, scale, (200, BLOCK), &dev)?.to_vec2::<f32>()?;
+            blocks.extend(x);
+        }
+        // max 127: every x = k + 0.5 is an exact tie of x · 127 / 127
+        blocks.push(
+            (0..BLOCK)
+                .map(|i| i as f32 + 0.5)
+                .chain([127.0])
+                .skip(1)
+                .collect(),
+        );
+        blocks.push(vec![0.0; BLOCK]);
+        let mut big = vec![1e-3f32; BLOCK];
+        big[17] = -9e9;
+        blocks.push(big);
+        for b in &blocks {
+            assert_eq!(b.len(), BLOCK);
+            let (d, q) = quantize_block_scalar(b);
+            let (dv, qv) = quantize_block(b);
+            assert_eq!((d.to_bits(), q), (dv.to_bits(), qv), "{b:?}");
         }
         Ok(())
     }
