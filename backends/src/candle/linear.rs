@@ -476,6 +476,39 @@ mod tests {
         Ok(())
     }
 
+    /// Where the integer kernel runs, an f32 model's Q8_0 layers take it (not candle's
+    /// blocks), count as `q8_0`, and stack: the stacked layer's output is the parts' outputs
+    /// side by side, bit for bit.
+    #[test]
+    fn q8_0_layers_take_the_integer_kernel_and_stack() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let layer = |rows: usize| -> candle_core::Result<Linear> {
+            let w = Tensor::randn(0f32, 0.2, (rows, 64), &dev)?;
+            let b = Tensor::randn(0f32, 1.0, rows, &dev)?;
+            Linear::quantized("w", &w, Some(b), Quantization::Q8_0, DType::F32, &dev)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))
+        };
+        let (a, b) = (layer(32)?, layer(20)?);
+        if q8_kernel(GgmlDType::Q8_0, DType::F32, &dev).is_none() {
+            assert!(matches!(a, Linear::Quantized { .. }), "no integer kernel here");
+            return Ok(());
+        }
+        assert!(matches!(a, Linear::PackedQ8 { .. }));
+        assert_eq!(a.ggml(), Some(GgmlDType::Q8_0));
+        let stacked = Linear::stack(&[&a, &b])
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+            .expect("32 rows first: aligned");
+        let x = Tensor::randn(0f32, 1.0, (5, 64), &dev)?;
+        let want = Tensor::cat(&[a.forward(&x)?, b.forward(&x)?], 1)?;
+        let got = stacked.forward(&x)?;
+        assert_eq!(got.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
+        // 20 rows first: the padded panel would sit inside the stack
+        assert!(Linear::stack(&[&b, &a])
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+            .is_none());
+        Ok(())
+    }
+
     #[test]
     fn ggml_types_follow_the_input_width() {
         assert_eq!(ggml_type(Quantization::Q8_0, 896), Some(GgmlDType::Q8_0));
