@@ -490,7 +490,10 @@ mod tests {
         };
         let (a, b) = (layer(32)?, layer(20)?);
         if q8_kernel(GgmlDType::Q8_0, DType::F32, &dev).is_none() {
-            assert!(matches!(a, Linear::Quantized { .. }), "no integer kernel here");
+            assert!(
+                matches!(a, Linear::Quantized { .. }),
+                "no integer kernel here"
+            );
             return Ok(());
         }
         assert!(matches!(a, Linear::PackedQ8 { .. }));
