@@ -100,14 +100,21 @@ impl Tolerance {
         abs: 5e-3,
     };
     /// CPU, linear weights quantized to Q8_0 at load vs the same checkpoint unquantized, on the
-    /// tiny models' raw logits (|x| up to ~50). Measured (backends/tests/quantized.rs, CPU):
-    /// through candle's kernels and the dequantized GEMM at most 0.19 (Qwen2.5 0.19, Qwen3 0.18,
-    /// Qwen3.5 0.05); through the integer kernel, which also rounds every activation row to
-    /// 8-bit blocks, at most 0.34 (Qwen2.5 0.34, Qwen3 0.22, Qwen3.5 0.064). The preset leaves
-    /// ~1.8x headroom over the larger.
+    /// tiny models' raw logits (|x| up to ~50); also CUDA q8_0 vs CPU q8_0 in f32. Measured on
+    /// the CPU:
+    /// - through candle's kernels and the dequantized GEMM (f32 activations, what CUDA runs for
+    ///   many rows): at most 0.19 on `backends/tests/quantized.rs`'s 36-token prompt, 0.47 on a
+    ///   57-token one (4,096 candidates);
+    /// - through the integer kernel, which also rounds every activation row to 8-bit blocks:
+    ///   at most 0.34 and 0.84 on those prompts (Qwen2.5 / Qwen3; Qwen3.5 ≤ 0.19);
+    /// - the integer kernel vs the dequantized path (the CUDA-vs-CPU comparison): at most 0.79
+    ///   on the 57-token prompt.
+    ///
+    /// The preset leaves ~2.4x headroom over the largest; a wrong kernel moves these logits by
+    /// tens.
     pub const Q8_0_TINY_LOGITS: Tolerance = Tolerance {
         name: "q8_0-tiny-logits",
-        abs: 0.6,
+        abs: 2.0,
     };
     /// As [`Tolerance::Q8_0_TINY_LOGITS`] for `q4k` (Q4_K, or its Q5_0 fallback on narrow
     /// inputs). Measured: at most 3.8 (hidden-256 Qwen3 in Q4_K; the hidden-32 models in the
