@@ -21,9 +21,9 @@ pub(crate) enum Isa {
 impl Isa {
     /// The levels this CPU has, narrowest first (empty off x86-64 or without AVX2 + FMA).
     pub fn supported() -> Vec<Isa> {
-        let mut levels = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
+            let mut levels = Vec::new();
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 levels.push(Isa::Avx2);
                 if is_x86_feature_detected!("avx512f")
@@ -33,8 +33,12 @@ impl Isa {
                     levels.push(Isa::Avx512);
                 }
             }
+            levels
         }
-        levels
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Vec::new()
+        }
     }
 
     /// The level the kernels run with in this process: the widest supported, capped by

@@ -43,6 +43,7 @@ const MR_AVX2: usize = 4;
 const MR_AVX512: usize = 6;
 /// Rows per block of the row loop: a few row groups' activations stay in L2 while the
 /// thread's panels pass over them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MC: usize = 48;
 
 /// `k` values per broadcast unit.
@@ -200,6 +201,7 @@ fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 /// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
 /// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
 /// are zero).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn quantize_rows(x: &[f32], m: usize, k: usize, isa: Isa) -> (Vec<u32>, Vec<f32>) {
     use rayon::prelude::*;
     let (mr, g, blocks) = (mr(isa), group(isa), k / BLOCK);
