@@ -69,16 +69,9 @@ pub(crate) fn choice() -> CpuGemm {
     })
 }
 
-/// Whether this CPU runs the packed kernel (x86-64 with AVX2 and FMA).
+/// Whether this CPU runs the packed kernel (x86-64 with AVX2 and FMA: some [`Isa`] level).
 pub(crate) fn kernel_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::chosen().is_some()
 }
 
 /// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
@@ -576,7 +569,7 @@ mod tests {
             return Ok(());
         }
         let dev = Device::Cpu;
-        for isa in levels {
+        for &isa in levels {
             for (xdims, n) in [
                 (vec![37usize, 96], 130usize),
                 (vec![2, 19, 64], 48),

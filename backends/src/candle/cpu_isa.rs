@@ -19,8 +19,15 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The levels this CPU has, narrowest first (empty off x86-64 or without AVX2 + FMA).
-    pub fn supported() -> Vec<Isa> {
+    /// The levels this CPU has, narrowest first (empty off x86-64 or without AVX2 + FMA),
+    /// detected once.
+    pub fn supported() -> &'static [Isa] {
+        use std::sync::OnceLock;
+        static LEVELS: OnceLock<Vec<Isa>> = OnceLock::new();
+        LEVELS.get_or_init(Isa::detect)
+    }
+
+    fn detect() -> Vec<Isa> {
         #[cfg(target_arch = "x86_64")]
         {
             let mut levels = Vec::new();
@@ -51,7 +58,7 @@ impl Isa {
                 Ok("avx2") => Isa::Avx2,
                 _ => Isa::Avx512,
             };
-            Isa::supported().into_iter().filter(|&l| l <= cap).max()
+            Isa::supported().iter().copied().filter(|&l| l <= cap).max()
         })
     }
 

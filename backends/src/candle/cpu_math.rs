@@ -10,6 +10,9 @@
 //! range; inputs below -87.3 give exactly 0 (so a masked `-inf` score contributes nothing),
 //! inputs above 88.7 give `f32::MAX`.
 
+#[cfg(target_arch = "x86_64")]
+use super::cpu_isa::Isa;
+
 /// Largest input with a finite result (just under ln(f32::MAX)).
 const HI: f32 = 88.7;
 /// Smallest input with a normal result; below it the result is flushed to 0.
@@ -51,7 +54,7 @@ pub fn exp(x: f32) -> f32 {
 /// `xs[i] = e^(xs[i] - shift)` in place; returns the sum of the results.
 pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if Isa::chosen().is_some() {
         // SAFETY: the CPU has AVX2 and FMA (checked at run time).
         return unsafe { x86::exp_shifted_sum(xs, shift) };
     }
@@ -68,21 +71,13 @@ pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     debug_assert!(gate.len() == up.len() && up.len() == out.len());
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if Isa::chosen().is_some() {
         // SAFETY: the CPU has AVX2 and FMA (checked at run time).
         return unsafe { x86::silu_mul(gate, up, out) };
     }
     for ((y, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *y = g / (1.0 + exp(-g)) * u;
     }
-}
-
-/// Whether the AVX2 + FMA kernels run (detected once).
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
 }
 
 #[cfg(target_arch = "x86_64")]

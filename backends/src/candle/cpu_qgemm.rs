@@ -561,7 +561,7 @@ mod tests {
             return Ok(());
         }
         let dev = Device::Cpu;
-        for isa in levels {
+        for &isa in levels {
             for (xdims, n) in [
                 (vec![37usize, 96], 130usize),
                 (vec![2, 19, 64], 48),

@@ -116,8 +116,9 @@ impl Linear {
     }
 
     /// The layers stacked along `out` into one (`[a; b; …]`, biases likewise): all dense, all
-    /// packed, or all packed `Q8_0` (every part but the last a multiple of 16 rows), with one `in` and either all or none with a bias; `None` otherwise (the
-    /// caller keeps them separate).
+    /// packed, or all packed `Q8_0` (every part but the last a multiple of 16 rows), with one
+    /// `in` and either all or none with a bias; `None` otherwise (the caller keeps them
+    /// separate).
     pub fn stack(parts: &[&Linear]) -> Result<Option<Self>, CandleError> {
         let biases: Vec<&Tensor> = parts.iter().filter_map(|l| l.bias()).collect();
         if parts.is_empty() || (!biases.is_empty() && biases.len() != parts.len()) {
@@ -127,43 +128,38 @@ impl Linear {
             true => None,
             false => Some(Tensor::cat(&biases, 0).map_err(CandleError::tensor("stack biases"))?),
         };
-        let dense: Option<Vec<&Tensor>> = parts
-            .iter()
-            .map(|l| match l {
-                Linear::Dense(d) => Some(d.weight()),
-                _ => None,
-            })
-            .collect();
-        if let Some(ws) = dense {
+        // every part's weight of one kind, or None
+        fn all<'a, T>(
+            parts: &[&'a Linear],
+            of: fn(&'a Linear) -> Option<&'a T>,
+        ) -> Option<Vec<&'a T>> {
+            parts.iter().map(|l| of(l)).collect()
+        }
+        if let Some(ws) = all(parts, |l| match l {
+            Linear::Dense(d) => Some(d.weight()),
+            _ => None,
+        }) {
             let w = Tensor::cat(&ws, 0).map_err(CandleError::tensor("stack weights"))?;
             return Ok(Some(Linear::Dense(candle_nn::Linear::new(w, bias))));
         }
-        let q8: Option<Vec<&PackedQ8>> = parts
-            .iter()
-            .map(|l| match l {
-                Linear::PackedQ8 { weight, .. } => Some(weight.as_ref()),
-                _ => None,
-            })
-            .collect();
-        if let Some(ws) = q8 {
+        if let Some(ws) = all(parts, |l| match l {
+            Linear::PackedQ8 { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        }) {
             return Ok(PackedQ8::stack(&ws).map(|w| Linear::PackedQ8 {
                 weight: Arc::new(w),
                 bias,
             }));
         }
-        let packed: Option<Vec<&PackedWeight>> = parts
-            .iter()
-            .map(|l| match l {
-                Linear::Packed { weight, .. } => Some(weight.as_ref()),
-                _ => None,
-            })
-            .collect();
-        Ok(packed
-            .and_then(|ws| PackedWeight::stack(&ws))
-            .map(|w| Linear::Packed {
-                weight: Arc::new(w),
-                bias,
-            }))
+        Ok(all(parts, |l| match l {
+            Linear::Packed { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        })
+        .and_then(|ws| PackedWeight::stack(&ws))
+        .map(|w| Linear::Packed {
+            weight: Arc::new(w),
+            bias,
+        }))
     }
 
     fn bias(&self) -> Option<&Tensor> {
