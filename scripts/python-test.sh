@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 TARGET=${CARGO_TARGET_DIR:-target}
 pip_install() {
     # (a Debian system Python refuses plain pip installs: PEP 668)
-    "$PY" -m pip install --quiet --disable-pip-version-check "$@" \
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$@" \
         || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
 }
 "$PY" -c 'import pytest' 2>/dev/null || pip_install pytest

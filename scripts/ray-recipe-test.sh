@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TARGET=${CARGO_TARGET_DIR:-target}
 pip_install() {
-    "$PY" -m pip install --quiet --disable-pip-version-check "$@" \
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$@" \
         || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
 }
 "$PY" -c 'import ray.data' 2>/dev/null || pip_install 'ray[data]'
