@@ -3,6 +3,8 @@
 # AVX-512 + VNNI Xeon that has no Rust toolchain: binaries built here, run there on two cores.
 #
 #   bash scripts/cpu-real/device.sh pack            # here: build, strip, xz into carry/cpu/
+#   bash scripts/cpu-real/device.sh pack-base REV   # here, before pack: the modes bench of
+#                                                   # commit REV as carry/cpu/modes-base.xz (A/B)
 #   bash scripts/cpu-real/device.sh run OUTDIR      # there, from the repo root (carry/cpu/ copied)
 #
 # `run` writes OUTDIR/{lscpu.txt, tests.txt, test-*.log, ckpt.log, <config>/modes.json,
@@ -12,7 +14,10 @@
 # Qwen2.5-0.5B-shaped checkpoint written there by transformers; forkscore at 8 and 28 fields
 # (parallel mode) in f32 and q8_0, with the widest kernels and capped at AVX2
 # (FORKSCORE_CPU_ISA=avx2); transformers' prefill and prefix-batched scoring of the same token ids
-# on the same cores. Env: CORES (taskset list, default 0,1), REPEATS (3), PYTHON (python3).
+# on the same cores. With carry/cpu/modes-base.xz present, `run` is an A/B instead of the AVX2-capped
+# runs: f32 and q8_0 of the base and the new binary in ABBA order (base-1, new-1, new-2, base-2),
+# so a drift of the lent machine during the run falls on both. Env: CORES (taskset list, default
+# 0,1), REPEATS (3), PYTHON (python3).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -37,6 +42,25 @@ for l in sys.stdin:
     xz -T2 -6 -c "/tmp/device-$name" > "carry/cpu/$name.xz"
     echo "carry/cpu/$name.xz <- $exe"
   done
+  ;;
+pack-base)
+  set -e
+  REV=${2:?usage: device.sh pack-base REV}
+  mkdir -p carry/cpu
+  TREE=$(mktemp -d)/base
+  git worktree add -q --detach "$TREE" "$REV"
+  # in our target folder, reusing its dependencies (run pack-base before pack: the base tree's
+  # build may leave the bench binary rebuilt for the base)
+  exe=$(cd "$TREE" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target} \
+    cargo bench -p forkscore-benches --bench modes --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="modes": print(m["executable"])')
+  git worktree remove --force "$TREE"
+  strip -o /tmp/device-modes-base "$exe"
+  xz -T2 -6 -c /tmp/device-modes-base > carry/cpu/modes-base.xz
+  echo "carry/cpu/modes-base.xz <- $exe ($REV)"
   ;;
 run)
   OUT=${2:?usage: device.sh run OUTDIR}
@@ -63,18 +87,28 @@ run)
   "$PYTHON" scripts/gpu-real/write_checkpoints.py /tmp/ckpt --models qwen25-0.5b --device cpu \
     --dtype float32 > "$OUT/ckpt.log" 2>&1 || { echo "checkpoint failed"; tail "$OUT/ckpt.log"; exit 1; }
   CKPT=/tmp/ckpt/qwen25-0.5b
+  MODES=modes
   bench() { # NAME [ENV=VALUE ...]
     local name=$1; shift
-    echo "== forkscore $name $*"
+    echo "== forkscore $name ($MODES) $*"
     env "$@" FORKSCORE_BENCH_MODEL="$CKPT" FORKSCORE_BENCH_FIELDS=8,28 FORKSCORE_BENCH_WORDS=80 \
       FORKSCORE_BENCH_REPEATS="$REPEATS" FORKSCORE_BENCH_MODES=parallel \
       FORKSCORE_BENCH_OUT="$OUT/$name" FORKSCORE_BENCH_DUMP="$OUT/dump-$name.json" \
-      "${T[@]}" "$BIN/modes" --bench | tail -4
+      "${T[@]}" "$BIN/$MODES" --bench | tail -4
   }
-  bench f32
-  bench q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
-  bench f32-avx2 FORKSCORE_CPU_ISA=avx2
-  bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0
+  if [ -x "$BIN/modes-base" ]; then
+    for round in base-1 new-1 new-2 base-2; do
+      MODES=modes; [ "${round%-*}" = base ] && MODES=modes-base
+      bench "f32-$round"
+      bench "q8_0-$round" FORKSCORE_BENCH_QUANTIZE=q8_0
+    done
+    cp "$OUT/dump-f32-new-1.json" "$OUT/dump-f32.json"
+  else
+    bench f32
+    bench q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
+    bench f32-avx2 FORKSCORE_CPU_ISA=avx2
+    bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0
+  fi
   echo "== transformers"
   "${T[@]}" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \
     --out "$OUT/peer.json" --label cpu --device cpu --dtype float32 --repeats "$REPEATS" \
@@ -82,7 +116,7 @@ run)
   echo "== $(date -u +%FT%TZ) done"
   ;;
 *)
-  echo "usage: device.sh pack | device.sh run OUTDIR" >&2
+  echo "usage: device.sh pack | device.sh pack-base REV | device.sh run OUTDIR" >&2
   exit 2
   ;;
 esac

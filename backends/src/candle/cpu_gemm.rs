@@ -27,6 +27,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
+use super::cpu_aligned::Aligned;
 use super::cpu_isa::Isa;
 
 /// Output columns per panel (two 8-lane vectors).
@@ -75,12 +76,13 @@ pub(crate) fn kernel_available() -> bool {
 }
 
 /// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
-/// panel `p` is row `16p + c` of `W`; the last panel is zero-padded).
+/// panel `p` is row `16p + c` of `W`; the last panel is zero-padded). Each panel row is one
+/// 64-byte cache line.
 #[derive(Debug, Clone)]
 pub(crate) struct PackedWeight {
     n: usize,
     k: usize,
-    panels: Vec<f32>,
+    panels: Aligned<f32>,
 }
 
 impl PackedWeight {
@@ -103,7 +105,7 @@ impl PackedWeight {
     /// `fill(p, panel, rows)` (`rows` ≤ 16: how many of the panel's columns are real rows).
     fn filled(n: usize, k: usize, fill: impl Fn(usize, &mut [f32], usize) + Sync) -> Self {
         use rayon::prelude::*;
-        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
+        let mut panels = Aligned::zeroed(n.div_ceil(NR) * k * NR);
         panels
             .par_chunks_mut((k * NR).max(1))
             .enumerate()
@@ -201,10 +203,7 @@ impl PackedWeight {
         let n = parts.iter().map(|p| p.n).sum();
         let aligned = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
         if aligned {
-            let panels = parts
-                .iter()
-                .flat_map(|p| p.panels.iter().copied())
-                .collect();
+            let panels = Aligned::concat(&parts.iter().map(|p| &*p.panels).collect::<Vec<_>>());
             return Some(PackedWeight { n, k, panels });
         }
         let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();

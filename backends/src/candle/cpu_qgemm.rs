@@ -28,6 +28,7 @@
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
+use super::cpu_aligned::Aligned;
 use super::cpu_gemm::NR;
 use super::cpu_isa::Isa;
 
@@ -69,12 +70,12 @@ pub(crate) struct PackedQ8 {
     n: usize,
     k: usize,
     isa: Isa,
-    /// `[panel][block][group][column][G]`.
-    q: Vec<i8>,
-    /// `[panel][block][column]`: the weight scales.
-    d: Vec<f32>,
+    /// `[panel][block][group][column][G]` (a panel's block is 512 bytes: 8 cache lines).
+    q: Aligned<i8>,
+    /// `[panel][block][column]`: the weight scales (a cache line per panel and block).
+    d: Aligned<f32>,
     /// `[panel][block][column]`: `-128 Σ_j q` (AVX-512 only, empty for AVX2).
-    offset: Vec<i32>,
+    offset: Aligned<i32>,
 }
 
 impl PackedQ8 {
@@ -89,9 +90,9 @@ impl PackedQ8 {
         let (blocks, g) = (k / BLOCK, group(isa));
         let row_bytes = blocks * Q8_0_BYTES;
         let panels = n.div_ceil(NR);
-        let mut q = vec![0i8; panels * blocks * PANEL_BLOCK];
-        let mut d = vec![0f32; panels * blocks * NR];
-        let mut offset = vec![0i32; panels * blocks * NR];
+        let mut q = Aligned::<i8>::zeroed(panels * blocks * PANEL_BLOCK);
+        let mut d = Aligned::<f32>::zeroed(panels * blocks * NR);
+        let mut offset = Aligned::<i32>::zeroed(panels * blocks * NR);
         q.par_chunks_mut((blocks * PANEL_BLOCK).max(1))
             .zip(d.par_chunks_mut((blocks * NR).max(1)))
             .zip(offset.par_chunks_mut((blocks * NR).max(1)))
@@ -113,7 +114,7 @@ impl PackedQ8 {
                 }
             });
         if isa == Isa::Avx2 {
-            offset = Vec::new();
+            offset = Aligned::empty();
         }
         Some(PackedQ8 {
             n,
@@ -165,12 +166,9 @@ impl PackedQ8 {
             n: parts.iter().map(|p| p.n).sum(),
             k,
             isa,
-            q: parts.iter().flat_map(|p| p.q.iter().copied()).collect(),
-            d: parts.iter().flat_map(|p| p.d.iter().copied()).collect(),
-            offset: parts
-                .iter()
-                .flat_map(|p| p.offset.iter().copied())
-                .collect(),
+            q: Aligned::concat(&parts.iter().map(|p| &*p.q).collect::<Vec<_>>()),
+            d: Aligned::concat(&parts.iter().map(|p| &*p.d).collect::<Vec<_>>()),
+            offset: Aligned::concat(&parts.iter().map(|p| &*p.offset).collect::<Vec<_>>()),
         })
     }
 }

@@ -28,6 +28,7 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
+mod cpu_aligned;
 mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
