@@ -3,8 +3,8 @@
 # AVX-512 + VNNI Xeon that has no Rust toolchain: binaries built here, run there on two cores.
 #
 #   bash scripts/cpu-real/device.sh pack            # here: build, strip, xz into carry/cpu/
-#   bash scripts/cpu-real/device.sh pack-base REV   # here, before pack: the modes bench of
-#                                                   # commit REV as carry/cpu/modes-base.xz (A/B)
+#   bash scripts/cpu-real/device.sh pack-base REV   # here: the modes bench of commit REV as
+#                                                   # carry/cpu/modes-base.xz (for an A/B)
 #   bash scripts/cpu-real/device.sh run OUTDIR      # there, from the repo root (carry/cpu/ copied)
 #
 # `run` writes OUTDIR/{lscpu.txt, tests.txt, test-*.log, ckpt.log, <config>/modes.json,
@@ -49,9 +49,10 @@ pack-base)
   mkdir -p carry/cpu
   TREE=$(mktemp -d)/base
   git worktree add -q --detach "$TREE" "$REV"
-  # in our target folder, reusing its dependencies (run pack-base before pack: the base tree's
-  # build may leave the bench binary rebuilt for the base)
-  exe=$(cd "$TREE" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target} \
+  # in a target folder of its own (a cold release build, ~10 min on 2 cores): cargo's freshness
+  # checks do not tell the base tree's sources from ours, so building it in our target folder
+  # left a later build of ours stale (seen here)
+  exe=$(cd "$TREE" && CARGO_TARGET_DIR=${BASE_TARGET:-/tmp/device-base-target} \
     cargo bench -p forkscore-benches --bench modes --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
