@@ -24,6 +24,8 @@
 //! (`stages_ms`: render, split, prefill, score, assemble, total).
 //! FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k) loads the linear weights quantized; the report then
 //! records the scheme, what each linear weight became, the load time and the resident memory.
+//! FORKSCORE_BENCH_PREFILL_CHUNK (prefix tokens per prefill pass; default the device's, 512 on
+//! CPU) for the chunk-size A/B.
 //! FORKSCORE_BENCH_PROFILE=1 adds, per case, one extra parallel run with the per-layer-kind
 //! profile on (`profile_parallel` in the report; the timed runs stay unprofiled).
 //! Shape of the seeded model (Qwen2.5 layout): FORKSCORE_BENCH_HIDDEN (256), _LAYERS (4),
@@ -148,6 +150,13 @@ fn main() -> anyhow::Result<()> {
     let mut options = LoadOptions::for_device(device);
     if let Ok(d) = std::env::var("FORKSCORE_BENCH_DTYPE") {
         options.dtype = parse_dtype(&d)?;
+    }
+    if let Ok(c) = std::env::var("FORKSCORE_BENCH_PREFILL_CHUNK") {
+        options.prefill_chunk = c
+            .parse()
+            .ok()
+            .filter(|&c: &usize| c > 0)
+            .ok_or_else(|| anyhow::anyhow!("FORKSCORE_BENCH_PREFILL_CHUNK={c:?}: not a token count > 0"))?;
     }
     if let Ok(q) = std::env::var("FORKSCORE_BENCH_QUANTIZE") {
         options.quantization = Some(
