@@ -214,28 +214,40 @@ fn quantize_rows(x: &[f32], m: usize, k: usize, isa: Isa) -> (Vec<u32>, Vec<f32>
             for r in 0..mr.min(m - gi * mr) {
                 let row = &x[(gi * mr + r) * k..][..k];
                 for (b, xs) in row.chunks_exact(BLOCK).enumerate() {
+                    #[cfg(target_arch = "x86_64")]
+                    if Isa::supported().contains(&isa) {
+                        // SAFETY: the CPU has AVX2 (every level includes it); `xs` holds 32
+                        // floats and `a` the block's `units` units, `mr` apart, from this one.
+                        s[b * mr + r] = unsafe {
+                            x86::quantize_units(xs, isa, a.as_mut_ptr().add(b * units * mr + r), mr)
+                        };
+                        continue;
+                    }
                     let (d, q) = quantize_block(xs);
                     s[b * mr + r] = d;
                     for (u, vals) in q.chunks_exact(g).enumerate() {
-                        a[(b * units + u) * mr + r] = match isa {
-                            // two i16, the first in the low half (vpmaddwd's pair order)
-                            Isa::Avx2 => {
-                                (vals[0] as i16 as u16 as u32)
-                                    | ((vals[1] as i16 as u16 as u32) << 16)
-                            }
-                            // four u8 offset by 128, the first in the low byte
-                            Isa::Avx512 => u32::from_le_bytes([
-                                (vals[0] as i32 + 128) as u8,
-                                (vals[1] as i32 + 128) as u8,
-                                (vals[2] as i32 + 128) as u8,
-                                (vals[3] as i32 + 128) as u8,
-                            ]),
-                        };
+                        a[(b * units + u) * mr + r] = pack_unit(vals, isa);
                     }
                 }
             }
         });
     (a, s)
+}
+
+/// One broadcast unit of `isa`'s kernel from `G` rounded values.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn pack_unit(vals: &[i8], isa: Isa) -> u32 {
+    match isa {
+        // two i16, the first in the low half (vpmaddwd's pair order)
+        Isa::Avx2 => (vals[0] as i16 as u16 as u32) | ((vals[1] as i16 as u16 as u32) << 16),
+        // four u8 offset by 128, the first in the low byte
+        Isa::Avx512 => u32::from_le_bytes([
+            (vals[0] as i32 + 128) as u8,
+            (vals[1] as i32 + 128) as u8,
+            (vals[2] as i32 + 128) as u8,
+            (vals[3] as i32 + 128) as u8,
+        ]),
+    }
 }
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
@@ -338,6 +350,59 @@ mod x86 {
             _mm256_storeu_si256(q32.as_mut_ptr().add(8 * i) as *mut __m256i, r);
         }
         (d, q32.map(|q| q.clamp(-127, 127) as i8))
+    }
+
+    /// [`quantize_block`] and [`super::pack_unit`] in registers: rounds `xs` (32 floats), writes
+    /// the block's `32 / G` units of `isa`'s kernel to `out`, `stride` units apart, and returns
+    /// the scale. The same max, scale, products, conversion and clamp as [`quantize_block`], so
+    /// the same units (tested).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_units(xs: &[f32], isa: Isa, out: *mut u32, stride: usize) -> f32 {
+        let p = xs.as_ptr();
+        let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for v in &v {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.iter().fold(0f32, |a, &x| a.max(x));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+        // (8,) i32 each: the rounded values 8i..8i+8, clamped
+        let q = v.map(|v| {
+            _mm256_min_epi32(
+                _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, idv)), lo),
+                hi,
+            )
+        });
+        // i32 -> i16 packs 128-bit lanes pairwise: [a0..3 b0..3 a4..7 b4..7]; 0xD8 restores order
+        let w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        let w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        let mut units = [0u32; 16];
+        let n = match isa {
+            // (16,) i16 pairs: values 0..16 and 16..32, two per unit
+            Isa::Avx2 => {
+                _mm256_storeu_si256(units.as_mut_ptr() as *mut __m256i, w01);
+                _mm256_storeu_si256(units.as_mut_ptr().add(8) as *mut __m256i, w23);
+                16
+            }
+            // values + 128 as u8 (1..=255), four per unit
+            Isa::Avx512 => {
+                let off = _mm256_set1_epi16(128);
+                let b = _mm256_packus_epi16(_mm256_add_epi16(w01, off), _mm256_add_epi16(w23, off));
+                let b = _mm256_permute4x64_epi64(b, 0xD8);
+                _mm256_storeu_si256(units.as_mut_ptr() as *mut __m256i, b);
+                8
+            }
+        };
+        for (u, &unit) in units.iter().enumerate().take(n) {
+            *out.add(u * stride) = unit;
+        }
+        d
     }
 
     /// AVX2: rows `0..R` × one panel over `blocks` blocks. `a` / `sa`: the row group's units
@@ -664,6 +729,56 @@ mod tests {
             let (d, q) = quantize_block_scalar(b);
             let (dv, qv) = quantize_block(b);
             assert_eq!((d.to_bits(), q), (dv.to_bits(), qv), "{b:?}");
+        }
+        Ok(())
+    }
+
+    /// The rows' rounding and packing in registers (`quantize_units`) equals rounding each
+    /// block with the scalar form and packing its units one by one, at every ISA level: random
+    /// rows of three scales, exact ties, zeros and a huge value, row counts not a multiple of
+    /// the tile's.
+    #[test]
+    fn packed_rounding_equals_scalar_rounding_and_packing() -> Result<()> {
+        let dev = Device::Cpu;
+        let k = 4 * BLOCK;
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for scale in [1e-6f32, 1.0, 3e4] {
+            rows.extend(Tensor::randn(0f32, scale, (5, k), &dev)?.to_vec2::<f32>()?);
+        }
+        let ties: Vec<f32> = (0..BLOCK)
+            .map(|i| i as f32 + 0.5)
+            .skip(1)
+            .chain([127.0])
+            .collect();
+        let mut special = ties.clone();
+        special.extend(vec![0.0; BLOCK]);
+        let mut big = vec![1e-3f32; BLOCK];
+        big[17] = -9e9;
+        special.extend(big);
+        special.extend(ties.iter().map(|x| -x));
+        rows.push(special);
+        for &isa in Isa::supported() {
+            for m in [1, rows.len() - 3, rows.len()] {
+                let x: Vec<f32> = rows[..m].concat();
+                let (a, s) = quantize_rows(&x, m, k, isa);
+                let (mr, g) = (mr(isa), group(isa));
+                let units = BLOCK / g;
+                let (mut want_a, mut want_s) = (vec![0u32; a.len()], vec![0f32; s.len()]);
+                for r in 0..m {
+                    let (gi, rr) = (r / mr, r % mr);
+                    for (b, xs) in x[r * k..][..k].chunks_exact(BLOCK).enumerate() {
+                        let (d, q) = quantize_block_scalar(xs);
+                        want_s[(gi * (k / BLOCK) + b) * mr + rr] = d;
+                        for (u, vals) in q.chunks_exact(g).enumerate() {
+                            let at = ((gi * (k / BLOCK) + b) * units + u) * mr + rr;
+                            want_a[at] = pack_unit(vals, isa);
+                        }
+                    }
+                }
+                assert_eq!(a, want_a, "{} m {m}", isa.name());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&s), bits(&want_s), "{} m {m}", isa.name());
+            }
         }
         Ok(())
     }
