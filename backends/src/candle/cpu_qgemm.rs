@@ -331,33 +331,19 @@ mod x86 {
     /// rounding (the conversion rounds to nearest, ties to even), so the same result.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
-        let p = xs.as_ptr();
-        let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
-        let sign = _mm256_set1_ps(-0.0);
-        let mut m = _mm256_setzero_ps();
-        for v in &v {
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        let amax = lanes.iter().fold(0f32, |a, &x| a.max(x));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let idv = _mm256_set1_ps(id);
+        let (d, q) = rounded(xs);
         let mut q32 = [0i32; BLOCK];
-        for (i, v) in v.iter().enumerate() {
-            let r = _mm256_cvtps_epi32(_mm256_mul_ps(*v, idv));
-            _mm256_storeu_si256(q32.as_mut_ptr().add(8 * i) as *mut __m256i, r);
+        for (i, q) in q.iter().enumerate() {
+            _mm256_storeu_si256(q32.as_mut_ptr().add(8 * i) as *mut __m256i, *q);
         }
-        (d, q32.map(|q| q.clamp(-127, 127) as i8))
+        (d, q32.map(|q| q as i8))
     }
 
-    /// [`quantize_block`] and [`super::pack_unit`] in registers: rounds `xs` (32 floats), writes
-    /// the block's `32 / G` units of `isa`'s kernel to `out`, `stride` units apart, and returns
-    /// the scale. The same max, scale, products, conversion and clamp as [`quantize_block`], so
-    /// the same units (tested).
+    /// The scale of `xs` (32 floats) and its values rounded and clamped to ±127, as four
+    /// (8,) i32 registers (values 8i..8i+8 in register i).
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn quantize_units(xs: &[f32], isa: Isa, out: *mut u32, stride: usize) -> f32 {
+    unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
         let p = xs.as_ptr();
         let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
         let sign = _mm256_set1_ps(-0.0);
@@ -372,13 +358,19 @@ mod x86 {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let idv = _mm256_set1_ps(id);
         let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
-        // (8,) i32 each: the rounded values 8i..8i+8, clamped
         let q = v.map(|v| {
-            _mm256_min_epi32(
-                _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, idv)), lo),
-                hi,
-            )
+            let r = _mm256_cvtps_epi32(_mm256_mul_ps(v, idv));
+            _mm256_min_epi32(_mm256_max_epi32(r, lo), hi)
         });
+        (d, q)
+    }
+
+    /// [`quantize_block`] and [`super::pack_unit`] in registers: rounds `xs` (32 floats), writes
+    /// the block's `32 / G` units of `isa`'s kernel to `out`, `stride` units apart, and returns
+    /// the scale (the same rounding as [`quantize_block`], so the same units: tested).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_units(xs: &[f32], isa: Isa, out: *mut u32, stride: usize) -> f32 {
+        let (d, q) = rounded(xs);
         // i32 -> i16 packs 128-bit lanes pairwise: [a0..3 b0..3 a4..7 b4..7]; 0xD8 restores order
         let w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
         let w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
