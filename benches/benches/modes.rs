@@ -152,11 +152,9 @@ fn main() -> anyhow::Result<()> {
         options.dtype = parse_dtype(&d)?;
     }
     if let Ok(c) = std::env::var("FORKSCORE_BENCH_PREFILL_CHUNK") {
-        options.prefill_chunk = c
-            .parse()
-            .ok()
-            .filter(|&c: &usize| c > 0)
-            .ok_or_else(|| anyhow::anyhow!("FORKSCORE_BENCH_PREFILL_CHUNK={c:?}: not a token count > 0"))?;
+        options.prefill_chunk = c.parse().ok().filter(|&c: &usize| c > 0).ok_or_else(|| {
+            anyhow::anyhow!("FORKSCORE_BENCH_PREFILL_CHUNK={c:?}: not a token count > 0")
+        })?;
     }
     if let Ok(q) = std::env::var("FORKSCORE_BENCH_QUANTIZE") {
         options.quantization = Some(

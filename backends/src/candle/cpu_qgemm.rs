@@ -56,6 +56,7 @@ fn group(isa: Isa) -> usize {
 }
 
 /// Rows per tile.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn mr(isa: Isa) -> usize {
     match isa {
         Isa::Avx2 => MR_AVX2,
@@ -174,17 +175,8 @@ impl PackedQ8 {
 }
 
 /// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q` (`q` to the
-/// nearest integer, ties to even: what the vector form's conversion does).
-fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
-    #[cfg(target_arch = "x86_64")]
-    if xs.len() == BLOCK && Isa::chosen().is_some() {
-        // SAFETY: the CPU has AVX2 (every ISA level includes it); `xs` holds 32 floats.
-        return unsafe { x86::quantize_block(xs) };
-    }
-    quantize_block_scalar(xs)
-}
-
-/// [`quantize_block`] one element at a time.
+/// nearest integer, ties to even: what the vector form's conversion does), one element at a
+/// time (the kernels' rounding, `x86::quantize_units`, is held to it).
 fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
     let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
     let d = amax / 127.0;
@@ -194,60 +186,6 @@ fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
         *q = (x * id).round_ties_even().clamp(-127.0, 127.0) as i8;
     }
     (d, q)
-}
-
-/// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
-/// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
-/// are zero).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn quantize_rows(x: &[f32], m: usize, k: usize, isa: Isa) -> (Vec<u32>, Vec<f32>) {
-    use rayon::prelude::*;
-    let (mr, g, blocks) = (mr(isa), group(isa), k / BLOCK);
-    let units = BLOCK / g;
-    let groups = m.div_ceil(mr);
-    let mut a = vec![0u32; groups * blocks * units * mr];
-    let mut s = vec![0f32; groups * blocks * mr];
-    a.par_chunks_mut((blocks * units * mr).max(1))
-        .zip(s.par_chunks_mut((blocks * mr).max(1)))
-        .enumerate()
-        .for_each(|(gi, (a, s))| {
-            for r in 0..mr.min(m - gi * mr) {
-                let row = &x[(gi * mr + r) * k..][..k];
-                for (b, xs) in row.chunks_exact(BLOCK).enumerate() {
-                    #[cfg(target_arch = "x86_64")]
-                    if Isa::supported().contains(&isa) {
-                        // SAFETY: the CPU has AVX2 (every level includes it); `xs` holds 32
-                        // floats and `a` the block's `units` units, `mr` apart, from this one.
-                        s[b * mr + r] = unsafe {
-                            x86::quantize_units(xs, isa, a.as_mut_ptr().add(b * units * mr + r), mr)
-                        };
-                        continue;
-                    }
-                    let (d, q) = quantize_block(xs);
-                    s[b * mr + r] = d;
-                    for (u, vals) in q.chunks_exact(g).enumerate() {
-                        a[(b * units + u) * mr + r] = pack_unit(vals, isa);
-                    }
-                }
-            }
-        });
-    (a, s)
-}
-
-/// One broadcast unit of `isa`'s kernel from `G` rounded values.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn pack_unit(vals: &[i8], isa: Isa) -> u32 {
-    match isa {
-        // two i16, the first in the low half (vpmaddwd's pair order)
-        Isa::Avx2 => (vals[0] as i16 as u16 as u32) | ((vals[1] as i16 as u16 as u32) << 16),
-        // four u8 offset by 128, the first in the low byte
-        Isa::Avx512 => u32::from_le_bytes([
-            (vals[0] as i32 + 128) as u8,
-            (vals[1] as i32 + 128) as u8,
-            (vals[2] as i32 + 128) as u8,
-            (vals[3] as i32 + 128) as u8,
-        ]),
-    }
 }
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
@@ -320,23 +258,44 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::{
-        group, mr, quantize_rows, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK,
-    };
+    use super::{group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
 
     /// One tile's output, `[row][column]` (32 columns: two panels).
     type Tile = [[f32; 2 * NR]; MR_AVX512];
 
-    /// [`super::quantize_block`] in four 8-lane registers: the same max, scale, product and
-    /// rounding (the conversion rounds to nearest, ties to even), so the same result.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn quantize_block(xs: &[f32]) -> (f32, [i8; BLOCK]) {
-        let (d, q) = rounded(xs);
-        let mut q32 = [0i32; BLOCK];
-        for (i, q) in q.iter().enumerate() {
-            _mm256_storeu_si256(q32.as_mut_ptr().add(8 * i) as *mut __m256i, *q);
-        }
-        (d, q32.map(|q| q as i8))
+    /// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
+    /// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
+    /// are zero).
+    ///
+    /// # Safety
+    /// The CPU has `isa`.
+    pub(super) unsafe fn quantize_rows(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        isa: Isa,
+    ) -> (Vec<u32>, Vec<f32>) {
+        let (mr, blocks) = (mr(isa), k / BLOCK);
+        let units = BLOCK / group(isa);
+        let groups = m.div_ceil(mr);
+        let mut a = vec![0u32; groups * blocks * units * mr];
+        let mut s = vec![0f32; groups * blocks * mr];
+        a.par_chunks_mut((blocks * units * mr).max(1))
+            .zip(s.par_chunks_mut((blocks * mr).max(1)))
+            .enumerate()
+            .for_each(|(gi, (a, s))| {
+                for r in 0..mr.min(m - gi * mr) {
+                    let row = &x[(gi * mr + r) * k..][..k];
+                    for (b, xs) in row.chunks_exact(BLOCK).enumerate() {
+                        // SAFETY: the CPU has AVX2 (every level includes it); `xs` holds 32
+                        // floats and `a` the block's `units` units, `mr` apart, from this one.
+                        s[b * mr + r] = unsafe {
+                            quantize_units(xs, isa, a.as_mut_ptr().add(b * units * mr + r), mr)
+                        };
+                    }
+                }
+            });
+        (a, s)
     }
 
     /// The scale of `xs` (32 floats) and its values rounded and clamped to ±127, as four
@@ -365,9 +324,10 @@ mod x86 {
         (d, q)
     }
 
-    /// [`quantize_block`] and [`super::pack_unit`] in registers: rounds `xs` (32 floats), writes
-    /// the block's `32 / G` units of `isa`'s kernel to `out`, `stride` units apart, and returns
-    /// the scale (the same rounding as [`quantize_block`], so the same units: tested).
+    /// [`super::quantize_block_scalar`] and the packing of its values into `isa`'s broadcast
+    /// units, in registers: rounds `xs` (32 floats), writes the block's `32 / G` units to `out`,
+    /// `stride` units apart, and returns the scale (the same rounding, so the same units:
+    /// tested against the scalar form).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_units(xs: &[f32], isa: Isa, out: *mut u32, stride: usize) -> f32 {
         let (d, q) = rounded(xs);
@@ -497,7 +457,8 @@ mod x86 {
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
     pub(super) fn product(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
         let (n, k, isa) = (w.n, w.k, w.isa);
-        let (a, s) = quantize_rows(x, m, k, isa);
+        // SAFETY: the CPU has `isa` (`linear` checked)
+        let (a, s) = unsafe { quantize_rows(x, m, k, isa) };
         let panels = n.div_ceil(NR);
         let threads = rayon::current_num_threads().clamp(1, panels);
         let per = match isa {
@@ -694,8 +655,25 @@ mod tests {
         Ok(())
     }
 
+    /// One broadcast unit of `isa`'s kernel from `G` rounded values.
+    #[cfg(target_arch = "x86_64")]
+    fn pack_unit(vals: &[i8], isa: Isa) -> u32 {
+        match isa {
+            // two i16, the first in the low half (vpmaddwd's pair order)
+            Isa::Avx2 => (vals[0] as i16 as u16 as u32) | ((vals[1] as i16 as u16 as u32) << 16),
+            // four u8 offset by 128, the first in the low byte
+            Isa::Avx512 => u32::from_le_bytes([
+                (vals[0] as i32 + 128) as u8,
+                (vals[1] as i32 + 128) as u8,
+                (vals[2] as i32 + 128) as u8,
+                (vals[3] as i32 + 128) as u8,
+            ]),
+        }
+    }
+
     /// The vector rounding of a block equals the scalar one: random blocks of several scales,
     /// exact ties (x · 127 / max|x| = k + 0.5), an all-zero block, one large value.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn vector_rounding_equals_scalar_rounding() -> Result<()> {
         let dev = Device::Cpu;
@@ -716,11 +694,22 @@ mod tests {
         let mut big = vec![1e-3f32; BLOCK];
         big[17] = -9e9;
         blocks.push(big);
-        for b in &blocks {
-            assert_eq!(b.len(), BLOCK);
-            let (d, q) = quantize_block_scalar(b);
-            let (dv, qv) = quantize_block(b);
-            assert_eq!((d.to_bits(), q), (dv.to_bits(), qv), "{b:?}");
+        for &isa in Isa::supported() {
+            let g = group(isa);
+            for b in &blocks {
+                assert_eq!(b.len(), BLOCK);
+                let (d, q) = quantize_block_scalar(b);
+                let want: Vec<u32> = q.chunks_exact(g).map(|v| pack_unit(v, isa)).collect();
+                let mut units = vec![0u32; BLOCK / g];
+                // SAFETY: the CPU has `isa`; `b` holds 32 floats, `units` the block's units.
+                let dv = unsafe { x86::quantize_units(b, isa, units.as_mut_ptr(), 1) };
+                assert_eq!(
+                    (d.to_bits(), want),
+                    (dv.to_bits(), units),
+                    "{} {b:?}",
+                    isa.name()
+                );
+            }
         }
         Ok(())
     }
@@ -729,6 +718,7 @@ mod tests {
     /// block with the scalar form and packing its units one by one, at every ISA level: random
     /// rows of three scales, exact ties, zeros and a huge value, row counts not a multiple of
     /// the tile's.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn packed_rounding_equals_scalar_rounding_and_packing() -> Result<()> {
         let dev = Device::Cpu;
@@ -752,7 +742,8 @@ mod tests {
         for &isa in Isa::supported() {
             for m in [1, rows.len() - 3, rows.len()] {
                 let x: Vec<f32> = rows[..m].concat();
-                let (a, s) = quantize_rows(&x, m, k, isa);
+                // SAFETY: the CPU has `isa`
+                let (a, s) = unsafe { x86::quantize_rows(&x, m, k, isa) };
                 let (mr, g) = (mr(isa), group(isa));
                 let units = BLOCK / g;
                 let (mut want_a, mut want_s) = (vec![0u32; a.len()], vec![0f32; s.len()]);
