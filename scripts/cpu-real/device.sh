@@ -6,6 +6,9 @@
 #   bash scripts/cpu-real/device.sh pack-base REV   # here: the modes bench of commit REV as
 #                                                   # carry/cpu/modes-base.xz (for an A/B)
 #   bash scripts/cpu-real/device.sh run OUTDIR      # there, from the repo root (carry/cpu/ copied)
+#   bash scripts/cpu-real/device.sh sweep OUTDIR    # there: the peak rates (peak.c) and the
+#                                                   # linear kernels alone under many blockings
+#                                                   # (the cpu_linear bench), torch beside them
 #
 # `run` writes OUTDIR/{lscpu.txt, tests.txt, test-*.log, ckpt.log, <config>/modes.json,
 # dump-<config>.json, peer.json, run.log}: the backends' library tests (every kernel level the CPU
@@ -31,11 +34,11 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_backends","quantized","reference_transformers"):
         print(("lib" if m["target"]["name"]=="forkscore_backends" else m["target"]["name"])+"="+m["executable"])')
-  modes=$(cargo bench -p forkscore-benches --bench modes --no-run --message-format=json 2>/dev/null |
+  modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="modes": print("modes="+m["executable"])')
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("modes","cpu_linear"): print(m["target"]["name"]+"="+m["executable"])')
   for pair in $tests $modes; do
     name=${pair%%=*}; exe=${pair#*=}
     strip -o "/tmp/device-$name" "$exe"
@@ -116,8 +119,45 @@ run)
     --budget-s 20 --modes prefill,prefix_batched 2>&1 | tail -6
   echo "== $(date -u +%FT%TZ) done"
   ;;
+sweep)
+  OUT=${2:?usage: device.sh sweep OUTDIR}
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/sweep.log") 2>&1
+  CORES=${CORES:-0,1}
+  PYTHON=${PYTHON:-python3}
+  BIN=/tmp/forkscore-bin
+  mkdir -p "$BIN"
+  xz -dc carry/cpu/cpu_linear.xz > "$BIN/cpu_linear" && chmod +x "$BIN/cpu_linear"
+  lscpu > "$OUT/lscpu.txt"; lscpu -e > "$OUT/lscpu-e.txt"
+  export RAYON_NUM_THREADS=2 OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+  T=(taskset -c "$CORES")
+  echo "== $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo), cores $CORES"
+  if gcc -O3 -mamx-tile -mamx-int8 -mamx-bf16 -o "$BIN/peak" scripts/cpu-real/peak.c 2> "$OUT/peak-build.log" ||
+    gcc -O3 -o "$BIN/peak" scripts/cpu-real/peak.c 2>> "$OUT/peak-build.log"; then
+    taskset -c "${CORES%%,*}" "$BIN/peak" | tee "$OUT/peak.json"
+  else
+    echo "peak.c did not build: $(tail -2 "$OUT/peak-build.log")"
+  fi
+  ROWS=${ROWS:-512,160,40}
+  SHAPES=${SHAPES:-qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864}
+  # the default first; then tile rows (6 / 8 / 12 / 14), k blocks, row blocks, panel blocks, loop
+  # order
+  BLOCKINGS=${BLOCKINGS:-";kc=128;kc=384;kc=512;mr=8,mc=96;mr=8,kc=128,mc=96;mr=8,kc=384,mc=96;\
+mr=12,mc=96;mr=12,kc=128,mc=96;mr=12,kc=384,mc=96;mr=12,mc=48;mr=12,mc=192;mr=14,mc=84;\
+mr=14,kc=128,mc=84;mr=14,kc=384,mc=84;mr=14,mc=168;mr=12,mc=96,nc=4;mr=12,mc=96,nc=16;\
+mr=12,mc=96,nc=32;mr=12,mc=96,short_k=0;mr=12,mc=96,short_k=100000"}
+  echo "== cpu_linear"
+  FORKSCORE_BENCH_BLOCKINGS="$BLOCKINGS" FORKSCORE_BENCH_ROWS="$ROWS" FORKSCORE_BENCH_SHAPES="$SHAPES" \
+    FORKSCORE_BENCH_Q8=1 FORKSCORE_BENCH_OUT="$OUT/cpu_linear.json" "${T[@]}" "$BIN/cpu_linear" --bench \
+    > "$OUT/cpu_linear.txt"
+  grep "one layer" "$OUT/cpu_linear.txt"
+  echo "== torch"
+  "${T[@]}" "$PYTHON" scripts/cpu-real/gemm_peak.py --out "$OUT/torch_linear.json" --rows "$ROWS" \
+    --shapes "$SHAPES" | tee "$OUT/torch_linear.txt"
+  echo "== $(date -u +%FT%TZ) done"
+  ;;
 *)
-  echo "usage: device.sh pack | device.sh pack-base REV | device.sh run OUTDIR" >&2
+  echo "usage: device.sh pack | device.sh pack-base REV | device.sh run OUTDIR | device.sh sweep OUTDIR" >&2
   exit 2
   ;;
 esac

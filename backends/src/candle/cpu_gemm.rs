@@ -1,6 +1,6 @@
 //! f32 linear layers on x86 CPUs with AVX2 + FMA: `y = x Wᵀ` against a weight packed once at
 //! load time into panels of [`NR`] output columns (`(⌈out/16⌉, in, 16)`, k-major inside a
-//! panel), so no call packs the weight again, and a 6 × 16 register-tiled microkernel.
+//! panel), so no call packs the weight again, and a register-tiled microkernel (`mr` × 16).
 //!
 //! Why: a linear layer through candle's matmul (the `gemm` crate) packs both operands on every
 //! call, and so does OpenBLAS through `cblas_sgemm`. Scoring passes multiply a few dozen rows
@@ -8,16 +8,17 @@
 //! 2-core bench machine, one thread, Qwen2.5-0.5B shapes: 32 × 896 → 4,864 ran at 43–52 GFLOP/s
 //! here against OpenBLAS's 30–38; a 480-row prefill product at 64–80 against 62–77).
 //!
-//! Per call: the activations `x (m, k)` are packed once into groups of [`MR`] rows
-//! (k-major inside a group, the microkernel broadcasts one element per row); the panels are
-//! split into one contiguous run per rayon thread; each thread walks its panels in blocks of
-//! [`NC_PANELS`], rows in blocks of [`MC`] and `k` in blocks of [`KC`] (for `k` up to
-//! [`SHORT_K`] the `k` loop is innermost, so each output tile is finished while it is in cache;
+//! Per call ([`Blocking`] holds the sizes): the activations `x (m, k)` are packed once into
+//! groups of `mr` rows (k-major inside a group, the microkernel broadcasts one element per
+//! row); the panels are split into one contiguous run per rayon thread; each thread walks its
+//! panels in blocks of `nc`, rows in blocks of `mc` and `k` in blocks of `kc` (for `k` up to
+//! `short_k` the `k` loop is innermost, so each output tile is finished while it is in cache;
 //! for longer `k` it is outermost, so a panel block stays in cache across all rows). A ragged
 //! last panel is computed into a scratch strip and copied.
 //!
-//! Where the CPU has AVX-512 ([`Isa::Avx512`]) the same panels go through a 6 × 32 microkernel
-//! of 16-lane registers, two panels at a time (one for an odd last panel).
+//! Where the CPU has AVX-512 ([`Isa::Avx512`]) the same panels go through an `mr` × 32
+//! microkernel of 16-lane registers (up to 14 rows), two panels at a time (one for an odd last
+//! panel).
 //!
 //! The weight is packed only where the CPU has AVX2 and FMA (detected once); elsewhere layers
 //! keep candle's dense weight and matmul. `FORKSCORE_CPU_GEMM=candle` (or `openblas` with that
@@ -32,16 +33,106 @@ use super::cpu_isa::Isa;
 
 /// Output columns per panel (two 8-lane vectors).
 pub(crate) const NR: usize = 16;
-/// Rows per microkernel tile.
-const MR: usize = 6;
-/// `k` per block: a 16 KiB panel block and a 6 KiB row group stay in L1.
-const KC: usize = 256;
-/// Rows per block: a 72 × 256 packed block (72 KiB) stays in L2.
-const MC: usize = 72;
-/// Panels per block (128 columns).
-const NC_PANELS: usize = 8;
-/// Longest `k` that runs with the `k` loop innermost.
-const SHORT_K: usize = 1536;
+/// Rows per microkernel tile, at most (AVX2: 6 rows × 2 registers of accumulators; AVX-512:
+/// 14 rows × 2 registers, 28 of the 32).
+const MAX_MR_AVX2: usize = 6;
+const MAX_MR_AVX512: usize = 14;
+
+/// How one product is blocked. Each ISA has a default ([`Blocking::default_for`]);
+/// `FORKSCORE_CPU_GEMM_BLOCKING` (e.g. `mr=12,mc=96`, keys as the fields, the rest from the
+/// default) overrides it for the process, to compare blockings on one machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Blocking {
+    /// Rows per microkernel tile (the activations are packed in groups of this many rows).
+    pub mr: usize,
+    /// `k` per block: a panel block (`kc × 16` floats per panel) and a row group stay in L1.
+    pub kc: usize,
+    /// Rows per block (rounded up to a multiple of `mr`): the block's packed rows stay in L2.
+    pub mc: usize,
+    /// Panels (16 columns each) per block.
+    pub nc: usize,
+    /// Longest `k` that runs with the `k` loop innermost (each output tile finished while in
+    /// cache); a longer `k` runs it outermost (a panel block stays in cache across all rows).
+    pub short_k: usize,
+}
+
+impl Blocking {
+    /// The blocking `isa`'s kernel runs with unless overridden: 6-row tiles, 256-`k` blocks
+    /// (a 16 KiB panel block per panel and a 6 KiB row group in L1), 72-row blocks (72 KiB
+    /// of packed rows in L2), 8 panels (128 columns) per block, `k` innermost up to 1,536.
+    pub fn default_for(_isa: Isa) -> Self {
+        Blocking {
+            mr: 6,
+            kc: 256,
+            mc: 72,
+            nc: 8,
+            short_k: 1536,
+        }
+    }
+
+    /// The most rows a tile of `isa` holds in registers.
+    pub fn max_mr(isa: Isa) -> usize {
+        match isa {
+            Isa::Avx2 => MAX_MR_AVX2,
+            Isa::Avx512 => MAX_MR_AVX512,
+        }
+    }
+
+    /// `spec` (`key=value` pairs, comma-separated; keys `mr`, `kc`, `mc`, `nc`, `short_k`)
+    /// over `isa`'s default. Errors name the key or value that is wrong: an unknown key, a
+    /// value that is not a count, a zero, or `mr` above what `isa`'s tile holds.
+    pub fn parse(spec: &str, isa: Isa) -> std::result::Result<Self, String> {
+        let mut b = Self::default_for(isa);
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}` is not key=value"))?;
+            let v: usize = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{part}`: `{}` is not a count", value.trim()))?;
+            let slot = match key.trim() {
+                "mr" => &mut b.mr,
+                "kc" => &mut b.kc,
+                "mc" => &mut b.mc,
+                "nc" => &mut b.nc,
+                "short_k" => {
+                    b.short_k = v;
+                    continue;
+                }
+                other => return Err(format!("unknown key `{other}` (mr, kc, mc, nc, short_k)")),
+            };
+            if v == 0 {
+                return Err(format!("`{part}`: must be at least 1"));
+            }
+            *slot = v;
+        }
+        if b.mr > Self::max_mr(isa) {
+            return Err(format!(
+                "mr={} is more rows than a {} tile holds ({})",
+                b.mr,
+                isa.name(),
+                Self::max_mr(isa)
+            ));
+        }
+        b.mc = b.mc.next_multiple_of(b.mr);
+        Ok(b)
+    }
+
+    /// The blocking this process runs `isa` with: [`Blocking::default_for`], or
+    /// `FORKSCORE_CPU_GEMM_BLOCKING` over it (read once; an invalid value is an error naming it).
+    pub fn chosen(isa: Isa) -> Result<Self> {
+        use std::sync::OnceLock;
+        static SPEC: OnceLock<Option<String>> = OnceLock::new();
+        let spec = SPEC.get_or_init(|| std::env::var("FORKSCORE_CPU_GEMM_BLOCKING").ok());
+        match spec {
+            None => Ok(Self::default_for(isa)),
+            Some(s) => Self::parse(s, isa).map_err(|e| {
+                candle_core::Error::Msg(format!("FORKSCORE_CPU_GEMM_BLOCKING={s:?}: {e}"))
+            }),
+        }
+    }
+}
 
 /// Which CPU GEMM f32 dense layers use, read once from `FORKSCORE_CPU_GEMM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +158,18 @@ pub(crate) fn choice() -> CpuGemm {
             _ if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
             _ => CpuGemm::Candle,
         }
+    })
+}
+
+/// Whether f32 dense layers run through the AMX bf16 × 6 kernel of [`super::cpu_amx`]: where
+/// the packed kernel is the choice, the CPU and OS run AMX tiles, and `FORKSCORE_CPU_GEMM` is
+/// not `packed` (which keeps this module's AVX-512 kernel, to compare).
+pub(crate) fn amx() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let asked = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
+        choice() == CpuGemm::Packed && asked.trim() != "packed" && super::cpu_amx::available()
     })
 }
 
@@ -215,13 +318,14 @@ impl PackedWeight {
 /// mis-sized `x`.
 pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     match Isa::chosen() {
-        Some(isa) => linear_with(x, w, isa),
+        Some(isa) => linear_with(x, w, isa, &Blocking::chosen(isa)?),
         None => candle_core::bail!("packed linear: this CPU has no AVX2 + FMA"),
     }
 }
 
-/// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise).
-pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa) -> Result<Tensor> {
+/// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise)
+/// and blocking `bl` (an error if `isa`'s tile cannot hold it or a count is 0).
+pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
     let (n, k) = (w.n, w.k);
     if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
         candle_core::bail!(
@@ -242,6 +346,12 @@ pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa) -> Result<Tens
     if !Isa::supported().contains(&isa) {
         candle_core::bail!("packed linear: this CPU has no {}", isa.name());
     }
+    if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
+        candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
+    }
+    if bl.mc % bl.mr != 0 {
+        candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
+    }
     let x = x.contiguous()?;
     let (xs, xl) = x.storage_and_layout();
     let Storage::Cpu(xc) = &*xs else {
@@ -253,7 +363,7 @@ pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa) -> Result<Tens
     } else {
         #[cfg(target_arch = "x86_64")]
         {
-            x86::product(xd, m, w, isa)
+            x86::product(xd, m, w, isa, bl)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -270,31 +380,33 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::{Isa, PackedWeight, KC, MC, MR, NC_PANELS, NR, SHORT_K};
+    use super::{Blocking, Isa, PackedWeight, NR};
 
-    /// `x (m, k)` into groups of [`MR`] rows, k-major: `a[g][kk][r] = x[g·MR + r][kk]`
+    /// `x (m, k)` into groups of `mr` rows, k-major: `a[g][kk][r] = x[g·mr + r][kk]`
     /// (missing rows of the last group are 0).
-    fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
-        let groups = m.div_ceil(MR);
-        let mut a = vec![0f32; groups * MR * k];
-        a.par_chunks_mut(MR * k).enumerate().for_each(|(g, dst)| {
-            for r in 0..MR.min(m - g * MR) {
-                let src = &x[(g * MR + r) * k..][..k];
+    fn pack_rows(x: &[f32], m: usize, k: usize, mr: usize) -> Vec<f32> {
+        let groups = m.div_ceil(mr);
+        let mut a = vec![0f32; groups * mr * k];
+        a.par_chunks_mut(mr * k).enumerate().for_each(|(g, dst)| {
+            for r in 0..mr.min(m - g * mr) {
+                let src = &x[(g * mr + r) * k..][..k];
                 for (kk, &v) in src.iter().enumerate() {
-                    dst[kk * MR + r] = v;
+                    dst[kk * mr + r] = v;
                 }
             }
         });
         a
     }
 
-    /// `C (R, 16) (+)= A (R, kc) · B (kc, 16)`: `a` a packed row group at its block, `b` a
-    /// panel at its block, `c` row-major with row stride `ldc`; `first` overwrites `C`.
+    /// `C (R, 16) (+)= A (R, kc) · B (kc, 16)`: `a` a packed row group at its block (`astride`
+    /// floats per `k`: the group's row count), `b` a panel at its block, `c` row-major with row
+    /// stride `ldc`; `first` overwrites `C`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn micro<const R: usize>(
         kc: usize,
         a: *const f32,
+        astride: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
@@ -316,7 +428,7 @@ mod x86 {
                 acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
                 acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
             }
-            a = a.add(MR);
+            a = a.add(astride);
             b = b.add(NR);
         }
         for (r, acc) in acc.iter().enumerate() {
@@ -325,35 +437,39 @@ mod x86 {
         }
     }
 
-    /// Rows `ir..ir + rows` (≤ MR) of one tile.
+    /// `rows` (≤ [`super::MAX_MR_AVX2`]) rows of one tile.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn micro_rows(
         rows: usize,
         kc: usize,
         a: *const f32,
+        astride: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
         first: bool,
     ) {
         match rows {
-            6 => micro::<6>(kc, a, b, c, ldc, first),
-            5 => micro::<5>(kc, a, b, c, ldc, first),
-            4 => micro::<4>(kc, a, b, c, ldc, first),
-            3 => micro::<3>(kc, a, b, c, ldc, first),
-            2 => micro::<2>(kc, a, b, c, ldc, first),
-            _ => micro::<1>(kc, a, b, c, ldc, first),
+            6 => micro::<6>(kc, a, astride, b, c, ldc, first),
+            5 => micro::<5>(kc, a, astride, b, c, ldc, first),
+            4 => micro::<4>(kc, a, astride, b, c, ldc, first),
+            3 => micro::<3>(kc, a, astride, b, c, ldc, first),
+            2 => micro::<2>(kc, a, astride, b, c, ldc, first),
+            _ => micro::<1>(kc, a, astride, b, c, ldc, first),
         }
     }
 
     /// `C (R, 16·P) (+)= A (R, kc) · [B₀ … B_P] (kc, 16·P)` in 16-lane registers: `P` panels
     /// `bstride` floats apart, otherwise as [`micro`].
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn micro512<const R: usize, const P: usize>(
         kc: usize,
         a: *const f32,
+        astride: usize,
         b: *const f32,
         bstride: usize,
         c: *mut f32,
@@ -380,7 +496,7 @@ mod x86 {
                     *acc = _mm512_fmadd_ps(av, *bv, *acc);
                 }
             }
-            a = a.add(MR);
+            a = a.add(astride);
             b = b.add(NR);
         }
         for (r, acc) in acc.iter().enumerate() {
@@ -390,7 +506,8 @@ mod x86 {
         }
     }
 
-    /// Rows `ir..ir + rows` (≤ MR) of one tile of `panels` (1 or 2) panels, AVX-512.
+    /// `rows` (≤ [`super::MAX_MR_AVX512`]) rows of one tile of `panels` (1 or 2) panels,
+    /// AVX-512.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -399,6 +516,7 @@ mod x86 {
         panels: usize,
         kc: usize,
         a: *const f32,
+        astride: usize,
         b: *const f32,
         bstride: usize,
         c: *mut f32,
@@ -406,28 +524,31 @@ mod x86 {
         first: bool,
     ) {
         macro_rules! go {
-            ($r:literal) => {
-                match panels {
-                    2 => micro512::<$r, 2>(kc, a, b, bstride, c, ldc, first),
-                    _ => micro512::<$r, 1>(kc, a, b, bstride, c, ldc, first),
+            ($($r:literal)*) => {
+                match rows {
+                    $($r => match panels {
+                        2 => micro512::<$r, 2>(kc, a, astride, b, bstride, c, ldc, first),
+                        _ => micro512::<$r, 1>(kc, a, astride, b, bstride, c, ldc, first),
+                    },)*
+                    _ => unreachable!("a tile of {rows} rows (the blocking was validated)"),
                 }
             };
         }
-        match rows {
-            6 => go!(6),
-            5 => go!(5),
-            4 => go!(4),
-            3 => go!(3),
-            2 => go!(2),
-            _ => go!(1),
-        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
     }
 
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each), with
-    /// the microkernels of `isa` (supported by the CPU: the caller checked).
-    pub(super) fn product(x: &[f32], m: usize, w: &PackedWeight, isa: Isa) -> Vec<f32> {
+    /// the microkernels of `isa` (supported by the CPU: the caller checked) and blocking `bl`
+    /// (validated for `isa`: [`Blocking::parse`]).
+    pub(super) fn product(
+        x: &[f32],
+        m: usize,
+        w: &PackedWeight,
+        isa: Isa,
+        bl: &Blocking,
+    ) -> Vec<f32> {
         let (n, k) = (w.n, w.k);
-        let a = pack_rows(x, m, k);
+        let a = pack_rows(x, m, k, bl.mr);
         let panels = n.div_ceil(NR);
         let threads = rayon::current_num_threads().clamp(1, panels);
         // an even run per thread under AVX-512, so panels pair up
@@ -443,10 +564,10 @@ mod x86 {
             .into_par_iter()
             .for_each(|p0| {
                 let p1 = (p0 + per).min(panels);
-                // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/6⌉·6·k and the
+                // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/mr⌉·mr·k and the
                 // panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has capacity m·n and runs
                 // of panels write disjoint columns.
-                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa) };
+                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa, bl) };
             });
         // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
         // first k block of each tile overwrites its output).
@@ -455,6 +576,7 @@ mod x86 {
     }
 
     /// Panels `p0..p1` of the product into `y (m, n)`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run(
         a: &[f32],
@@ -464,8 +586,10 @@ mod x86 {
         p1: usize,
         y: *mut f32,
         isa: Isa,
+        bl: &Blocking,
     ) {
         let (n, k) = (w.n, w.k);
+        let mr = bl.mr;
         // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
         let ragged = n % NR != 0 && p1 == n.div_ceil(NR);
         let mut strip = if ragged {
@@ -475,9 +599,9 @@ mod x86 {
         };
         let strip_ptr = strip.as_mut_ptr();
         let block = |jc: usize, ic: usize, pc: usize| {
-            let je = (jc + NC_PANELS).min(p1);
-            let mc = MC.min(m - ic);
-            let kc = KC.min(k - pc);
+            let je = (jc + bl.nc).min(p1);
+            let mc = bl.mc.min(m - ic);
+            let kc = bl.kc.min(k - pc);
             let mut p = jc;
             while p < je {
                 let b = w.panels.as_ptr().add((p * k + pc) * NR);
@@ -494,33 +618,34 @@ mod x86 {
                 };
                 let mut ir = 0;
                 while ir < mc {
-                    let rows = MR.min(mc - ir);
+                    // `ic` and `ir` are multiples of `mr`, so `row` starts a packed group
+                    let rows = mr.min(mc - ir);
                     let row = ic + ir;
-                    let at = a.as_ptr().add(row * k + pc * MR);
+                    let at = a.as_ptr().add(row * k + pc * mr);
                     let c = c0.add(row * ldc);
                     match isa {
                         Isa::Avx512 => {
-                            micro512_rows(rows, panels, kc, at, b, k * NR, c, ldc, pc == 0)
+                            micro512_rows(rows, panels, kc, at, mr, b, k * NR, c, ldc, pc == 0)
                         }
-                        Isa::Avx2 => micro_rows(rows, kc, at, b, c, ldc, pc == 0),
+                        Isa::Avx2 => micro_rows(rows, kc, at, mr, b, c, ldc, pc == 0),
                     }
                     ir += rows;
                 }
                 p += panels;
             }
         };
-        if k <= SHORT_K {
-            for jc in (p0..p1).step_by(NC_PANELS) {
-                for ic in (0..m).step_by(MC) {
-                    for pc in (0..k).step_by(KC) {
+        if k <= bl.short_k {
+            for jc in (p0..p1).step_by(bl.nc) {
+                for ic in (0..m).step_by(bl.mc) {
+                    for pc in (0..k).step_by(bl.kc) {
                         block(jc, ic, pc);
                     }
                 }
             }
         } else {
-            for pc in (0..k).step_by(KC) {
-                for jc in (p0..p1).step_by(NC_PANELS) {
-                    for ic in (0..m).step_by(MC) {
+            for pc in (0..k).step_by(bl.kc) {
+                for jc in (p0..p1).step_by(bl.nc) {
+                    for ic in (0..m).step_by(bl.mc) {
                         block(jc, ic, pc);
                     }
                 }
@@ -556,10 +681,12 @@ mod tests {
     }
 
     /// The packed kernel equals candle's matmul to f32 rounding, under every instruction level
-    /// the CPU has, on every tail there is: rows that are not a multiple of 6 or of the row
-    /// block, ragged last panels (after an odd and an even count of whole ones), `k` not a
-    /// multiple of the `k` block, a `k` above [`SHORT_K`] (the other loop order), 3-D inputs,
-    /// a strided input, and a single row.
+    /// the CPU has and blockings from the default to degenerate ones (1-row tiles, odd `k`,
+    /// row and panel blocks, the `k`-outermost order for every `k`), on every tail there is:
+    /// rows that are not a multiple of the tile or of the row block, ragged last panels (after
+    /// an odd and an even count of whole ones), `k` not a multiple of the `k` block, a `k`
+    /// above the default `short_k` (the other loop order), 3-D inputs, a strided input, and a
+    /// single row.
     #[test]
     fn packed_linear_equals_candle_matmul() -> Result<()> {
         let levels = Isa::supported();
@@ -568,34 +695,93 @@ mod tests {
             return Ok(());
         }
         let dev = Device::Cpu;
+        let specs = [
+            "",
+            "mr=1,kc=7,mc=3,nc=1,short_k=0",
+            "mr=5,kc=64,mc=10,nc=3",
+            "mr=4,kc=300,mc=200,nc=16,short_k=100000",
+            "mr=8,nc=2",
+            "mr=12,mc=96",
+            "mr=14,kc=100,mc=20,nc=5,short_k=0",
+        ];
         for &isa in levels {
-            for (xdims, n) in [
-                (vec![37usize, 96], 130usize),
-                (vec![2, 19, 64], 48),
-                (vec![1, 1, 896], 7),
-                (vec![150, 300], 33),
-                (vec![7, 40], 50),
-                (vec![13, SHORT_K + 40], 40),
-                (vec![MC + 5, 257], 16 * NC_PANELS + 16),
-                (vec![9, 64], 16 * NC_PANELS + 48),
-            ] {
-                let k = *xdims.last().unwrap();
-                let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
-                let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
-                let p = PackedWeight::pack(&w)?;
-                assert_eq!(p.dims(), (n, k));
-                let got = linear_with(&x, &p, isa)?;
-                let want = x.broadcast_matmul(&w.t()?)?;
-                assert_eq!(got.dims(), want.dims());
-                let d = max_rel(&got, &want);
-                assert!(d <= 2e-6, "{isa:?} {xdims:?} x ({n}, {k}): {d:e}");
-                assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+            let d = Blocking::default_for(isa);
+            for spec in specs {
+                let Ok(bl) = Blocking::parse(spec, isa) else {
+                    assert!(isa == Isa::Avx2, "{spec} is valid for {isa:?}");
+                    continue;
+                };
+                for (xdims, n) in [
+                    (vec![37usize, 96], 130usize),
+                    (vec![2, 19, 64], 48),
+                    (vec![1, 1, 896], 7),
+                    (vec![150, 300], 33),
+                    (vec![7, 40], 50),
+                    (vec![13, d.short_k + 40], 40),
+                    (vec![d.mc + 5, 257], 16 * d.nc + 16),
+                    (vec![9, 64], 16 * d.nc + 48),
+                ] {
+                    let k = *xdims.last().unwrap();
+                    let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
+                    let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
+                    let p = PackedWeight::pack(&w)?;
+                    assert_eq!(p.dims(), (n, k));
+                    let got = linear_with(&x, &p, isa, &bl)?;
+                    let want = x.broadcast_matmul(&w.t()?)?;
+                    assert_eq!(got.dims(), want.dims());
+                    let d = max_rel(&got, &want);
+                    assert!(d <= 2e-6, "{isa:?} {spec} {xdims:?} x ({n}, {k}): {d:e}");
+                    assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+                }
+                let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
+                let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
+                let got = linear_with(&x, &PackedWeight::pack(&w)?, isa, &bl)?;
+                let d = max_rel(&got, &x.matmul(&w.t()?)?);
+                assert!(d <= 2e-6, "{isa:?} {spec} strided input: {d:e}");
             }
-            let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
-            let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
-            let got = linear_with(&x, &PackedWeight::pack(&w)?, isa)?;
-            let d = max_rel(&got, &x.matmul(&w.t()?)?);
-            assert!(d <= 2e-6, "{isa:?} strided input: {d:e}");
+        }
+        Ok(())
+    }
+
+    /// A blocking spec is parsed over the default; a wrong one is an error naming what is
+    /// wrong, and a blocking the tile cannot hold is refused by the product, never run.
+    #[test]
+    fn blocking_specs_are_parsed_or_refused_by_name() -> Result<()> {
+        let isa = Isa::Avx512;
+        let d = Blocking::default_for(isa);
+        assert_eq!(Blocking::parse("", isa), Ok(d));
+        let b = Blocking::parse(" mr=12 , kc=128,short_k=0", isa).expect("valid");
+        assert_eq!((b.mr, b.kc, b.mc, b.nc, b.short_k), (12, 128, 72, d.nc, 0));
+        assert_eq!(Blocking::parse("mr=5,mc=12", isa).map(|b| b.mc), Ok(15));
+        for (spec, says) in [
+            ("mr", "not key=value"),
+            ("kc=big", "`big` is not a count"),
+            ("mc=0", "at least 1"),
+            ("tile=4", "unknown key `tile`"),
+            ("mr=15", "more rows than a avx512 tile holds (14)"),
+        ] {
+            let e = Blocking::parse(spec, isa).expect_err(spec);
+            assert!(e.contains(says), "{spec}: {e}");
+        }
+        let e = Blocking::parse("mr=7", Isa::Avx2).expect_err("avx2 holds 6");
+        assert!(e.contains("(6)"), "{e}");
+        if Isa::supported().contains(&Isa::Avx2) {
+            let dev = Device::Cpu;
+            let p = PackedWeight::pack(&Tensor::zeros((4, 8), DType::F32, &dev)?)?;
+            let x = Tensor::zeros((3, 8), DType::F32, &dev)?;
+            let bad = Blocking {
+                mr: 7,
+                ..Blocking::default_for(Isa::Avx2)
+            };
+            let e = linear_with(&x, &p, Isa::Avx2, &bad).expect_err("7 rows");
+            assert!(e.to_string().contains("does not fit"), "{e}");
+            let bad = Blocking {
+                mr: 4,
+                mc: 6,
+                ..bad
+            };
+            let e = linear_with(&x, &p, Isa::Avx2, &bad).expect_err("mc 6");
+            assert!(e.to_string().contains("not a multiple"), "{e}");
         }
         Ok(())
     }

@@ -30,6 +30,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
+use super::cpu_amx::{self, AmxWeight};
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_qgemm::{self, PackedQ8};
@@ -43,6 +44,12 @@ pub(crate) enum Linear {
     /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu_gemm`]; `bias (out,)` f32.
     Packed {
         weight: Arc<PackedWeight>,
+        bias: Option<Tensor>,
+    },
+    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu_amx`];
+    /// `bias (out,)` f32.
+    PackedAmx {
+        weight: Arc<AmxWeight>,
         bias: Option<Tensor>,
     },
     /// `W` `Q8_0`, packed for the integer kernel of [`super::cpu_qgemm`]; `bias (out,)` f32.
@@ -98,13 +105,22 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
 
 impl Linear {
     /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype:
-    /// an f32 weight on the CPU is packed for [`super::cpu_gemm`] when that kernel runs here
-    /// ([`cpu_gemm::choice`]), anything else keeps candle's tensor.
+    /// an f32 weight on the CPU is split for [`super::cpu_amx`] where AMX runs
+    /// ([`cpu_gemm::amx`]), else packed for [`super::cpu_gemm`] when that kernel runs here
+    /// ([`cpu_gemm::choice`]); anything else keeps candle's tensor.
     pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
         if weight.device().is_cpu()
             && weight.dtype() == DType::F32
             && cpu_gemm::choice() == CpuGemm::Packed
         {
+            if cpu_gemm::amx() {
+                if let Ok(split) = AmxWeight::pack(&weight) {
+                    return Linear::PackedAmx {
+                        weight: Arc::new(split),
+                        bias,
+                    };
+                }
+            }
             if let Ok(packed) = PackedWeight::pack(&weight) {
                 return Linear::Packed {
                     weight: Arc::new(packed),
@@ -143,6 +159,15 @@ impl Linear {
             return Ok(Some(Linear::Dense(candle_nn::Linear::new(w, bias))));
         }
         if let Some(ws) = all(parts, |l| match l {
+            Linear::PackedAmx { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        }) {
+            return Ok(AmxWeight::stack(&ws).map(|w| Linear::PackedAmx {
+                weight: Arc::new(w),
+                bias,
+            }));
+        }
+        if let Some(ws) = all(parts, |l| match l {
             Linear::PackedQ8 { weight, .. } => Some(weight.as_ref()),
             _ => None,
         }) {
@@ -166,6 +191,7 @@ impl Linear {
         match self {
             Linear::Dense(d) => d.bias(),
             Linear::Packed { bias, .. }
+            | Linear::PackedAmx { bias, .. }
             | Linear::PackedQ8 { bias, .. }
             | Linear::Quantized { bias, .. } => bias.as_ref(),
         }
@@ -228,7 +254,7 @@ impl Linear {
     /// The ggml type of the weight, `None` when dense.
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
-            Linear::Dense(_) | Linear::Packed { .. } => None,
+            Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::Quantized { ggml, .. } => Some(*ggml),
         }
@@ -241,6 +267,9 @@ impl Linear {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
             Linear::Packed { weight, bias } => {
                 add_bias(cpu_gemm::linear(x, weight)?, bias.as_ref())
+            }
+            Linear::PackedAmx { weight, bias } => {
+                add_bias(cpu_amx::linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ8 { weight, bias } => {
                 add_bias(cpu_qgemm::linear(x, weight)?, bias.as_ref())
@@ -266,7 +295,9 @@ impl Linear {
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Packed { .. } | Linear::PackedQ8 { .. } => self.forward(x),
+            Linear::Packed { .. } | Linear::PackedAmx { .. } | Linear::PackedQ8 { .. } => {
+                self.forward(x)
+            }
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
                 add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
@@ -280,7 +311,7 @@ impl Linear {
     pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Packed { .. } => self.forward(x),
+            Linear::Packed { .. } | Linear::PackedAmx { .. } => self.forward(x),
             Linear::PackedQ8 { weight, bias } => {
                 // (out, in) dequantized, transient
                 let (n, k) = weight.dims();

@@ -29,11 +29,14 @@ pub mod profile;
 pub mod state;
 
 mod cpu_aligned;
+mod cpu_amx;
 mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
 mod cpu_gemm;
 mod cpu_isa;
+#[doc(hidden)]
+pub mod cpu_kernels;
 mod cpu_math;
 mod cpu_qgemm;
 #[cfg(feature = "cuda")]
@@ -68,10 +71,13 @@ pub use linear::QuantSummary;
 pub use state::{CandleState, LayerState};
 
 /// The x86 vector instructions this process's CPU kernels run with (`"avx512"` or `"avx2"`,
-/// capped by `FORKSCORE_CPU_ISA=avx2`); `None` where they do not run (no AVX2 + FMA, or off
+/// capped by `FORKSCORE_CPU_ISA=avx2`; `"avx512+amx"` where f32 linear layers run on AMX tiles); `None` where they do not run (no AVX2 + FMA, or off
 /// x86-64), so CPU layers take candle's kernels.
 pub fn cpu_kernel_isa() -> Option<&'static str> {
-    cpu_isa::Isa::chosen().map(cpu_isa::Isa::name)
+    match cpu_gemm::amx() {
+        true => Some("avx512+amx"),
+        false => cpu_isa::Isa::chosen().map(cpu_isa::Isa::name),
+    }
 }
 
 use crate::error::CandleError;

@@ -1,0 +1,198 @@
+//! The CPU linear kernels alone, at a model's layer shapes, under several blockings of the f32
+//! kernel in one run: the harness the blocking defaults are chosen with (`cpu_gemm::Blocking`).
+//!
+//! `cargo bench -p forkscore-benches --bench cpu_linear` — prints GFLOP/s per (rows, layer,
+//! blocking) and each blocking's time for one transformer layer's linear work, and writes
+//! target/bench/cpu_linear.json. The blockings are timed round-robin (one call of each in
+//! turn, repeated), so a drift of the machine falls on all of them alike; the figure is the
+//! median. The same shapes through torch (the peer, same cores): `scripts/cpu-real/gemm_peak.py
+//! --rows … --shapes …`.
+//!
+//! Env:
+//! - FORKSCORE_BENCH_BLOCKINGS: `;`-separated blocking specs (`mr=12,mc=96;kc=128`; keys as
+//!   `FORKSCORE_CPU_GEMM_BLOCKING`, over this CPU's default; an empty spec is the default).
+//!   Default: the default alone.
+//! - FORKSCORE_BENCH_ROWS: row counts (default 512,160,40: a prefill chunk, a scoring pass of
+//!   28 fields, one of 8).
+//! - FORKSCORE_BENCH_SHAPES: `name:out x in` layers (default Qwen2.5-0.5B's
+//!   qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864).
+//! - FORKSCORE_BENCH_REPEATS: calls per blocking and shape (default 7).
+//! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape.
+//!
+//! Where the CPU runs AMX tiles, the f32 AMX kernel (bf16 × 6, what f32 layers use there) is
+//! timed at each shape too (`amx`).
+
+use anyhow::{bail, Context};
+use candle_core::{Device, Tensor};
+use forkscore_backends::candle::cpu_kernels::{self, AmxF32Weight, F32Weight, Q8Weight};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Shape {
+    name: String,
+    out: usize,
+    inp: usize,
+}
+
+fn parse_shapes(s: &str) -> anyhow::Result<Vec<Shape>> {
+    s.split(',')
+        .map(|part| {
+            let (name, dims) = part
+                .trim()
+                .split_once(':')
+                .with_context(|| format!("shape `{part}` is not name:OUTxIN"))?;
+            let (out, inp) = dims
+                .split_once('x')
+                .with_context(|| format!("shape `{part}` is not name:OUTxIN"))?;
+            Ok(Shape {
+                name: name.to_string(),
+                out: out
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("shape `{part}`"))?,
+                inp: inp
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("shape `{part}`"))?,
+            })
+        })
+        .collect()
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(isa) = cpu_kernels::isa() else {
+        bail!("the CPU kernels do not run on this CPU (no AVX2 + FMA)");
+    };
+    let repeats: usize = env_or("FORKSCORE_BENCH_REPEATS", "7")
+        .parse()
+        .context("FORKSCORE_BENCH_REPEATS")?;
+    if repeats == 0 {
+        bail!("FORKSCORE_BENCH_REPEATS must be at least 1");
+    }
+    let rows: Vec<usize> = env_or("FORKSCORE_BENCH_ROWS", "512,160,40")
+        .split(',')
+        .map(|s| s.trim().parse().with_context(|| format!("row count `{s}`")))
+        .collect::<anyhow::Result<_>>()?;
+    let shapes = parse_shapes(&env_or(
+        "FORKSCORE_BENCH_SHAPES",
+        "qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864",
+    ))?;
+    let specs: Vec<String> = env_or("FORKSCORE_BENCH_BLOCKINGS", "")
+        .split(';')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let resolved: Vec<String> = specs
+        .iter()
+        .map(|s| cpu_kernels::blocking(s))
+        .collect::<Result<_, _>>()?;
+    let q8 = env_or("FORKSCORE_BENCH_Q8", "0") == "1";
+    let amx = cpu_kernels::amx();
+    // the extra kernels after the blockings, in this order
+    let extra: Vec<&str> = [(amx, "amx"), (q8, "q8_0")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "cpu_linear: isa {isa}, {} rayon threads (of {threads} CPUs), {repeats} calls each",
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into())
+    );
+    let dev = Device::Cpu;
+    let mut report = Vec::new();
+    // per rows: per config (f32 blockings, then q8): summed ms over the shapes
+    for &m in &rows {
+        let mut layer_ms = vec![0f64; resolved.len() + extra.len()];
+        for sh in &shapes {
+            let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
+            let x = Tensor::randn(0f32, 1.0, (m, sh.inp), &dev)?;
+            let pf = F32Weight::pack(&w)?;
+            let pq = if q8 {
+                Some(Q8Weight::quantize(&w)?)
+            } else {
+                None
+            };
+            let pa = if amx {
+                Some(AmxF32Weight::pack(&w)?)
+            } else {
+                None
+            };
+            let mut times: Vec<Vec<f64>> = vec![Vec::new(); layer_ms.len()];
+            for rep in 0..=repeats {
+                for (i, spec) in specs.iter().enumerate() {
+                    let s = Instant::now();
+                    let y = cpu_kernels::linear_f32(&x, &pf, spec)?;
+                    let t = s.elapsed().as_secs_f64() * 1e3;
+                    drop(y);
+                    if rep > 0 {
+                        times[i].push(t); // the first round warms up
+                    }
+                }
+                let mut slot = specs.len();
+                if let Some(pa) = &pa {
+                    let s = Instant::now();
+                    let y = cpu_kernels::linear_amx(&x, pa)?;
+                    let t = s.elapsed().as_secs_f64() * 1e3;
+                    drop(y);
+                    if rep > 0 {
+                        times[slot].push(t);
+                    }
+                    slot += 1;
+                }
+                if let Some(pq) = &pq {
+                    let s = Instant::now();
+                    let y = cpu_kernels::linear_q8(&x, pq)?;
+                    let t = s.elapsed().as_secs_f64() * 1e3;
+                    drop(y);
+                    if rep > 0 {
+                        times[slot].push(t);
+                    }
+                }
+            }
+            let flop = 2.0 * (m * sh.out * sh.inp) as f64;
+            for (i, t) in times.into_iter().enumerate() {
+                let ms = median(t);
+                layer_ms[i] += ms;
+                let (kernel, blocking) = match resolved.get(i) {
+                    Some(b) => ("f32", b.as_str()),
+                    None => (extra[i - resolved.len()], "default"),
+                };
+                let gflops = flop / ms / 1e6;
+                println!(
+                    "rows {m:>5} {:>8} {:>5}x{:<5} {kernel:>4} {blocking:<40} {ms:>8.3} ms {gflops:>7.1} GFLOP/s",
+                    sh.name, sh.out, sh.inp
+                );
+                report.push(serde_json::json!({
+                    "rows": m, "layer": sh.name, "out": sh.out, "in": sh.inp,
+                    "kernel": kernel, "blocking": blocking, "ms": ms, "gflops": gflops,
+                }));
+            }
+        }
+        for (i, ms) in layer_ms.iter().enumerate() {
+            let label = match resolved.get(i) {
+                Some(b) => b.as_str(),
+                None => extra[i - resolved.len()],
+            };
+            println!("rows {m:>5} one layer: {label:<40} {ms:>8.3} ms");
+        }
+    }
+    let out = std::env::var("FORKSCORE_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("target/bench/cpu_linear.json"));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let doc = serde_json::json!({ "isa": isa, "amx": amx, "repeats": repeats, "results": report });
+    std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
