@@ -19,8 +19,10 @@
 //! - FORKSCORE_BENCH_REPEATS: calls per blocking and shape (default 7).
 //! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape.
 //!
-//! Where the CPU runs AMX tiles, the f32 AMX kernel (bf16 × 6, what f32 layers use there) is
-//! timed at each shape too (`amx`).
+//! - FORKSCORE_BENCH_AMX_BLOCKINGS: `;`-separated blockings of the AMX f32 kernel (`mc=64,pf=1`;
+//!   keys as `FORKSCORE_CPU_AMX`). Where the CPU runs AMX tiles that kernel (bf16 × 6, what f32
+//!   layers use with `FORKSCORE_CPU_GEMM=amx`) is timed at each shape too, at the default
+//!   unless this lists others.
 
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
@@ -68,6 +70,27 @@ fn parse_shapes(s: &str) -> anyhow::Result<Vec<Shape>> {
         .collect()
 }
 
+/// One kernel and blocking the bench times.
+enum Kernel {
+    /// The f32 kernel: the spec as given, and as resolved.
+    F32(String, String),
+    /// The AMX f32 kernel with a blocking spec.
+    Amx(String),
+    /// The `Q8_0` integer kernel.
+    Q8,
+}
+
+impl Kernel {
+    fn label(&self) -> (&'static str, &str) {
+        match self {
+            Kernel::F32(_, resolved) => ("f32", resolved),
+            Kernel::Amx(spec) if spec.is_empty() => ("amx", "default"),
+            Kernel::Amx(spec) => ("amx", spec),
+            Kernel::Q8 => ("q8_0", "default"),
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let Some(isa) = cpu_kernels::isa() else {
         bail!("the CPU kernels do not run on this CPU (no AVX2 + FMA)");
@@ -96,64 +119,56 @@ fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     let q8 = env_or("FORKSCORE_BENCH_Q8", "0") == "1";
     let amx = cpu_kernels::amx();
-    // the extra kernels after the blockings, in this order
-    let extra: Vec<&str> = [(amx, "amx"), (q8, "q8_0")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
+    // every kernel and blocking timed, in this order
+    let mut configs: Vec<Kernel> = specs
+        .iter()
+        .zip(&resolved)
+        .map(|(s, r)| Kernel::F32(s.clone(), r.clone()))
         .collect();
+    if amx {
+        for spec in env_or("FORKSCORE_BENCH_AMX_BLOCKINGS", "").split(';') {
+            configs.push(Kernel::Amx(spec.trim().to_string()));
+        }
+    }
+    if q8 {
+        configs.push(Kernel::Q8);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "cpu_linear: isa {isa}, {} rayon threads (of {threads} CPUs), {repeats} calls each",
+        "cpu_linear: isa {isa}, amx {amx}, {} rayon threads (of {threads} CPUs), {repeats} calls each",
         std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into())
     );
     let dev = Device::Cpu;
     let mut report = Vec::new();
-    // per rows: per config (f32 blockings, then q8): summed ms over the shapes
     for &m in &rows {
-        let mut layer_ms = vec![0f64; resolved.len() + extra.len()];
+        let mut layer_ms = vec![0f64; configs.len()];
         for sh in &shapes {
             let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
             let x = Tensor::randn(0f32, 1.0, (m, sh.inp), &dev)?;
             let pf = F32Weight::pack(&w)?;
-            let pq = if q8 {
-                Some(Q8Weight::quantize(&w)?)
-            } else {
-                None
+            let pq = match q8 {
+                true => Some(Q8Weight::quantize(&w)?),
+                false => None,
             };
-            let pa = if amx {
-                Some(AmxF32Weight::pack(&w)?)
-            } else {
-                None
+            let pa = match amx {
+                true => Some(AmxF32Weight::pack(&w)?),
+                false => None,
             };
-            let mut times: Vec<Vec<f64>> = vec![Vec::new(); layer_ms.len()];
+            let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
             for rep in 0..=repeats {
-                for (i, spec) in specs.iter().enumerate() {
+                for (i, c) in configs.iter().enumerate() {
                     let s = Instant::now();
-                    let y = cpu_kernels::linear_f32(&x, &pf, spec)?;
+                    let y = match c {
+                        Kernel::F32(spec, _) => cpu_kernels::linear_f32(&x, &pf, spec)?,
+                        Kernel::Amx(spec) => {
+                            cpu_kernels::linear_amx(&x, pa.as_ref().expect("amx"), spec)?
+                        }
+                        Kernel::Q8 => cpu_kernels::linear_q8(&x, pq.as_ref().expect("q8"))?,
+                    };
                     let t = s.elapsed().as_secs_f64() * 1e3;
                     drop(y);
                     if rep > 0 {
                         times[i].push(t); // the first round warms up
-                    }
-                }
-                let mut slot = specs.len();
-                if let Some(pa) = &pa {
-                    let s = Instant::now();
-                    let y = cpu_kernels::linear_amx(&x, pa)?;
-                    let t = s.elapsed().as_secs_f64() * 1e3;
-                    drop(y);
-                    if rep > 0 {
-                        times[slot].push(t);
-                    }
-                    slot += 1;
-                }
-                if let Some(pq) = &pq {
-                    let s = Instant::now();
-                    let y = cpu_kernels::linear_q8(&x, pq)?;
-                    let t = s.elapsed().as_secs_f64() * 1e3;
-                    drop(y);
-                    if rep > 0 {
-                        times[slot].push(t);
                     }
                 }
             }
@@ -161,10 +176,7 @@ fn main() -> anyhow::Result<()> {
             for (i, t) in times.into_iter().enumerate() {
                 let ms = median(t);
                 layer_ms[i] += ms;
-                let (kernel, blocking) = match resolved.get(i) {
-                    Some(b) => ("f32", b.as_str()),
-                    None => (extra[i - resolved.len()], "default"),
-                };
+                let (kernel, blocking) = configs[i].label();
                 let gflops = flop / ms / 1e6;
                 println!(
                     "rows {m:>5} {:>8} {:>5}x{:<5} {kernel:>4} {blocking:<40} {ms:>8.3} ms {gflops:>7.1} GFLOP/s",
@@ -176,12 +188,9 @@ fn main() -> anyhow::Result<()> {
                 }));
             }
         }
-        for (i, ms) in layer_ms.iter().enumerate() {
-            let label = match resolved.get(i) {
-                Some(b) => b.as_str(),
-                None => extra[i - resolved.len()],
-            };
-            println!("rows {m:>5} one layer: {label:<40} {ms:>8.3} ms");
+        for (c, ms) in configs.iter().zip(&layer_ms) {
+            let (kernel, blocking) = c.label();
+            println!("rows {m:>5} one layer: {kernel:>4} {blocking:<40} {ms:>8.3} ms");
         }
     }
     let out = std::env::var("FORKSCORE_BENCH_OUT")

@@ -46,15 +46,19 @@ impl AmxF32Weight {
     }
 }
 
-/// Whether the AMX bf16 × 6 f32 kernel runs on this CPU (and is not switched off by
-/// `FORKSCORE_CPU_GEMM=packed`): what the model's f32 layers use here.
+/// Whether the AMX bf16 × 6 f32 kernel runs on this CPU (AMX tiles granted), whether or not
+/// the model's layers use it (they do with `FORKSCORE_CPU_GEMM=amx`).
 pub fn amx() -> bool {
-    cpu_gemm::amx()
+    cpu_amx::available()
 }
 
-/// `x (.., in) · Wᵀ` through the AMX kernel (an error where it does not run).
-pub fn linear_amx(x: &Tensor, w: &AmxF32Weight) -> Result<Tensor, CandleError> {
-    cpu_amx::linear(x, &w.0).map_err(tensor_err("amx f32 linear"))
+/// `x (.., in) · Wᵀ` through the AMX kernel with blocking `spec` (`mc=…,pf=…` over the
+/// default, as `FORKSCORE_CPU_AMX`; an error where AMX does not run or `spec` is wrong).
+pub fn linear_amx(x: &Tensor, w: &AmxF32Weight, spec: &str) -> Result<Tensor, CandleError> {
+    let bl = cpu_amx::AmxBlocking::parse(spec).map_err(|reason| CandleError::InvalidRequest {
+        reason: format!("amx blocking `{spec}`: {reason}"),
+    })?;
+    cpu_amx::linear_with(x, &w.0, &bl).map_err(tensor_err("amx f32 linear"))
 }
 
 /// A weight `(out, in)` quantized to `Q8_0` and packed for the integer kernel of the chosen

@@ -105,7 +105,7 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
 
 impl Linear {
     /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype:
-    /// an f32 weight on the CPU is split for [`super::cpu_amx`] where AMX runs
+    /// an f32 weight on the CPU is split for [`super::cpu_amx`] when asked and AMX runs
     /// ([`cpu_gemm::amx`]), else packed for [`super::cpu_gemm`] when that kernel runs here
     /// ([`cpu_gemm::choice`]); anything else keeps candle's tensor.
     pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
