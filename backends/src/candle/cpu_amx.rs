@@ -537,6 +537,89 @@ mod tiles {
         y
     }
 
+    /// What one thread's tile passes read and write.
+    struct Pass<'a> {
+        /// The packed activations (`pack_rows`).
+        a: &'a [u16],
+        /// Elements per packed row pair.
+        pair: usize,
+        w: &'a AmxWeight,
+        /// A zero panel (`kp · 16`), the partner of an odd last panel.
+        zero: &'a [u16],
+        /// The thread's panels end here.
+        p1: usize,
+        /// The padded output and its row length.
+        acc: *mut f32,
+        np: usize,
+        steps: usize,
+        bl: &'a AmxBlocking,
+    }
+
+    impl Pass<'_> {
+        /// The `k` step whose tiles a step reads (the first, under the `hot` probe).
+        fn at(&self, ks: usize) -> usize {
+            if self.bl.hot {
+                0
+            } else {
+                ks
+            }
+        }
+
+        /// B tile of `part` for `panel` at step `ks` (the zero panel past the thread's last).
+        unsafe fn b(&self, part: usize, panel: usize, ks: usize) -> *const u16 {
+            let kp = self.w.kp;
+            match panel < self.p1 {
+                true => self.w.planes[part]
+                    .as_ptr()
+                    .add(panel * kp * NR + self.at(ks) * TILE),
+                false => self.zero.as_ptr().add(self.at(ks) * TILE),
+            }
+        }
+
+        /// Steps `k0..k1` of the 32 × 32 output block (row pair `rp`, panels `p`, `p + 1`):
+        /// the C tiles start from zero at `k0 == 0`, else from the output; stored back after.
+        unsafe fn block(&self, rp: usize, p: usize, k0: usize, k1: usize) {
+            let sc = self.np * 4; // C-tile row stride, bytes
+                                  // C tile (i, j): rows 32·rp + 16i, columns 16·(p + j)
+            let c = |i: usize, j: usize| self.acc.add((rp * 32 + 16 * i) * self.np + (p + j) * NR);
+            if k0 == 0 {
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            } else {
+                load_c!(0, c(0, 0), sc);
+                load_c!(1, c(0, 1), sc);
+                load_c!(2, c(1, 0), sc);
+                load_c!(3, c(1, 1), sc);
+            }
+            let ar = self.a.as_ptr().add(rp * self.pair);
+            let (q, pf) = (p + 1, self.bl.pf);
+            for ks in k0..k1 {
+                if pf > 0 && ks + pf < self.steps {
+                    prefetch(ar.add(self.at(ks + pf) * 6 * TILE), 6 * TILE * 2);
+                    for part in 0..3 {
+                        prefetch(self.b(part, p, ks + pf), TILE * 2);
+                        prefetch(self.b(part, q, ks + pf), TILE * 2);
+                    }
+                }
+                let bt = [
+                    [self.b(0, p, ks), self.b(0, q, ks)],
+                    [self.b(1, p, ks), self.b(1, q, ks)],
+                    [self.b(2, p, ks), self.b(2, q, ks)],
+                ];
+                step(ar.add(self.at(ks) * 6 * TILE), &bt);
+            }
+            store!(0, c(0, 0), sc);
+            store!(1, c(0, 1), sc);
+            store!(2, c(1, 0), sc);
+            store!(3, c(1, 1), sc);
+        }
+    }
+
     /// Panel pairs `p0..p1` of the product into the padded output `acc (mp, np)`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run(
@@ -550,73 +633,41 @@ mod tiles {
         acc: *mut f32,
         bl: &AmxBlocking,
     ) {
-        let kp = w.kp;
-        let steps = kp / KSTEP;
-        let pair = steps * 3 * 2 * TILE;
+        let steps = w.kp / KSTEP;
         let pairs = mp / 32;
+        let pass = Pass {
+            a,
+            pair: steps * 3 * 2 * TILE,
+            w,
+            zero,
+            p1,
+            acc,
+            np,
+            steps,
+            bl,
+        };
         let cfg = config();
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
-        let plane = |part: usize| w.planes[part].as_ptr();
-        let sc = np * 4; // C-tile row stride, bytes
-                         // k steps per pass over a row block: all of them (C stays in tiles), or `kb` (C stored
-                         // and reloaded between passes, so the pair's B slice stays in L1 across the row pairs)
-        let kb = match bl.kb {
-            0 => steps,
-            kb => kb.min(steps),
-        };
-        let at = |ks: usize| if bl.hot { 0 } else { ks };
         // k steps per L2 block: the row block's A tiles of that k range stay in L2 across the
-        // thread's panel pairs
+        // thread's panel pairs (C stored and reloaded between blocks)
         let kc = match bl.kc {
             0 => steps,
             kc => kc.min(steps),
         };
+        // k steps per pass over a row block: all of the L2 block's (C stays in tiles), or
+        // `kb` (so the pair's B slice stays in L1 across the row pairs)
+        let kb = match bl.kb {
+            0 => kc,
+            kb => kb.min(kc),
+        };
         if bl.nb > 0 {
-            // weight-block order: a block of `nb` panel pairs × `kc` steps stays in L2 while
-            // every row pair passes (the weight read from memory once per call)
+            // weight-block order: `nb` panel pairs × an L2 block's steps stay in L2 while every
+            // row pair passes (the weight read from memory once per call)
             for pb in (p0..p1).step_by(2 * bl.nb) {
-                let pe = (pb + 2 * bl.nb).min(p1);
                 for kc0 in (0..steps).step_by(kc) {
-                    let kc1 = (kc0 + kc).min(steps);
                     for rp in 0..pairs {
-                        let ar = a.as_ptr().add(rp * pair);
-                        for p in (pb..pe).step_by(2) {
-                            let q = p + 1;
-                            let bp = |part: usize, panel: usize, ks: usize| -> *const u16 {
-                                match panel < p1 {
-                                    true => plane(part).add(panel * kp * NR + at(ks) * TILE),
-                                    false => zero.as_ptr().add(at(ks) * TILE),
-                                }
-                            };
-                            let c = |i: usize, j: usize| {
-                                acc.add((rp * 32 + 16 * i) * np + (p + j) * NR)
-                            };
-                            if kc0 == 0 {
-                                asm!(
-                                    "tilezero tmm0",
-                                    "tilezero tmm1",
-                                    "tilezero tmm2",
-                                    "tilezero tmm3",
-                                    options(nostack, nomem)
-                                );
-                            } else {
-                                load_c!(0, c(0, 0), sc);
-                                load_c!(1, c(0, 1), sc);
-                                load_c!(2, c(1, 0), sc);
-                                load_c!(3, c(1, 1), sc);
-                            }
-                            for ks in kc0..kc1 {
-                                let bt = [
-                                    [bp(0, p, ks), bp(0, q, ks)],
-                                    [bp(1, p, ks), bp(1, q, ks)],
-                                    [bp(2, p, ks), bp(2, q, ks)],
-                                ];
-                                step(ar.add(at(ks) * 6 * TILE), &bt);
-                            }
-                            store!(0, c(0, 0), sc);
-                            store!(1, c(0, 1), sc);
-                            store!(2, c(1, 0), sc);
-                            store!(3, c(1, 1), sc);
+                        for p in (pb..(pb + 2 * bl.nb).min(p1)).step_by(2) {
+                            pass.block(rp, p, kc0, (kc0 + kc).min(steps));
                         }
                     }
                 }
@@ -628,54 +679,9 @@ mod tiles {
             let kc1 = (kc0 + kc).min(steps);
             for rb in (0..pairs).step_by(bl.mc / 32) {
                 for p in (p0..p1).step_by(2) {
-                    // a pair of panels; an odd last one pairs with zeros
-                    let q = p + 1;
-                    let bp = |part: usize, panel: usize, ks: usize| -> *const u16 {
-                        match panel < p1 {
-                            true => plane(part).add(panel * kp * NR + at(ks) * TILE),
-                            false => zero.as_ptr().add(at(ks) * TILE),
-                        }
-                    };
                     for k0 in (kc0..kc1).step_by(kb) {
                         for rp in rb..(rb + bl.mc / 32).min(pairs) {
-                            // C tile (i, j): rows 32·rp + 16i, columns 16·(p + j)
-                            let c = |i: usize, j: usize| {
-                                acc.add((rp * 32 + 16 * i) * np + (p + j) * NR)
-                            };
-                            if k0 == 0 {
-                                asm!(
-                                    "tilezero tmm0",
-                                    "tilezero tmm1",
-                                    "tilezero tmm2",
-                                    "tilezero tmm3",
-                                    options(nostack, nomem)
-                                );
-                            } else {
-                                load_c!(0, c(0, 0), sc);
-                                load_c!(1, c(0, 1), sc);
-                                load_c!(2, c(1, 0), sc);
-                                load_c!(3, c(1, 1), sc);
-                            }
-                            let ar = a.as_ptr().add(rp * pair);
-                            for ks in k0..(k0 + kb).min(kc1) {
-                                if bl.pf > 0 && ks + bl.pf < steps {
-                                    prefetch(ar.add(at(ks + bl.pf) * 6 * TILE), 6 * TILE * 2);
-                                    for part in 0..3 {
-                                        prefetch(bp(part, p, ks + bl.pf), TILE * 2);
-                                        prefetch(bp(part, q, ks + bl.pf), TILE * 2);
-                                    }
-                                }
-                                let bt = [
-                                    [bp(0, p, ks), bp(0, q, ks)],
-                                    [bp(1, p, ks), bp(1, q, ks)],
-                                    [bp(2, p, ks), bp(2, q, ks)],
-                                ];
-                                step(ar.add(at(ks) * 6 * TILE), &bt);
-                            }
-                            store!(0, c(0, 0), sc);
-                            store!(1, c(0, 1), sc);
-                            store!(2, c(1, 0), sc);
-                            store!(3, c(1, 1), sc);
+                            pass.block(rp, p, k0, (k0 + kb).min(kc1));
                         }
                     }
                 }
