@@ -18,6 +18,9 @@
 //!   qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864).
 //! - FORKSCORE_BENCH_REPEATS: calls per blocking and shape (default 7).
 //! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape.
+//! - FORKSCORE_BENCH_WEIGHT_COPIES: distinct weights per shape, taken in turn (default 1). With
+//!   enough copies to outgrow the last-level cache the weights come from memory, as a model's
+//!   24 layers do.
 //!
 //! - FORKSCORE_BENCH_AMX_BLOCKINGS: `;`-separated blockings of the AMX f32 kernel (`mc=64,pf=1`;
 //!   keys as `FORKSCORE_CPU_AMX`). Where the CPU runs AMX tiles that kernel (bf16 × 6, what f32
@@ -118,6 +121,12 @@ fn main() -> anyhow::Result<()> {
         .map(|s| cpu_kernels::blocking(s))
         .collect::<Result<_, _>>()?;
     let q8 = env_or("FORKSCORE_BENCH_Q8", "0") == "1";
+    let copies: usize = env_or("FORKSCORE_BENCH_WEIGHT_COPIES", "1")
+        .parse()
+        .context("FORKSCORE_BENCH_WEIGHT_COPIES")?;
+    if copies == 0 {
+        bail!("FORKSCORE_BENCH_WEIGHT_COPIES must be at least 1");
+    }
     let amx = cpu_kernels::amx();
     // every kernel and blocking timed, in this order
     let mut configs: Vec<Kernel> = specs
@@ -143,27 +152,32 @@ fn main() -> anyhow::Result<()> {
     for &m in &rows {
         let mut layer_ms = vec![0f64; configs.len()];
         for sh in &shapes {
-            let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
             let x = Tensor::randn(0f32, 1.0, (m, sh.inp), &dev)?;
-            let pf = F32Weight::pack(&w)?;
-            let pq = match q8 {
-                true => Some(Q8Weight::quantize(&w)?),
-                false => None,
-            };
-            let pa = match amx {
-                true => Some(AmxF32Weight::pack(&w)?),
-                false => None,
-            };
+            // `copies` weights of the shape, taken in turn (so they come from memory, as a
+            // model's layers do, when together they outgrow the last-level cache)
+            let mut pf = Vec::new();
+            let (mut pq, mut pa) = (Vec::new(), Vec::new());
+            for _ in 0..copies {
+                let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
+                pf.push(F32Weight::pack(&w)?);
+                if q8 {
+                    pq.push(Q8Weight::quantize(&w)?);
+                }
+                if amx {
+                    pa.push(AmxF32Weight::pack(&w)?);
+                }
+            }
+            let mut call = 0usize;
             let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
             for rep in 0..=repeats {
                 for (i, c) in configs.iter().enumerate() {
+                    let at = call % copies;
+                    call += 1;
                     let s = Instant::now();
                     let y = match c {
-                        Kernel::F32(spec, _) => cpu_kernels::linear_f32(&x, &pf, spec)?,
-                        Kernel::Amx(spec) => {
-                            cpu_kernels::linear_amx(&x, pa.as_ref().expect("amx"), spec)?
-                        }
-                        Kernel::Q8 => cpu_kernels::linear_q8(&x, pq.as_ref().expect("q8"))?,
+                        Kernel::F32(spec, _) => cpu_kernels::linear_f32(&x, &pf[at], spec)?,
+                        Kernel::Amx(spec) => cpu_kernels::linear_amx(&x, &pa[at], spec)?,
+                        Kernel::Q8 => cpu_kernels::linear_q8(&x, &pq[at])?,
                     };
                     let t = s.elapsed().as_secs_f64() * 1e3;
                     drop(y);
