@@ -186,17 +186,7 @@ pub(crate) struct AmxWeight {
 impl AmxWeight {
     /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        let (n, k) = w.dims2()?;
-        let host = w
-            .to_device(&Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .contiguous()?;
-        let (st, l) = host.storage_and_layout();
-        let Storage::Cpu(c) = &*st else {
-            candle_core::bail!("amx weight: the host copy is not on the CPU");
-        };
-        let rows = &c.as_slice::<f32>()?[l.start_offset()..][..n * k];
-        Ok(Self::from_rows(rows, n, k))
+        super::cpu_gemm::with_host_rows(w, Self::from_rows)
     }
 
     /// Split row-major `w (n, k)`, on the rayon threads (a panel each).

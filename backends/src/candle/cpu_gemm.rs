@@ -190,6 +190,24 @@ pub(crate) fn kernel_available() -> bool {
     Isa::chosen().is_some()
 }
 
+/// `f(rows, n, k)` on `w (n, k)` (any float dtype, any device) read as row-major f32 on the
+/// host: what the CPU kernels pack their weights from.
+pub(crate) fn with_host_rows<T>(
+    w: &Tensor,
+    f: impl FnOnce(&[f32], usize, usize) -> T,
+) -> Result<T> {
+    let (n, k) = w.dims2()?;
+    let host = w
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .contiguous()?;
+    let (st, l) = host.storage_and_layout();
+    let Storage::Cpu(c) = &*st else {
+        candle_core::bail!("weight: the host copy is not on the CPU");
+    };
+    Ok(f(&c.as_slice::<f32>()?[l.start_offset()..][..n * k], n, k))
+}
+
 /// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
 /// panel `p` is row `16p + c` of `W`; the last panel is zero-padded). Each panel row is one
 /// 64-byte cache line.
@@ -203,17 +221,7 @@ pub(crate) struct PackedWeight {
 impl PackedWeight {
     /// Pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        let (n, k) = w.dims2()?;
-        let host = w
-            .to_device(&Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .contiguous()?;
-        let (st, l) = host.storage_and_layout();
-        let Storage::Cpu(c) = &*st else {
-            candle_core::bail!("packed weight: the host copy is not on the CPU");
-        };
-        let rows = &c.as_slice::<f32>()?[l.start_offset()..][..n * k];
-        Ok(Self::from_rows(rows, n, k))
+        with_host_rows(w, Self::from_rows)
     }
 
     /// The `⌈n/16⌉` zeroed panels of an `(n, k)` weight, each filled on the rayon threads by
