@@ -38,7 +38,7 @@
 //! The tests hold this kernel to candle's matmul (where AMX runs) and the split arithmetic to
 //! an f64 reference (everywhere).
 
-use candle_core::{DType, Device, Result, Storage, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
 use super::cpu_gemm::NR;
@@ -186,7 +186,7 @@ pub(crate) struct AmxWeight {
 impl AmxWeight {
     /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        super::cpu_gemm::with_host_rows(w, Self::from_rows)
+        super::cpu_host::with_host_rows(w, Self::from_rows)
     }
 
     /// Split row-major `w (n, k)`, on the rayon threads (a panel each).
@@ -327,38 +327,20 @@ pub(crate) fn linear(x: &Tensor, w: &AmxWeight) -> Result<Tensor> {
 
 /// [`linear`] with blocking `bl`.
 pub(crate) fn linear_with(x: &Tensor, w: &AmxWeight, bl: &AmxBlocking) -> Result<Tensor> {
-    let (n, k) = (w.n, w.k);
-    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
-        candle_core::bail!(
-            "amx linear: input {:?} {:?} on {:?} does not fit a ({n}, {k}) f32 CPU weight",
-            x.dims(),
-            x.dtype(),
-            x.device()
-        );
-    }
-    let m = x.elem_count() / k.max(1);
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = n;
-    }
-    if m == 0 || n == 0 || k == 0 {
-        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
-    }
-    if !available() {
-        candle_core::bail!("amx linear: this CPU or OS does not run AMX bf16 tiles");
-    }
-    let x = x.contiguous()?;
-    let (xs, xl) = x.storage_and_layout();
-    let Storage::Cpu(xc) = &*xs else {
-        candle_core::bail!("amx linear: input is not on the CPU");
+    let ready = || match available() {
+        true => Ok(()),
+        false => candle_core::bail!("amx linear: this CPU or OS does not run AMX bf16 tiles"),
     };
-    let xd = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    let y = tiles::product(xd, m, w, bl);
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    let y: Vec<f32> = unreachable!("available() is false here ({}, {bl:?})", xd.len());
-    drop(xs);
-    Tensor::from_vec(y, dims, &Device::Cpu)
+    super::cpu_host::apply_rows(x, (w.n, w.k), "amx linear", ready, |xd, m| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            tiles::product(xd, m, w, bl)
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            unreachable!("available() is false here ({}, {m}, {bl:?})", xd.len())
+        }
+    })
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -684,6 +666,7 @@ mod tiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::{DType, Device};
     use proptest::prelude::*;
 
     proptest! {

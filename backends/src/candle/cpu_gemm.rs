@@ -27,7 +27,7 @@
 //! candle's matmul.
 
 use candle_core::quantized::GgmlDType;
-use candle_core::{DType, Device, Result, Storage, Tensor};
+use candle_core::{Device, Result, Tensor};
 
 use super::cpu_aligned::Aligned;
 use super::cpu_isa::Isa;
@@ -190,24 +190,6 @@ pub(crate) fn kernel_available() -> bool {
     Isa::chosen().is_some()
 }
 
-/// `f(rows, n, k)` on `w (n, k)` (any float dtype, any device) read as row-major f32 on the
-/// host: what the CPU kernels pack their weights from.
-pub(crate) fn with_host_rows<T>(
-    w: &Tensor,
-    f: impl FnOnce(&[f32], usize, usize) -> T,
-) -> Result<T> {
-    let (n, k) = w.dims2()?;
-    let host = w
-        .to_device(&Device::Cpu)?
-        .to_dtype(DType::F32)?
-        .contiguous()?;
-    let (st, l) = host.storage_and_layout();
-    let Storage::Cpu(c) = &*st else {
-        candle_core::bail!("weight: the host copy is not on the CPU");
-    };
-    Ok(f(&c.as_slice::<f32>()?[l.start_offset()..][..n * k], n, k))
-}
-
 /// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
 /// panel `p` is row `16p + c` of `W`; the last panel is zero-padded). Each panel row is one
 /// 64-byte cache line.
@@ -221,7 +203,7 @@ pub(crate) struct PackedWeight {
 impl PackedWeight {
     /// Pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        with_host_rows(w, Self::from_rows)
+        super::cpu_host::with_host_rows(w, Self::from_rows)
     }
 
     /// The `⌈n/16⌉` zeroed panels of an `(n, k)` weight, each filled on the rayon threads by
@@ -346,52 +328,28 @@ pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
 /// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise)
 /// and blocking `bl` (an error if `isa`'s tile cannot hold it or a count is 0).
 pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
-    let (n, k) = (w.n, w.k);
-    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
-        candle_core::bail!(
-            "packed linear: input {:?} {:?} on {:?} does not fit a ({n}, {k}) f32 CPU weight",
-            x.dims(),
-            x.dtype(),
-            x.device()
-        );
-    }
-    let m = x.elem_count() / k.max(1);
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = n;
-    }
-    if m == 0 || n == 0 {
-        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
-    }
-    if !Isa::supported().contains(&isa) {
-        candle_core::bail!("packed linear: this CPU has no {}", isa.name());
-    }
-    if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
-        candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
-    }
-    if !bl.mc.is_multiple_of(bl.mr) {
-        candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
-    }
-    let x = x.contiguous()?;
-    let (xs, xl) = x.storage_and_layout();
-    let Storage::Cpu(xc) = &*xs else {
-        candle_core::bail!("packed linear: input is not on the CPU");
+    let ready = || {
+        if !Isa::supported().contains(&isa) {
+            candle_core::bail!("packed linear: this CPU has no {}", isa.name());
+        }
+        if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
+            candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
+        }
+        if !bl.mc.is_multiple_of(bl.mr) {
+            candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
+        }
+        Ok(())
     };
-    let xd = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
-    let y = if k == 0 {
-        vec![0f32; m * n]
-    } else {
+    super::cpu_host::apply_rows(x, (w.n, w.k), "packed linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w, isa, bl)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            unreachable!("kernel_available() is false off x86-64")
+            unreachable!("kernel_available() is false off x86-64 ({}, {m})", xd.len())
         }
-    };
-    drop(xs);
-    Tensor::from_vec(y, dims, &Device::Cpu)
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -687,6 +645,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::{DType, Device};
 
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
         let d = (a - b)

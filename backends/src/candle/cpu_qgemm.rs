@@ -26,7 +26,7 @@
 //! [`product_reference`] computes the same sums in plain Rust; the tests hold both kernels to
 //! it bit for bit.
 
-use candle_core::{DType, Device, Result, Storage, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
 use super::cpu_gemm::NR;
@@ -191,38 +191,20 @@ fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
-    let (n, k) = (w.n, w.k);
-    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
-        candle_core::bail!(
-            "q8_0 linear: input {:?} {:?} on {:?} does not fit a ({n}, {k}) q8_0 CPU weight",
-            x.dims(),
-            x.dtype(),
-            x.device()
-        );
-    }
-    if !Isa::supported().contains(&w.isa) {
-        candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name());
-    }
-    let m = x.elem_count() / k.max(1);
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = n;
-    }
-    if m == 0 || n == 0 || k == 0 {
-        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
-    }
-    let x = x.contiguous()?;
-    let (xs, xl) = x.storage_and_layout();
-    let Storage::Cpu(xc) = &*xs else {
-        candle_core::bail!("q8_0 linear: input is not on the CPU");
+    let ready = || match Isa::supported().contains(&w.isa) {
+        true => Ok(()),
+        false => candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name()),
     };
-    let xd = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
-    #[cfg(target_arch = "x86_64")]
-    let y = x86::product(xd, m, w);
-    #[cfg(not(target_arch = "x86_64"))]
-    let y: Vec<f32> = unreachable!("no ISA is supported off x86-64: {}", xd.len());
-    drop(xs);
-    Tensor::from_vec(y, dims, &Device::Cpu)
+    super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::product(xd, m, w)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            unreachable!("no ISA is supported off x86-64 ({}, {m})", xd.len())
+        }
+    })
 }
 
 /// The sums the kernels compute, `x (m, k) -> (m, n)` row-major, in plain Rust: the same
@@ -558,6 +540,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{DType, Device};
 
     use super::*;
 

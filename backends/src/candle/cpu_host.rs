@@ -1,0 +1,61 @@
+//! The host-side frame the CPU kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`],
+//! [`super::cpu_amx`]) share: a weight read as row-major f32 on the host to pack from, and a
+//! call's activations checked and read as rows, the kernel's `(m, n)` result shaped back.
+
+use candle_core::{DType, Device, Result, Storage, Tensor};
+
+/// `f(rows, n, k)` on `w (n, k)` (any float dtype, any device) read as row-major f32 on the
+/// host: what the CPU kernels pack their weights from.
+pub(crate) fn with_host_rows<T>(
+    w: &Tensor,
+    f: impl FnOnce(&[f32], usize, usize) -> T,
+) -> Result<T> {
+    let (n, k) = w.dims2()?;
+    let host = w
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .contiguous()?;
+    let (st, l) = host.storage_and_layout();
+    let Storage::Cpu(c) = &*st else {
+        candle_core::bail!("weight: the host copy is not on the CPU");
+    };
+    Ok(f(&c.as_slice::<f32>()?[l.start_offset()..][..n * k], n, k))
+}
+
+/// `x (.., k) -> (.., n)` through a kernel: `x` must be f32 on the CPU with last dim `k` (else
+/// an error naming `what` and the shapes, never a panic); an empty product is zeros; otherwise
+/// `ready()` (the kernel's own checks: its ISA, its blocking) and then `product(rows, m)` on the
+/// contiguous `(m, k)` rows, whose `m · n` result becomes the output.
+pub(crate) fn apply_rows(
+    x: &Tensor,
+    (n, k): (usize, usize),
+    what: &str,
+    ready: impl FnOnce() -> Result<()>,
+    product: impl FnOnce(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
+        candle_core::bail!(
+            "{what}: input {:?} {:?} on {:?} does not fit a ({n}, {k}) CPU weight",
+            x.dims(),
+            x.dtype(),
+            x.device()
+        );
+    }
+    let m = x.elem_count() / k.max(1);
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    if m == 0 || n == 0 || k == 0 {
+        return Tensor::zeros(dims, DType::F32, &Device::Cpu);
+    }
+    ready()?;
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let Storage::Cpu(xc) = &*xs else {
+        candle_core::bail!("{what}: input is not on the CPU");
+    };
+    let y = product(&xc.as_slice::<f32>()?[xl.start_offset()..][..m * k], m);
+    drop(xs);
+    Tensor::from_vec(y, dims, &Device::Cpu)
+}
