@@ -119,15 +119,8 @@ impl AmxBlocking {
     /// errors name the wrong key or value (`mc` must be a positive multiple of 32).
     pub fn parse(spec: &str) -> std::result::Result<Self, String> {
         let mut b = Self::DEFAULT;
-        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}` is not key=value"))?;
-            let v: usize = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{part}`: `{}` is not a count", value.trim()))?;
-            match key.trim() {
+        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+            match key {
                 "mc" if v > 0 && v.is_multiple_of(32) => b.mc = v,
                 "mc" => return Err(format!("`{part}`: mc must be a positive multiple of 32")),
                 "pf" => b.pf = v,

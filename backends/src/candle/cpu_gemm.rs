@@ -94,15 +94,8 @@ impl Blocking {
     /// value that is not a count, a zero, or `mr` above what `isa`'s tile holds.
     pub fn parse(spec: &str, isa: Isa) -> std::result::Result<Self, String> {
         let mut b = Self::default_for(isa);
-        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}` is not key=value"))?;
-            let v: usize = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{part}`: `{}` is not a count", value.trim()))?;
-            let slot = match key.trim() {
+        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+            let slot = match key {
                 "mr" => &mut b.mr,
                 "kc" => &mut b.kc,
                 "mc" => &mut b.mc,

@@ -1,6 +1,7 @@
 //! The host-side frame the CPU kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`],
-//! [`super::cpu_amx`]) share: a weight read as row-major f32 on the host to pack from, and a
-//! call's activations checked and read as rows, the kernel's `(m, n)` result shaped back.
+//! [`super::cpu_amx`]) share: a weight read as row-major f32 on the host to pack from, a
+//! call's activations checked and read as rows, the kernel's `(m, n)` result shaped back, and
+//! the `key=count` lists their blocking overrides are written in.
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
@@ -58,4 +59,24 @@ pub(crate) fn apply_rows(
     let y = product(&xc.as_slice::<f32>()?[xl.start_offset()..][..m * k], m);
     drop(xs);
     Tensor::from_vec(y, dims, &Device::Cpu)
+}
+
+/// `spec`'s comma-separated `key=count` pairs as `(part, key, count)` (blanks around parts,
+/// keys and counts ignored, empty parts skipped); an error names a part that is not
+/// `key=value` or whose value is not a count. The caller checks the keys.
+pub(crate) fn spec_counts(spec: &str) -> std::result::Result<Vec<(&str, &str, usize)>, String> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}` is not key=value"))?;
+            let v = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{part}`: `{}` is not a count", value.trim()))?;
+            Ok((part, key.trim(), v))
+        })
+        .collect()
 }
