@@ -29,7 +29,9 @@
 
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
-use forkscore_backends::candle::cpu_kernels::{self, AmxF32Weight, F32Weight, Q8Weight};
+use forkscore_backends::candle::cpu_kernels::{
+    self, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q8Weight,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -73,12 +75,12 @@ fn parse_shapes(s: &str) -> anyhow::Result<Vec<Shape>> {
         .collect()
 }
 
-/// One kernel and blocking the bench times.
+/// One kernel and blocking the bench times (parsed before any timing).
 enum Kernel {
-    /// The f32 kernel: the spec as given, and as resolved.
-    F32(String, String),
-    /// The AMX f32 kernel with a blocking spec.
-    Amx(String),
+    /// The f32 kernel: the blocking, and its resolved form for the report.
+    F32(F32Blocking, String),
+    /// The AMX f32 kernel: the blocking and its spec.
+    Amx(AmxBlocking, String),
     /// The `Q8_0` integer kernel.
     Q8,
 }
@@ -87,8 +89,8 @@ impl Kernel {
     fn label(&self) -> (&'static str, &str) {
         match self {
             Kernel::F32(_, resolved) => ("f32", resolved),
-            Kernel::Amx(spec) if spec.is_empty() => ("amx", "default"),
-            Kernel::Amx(spec) => ("amx", spec),
+            Kernel::Amx(_, spec) if spec.is_empty() => ("amx", "default"),
+            Kernel::Amx(_, spec) => ("amx", spec),
             Kernel::Q8 => ("q8_0", "default"),
         }
     }
@@ -112,14 +114,6 @@ fn main() -> anyhow::Result<()> {
         "FORKSCORE_BENCH_SHAPES",
         "qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864",
     ))?;
-    let specs: Vec<String> = env_or("FORKSCORE_BENCH_BLOCKINGS", "")
-        .split(';')
-        .map(|s| s.trim().to_string())
-        .collect();
-    let resolved: Vec<String> = specs
-        .iter()
-        .map(|s| cpu_kernels::blocking(s))
-        .collect::<Result<_, _>>()?;
     let q8 = env_or("FORKSCORE_BENCH_Q8", "0") == "1";
     let copies: usize = env_or("FORKSCORE_BENCH_WEIGHT_COPIES", "1")
         .parse()
@@ -129,14 +123,16 @@ fn main() -> anyhow::Result<()> {
     }
     let amx = cpu_kernels::amx();
     // every kernel and blocking timed, in this order
-    let mut configs: Vec<Kernel> = specs
-        .iter()
-        .zip(&resolved)
-        .map(|(s, r)| Kernel::F32(s.clone(), r.clone()))
-        .collect();
+    let mut configs: Vec<Kernel> = Vec::new();
+    for spec in env_or("FORKSCORE_BENCH_BLOCKINGS", "").split(';') {
+        let bl = F32Blocking::parse(spec.trim())?;
+        let resolved = bl.to_string();
+        configs.push(Kernel::F32(bl, resolved));
+    }
     if amx {
         for spec in env_or("FORKSCORE_BENCH_AMX_BLOCKINGS", "").split(';') {
-            configs.push(Kernel::Amx(spec.trim().to_string()));
+            let spec = spec.trim().to_string();
+            configs.push(Kernel::Amx(AmxBlocking::parse(&spec)?, spec));
         }
     }
     if q8 {
@@ -175,8 +171,8 @@ fn main() -> anyhow::Result<()> {
                     call += 1;
                     let s = Instant::now();
                     let y = match c {
-                        Kernel::F32(spec, _) => cpu_kernels::linear_f32(&x, &pf[at], spec)?,
-                        Kernel::Amx(spec) => cpu_kernels::linear_amx(&x, &pa[at], spec)?,
+                        Kernel::F32(bl, _) => cpu_kernels::linear_f32(&x, &pf[at], bl)?,
+                        Kernel::Amx(bl, _) => cpu_kernels::linear_amx(&x, &pa[at], bl)?,
                         Kernel::Q8 => cpu_kernels::linear_q8(&x, &pq[at])?,
                     };
                     let t = s.elapsed().as_secs_f64() * 1e3;

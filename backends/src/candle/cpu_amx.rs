@@ -469,26 +469,18 @@ mod tiles {
         let (n, k, kp) = (w.n, w.k, w.kp);
         let a = pack_rows(x, m, k, kp);
         let panels = n.div_ceil(NR);
-        let threads = rayon::current_num_threads().clamp(1, panels);
-        let per = panels.div_ceil(threads).next_multiple_of(2);
         let zero = Aligned::<u16>::zeroed(kp * NR);
         // the output padded to whole tiles: (⌈m/32⌉·32, ⌈panels/2⌉·32); y itself when m and n
         // are whole already
         let (mp, np) = (m.next_multiple_of(32), panels.next_multiple_of(2) * NR);
         let mut acc: Vec<f32> = Vec::with_capacity(mp * np);
         let acc_addr = acc.as_mut_ptr() as usize;
-        (0..panels)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|p0| {
-                let p1 = (p0 + per).min(panels);
-                // SAFETY: AMX runs here (the caller checked `available`); `a` holds the packed
-                // row pairs of mp rows, each plane ⌈n/16⌉·kp·16 elements, `zero` kp·16, as
-                // `run` reads them; `acc` has capacity mp·np and the runs of panel pairs write
-                // disjoint columns.
-                unsafe { run(&a, mp, np, w, &zero, p0, p1, acc_addr as *mut f32, bl) };
-            });
+        super::super::cpu_host::for_panel_runs(panels, true, |p0, p1| {
+            // SAFETY: AMX runs here (the caller checked `available`); `a` holds the packed row
+            // pairs of mp rows, each plane ⌈n/16⌉·kp·16 elements, `zero` kp·16, as `run` reads
+            // them; `acc` has capacity mp·np and the runs of panel pairs write disjoint columns.
+            unsafe { run(&a, mp, np, w, &zero, p0, p1, acc_addr as *mut f32, bl) };
+        });
         // SAFETY: every tile of the padded output was written (the runs cover all panel pairs
         // and every row pair).
         unsafe { acc.set_len(mp * np) };

@@ -153,15 +153,12 @@ pub(crate) enum CpuGemm {
 pub(crate) fn choice() -> CpuGemm {
     use std::sync::OnceLock;
     static C: OnceLock<CpuGemm> = OnceLock::new();
-    *C.get_or_init(|| {
-        let asked = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
-        match asked.trim() {
-            "candle" => CpuGemm::Candle,
-            "openblas" if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
-            _ if kernel_available() => CpuGemm::Packed,
-            _ if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
-            _ => CpuGemm::Candle,
-        }
+    *C.get_or_init(|| match asked() {
+        "candle" => CpuGemm::Candle,
+        "openblas" if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
+        _ if kernel_available() => CpuGemm::Packed,
+        _ if cfg!(feature = "openblas") => CpuGemm::OpenBlas,
+        _ => CpuGemm::Candle,
     })
 }
 
@@ -173,8 +170,17 @@ pub(crate) fn amx() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let asked = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
-        asked.trim() == "amx" && choice() == CpuGemm::Packed && super::cpu_amx::available()
+        asked() == "amx" && choice() == CpuGemm::Packed && super::cpu_amx::available()
+    })
+}
+
+/// `FORKSCORE_CPU_GEMM`, trimmed (empty when unset), read once.
+fn asked() -> &'static str {
+    use std::sync::OnceLock;
+    static ASKED: OnceLock<String> = OnceLock::new();
+    ASKED.get_or_init(|| {
+        let v = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
+        v.trim().to_string()
     })
 }
 
@@ -521,25 +527,15 @@ mod x86 {
         let (n, k) = (w.n, w.k);
         let a = pack_rows(x, m, k, bl.mr);
         let panels = n.div_ceil(NR);
-        let threads = rayon::current_num_threads().clamp(1, panels);
-        // an even run per thread under AVX-512, so panels pair up
-        let per = match isa {
-            Isa::Avx512 => panels.div_ceil(threads).next_multiple_of(2),
-            Isa::Avx2 => panels.div_ceil(threads),
-        };
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let y_addr = y.as_mut_ptr() as usize;
-        (0..panels)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|p0| {
-                let p1 = (p0 + per).min(panels);
-                // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/mr⌉·mr·k and the
-                // panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has capacity m·n and runs
-                // of panels write disjoint columns.
-                unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa, bl) };
-            });
+        // AVX-512 tiles pair panels
+        super::super::cpu_host::for_panel_runs(panels, isa == Isa::Avx512, |p0, p1| {
+            // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/mr⌉·mr·k and the
+            // panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has capacity m·n and runs of
+            // panels write disjoint columns.
+            unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa, bl) };
+        });
         // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
         // first k block of each tile overwrites its output).
         unsafe { y.set_len(m * n) };

@@ -1,7 +1,8 @@
 //! The host-side frame the CPU kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`],
 //! [`super::cpu_amx`]) share: a weight read as row-major f32 on the host to pack from, a
 //! call's activations checked and read as rows, the kernel's `(m, n)` result shaped back, and
-//! the `key=count` lists their blocking overrides are written in.
+//! the split of a product's panels into one run per rayon thread, and the `key=count` lists
+//! their blocking overrides are written in.
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
@@ -79,4 +80,24 @@ pub(crate) fn spec_counts(spec: &str) -> std::result::Result<Vec<(&str, &str, us
             Ok((part, key.trim(), v))
         })
         .collect()
+}
+
+/// `f(p0, p1)` for each of the runs `p0..p1` that split `panels` into one contiguous run per
+/// rayon thread, on the rayon threads (`paired`: every run but the last an even count, so the
+/// kernels' two-panel tiles never straddle two runs).
+pub(crate) fn for_panel_runs(panels: usize, paired: bool, f: impl Fn(usize, usize) + Sync) {
+    use rayon::prelude::*;
+    if panels == 0 {
+        return;
+    }
+    let threads = rayon::current_num_threads().clamp(1, panels);
+    let per = match paired {
+        true => panels.div_ceil(threads).next_multiple_of(2),
+        false => panels.div_ceil(threads),
+    };
+    (0..panels)
+        .step_by(per)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .for_each(|p0| f(p0, (p0 + per).min(panels)));
 }

@@ -4,7 +4,7 @@
 //! `linear`); hidden from the docs.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::cpu_amx::{self, AmxWeight};
 use super::cpu_gemm::{self, Blocking, PackedWeight};
@@ -52,13 +52,24 @@ pub fn amx() -> bool {
     cpu_amx::available()
 }
 
-/// `x (.., in) · Wᵀ` through the AMX kernel with blocking `spec` (`mc=…,pf=…` over the
-/// default, as `FORKSCORE_CPU_AMX`; an error where AMX does not run or `spec` is wrong).
-pub fn linear_amx(x: &Tensor, w: &AmxF32Weight, spec: &str) -> Result<Tensor, CandleError> {
-    let bl = cpu_amx::AmxBlocking::parse(spec).map_err(|reason| CandleError::InvalidRequest {
-        reason: format!("amx blocking `{spec}`: {reason}"),
-    })?;
-    cpu_amx::linear_with(x, &w.0, &bl).map_err(tensor_err("amx f32 linear"))
+/// A blocking of the AMX kernel, parsed once (`mc=…,pf=…` over the default, as
+/// `FORKSCORE_CPU_AMX`; an error names a wrong key or value).
+pub struct AmxBlocking(cpu_amx::AmxBlocking);
+
+impl AmxBlocking {
+    pub fn parse(spec: &str) -> Result<Self, CandleError> {
+        cpu_amx::AmxBlocking::parse(spec)
+            .map(AmxBlocking)
+            .map_err(|reason| CandleError::InvalidRequest {
+                reason: format!("amx blocking `{spec}`: {reason}"),
+            })
+    }
+}
+
+/// `x (.., in) · Wᵀ` through the AMX kernel with blocking `bl` (an error where AMX does not
+/// run).
+pub fn linear_amx(x: &Tensor, w: &AmxF32Weight, bl: &AmxBlocking) -> Result<Tensor, CandleError> {
+    cpu_amx::linear_with(x, &w.0, &bl.0).map_err(tensor_err("amx f32 linear"))
 }
 
 /// A weight `(out, in)` quantized to `Q8_0` and packed for the integer kernel of the chosen
@@ -86,35 +97,39 @@ pub fn isa() -> Option<&'static str> {
     Isa::chosen().map(Isa::name)
 }
 
-/// The blocking `spec` (`key=value,…` over the default, see `FORKSCORE_CPU_GEMM_BLOCKING`)
-/// resolves to on this CPU, printed as `mr=…,kc=…,mc=…,nc=…,short_k=…`; an error names a
-/// wrong key or value.
-pub fn blocking(spec: &str) -> Result<String, CandleError> {
-    let isa = chosen_isa()?;
-    let b = Blocking::parse(spec, isa).map_err(|reason| CandleError::InvalidRequest {
-        reason: format!("blocking `{spec}`: {reason}"),
-    })?;
-    Ok(format!(
-        "mr={},kc={},mc={},nc={},short_k={}",
-        b.mr, b.kc, b.mc, b.nc, b.short_k
-    ))
-}
+/// A blocking of the f32 kernel on this CPU, parsed once (`key=value,…` over the default, see
+/// `FORKSCORE_CPU_GEMM_BLOCKING`; an error names a wrong key or value). `Display` prints it
+/// resolved, as `mr=…,kc=…,mc=…,nc=…,short_k=…`.
+pub struct F32Blocking(Isa, Blocking);
 
-/// `x (.., in) · Wᵀ` through the f32 kernel with blocking `spec` (as [`blocking`]).
-pub fn linear_f32(x: &Tensor, w: &F32Weight, spec: &str) -> Result<Tensor, CandleError> {
-    let isa = chosen_isa()?;
-    let b = Blocking::parse(spec, isa).map_err(|reason| CandleError::InvalidRequest {
-        reason: format!("blocking `{spec}`: {reason}"),
-    })?;
-    cpu_gemm::linear_with(x, &w.0, isa, &b).map_err(tensor_err("packed f32 linear"))
-}
-
-/// `x (.., in) · Wᵀ` (f32 `x`) through the `Q8_0` integer kernel.
-pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
-    if x.dtype() != DType::F32 {
-        return Err(CandleError::InvalidRequest {
-            reason: format!("q8_0 linear takes f32 input, not {:?}", x.dtype()),
-        });
+impl F32Blocking {
+    pub fn parse(spec: &str) -> Result<Self, CandleError> {
+        let isa = chosen_isa()?;
+        Blocking::parse(spec, isa)
+            .map(|b| F32Blocking(isa, b))
+            .map_err(|reason| CandleError::InvalidRequest {
+                reason: format!("blocking `{spec}`: {reason}"),
+            })
     }
+}
+
+impl std::fmt::Display for F32Blocking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = &self.1;
+        write!(
+            f,
+            "mr={},kc={},mc={},nc={},short_k={}",
+            b.mr, b.kc, b.mc, b.nc, b.short_k
+        )
+    }
+}
+
+/// `x (.., in) · Wᵀ` through the f32 kernel with blocking `bl`.
+pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor, CandleError> {
+    cpu_gemm::linear_with(x, &w.0, bl.0, &bl.1).map_err(tensor_err("packed f32 linear"))
+}
+
+/// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
+pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
     cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
 }

@@ -442,23 +442,15 @@ mod x86 {
         // SAFETY: the CPU has `isa` (`linear` checked)
         let (a, s) = unsafe { quantize_rows(x, m, k, isa) };
         let panels = n.div_ceil(NR);
-        let threads = rayon::current_num_threads().clamp(1, panels);
-        let per = match isa {
-            Isa::Avx512 => panels.div_ceil(threads).next_multiple_of(2),
-            Isa::Avx2 => panels.div_ceil(threads),
-        };
         let mut y = vec![0f32; m * n];
         let y_addr = y.as_mut_ptr() as usize;
-        (0..panels)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|p0| {
-                // SAFETY: the CPU has `isa` (`linear` checked); `a` / `s` hold every row group
-                // `run` reads and the weight every panel; runs of panels write disjoint
-                // columns of `y` (m · n elements).
-                unsafe { run(&a, &s, m, w, p0, (p0 + per).min(panels), y_addr as *mut f32) };
-            });
+        // AVX-512 tiles pair panels
+        super::super::cpu_host::for_panel_runs(panels, isa == Isa::Avx512, |p0, p1| {
+            // SAFETY: the CPU has `isa` (`linear` checked); `a` / `s` hold every row group `run`
+            // reads and the weight every panel; runs of panels write disjoint columns of `y`
+            // (m · n elements).
+            unsafe { run(&a, &s, m, w, p0, p1, y_addr as *mut f32) };
+        });
         y
     }
 
