@@ -9,15 +9,16 @@
 //!   place, never copied per row), then against each row's own new keys `(G·n, hd) x (hd, N)`,
 //!   where `N` stops at the tile's last query under a causal or tree mask (later keys are hidden
 //!   from every query of the tile);
-//! - one softmax per query row over `past[start..P] ++ visible new keys`, with a vectorised `exp`
-//!   ([`super::cpu_math`]); hidden keys get exactly 0;
-//! - the values `(M, P) x (P, hd)` plus each row's `(G·n, N) x (N, hd)`, written straight into
-//!   the `(B, L, H·hd)` output, heads merged.
+//! - one softmax per query row over `past[start..P] ++ visible new keys`, with a vectorised
+//!   maximum and `exp` ([`super::cpu_math`]); hidden keys get exactly 0; the row is left
+//!   unnormalised;
+//! - the values `(M, P) x (P, hd)` plus each row's `(G·n, N) x (N, hd)`, each output row then
+//!   divided by its row's sum, written straight into the `(B, L, H·hd)` output, heads merged.
 //!
-//! A long call (a prefill) gets one tile per row and block of [`QUERY_BLOCK`] queries, so no
-//! `L × L` matrix is held and the keys after each block are never scored; a short call (the
-//! scoring pass: many rows of a few tokens) gets tiles of several rows, about [`TILE_ROWS`] query
-//! rows each. The products run the `gemm` crate (the kernel candle's own CPU matmul uses), one
+//! A long call (a prefill) gets one tile per row and block of
+//! [`TileSizes::query_block`] queries, so no `L × L` matrix is held and the keys after each block are never scored; a short call (the
+//! scoring pass: many rows of a few tokens) gets tiles of several rows, about
+//! [`TileSizes::tile_rows`] query rows each. The products run the `gemm` crate (the kernel candle's own CPU matmul uses), one
 //! thread per tile.
 //!
 //! Before this kernel, attention was 3.2 s of a 28-field, 964-token CPU decision's 10.7 s
@@ -31,10 +32,57 @@ use super::cpu_math;
 use super::mask::NewKeysMask;
 use crate::error::CandleError;
 
-/// Queries per tile of a long call.
-const QUERY_BLOCK: usize = 64;
-/// Query rows (rows · heads · queries) a tile of a short call aims at.
-const TILE_ROWS: usize = 256;
+/// How calls are cut into tiles. [`TileSizes::default`], or `FORKSCORE_CPU_ATTENTION`
+/// (`query_block=…,tile_rows=…`, either key; read once) over it, to compare on one machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TileSizes {
+    /// Queries per tile of a long call (more than this many new tokens: a prefill).
+    pub query_block: usize,
+    /// Query rows (rows · heads · queries) a tile of a short call aims at.
+    pub tile_rows: usize,
+}
+
+impl Default for TileSizes {
+    fn default() -> Self {
+        TileSizes {
+            query_block: 64,
+            tile_rows: 256,
+        }
+    }
+}
+
+impl TileSizes {
+    /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`) over the default; an error
+    /// names a wrong key or a zero.
+    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
+        let mut t = TileSizes::default();
+        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+            let slot = match key {
+                "query_block" => &mut t.query_block,
+                "tile_rows" => &mut t.tile_rows,
+                other => return Err(format!("unknown key `{other}` (query_block, tile_rows)")),
+            };
+            if v == 0 {
+                return Err(format!("`{part}`: must be at least 1"));
+            }
+            *slot = v;
+        }
+        Ok(t)
+    }
+
+    /// The sizes this process runs with (`FORKSCORE_CPU_ATTENTION` over the default, read
+    /// once; an invalid value is an error naming it).
+    pub(crate) fn chosen() -> Result<Self, CandleError> {
+        use std::sync::OnceLock;
+        static SPEC: OnceLock<Option<String>> = OnceLock::new();
+        match SPEC.get_or_init(|| std::env::var("FORKSCORE_CPU_ATTENTION").ok()) {
+            None => Ok(TileSizes::default()),
+            Some(s) => TileSizes::parse(s).map_err(|e| CandleError::InvalidRequest {
+                reason: format!("FORKSCORE_CPU_ATTENTION={s:?}: {e}"),
+            }),
+        }
+    }
+}
 
 /// Which of the call's new keys each query sees.
 enum NewKeys<'a> {
@@ -96,14 +144,15 @@ struct Tile {
 }
 
 /// The tiles of a call of `b` rows over `slots` past slots (1 without a past), `l` new tokens.
-fn tiles(hkv: usize, g: usize, b: usize, slots: usize, l: usize) -> Vec<Tile> {
+fn tiles(hkv: usize, g: usize, b: usize, slots: usize, l: usize, sizes: TileSizes) -> Vec<Tile> {
     let mut out = Vec::new();
     let per_slot = b / slots;
+    let qb = sizes.query_block;
     for j in 0..hkv {
-        if l > QUERY_BLOCK {
+        if l > qb {
             for row in 0..b {
-                for i0 in (0..l).step_by(QUERY_BLOCK) {
-                    let i1 = (i0 + QUERY_BLOCK).min(l);
+                for i0 in (0..l).step_by(qb) {
+                    let i1 = (i0 + qb).min(l);
                     out.push(Tile {
                         j,
                         b0: row,
@@ -114,7 +163,7 @@ fn tiles(hkv: usize, g: usize, b: usize, slots: usize, l: usize) -> Vec<Tile> {
                 }
             }
         } else {
-            let rows = (TILE_ROWS / (g * l).max(1)).max(1);
+            let rows = (sizes.tile_rows / (g * l).max(1)).max(1);
             for slot in 0..slots {
                 let (start, end) = (slot * per_slot, (slot + 1) * per_slot);
                 for b0 in (start..end).step_by(rows) {
@@ -193,6 +242,20 @@ pub(crate) fn attend(
     past: Option<&PastKv<'_>>,
     past_start: Option<&Tensor>,
     new_keys: Option<&NewKeysMask>,
+) -> Result<Tensor, CandleError> {
+    let sizes = TileSizes::chosen()?;
+    attend_with(q, k_new, v_new, past, past_start, new_keys, sizes)
+}
+
+/// [`attend`] cut into tiles by `sizes`.
+pub(crate) fn attend_with(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    past: Option<&PastKv<'_>>,
+    past_start: Option<&Tensor>,
+    new_keys: Option<&NewKeysMask>,
+    sizes: TileSizes,
 ) -> Result<Tensor, CandleError> {
     let (b, h, l, hd) = q.dims4().map_err(op("attention q dims"))?;
     let (kb, hkv, kl, khd) = k_new.dims4().map_err(op("attention k dims"))?;
@@ -304,23 +367,25 @@ pub(crate) fn attend(
     };
     let mut out = vec![0f32; b * l * h * hd];
     let out_addr = out.as_mut_ptr() as usize;
-    tiles(hkv, g, b, slots, l).into_par_iter().for_each(|t| {
-        let o = tile(t, &dims, scale, (qd, kd, vd), (pkd, pvd), &starts, &keys);
-        // scatter the tile's (M, hd) rows into (B, L, H·hd): row b, position i, head j·G + gg
-        let (ni, out) = (t.i1 - t.i0, out_addr as *mut f32);
-        for bb in 0..t.b1 - t.b0 {
-            for gg in 0..g {
-                for ii in 0..ni {
-                    let src = &o[((bb * g + gg) * ni + ii) * hd..][..hd];
-                    let at = (((t.b0 + bb) * l + t.i0 + ii) * h + t.j * g + gg) * hd;
-                    // SAFETY: `out` holds B·L·H·hd elements and outlives the loop; `at + hd` is
-                    // within it, and tiles cover disjoint (row, query, KV head) triples, so no
-                    // two tiles write the same run.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.add(at), hd) };
+    tiles(hkv, g, b, slots, l, sizes)
+        .into_par_iter()
+        .for_each(|t| {
+            let o = tile(t, &dims, scale, (qd, kd, vd), (pkd, pvd), &starts, &keys);
+            // scatter the tile's (M, hd) rows into (B, L, H·hd): row b, position i, head j·G + gg
+            let (ni, out) = (t.i1 - t.i0, out_addr as *mut f32);
+            for bb in 0..t.b1 - t.b0 {
+                for gg in 0..g {
+                    for ii in 0..ni {
+                        let src = &o[((bb * g + gg) * ni + ii) * hd..][..hd];
+                        let at = (((t.b0 + bb) * l + t.i0 + ii) * h + t.j * g + gg) * hd;
+                        // SAFETY: `out` holds B·L·H·hd elements and outlives the loop; `at + hd` is
+                        // within it, and tiles cover disjoint (row, query, KV head) triples, so no
+                        // two tiles write the same run.
+                        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.add(at), hd) };
+                    }
                 }
             }
-        }
-    });
+        });
     drop((qs, ks, vs, past_guards));
     Tensor::from_vec(out, (b, l, h * hd), q.device()).map_err(op("attention out"))
 }
@@ -419,6 +484,7 @@ fn tile(
     }
 
     // softmax per query row over past[start..P] ++ its visible new keys; hidden keys get 0
+    let mut inv_sum = vec![0f32; m];
     for bb in 0..nb {
         let start = starts[t.b0 + bb];
         for gg in 0..g {
@@ -444,16 +510,12 @@ fn tile(
                 };
                 let past_vis = &mut past_part[start..];
                 let new_vis = &mut new_part[..visible_new];
-                let max = past_vis
-                    .iter()
-                    .chain(new_vis.iter())
-                    .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let max = cpu_math::max(past_vis).max(cpu_math::max(new_vis));
                 let sum = cpu_math::exp_shifted_sum(past_vis, max)
                     + cpu_math::exp_shifted_sum(new_vis, max);
-                let inv = 1.0 / sum;
-                for x in past_vis.iter_mut().chain(new_vis.iter_mut()) {
-                    *x *= inv;
-                }
+                // the row is left unnormalised; its output row is divided by `sum` instead
+                // (hd values rather than P + N)
+                inv_sum[(bb * g + gg) * ni + ii] = 1.0 / sum;
             }
         }
     }
@@ -490,6 +552,9 @@ fn tile(
         };
     }
 
+    for (row, &inv) in ot.chunks_exact_mut(hd).zip(&inv_sum) {
+        row.iter_mut().for_each(|x| *x *= inv);
+    }
     ot
 }
 
@@ -525,7 +590,7 @@ mod tests {
             .expect("diff")
     }
 
-    fn check(c: &Case, seed: &mut u64) -> f32 {
+    fn check(c: &Case, sizes: TileSizes, seed: &mut u64) -> f32 {
         let dev = Device::Cpu;
         let q = rand(&[c.b, c.h, c.l, c.hd], seed);
         let k = rand(&[c.b, c.hkv, c.l, c.hd], seed);
@@ -551,13 +616,14 @@ mod tests {
             past_start: starts.as_ref(),
         };
         assert!(supports(&q, &k, &v, past.as_ref()));
-        let got = attend(
+        let got = attend_with(
             &q,
             &k,
             &v,
             past.as_ref(),
             starts.as_ref(),
             new_keys.as_ref(),
+            sizes,
         )
         .expect("cpu kernel");
         let want = attend_candle(&q, &k, &v, past, &masks).expect("candle");
@@ -576,7 +642,7 @@ mod tests {
                 b: 1,
                 h: 14,
                 hkv: 2,
-                l: 2 * QUERY_BLOCK + 21,
+                l: 2 * 64 + 21,
                 hd: 64,
                 slots: 1,
                 p: 0,
@@ -653,7 +719,7 @@ mod tests {
                 b: 1,
                 h: 4,
                 hkv: 2,
-                l: QUERY_BLOCK + 36,
+                l: 64 + 36,
                 hd: 32,
                 slots: 1,
                 p: 70,
@@ -661,9 +727,39 @@ mod tests {
                 tree: None,
             },
         ];
-        for (n, c) in cases.iter().enumerate() {
-            let d = check(c, &mut seed);
-            assert!(d <= 2e-6, "case {n}: cpu kernel vs candle {d:e}");
+        // the default tiles, small ones (many query blocks, one-row tiles) and one block for all
+        for spec in [
+            "",
+            "query_block=5,tile_rows=7",
+            "query_block=1000,tile_rows=100000",
+        ] {
+            let sizes = TileSizes::parse(spec).expect("valid sizes");
+            for (n, c) in cases.iter().enumerate() {
+                let d = check(c, sizes, &mut seed);
+                assert!(
+                    d <= 2e-6,
+                    "case {n}, tiles {sizes:?}: cpu kernel vs candle {d:e}"
+                );
+            }
+        }
+    }
+
+    /// Tile sizes parse over the default; a wrong key, a zero or a non-count is an error that
+    /// names it.
+    #[test]
+    fn tile_sizes_parse_and_name_errors() {
+        let d = TileSizes::default();
+        assert_eq!(TileSizes::parse("").expect("empty"), d);
+        let t = TileSizes::parse(" query_block = 16 ").expect("one key");
+        assert_eq!((t.query_block, t.tile_rows), (16, d.tile_rows));
+        for (spec, names) in [
+            ("rows=4", "unknown key `rows`"),
+            ("tile_rows=0", "`tile_rows=0`: must be at least 1"),
+            ("query_block=x", "`x` is not a count"),
+            ("query_block", "not key=value"),
+        ] {
+            let e = TileSizes::parse(spec).expect_err(spec);
+            assert!(e.contains(names), "{spec}: {e}");
         }
     }
 

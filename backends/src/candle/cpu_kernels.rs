@@ -1,15 +1,19 @@
-//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`]) on their own, for the
-//! `cpu_linear` bench: pack a weight once, then time products at one blocking after another in
-//! one process. Not part of the engine's API (the model layers reach the kernels through
+//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`]) and the CPU attention
+//! kernel ([`super::cpu_attention`]) on their own, for the `cpu_linear` and `cpu_attention`
+//! benches: pack a weight once, then time products at one blocking after another in one
+//! process. Not part of the engine's API (the model layers reach the kernels through
 //! `linear`); hidden from the docs.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 
+use super::attention::PastKv;
 use super::cpu_amx::{self, AmxWeight};
+use super::cpu_attention;
 use super::cpu_gemm::{self, Blocking, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_qgemm::{self, PackedQ8};
+use super::mask::NewKeysMask;
 use crate::error::CandleError;
 
 fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> CandleError {
@@ -132,4 +136,40 @@ pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor,
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
 pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
     cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
+}
+
+/// The tile sizes the CPU attention kernel runs [`attention`] with.
+pub struct AttentionPath(cpu_attention::TileSizes);
+
+impl AttentionPath {
+    /// `query_block=…,tile_rows=…` over the default (as `FORKSCORE_CPU_ATTENTION`; an error
+    /// names a wrong key or value).
+    pub fn parse(sizes: &str) -> Result<Self, CandleError> {
+        cpu_attention::TileSizes::parse(sizes)
+            .map(AttentionPath)
+            .map_err(|reason| CandleError::InvalidRequest {
+                reason: format!("attention tile sizes `{sizes}`: {reason}"),
+            })
+    }
+}
+
+/// Causal attention of `q (B, H, L, hd)` over new keys / values `(B, Hkv, L, hd)` and, when
+/// given, a past `(Hkv, 1, P, hd)` every row sees whole: a prefill (`B` 1, no past) or a
+/// scoring pass (many short rows over one prefix). `(B, L, H·hd)`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: Option<(&Tensor, &Tensor)>,
+    path: &AttentionPath,
+) -> Result<Tensor, CandleError> {
+    let l = q.dims4().map_err(tensor_err("attention q dims"))?.2;
+    let mask = (l > 1).then(|| NewKeysMask::causal(l, q.device()));
+    let past = past.map(|(k, v)| PastKv { k, v });
+    if !cpu_attention::supports(q, k, v, past.as_ref()) {
+        return Err(CandleError::InvalidRequest {
+            reason: "the CPU attention kernel takes f32 CPU tensors with grouped heads".into(),
+        });
+    }
+    cpu_attention::attend_with(q, k, v, past.as_ref(), None, mask.as_ref(), path.0)
 }

@@ -1,0 +1,161 @@
+//! The CPU attention kernel alone, at a model's attention shapes, under several tile sizes in
+//! one run: the harness the attention defaults are chosen with (`cpu_attention::TileSizes`).
+//!
+//! `cargo bench -p forkscore-benches --bench cpu_attention` — prints ms and GFLOP/s (the
+//! causal products' multiply-adds × 2, only the keys each query sees) per (case, path), and
+//! writes target/bench/cpu_attention.json. The paths are timed round-robin (one call of each
+//! in turn, repeated), so a drift of the machine falls on all of them alike; the figure is the
+//! median.
+//!
+//! Env:
+//! - FORKSCORE_BENCH_SIZES: `;`-separated tile sizes (`query_block=16,tile_rows=128`; keys as
+//!   `FORKSCORE_CPU_ATTENTION`, over the default; an empty spec is the default). Default: the
+//!   default alone.
+//! - FORKSCORE_BENCH_CASES: `;`-separated cases, `prefill:L` (one causal row of L tokens) or
+//!   `score:B,L,P` (B rows of L tokens over a shared past of P). Default: Qwen2.5-0.5B's
+//!   8- and 28-field decisions, `prefill:480;prefill:964;score:8,4,480;score:28,5,964`.
+//! - FORKSCORE_BENCH_HEADS: `H,Hkv,hd` (default 14,2,64).
+//! - FORKSCORE_BENCH_REPEATS: calls per path and case (default 7).
+
+use anyhow::{bail, Context};
+use candle_core::{Device, Tensor};
+use forkscore_backends::candle::cpu_kernels::{self, AttentionPath};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn counts(s: &str, what: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
+        .map(|c| {
+            c.trim()
+                .parse()
+                .with_context(|| format!("{what}: `{c}` is not a count"))
+        })
+        .collect()
+}
+
+/// One timed shape: `rows` rows of `len` new tokens over a shared past of `past` tokens.
+struct Case {
+    name: String,
+    rows: usize,
+    len: usize,
+    past: usize,
+}
+
+fn parse_case(s: &str) -> anyhow::Result<Case> {
+    let (kind, dims) = s
+        .trim()
+        .split_once(':')
+        .with_context(|| format!("case `{s}` is not prefill:L or score:B,L,P"))?;
+    let (rows, len, past) = match (kind, counts(dims, s)?.as_slice()) {
+        ("prefill", &[l]) => (1, l, 0),
+        ("score", &[b, l, p]) => (b, l, p),
+        _ => bail!("case `{s}` is not prefill:L or score:B,L,P"),
+    };
+    if rows == 0 || len == 0 {
+        bail!("case `{s}`: rows and tokens must be at least 1");
+    }
+    Ok(Case {
+        name: s.trim().to_string(),
+        rows,
+        len,
+        past,
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let repeats: usize = env_or("FORKSCORE_BENCH_REPEATS", "7")
+        .parse()
+        .context("FORKSCORE_BENCH_REPEATS")?;
+    if repeats == 0 {
+        bail!("FORKSCORE_BENCH_REPEATS must be at least 1");
+    }
+    let heads = counts(
+        &env_or("FORKSCORE_BENCH_HEADS", "14,2,64"),
+        "FORKSCORE_BENCH_HEADS",
+    )?;
+    let &[h, hkv, hd] = heads.as_slice() else {
+        bail!("FORKSCORE_BENCH_HEADS is H,Hkv,hd");
+    };
+    if hkv == 0 || hd == 0 || h % hkv != 0 {
+        bail!("FORKSCORE_BENCH_HEADS: H must be a multiple of Hkv, both and hd at least 1");
+    }
+    let cases: Vec<Case> = env_or(
+        "FORKSCORE_BENCH_CASES",
+        "prefill:480;prefill:964;score:8,4,480;score:28,5,964",
+    )
+    .split(';')
+    .filter(|s| !s.trim().is_empty())
+    .map(parse_case)
+    .collect::<anyhow::Result<_>>()?;
+    let paths: Vec<(String, AttentionPath)> = env_or("FORKSCORE_BENCH_SIZES", "")
+        .split(';')
+        .map(|spec| {
+            let spec = spec.trim();
+            let name = if spec.is_empty() { "default" } else { spec };
+            Ok((name.to_string(), AttentionPath::parse(spec)?))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    println!(
+        "cpu_attention: {} rayon threads, heads {h}/{hkv} × {hd}, {repeats} calls each",
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into())
+    );
+    let dev = Device::Cpu;
+    let mut report = Vec::new();
+    for c in &cases {
+        let q = Tensor::randn(0f32, 1.0, (c.rows, h, c.len, hd), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (c.rows, hkv, c.len, hd), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (c.rows, hkv, c.len, hd), &dev)?;
+        let pk = Tensor::randn(0f32, 1.0, (hkv, 1, c.past, hd), &dev)?;
+        let pv = Tensor::randn(0f32, 1.0, (hkv, 1, c.past, hd), &dev)?;
+        let past = (c.past > 0).then_some((&pk, &pv));
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+        for rep in 0..=repeats {
+            for (i, (_, path)) in paths.iter().enumerate() {
+                let s = Instant::now();
+                let o = cpu_kernels::attention(&q, &k, &v, past, path)?;
+                let t = s.elapsed().as_secs_f64() * 1e3;
+                drop(o);
+                if rep > 0 {
+                    times[i].push(t); // the first round warms up
+                }
+            }
+        }
+        // multiply-adds: each query's visible keys (the whole past, new keys up to itself),
+        // twice (scores and values), hd each, every query head
+        let visible: usize = (0..c.len).map(|i| c.past + i + 1).sum();
+        let flop = 2.0 * 2.0 * (c.rows * h * visible * hd) as f64;
+        for (i, t) in times.into_iter().enumerate() {
+            let ms = median(t);
+            let gflops = flop / ms / 1e6;
+            let name = &paths[i].0;
+            println!(
+                "{:<20} {name:<40} {ms:>9.3} ms {gflops:>7.1} GFLOP/s",
+                c.name
+            );
+            report.push(serde_json::json!({
+                "case": c.name, "rows": c.rows, "tokens": c.len, "past": c.past,
+                "path": name, "ms": ms, "gflops": gflops,
+            }));
+        }
+    }
+    let out = std::env::var("FORKSCORE_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("target/bench/cpu_attention.json"));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let doc = serde_json::json!({ "heads": [h, hkv, hd], "repeats": repeats, "results": report });
+    std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
