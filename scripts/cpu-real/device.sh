@@ -20,7 +20,7 @@
 # on the same cores. With carry/cpu/modes-base.xz present, `run` is an A/B instead of the AVX2-capped
 # runs: f32 and q8_0 of the base and the new binary in ABBA order (base-1, new-1, new-2, base-2),
 # so a drift of the lent machine during the run falls on both. Env: CORES (taskset list, default
-# 0,1), REPEATS (3), PYTHON (python3).
+# 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -110,8 +110,10 @@ run)
   else
     bench f32
     bench q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
-    bench f32-avx2 FORKSCORE_CPU_ISA=avx2
-    bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0
+    if [ "${CAPPED:-1}" = 1 ]; then
+      bench f32-avx2 FORKSCORE_CPU_ISA=avx2
+      bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0
+    fi
   fi
   echo "== transformers"
   "${T[@]}" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \

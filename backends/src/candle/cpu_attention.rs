@@ -15,11 +15,15 @@
 //! - the values `(M, P) x (P, hd)` plus each row's `(G·n, N) x (N, hd)`, each output row then
 //!   divided by its row's sum, written straight into the `(B, L, H·hd)` output, heads merged.
 //!
-//! A long call (a prefill) gets one tile per row and block of
-//! [`TileSizes::query_block`] queries, so no `L × L` matrix is held and the keys after each block are never scored; a short call (the
-//! scoring pass: many rows of a few tokens) gets tiles of several rows, about
-//! [`TileSizes::tile_rows`] query rows each. The products run the `gemm` crate (the kernel candle's own CPU matmul uses), one
-//! thread per tile.
+//! A long call (a prefill) gets one tile per row and block of [`TileSizes::query_block`]
+//! queries, so no `L × L` matrix is held and the keys after each block are never scored; a short
+//! call (the scoring pass: many rows of a few tokens) gets tiles of several rows, about
+//! [`TileSizes::tile_rows`] query rows each. The products run the `gemm` crate (the kernel
+//! candle's own CPU matmul uses), one thread per tile. (Products through the packed kernel of
+//! [`super::cpu_gemm`], with keys and values packed per tile, measured no faster in the
+//! `cpu_attention` bench; the row maximum, a scalar fold, and the normalisation pass over every
+//! score were what took the time: vectorising the one and moving the other to the output rows
+//! made the kernel 1.1–2× faster there, in runs minutes apart.)
 //!
 //! Before this kernel, attention was 3.2 s of a 28-field, 964-token CPU decision's 10.7 s
 //! (candle ops: scale, transposes, score matrices, mask adds, a softmax pass, concatenations).
