@@ -34,6 +34,7 @@ mod cpu_attention;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
 mod cpu_gemm;
+mod cpu_heads;
 mod cpu_host;
 mod cpu_isa;
 #[doc(hidden)]

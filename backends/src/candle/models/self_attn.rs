@@ -11,6 +11,7 @@ use candle_core::{Tensor, D};
 use super::Mixer;
 use crate::candle::attention::{attend, PastKv};
 use crate::candle::config::LayerKind;
+use crate::candle::cpu_heads;
 use crate::candle::linear::{Linear, QuantSummary};
 use crate::candle::mlp::{apply, linear};
 use crate::candle::norm::RmsNorm;
@@ -236,7 +237,14 @@ impl SelfAttention {
             Qkv::Stacked(stacked) => {
                 // (B, L, (H + 2Hkv)·hd) -> (B, L, H + 2Hkv, hd), heads [q | k | v]; each part is
                 // a view that `heads_of` copies once, head-major (no norm, no gate here)
-                let qkv = apply(stacked, x, "q|k|v")?
+                let qkv = apply(stacked, x, "q|k|v")?; // (B, L, (H + 2Hkv)·hd)
+                if cpu_heads::supports(&qkv, &step.rope) {
+                    // the same split and rotation in one pass (equal bit for bit)
+                    let (q, k, v) =
+                        cpu_heads::split_rotate(&qkv, &step.rope, s.heads, s.kv_heads, s.head_dim)?;
+                    return Ok((q, k, v, None));
+                }
+                let qkv = qkv
                     .reshape((b, l, s.heads + 2 * s.kv_heads, s.head_dim))
                     .map_err(op("split q|k|v"))?;
                 let part = |start: usize, n: usize| {
