@@ -12,7 +12,7 @@
 //! dims `R..hd` pass through. So the result equals the candle form bit for bit (tested), and
 //! that form stays the reference (and the path on other devices and dtypes).
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::rope::RopeTables;
@@ -20,6 +20,26 @@ use crate::error::CandleError;
 
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
     CandleError::tensor(name)
+}
+
+/// `n` f32 values of CPU storage `s` from `offset` (an error, never a panic, if it holds fewer).
+fn host_f32<'a>(
+    s: &'a Storage,
+    offset: usize,
+    n: usize,
+    what: &'static str,
+) -> Result<&'a [f32], CandleError> {
+    let Storage::Cpu(c) = s else {
+        return Err(CandleError::InvalidRequest {
+            reason: format!("CPU q|k|v heads: {what} is not on the CPU"),
+        });
+    };
+    c.as_slice::<f32>()
+        .map_err(op(what))?
+        .get(offset..offset + n)
+        .ok_or_else(|| CandleError::InvalidRequest {
+            reason: format!("CPU q|k|v heads: {what} storage is shorter than its layout"),
+        })
 }
 
 /// Whether [`split_rotate`] takes this call: f32 tensors on the CPU.
@@ -63,16 +83,13 @@ pub(crate) fn split_rotate(
     let qkv = qkv.contiguous().map_err(op("q|k|v contiguous"))?;
     let cos = tables.cos.contiguous().map_err(op("rope cos"))?;
     let sin = tables.sin.contiguous().map_err(op("rope sin"))?;
-    let (src, cos, sin) = (
-        qkv.flatten_all().and_then(|t| t.to_vec1::<f32>()),
-        cos.flatten_all().and_then(|t| t.to_vec1::<f32>()),
-        sin.flatten_all().and_then(|t| t.to_vec1::<f32>()),
-    );
-    let (src, cos, sin) = (
-        src.map_err(op("q|k|v values"))?,
-        cos.map_err(op("rope cos"))?,
-        sin.map_err(op("rope sin"))?,
-    );
+    // read in place (no host copy of the projection)
+    let (qs, ql) = qkv.storage_and_layout();
+    let (cs, cl) = cos.storage_and_layout();
+    let (ss, sl) = sin.storage_and_layout();
+    let src = host_f32(&qs, ql.start_offset(), b * l * width, "q|k|v")?;
+    let cos = host_f32(&cs, cl.start_offset(), b * l * half, "rope cos")?;
+    let sin = host_f32(&ss, sl.start_offset(), b * l * half, "rope sin")?;
     let mut q = vec![0f32; b * heads * l * hd];
     let mut k = vec![0f32; b * kv_heads * l * hd];
     let mut v = vec![0f32; b * kv_heads * l * hd];
@@ -112,6 +129,7 @@ pub(crate) fn split_rotate(
             to.copy_from_slice(from);
         }
     });
+    drop((qs, cs, ss));
     let dev = qkv.device();
     let make = |data: Vec<f32>, n: usize, what| {
         Tensor::from_vec(data, (b, n, l, hd), dev).map_err(op(what))
