@@ -634,19 +634,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::candle::cpu_host::checks::{max_rel, sum_tolerance};
     use candle_core::{DType, Device};
-
-    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-        let d = (a - b)
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0));
-        let s = b.abs().and_then(|d| d.flatten_all()).and_then(|d| d.max(0));
-        d.and_then(|d| d.to_scalar::<f32>()).expect("diff")
-            / s.and_then(|s| s.to_scalar::<f32>())
-                .expect("scale")
-                .max(1.0)
-    }
 
     /// The packed kernel equals candle's matmul to f32 rounding (a tolerance growing like √k,
     /// from 2e-6 of the largest output), under every instruction level
@@ -699,8 +688,7 @@ mod tests {
                     let want = x.broadcast_matmul(&w.t()?)?;
                     assert_eq!(got.dims(), want.dims());
                     let d = max_rel(&got, &want);
-                    // f32 rounding of a k-term sum in another order: grows like √k
-                    let tol = 2e-6f32.max(1.2e-7 * (k as f32).sqrt());
+                    let tol = sum_tolerance(k);
                     assert!(d <= tol, "{isa:?} {spec} {xdims:?} x ({n}, {k}): {d:e}");
                     assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
                 }

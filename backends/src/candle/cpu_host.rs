@@ -101,3 +101,27 @@ pub(crate) fn for_panel_runs(panels: usize, paired: bool, f: impl Fn(usize, usiz
         .into_par_iter()
         .for_each(|p0| f(p0, (p0 + per).min(panels)));
 }
+
+/// What the f32 kernels' equivalence tests share.
+#[cfg(test)]
+pub(crate) mod checks {
+    use candle_core::Tensor;
+
+    /// `max |a − b|` relative to `max(max |b|, 1)`.
+    pub(crate) fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0));
+        let s = b.abs().and_then(|d| d.flatten_all()).and_then(|d| d.max(0));
+        d.and_then(|d| d.to_scalar::<f32>()).expect("diff")
+            / s.and_then(|s| s.to_scalar::<f32>())
+                .expect("scale")
+                .max(1.0)
+    }
+
+    /// The tolerance of a `k`-term f32 sum taken in another order: 2e-6, growing like √k.
+    pub(crate) fn sum_tolerance(k: usize) -> f32 {
+        2e-6f32.max(1.2e-7 * (k as f32).sqrt())
+    }
+}
