@@ -20,17 +20,8 @@
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
 use forkscore_backends::candle::cpu_kernels::{self, AttentionPath};
-use std::path::PathBuf;
+use forkscore_benches::{env_or, median, write_report};
 use std::time::Instant;
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn counts(s: &str, what: &str) -> anyhow::Result<Vec<usize>> {
     s.split(',')
@@ -147,15 +138,6 @@ fn main() -> anyhow::Result<()> {
             }));
         }
     }
-    let out = std::env::var("FORKSCORE_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("target/bench/cpu_attention.json"));
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let doc = serde_json::json!({ "heads": [h, hkv, hd], "repeats": repeats, "results": report });
-    std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {}", out.display());
-    Ok(())
+    write_report("target/bench/cpu_attention.json", &doc)
 }

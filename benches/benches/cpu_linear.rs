@@ -32,17 +32,8 @@ use candle_core::{Device, Tensor};
 use forkscore_backends::candle::cpu_kernels::{
     self, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q8Weight,
 };
-use std::path::PathBuf;
+use forkscore_benches::{env_or, median, write_report};
 use std::time::Instant;
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 struct Shape {
     name: String,
@@ -203,15 +194,6 @@ fn main() -> anyhow::Result<()> {
             println!("rows {m:>5} one layer: {kernel:>4} {blocking:<40} {ms:>8.3} ms");
         }
     }
-    let out = std::env::var("FORKSCORE_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("target/bench/cpu_linear.json"));
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let doc = serde_json::json!({ "isa": isa, "amx": amx, "repeats": repeats, "results": report });
-    std::fs::write(&out, serde_json::to_string_pretty(&doc)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {}", out.display());
-    Ok(())
+    write_report("target/bench/cpu_linear.json", &doc)
 }

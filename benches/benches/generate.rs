@@ -22,7 +22,7 @@
 
 use forkscore_backends::candle::{ComputeDType, DeviceSpec, LoadOptions};
 use forkscore_backends::Backend;
-use forkscore_benches::load_engine;
+use forkscore_benches::{load_engine, median};
 use forkscore_engine::generate::{eos_ids_from_folder, Baseline};
 use forkscore_engine::schema::{LiteralMethod, Scoring};
 use forkscore_engine::{GenerateOptions, Schema, ScoreOptions};
@@ -60,11 +60,6 @@ fn parse_dtype(s: &str) -> anyhow::Result<ComputeDType> {
         "f16" => Ok(ComputeDType::F16),
         other => anyhow::bail!("FORKSCORE_BENCH_DTYPE={other:?}: expected f32, bf16 or f16"),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -87,3 +87,30 @@ pub fn case_dump(
         "candidate_ids": prompt.candidate_ids, "rows": rows,
     }))
 }
+
+/// The environment variable `name`, or `default` when unset.
+pub fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+/// The median of `v` (the upper one of an even count; NaN for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Write `doc` as pretty JSON to `FORKSCORE_BENCH_OUT`, else to `default`, creating its folder;
+/// prints where it went.
+pub fn write_report(default: &str, doc: &serde_json::Value) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let out = std::env::var("FORKSCORE_BENCH_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from(default));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(doc)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
