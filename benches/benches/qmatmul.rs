@@ -1,14 +1,19 @@
-//! One linear layer, side by side in one run: f32 GEMM vs candle's quantized kernel vs
-//! dequantize-then-f32-GEMM, for the weight shapes of Qwen2.5-0.5B's MLP and a range of row
-//! counts (1 = one token, 40 = 8 fields × 5 suffix tokens, 441 = a prefill chunk).
+//! One linear layer, side by side in one run: candle's f32 matmul, the engine's packed f32
+//! kernel, candle's quantized kernel, dequantize-then-f32-GEMM, and the engine's integer kernel
+//! for the type (`Q8_0`: `cpu_qgemm`; `Q4_0` / `Q4_K`: `cpu_q4gemm`; what an f32 model's
+//! quantized layers run on an x86 CPU with AVX2), for the weight shapes of Qwen2.5-0.5B's MLP
+//! and a range of row counts (1 = one token, 40 = 8 fields × 5 suffix tokens, 441 = a prefill
+//! chunk). The ratios are against the packed f32 kernel (the engine's f32 path).
 //!
 //! `cargo bench -p forkscore-benches --bench qmatmul` — prints a table and writes
-//! target/bench/qmatmul.json. The crossover row count it shows is where the quantized linear
-//! layer switches to dequantize + GEMM on the CPU (`linear::kernel_max_rows`).
+//! target/bench/qmatmul.json. Where no integer kernel runs (no AVX2), the crossover row count
+//! candle's column shows is where a quantized layer switches to dequantize + GEMM
+//! (`linear::kernel_max_rows`).
 //! Env: FORKSCORE_BENCH_REPEATS (default 5), FORKSCORE_BENCH_ROWS (default 1,4,8,16,40,441).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
+use forkscore_backends::candle::cpu_kernels::{self, F32Blocking, F32Weight, Q4Weight, Q8Weight};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -36,20 +41,49 @@ fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     let dev = Device::Cpu;
     let mut report = Vec::new();
+    // the engine's kernels need x86-64 with AVX2 + FMA; elsewhere their columns stay empty
+    let isa = cpu_kernels::isa();
+    let blocking = match isa {
+        Some(_) => Some(F32Blocking::parse("")?),
+        None => None,
+    };
+    println!("engine kernels: {}", isa.unwrap_or("none (no AVX2 + FMA)"));
     println!(
-        "{:>10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9}",
-        "(out,in)", "rows", "type", "f32 ms", "quant ms", "deq+gemm", "q/f32", "dq/f32"
+        "{:>10} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "(out,in)",
+        "rows",
+        "type",
+        "f32 ms",
+        "packed",
+        "candle q",
+        "deq+gemm",
+        "int ms",
+        "q/pk",
+        "int/pk"
     );
     for (out_dim, in_dim) in [(4864usize, 896usize), (896, 4864)] {
         // (out, in) f32 weight, uniform in ±1/sqrt(in)
         let w = (Tensor::rand(0f32, 1f32, (out_dim, in_dim), &dev)? - 0.5)?
             .affine(2.0 / (in_dim as f64).sqrt(), 0.0)?;
+        let packed = match isa {
+            Some(_) => Some(F32Weight::pack(&w)?),
+            None => None,
+        };
         for ggml in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q4_0] {
             if in_dim % ggml.block_size() != 0 {
                 continue;
             }
             let q = std::sync::Arc::new(QTensor::quantize(&w, ggml)?);
             let qmm = QMatMul::from_arc(q.clone())?;
+            enum Int {
+                Q8(Q8Weight),
+                Q4(Q4Weight),
+            }
+            let int = match (isa, ggml) {
+                (None, _) => None,
+                (Some(_), GgmlDType::Q8_0) => Some(Int::Q8(Q8Weight::quantize(&w)?)),
+                (Some(_), _) => Some(Int::Q4(Q4Weight::quantize(&w, ggml)?)),
+            };
             for &m in &rows {
                 let x = Tensor::rand(-1f32, 1f32, (m, in_dim), &dev)?;
                 // (m, in) x (in, out) -> (m, out)
@@ -57,6 +91,24 @@ fn main() -> anyhow::Result<()> {
                     x.matmul(&w.t()?)?;
                     Ok(())
                 })?;
+                let packed_ms = match (&packed, &blocking) {
+                    (Some(pw), Some(bl)) => Some(median_ms(repeats, || {
+                        cpu_kernels::linear_f32(&x, pw, bl)?;
+                        Ok(())
+                    })?),
+                    _ => None,
+                };
+                let int_ms = match &int {
+                    Some(Int::Q8(qw)) => Some(median_ms(repeats, || {
+                        cpu_kernels::linear_q8(&x, qw)?;
+                        Ok(())
+                    })?),
+                    Some(Int::Q4(qw)) => Some(median_ms(repeats, || {
+                        cpu_kernels::linear_q4(&x, qw)?;
+                        Ok(())
+                    })?),
+                    None => None,
+                };
                 let q_ms = median_ms(repeats, || {
                     qmm.forward(&x)?;
                     Ok(())
@@ -67,15 +119,21 @@ fn main() -> anyhow::Result<()> {
                     Ok(())
                 })?;
                 let name = format!("{ggml:?}").to_ascii_lowercase();
+                let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+                let base = packed_ms.unwrap_or(f32_ms);
                 println!(
-                    "{:>10} {m:>5} {name:>6} {f32_ms:>10.2} {q_ms:>10.2} {dq_ms:>10.2} {:>8.2}x {:>8.2}x",
+                    "{:>10} {m:>5} {name:>6} {f32_ms:>9.2} {:>9} {q_ms:>9.2} {dq_ms:>9.2} {:>9} {:>7.2}x {:>8}",
                     format!("({out_dim},{in_dim})"),
-                    q_ms / f32_ms,
-                    dq_ms / f32_ms
+                    ms(packed_ms),
+                    ms(int_ms),
+                    q_ms / base,
+                    int_ms.map_or("-".to_string(), |v| format!("{:.2}x", v / base)),
                 );
                 report.push(serde_json::json!({
                     "out": out_dim, "in": in_dim, "rows": m, "ggml": name,
-                    "f32_gemm_ms": f32_ms, "quantized_kernel_ms": q_ms, "dequantize_gemm_ms": dq_ms,
+                    "f32_gemm_ms": f32_ms, "packed_f32_ms": packed_ms,
+                    "quantized_kernel_ms": q_ms, "dequantize_gemm_ms": dq_ms,
+                    "integer_kernel_ms": int_ms,
                     "gflop": 2.0 * (m * in_dim * out_dim) as f64 / 1e9,
                 }));
             }
@@ -88,9 +146,9 @@ fn main() -> anyhow::Result<()> {
     let threads = candle_core::utils::get_num_threads();
     std::fs::write(
         out.join("qmatmul.json"),
-        serde_json::to_string_pretty(
-            &serde_json::json!({"repeats": repeats, "threads": threads, "rows": report}),
-        )?,
+        serde_json::to_string_pretty(&serde_json::json!({
+            "repeats": repeats, "threads": threads, "isa": isa, "rows": report
+        }))?,
     )?;
     println!("report: {}", out.join("qmatmul.json").display());
     Ok(())

@@ -1,4 +1,4 @@
-//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`]) and the CPU attention
+//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`], [`super::cpu_q4gemm`]) and the CPU attention
 //! kernel ([`super::cpu_attention`]) on their own, for the `cpu_linear` and `cpu_attention`
 //! benches: pack a weight once, then time products at one blocking after another in one
 //! process. Not part of the engine's API (the model layers reach the kernels through
@@ -12,6 +12,7 @@ use super::cpu_amx::{self, AmxWeight};
 use super::cpu_attention;
 use super::cpu_gemm::{self, Blocking, PackedWeight};
 use super::cpu_isa::Isa;
+use super::cpu_q4gemm::{self, PackedQ4};
 use super::cpu_qgemm::{self, PackedQ8};
 use super::mask::NewKeysMask;
 use crate::error::CandleError;
@@ -94,6 +95,39 @@ impl Q8Weight {
                 reason: "in is not a multiple of 32".into(),
             })
     }
+}
+
+/// A weight `(out, in)` quantized to `Q4_0` or `Q4_K` and packed for the 4-bit integer kernel
+/// of the chosen instruction level.
+pub struct Q4Weight(PackedQ4);
+
+impl Q4Weight {
+    /// Quantize `w (out, in)` (f32) to `ggml` (`Q4_0`: `in` a multiple of 32; `Q4_K`: of 256)
+    /// the way `--quantize q4k` does, and pack it. Another type is an error.
+    pub fn quantize(w: &Tensor, ggml: GgmlDType) -> Result<Self, CandleError> {
+        let (n, k) = w.dims2().map_err(tensor_err("4-bit weight dims"))?;
+        let name = format!("({n}, {k}) weight");
+        if !matches!(ggml, GgmlDType::Q4_0 | GgmlDType::Q4K) || !k.is_multiple_of(ggml.block_size())
+        {
+            return Err(CandleError::Quantize {
+                name,
+                reason: format!("{ggml:?} does not fit: 4-bit kernels take Q4_0 (in a multiple of 32) or Q4K (of 256)"),
+            });
+        }
+        let q = QTensor::quantize(w, ggml).map_err(tensor_err("quantize 4-bit"))?;
+        let bytes = q.data().map_err(tensor_err("4-bit bytes"))?;
+        PackedQ4::from_blocks(ggml, &bytes, n, k, chosen_isa()?)
+            .map(Q4Weight)
+            .ok_or_else(|| CandleError::Quantize {
+                name,
+                reason: "the blocks do not fit the shape".into(),
+            })
+    }
+}
+
+/// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the 4-bit integer kernel.
+pub fn linear_q4(x: &Tensor, w: &Q4Weight) -> Result<Tensor, CandleError> {
+    cpu_q4gemm::linear(x, &w.0).map_err(tensor_err("4-bit linear"))
 }
 
 /// The instruction level the kernels run with here (`"avx512"` / `"avx2"`), or `None`.

@@ -177,7 +177,7 @@ impl PackedQ8 {
 /// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q` (`q` to the
 /// nearest integer, ties to even: what the vector form's conversion does), one element at a
 /// time (the kernels' rounding, `x86::quantize_units`, is held to it).
-fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
+pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
     let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -234,6 +234,10 @@ pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
     y
 }
 
+/// The block rounding in registers, for the 4-bit kernel's activations.
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::rounded as x86_rounded;
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -284,7 +288,7 @@ mod x86 {
     /// (8,) i32 registers (values 8i..8i+8 in register i).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
+    pub(in crate::candle) unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
         let p = xs.as_ptr();
         let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
         let sign = _mm256_set1_ps(-0.0);

@@ -17,11 +17,12 @@
 //! block count, while `Q4_0` has an AVX2 kernel. A weight whose `in` is not a multiple of 32
 //! stays dense. [`QuantSummary`] counts what each weight got.
 //!
-//! On an x86 CPU with AVX2 + FMA, an f32 model's `Q8_0` weights are packed once at load for the
-//! integer kernel of [`super::cpu_qgemm`] (`Linear::PackedQ8`, the blocks are not kept): every
+//! On an x86 CPU with AVX2 + FMA, an f32 model's quantized weights are packed once at load for
+//! an integer kernel (the blocks are not kept): `Q8_0` for [`super::cpu_qgemm`]
+//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::cpu_q4gemm`] (`Linear::PackedQ4`). Every
 //! call, whatever its row count, rounds the activations to 8-bit blocks and multiplies in
-//! integers, as candle's own CPU kernel does for a few rows but register-tiled, so it is the
-//! fast path for a prefill too.
+//! integers, as candle's own CPU kernels do for a few rows but register-tiled, so it is the fast
+//! path for a prefill too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use forkscore_seam::Quantization;
 use super::cpu_amx::{self, AmxWeight};
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use super::cpu_isa::Isa;
+use super::cpu_q4gemm::{self, PackedQ4};
 use super::cpu_qgemm::{self, PackedQ8};
 use crate::error::CandleError;
 
@@ -57,6 +59,12 @@ pub(crate) enum Linear {
         weight: Arc<PackedQ8>,
         bias: Option<Tensor>,
     },
+    /// `W` `Q4_0` or `Q4_K`, packed for the integer kernel of [`super::cpu_q4gemm`];
+    /// `bias (out,)` f32.
+    PackedQ4 {
+        weight: Arc<PackedQ4>,
+        bias: Option<Tensor>,
+    },
     /// `W` quantized; `bias (out,)` in the compute dtype.
     Quantized {
         weight: QMatMul,
@@ -70,6 +78,7 @@ pub(crate) enum Linear {
 /// The most activation rows a call sends through candle's quantized kernel for `ggml` on
 /// `device`; above it the weight is dequantized to the activation dtype for that call and
 /// multiplied by the dense GEMM ([`Linear::forward_dequantized`]).
+/// (Where an integer kernel runs, an f32 model's weights never get here: see the module doc.)
 /// - CPU: candle's x86 `Q8_0` / `Q4_0` kernels take one dot product per (row, column) with no
 ///   register tiling, so from a handful of rows on they are several times slower than the GEMM
 ///   plus the dequantization; its `Q4_K` kernel (repacked, tiled) keeps up with the f32 GEMM at
@@ -132,7 +141,8 @@ impl Linear {
     }
 
     /// The layers stacked along `out` into one (`[a; b; …]`, biases likewise): all dense, all
-    /// packed, or all packed `Q8_0` (every part but the last a multiple of 16 rows), with one
+    /// packed, or all packed `Q8_0` / 4-bit of one format (every part but the last a multiple
+    /// of 16 rows), with one
     /// `in` and either all or none with a bias; `None` otherwise (the caller keeps them
     /// separate).
     pub fn stack(parts: &[&Linear]) -> Result<Option<Self>, CandleError> {
@@ -176,6 +186,15 @@ impl Linear {
                 bias,
             }));
         }
+        if let Some(ws) = all(parts, |l| match l {
+            Linear::PackedQ4 { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        }) {
+            return Ok(PackedQ4::stack(&ws).map(|w| Linear::PackedQ4 {
+                weight: Arc::new(w),
+                bias,
+            }));
+        }
         Ok(all(parts, |l| match l {
             Linear::Packed { weight, .. } => Some(weight.as_ref()),
             _ => None,
@@ -193,6 +212,7 @@ impl Linear {
             Linear::Packed { bias, .. }
             | Linear::PackedAmx { bias, .. }
             | Linear::PackedQ8 { bias, .. }
+            | Linear::PackedQ4 { bias, .. }
             | Linear::Quantized { bias, .. } => bias.as_ref(),
         }
     }
@@ -232,14 +252,23 @@ impl Linear {
             .and_then(|w| w.to_dtype(DType::F32))
             .map_err(op("weight to host f32"))?;
         let blocks = Arc::new(quantize_rows_parallel(&host, ggml, device).map_err(op("quantize"))?);
-        if let Some(isa) = q8_kernel(ggml, dtype, device) {
+        if let Some(isa) = integer_kernel(ggml, dtype, device) {
             let (n, k) = blocks.shape().dims2().map_err(op("quantized shape"))?;
             let data = blocks.data().map_err(op("quantized blocks"))?;
-            if let Some(packed) = PackedQ8::from_blocks(&data, n, k, isa) {
-                return Ok(Linear::PackedQ8 {
-                    weight: Arc::new(packed),
-                    bias,
-                });
+            let packed = match ggml {
+                GgmlDType::Q8_0 => {
+                    PackedQ8::from_blocks(&data, n, k, isa).map(|w| Linear::PackedQ8 {
+                        weight: Arc::new(w),
+                        bias: bias.clone(),
+                    })
+                }
+                _ => PackedQ4::from_blocks(ggml, &data, n, k, isa).map(|w| Linear::PackedQ4 {
+                    weight: Arc::new(w),
+                    bias: bias.clone(),
+                }),
+            };
+            if let Some(packed) = packed {
+                return Ok(packed);
             }
         }
         let weight = QMatMul::from_arc(blocks.clone()).map_err(op("quantized matmul"))?;
@@ -256,6 +285,7 @@ impl Linear {
         match self {
             Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
+            Linear::PackedQ4 { weight, .. } => Some(weight.format()),
             Linear::Quantized { ggml, .. } => Some(*ggml),
         }
     }
@@ -273,6 +303,9 @@ impl Linear {
             }
             Linear::PackedQ8 { weight, bias } => {
                 add_bias(cpu_qgemm::linear(x, weight)?, bias.as_ref())
+            }
+            Linear::PackedQ4 { weight, bias } => {
+                add_bias(cpu_q4gemm::linear(x, weight)?, bias.as_ref())
             }
             Linear::Quantized {
                 weight, bias, ggml, ..
@@ -295,9 +328,10 @@ impl Linear {
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Packed { .. } | Linear::PackedAmx { .. } | Linear::PackedQ8 { .. } => {
-                self.forward(x)
-            }
+            Linear::Packed { .. }
+            | Linear::PackedAmx { .. }
+            | Linear::PackedQ8 { .. }
+            | Linear::PackedQ4 { .. } => self.forward(x),
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
                 add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
@@ -313,6 +347,12 @@ impl Linear {
             Linear::Dense(l) => l.forward(x),
             Linear::Packed { .. } | Linear::PackedAmx { .. } => self.forward(x),
             Linear::PackedQ8 { weight, bias } => {
+                // (out, in) dequantized, transient
+                let (n, k) = weight.dims();
+                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
+                add_bias(dense(x, &w, None)?, bias.as_ref())
+            }
+            Linear::PackedQ4 { weight, bias } => {
                 // (out, in) dequantized, transient
                 let (n, k) = weight.dims();
                 let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
@@ -344,10 +384,12 @@ impl Linear {
     }
 }
 
-/// The integer kernel a `ggml` weight of a `dtype` model on `device` gets: `Q8_0`, f32, on a
-/// CPU where [`cpu_qgemm`] runs (and `FORKSCORE_CPU_GEMM` does not ask for candle's matmul).
-fn q8_kernel(ggml: GgmlDType, dtype: DType, device: &Device) -> Option<Isa> {
-    let fits = ggml == GgmlDType::Q8_0 && dtype == DType::F32 && device.is_cpu();
+/// The integer kernel a `ggml` weight of a `dtype` model on `device` gets: `Q8_0`
+/// ([`cpu_qgemm`]) or `Q4_0` / `Q4_K` ([`cpu_q4gemm`]), f32, on a CPU where those kernels run
+/// (and `FORKSCORE_CPU_GEMM` does not ask for candle's matmul).
+fn integer_kernel(ggml: GgmlDType, dtype: DType, device: &Device) -> Option<Isa> {
+    let format = matches!(ggml, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4K);
+    let fits = format && dtype == DType::F32 && device.is_cpu();
     match fits && cpu_gemm::choice() == CpuGemm::Packed {
         true => Isa::chosen(),
         false => None,
@@ -464,7 +506,7 @@ mod tests {
             // forward() picks one of the two (14 rows > the Q8_0 / Q4_0 kernel limit of
             // candle's kernels; the integer kernel of cpu_qgemm takes every row count)
             let f = layer.forward(&x)?;
-            let integer = matches!(layer, Linear::PackedQ8 { .. });
+            let integer = matches!(layer, Linear::PackedQ8 { .. } | Linear::PackedQ4 { .. });
             let ggml = layer.ggml().unwrap_or(GgmlDType::F32);
             let pick = if integer || kernel_max_rows(&dev, ggml) >= 14 {
                 a
@@ -503,39 +545,49 @@ mod tests {
         Ok(())
     }
 
-    /// Where the integer kernel runs, an f32 model's Q8_0 layers take it (not candle's
-    /// blocks), count as `q8_0`, and stack: the stacked layer's output is the parts' outputs
-    /// side by side, bit for bit.
+    /// Where the integer kernels run, an f32 model's Q8_0 / Q4_0 / Q4_K layers take them (not
+    /// candle's blocks), count as their ggml type, and stack: the stacked layer's output is the
+    /// parts' outputs side by side, bit for bit.
     #[test]
-    fn q8_0_layers_take_the_integer_kernel_and_stack() -> candle_core::Result<()> {
+    fn quantized_layers_take_the_integer_kernels_and_stack() -> candle_core::Result<()> {
         let dev = Device::Cpu;
-        let layer = |rows: usize| -> candle_core::Result<Linear> {
-            let w = Tensor::randn(0f32, 0.2, (rows, 64), &dev)?;
-            let b = Tensor::randn(0f32, 1.0, rows, &dev)?;
-            Linear::quantized("w", &w, Some(b), Quantization::Q8_0, DType::F32, &dev)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))
-        };
-        let (a, b) = (layer(32)?, layer(20)?);
-        if q8_kernel(GgmlDType::Q8_0, DType::F32, &dev).is_none() {
-            assert!(
-                matches!(a, Linear::Quantized { .. }),
-                "no integer kernel here"
-            );
-            return Ok(());
+        for (q, in_dim, want) in [
+            (Quantization::Q8_0, 64, GgmlDType::Q8_0),
+            (Quantization::Q4K, 96, GgmlDType::Q4_0),
+            (Quantization::Q4K, 256, GgmlDType::Q4K),
+        ] {
+            let layer = |rows: usize| -> candle_core::Result<Linear> {
+                let w = Tensor::randn(0f32, 0.2, (rows, in_dim), &dev)?;
+                let b = Tensor::randn(0f32, 1.0, rows, &dev)?;
+                Linear::quantized("w", &w, Some(b), q, DType::F32, &dev)
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
+            };
+            let (a, b) = (layer(32)?, layer(20)?);
+            assert_eq!(a.ggml(), Some(want));
+            if integer_kernel(want, DType::F32, &dev).is_none() {
+                assert!(
+                    matches!(a, Linear::Quantized { .. }),
+                    "no integer kernel here"
+                );
+                continue;
+            }
+            match want {
+                GgmlDType::Q8_0 => assert!(matches!(a, Linear::PackedQ8 { .. })),
+                _ => assert!(matches!(a, Linear::PackedQ4 { .. })),
+            }
+            let stacked = Linear::stack(&[&a, &b])
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+                .expect("32 rows first: aligned");
+            assert_eq!(stacked.ggml(), Some(want));
+            let x = Tensor::randn(0f32, 1.0, (5, in_dim), &dev)?;
+            let want_y = Tensor::cat(&[a.forward(&x)?, b.forward(&x)?], 1)?;
+            let got = stacked.forward(&x)?;
+            assert_eq!(got.to_vec2::<f32>()?, want_y.to_vec2::<f32>()?, "{want:?}");
+            // 20 rows first: the padded panel would sit inside the stack
+            assert!(Linear::stack(&[&b, &a])
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+                .is_none());
         }
-        assert!(matches!(a, Linear::PackedQ8 { .. }));
-        assert_eq!(a.ggml(), Some(GgmlDType::Q8_0));
-        let stacked = Linear::stack(&[&a, &b])
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
-            .expect("32 rows first: aligned");
-        let x = Tensor::randn(0f32, 1.0, (5, 64), &dev)?;
-        let want = Tensor::cat(&[a.forward(&x)?, b.forward(&x)?], 1)?;
-        let got = stacked.forward(&x)?;
-        assert_eq!(got.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
-        // 20 rows first: the padded panel would sit inside the stack
-        assert!(Linear::stack(&[&b, &a])
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
-            .is_none());
         Ok(())
     }
 

@@ -40,6 +40,7 @@ mod cpu_isa;
 #[doc(hidden)]
 pub mod cpu_kernels;
 mod cpu_math;
+mod cpu_q4gemm;
 mod cpu_qgemm;
 #[cfg(feature = "cuda")]
 mod cuda_module;
