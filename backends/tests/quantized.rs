@@ -138,6 +138,64 @@ fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
     Tolerance::CPU_F32_LOGITS.assert_close("wide q4k fork", &b, &b_fork);
 }
 
+/// `bf16` rounds every linear weight, whatever its input width (no block to fit: the hidden-40
+/// model's 40-wide projections too), records the scheme, tracks f32, and keeps fork == full.
+#[test]
+fn bf16_rounds_every_projection_and_tracks_f32() {
+    let narrow = ensure_tiny_model(&TinySpec {
+        hidden: 40,
+        vocab: 1000,
+        tokenizer: false,
+        seed: 45,
+        ..TinySpec::qwen3()
+    });
+    let mut dirs = tiny_dirs();
+    dirs.push(("qwen3 hidden 40", narrow, 1000));
+    for (name, dir, vocab) in dirs {
+        let plain = load(&dir, None).expect("f32");
+        let bf = load(&dir, Some(Quantization::Bf16)).expect("bf16");
+        assert_eq!(bf.facts().quantization, Some(Quantization::Bf16), "{name}");
+        assert_eq!(count(&bf, "dense"), 0, "{name}: {:?}", bf.quant_summary());
+        assert_eq!(
+            count(&bf, "bf16"),
+            plain.quant_summary().by_type.values().sum::<usize>(),
+            "{name}: {:?}",
+            bf.quant_summary()
+        );
+        let (a, _) = full_and_fork(&plain, vocab);
+        let (b, b_fork) = full_and_fork(&bf, vocab);
+        eprintln!(
+            "{name}: bf16 vs f32 max |diff| {:e}; bf16 fork vs full {:e}",
+            Tolerance::max_abs_diff(&a, &b),
+            Tolerance::max_abs_diff(&b, &b_fork)
+        );
+        Tolerance::BF16_WEIGHTS_TINY_LOGITS.assert_close(name, &a, &b);
+        // The bf16 kernel rounds activations element by element and sums in f32, so forking
+        // changes only the summation order; candle's bf16 matmul (CPUs without AVX-512 BF16)
+        // also rounds every product's output to bf16, which the order can flip.
+        let fork = match bf16_kernel_runs() {
+            true => Tolerance::CPU_F32_LOGITS,
+            false => Tolerance::BF16_WEIGHTS_TINY_LOGITS,
+        };
+        fork.assert_close(name, &b, &b_fork);
+    }
+}
+
+/// Whether `bf16` layers take the AVX-512 BF16 kernel in this test process (no variable
+/// capping the CPU kernels).
+fn bf16_kernel_runs() -> bool {
+    let unset = ["FORKSCORE_CPU_ISA", "FORKSCORE_CPU_GEMM"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_none());
+    #[cfg(target_arch = "x86_64")]
+    let cpu = std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    let cpu = false;
+    unset && cpu
+}
+
 #[test]
 fn input_width_not_a_multiple_of_32_stays_dense() {
     // hidden 40 (q/k/v/gate/up read 40 wide: no ggml block fits) -> dense; o_proj reads

@@ -23,7 +23,7 @@ pub struct ModelProvenance {
     pub architecture: Architecture,
     pub dtype: DType,
     pub device: Device,
-    /// In-memory quantization of the linear weights (`q8_0`, `q4k`); absent when unquantized.
+    /// In-memory quantization of the linear weights (`q8_0`, `q4k`, `bf16`); absent when unquantized.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
     pub chat_template: TemplateOrigin,

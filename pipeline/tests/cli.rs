@@ -540,7 +540,10 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
         ],
         &[],
     ));
-    assert!(err.contains("q3k") && err.contains("q8_0 or q4k"), "{err}");
+    assert!(
+        err.contains("q3k") && err.contains("q8_0, q4k or bf16"),
+        "{err}"
+    );
 }
 
 /// Literal-choice scoring through the binary: `--scoring literal` scores the 255-choice example

@@ -49,7 +49,7 @@ class Scorer:
         dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
         *,
         prefill_chunk: Optional[int] = None,
-        quantize: Optional[Literal["q8_0", "q4k"]] = None,
+        quantize: Optional[Literal["q8_0", "q4k", "bf16"]] = None,
         calibration_file: Optional[str] = None,
         context_special_tokens: bool = False,
     ) -> "Scorer":

@@ -122,7 +122,9 @@ lines += ["", "## Quantized and bf16 (in-memory, at load)", "",
               ms((f32 or {}).get("rss_after_load_mib"))),
           "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
 f32_rows = {r["fields"]: r for r in (f32 or {}).get("rows", [])}
-for scheme in ("q8_0", "q4k", "bf16"):
+# file name -> the row's label (`bf16w`: --quantize bf16; `bf16`: the whole model in bf16, --dtype bf16)
+labels = {"q8_0": "q8_0", "q4k": "q4k", "bf16w": "bf16 weights", "bf16": "bf16 dtype"}
+for scheme, label in labels.items():
     q = load(f"modes-{scheme}.json")
     if not q:
         continue
@@ -137,7 +139,7 @@ for scheme in ("q8_0", "q4k", "bf16"):
                                     "cached_serial_ms": r.get("cached_serial_ms"), "llama_q8_0_best_ms": lq,
                                     "rss_after_load_mib": q.get("rss_after_load_mib"), "load_ms": q.get("load_ms"),
                                     "linear_weights": q.get("linear_weights"), "fidelity": fid})
-        lines.append(f"| {scheme} | {f} | {ms(r['parallel_ms'])} | {ratio(base, r['parallel_ms'])} | {ms(r.get('cached_serial_ms'))} "
+        lines.append(f"| {label} | {f} | {ms(r['parallel_ms'])} | {ratio(base, r['parallel_ms'])} | {ms(r.get('cached_serial_ms'))} "
                      f"| {ms(lq)} | {ms(q.get('rss_after_load_mib'))} | {ms(q.get('load_ms'))} | {weights} "
                      f"| {fid['agree']}/{fid['rows']} | {fid['max_abs_dp']:.4f} |")
 lines += ["", "`vs f32 parallel`: forkscore's f32 parallel time divided by this one (below 1: slower). Resident memory "

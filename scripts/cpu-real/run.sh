@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU bench in one command: forkscore (f32, q8_0, q4k, bf16), transformers and llama.cpp
+# The CPU bench in one command: forkscore (f32, q8_0, q4k, bf16 weights, bf16), transformers and llama.cpp
 # (F32 and Q8_0 GGUF) on the same seeded Qwen2.5-0.5B-Instruct-shaped checkpoint and the same
 # token ids, in one run.
 #
@@ -57,6 +57,8 @@ bench f32 3,8,28 parallel,cached-serial
 if [ "${F32_ONLY:-0}" != 1 ]; then
 bench q8_0 8,28 parallel,cached-serial q8_0
 bench q4k 8,28 parallel,cached-serial q4k
+# linear weights rounded to bf16 (--quantize bf16: the AVX-512 BF16 kernel where the CPU has it)
+bench bf16w 8,28 parallel,cached-serial bf16
 # bf16 compute on this CPU (no native bf16 arithmetic on AVX2: measured, not assumed)
 FORKSCORE_BENCH_DTYPE=bf16 bench bf16 8 parallel
 # independent (one full forward per field) at 8 fields only: 8 prefills per run

@@ -259,7 +259,8 @@ impl FromStr for DType {
 }
 
 /// In-memory quantization of the backbone's linear weights at load time (the stored
-/// checkpoint is unchanged). Parsed once from `q8_0` | `q4k` (also `q8`, `q4_k`, `q4`).
+/// checkpoint is unchanged). Parsed once from `q8_0` | `q4k` | `bf16` (also `q8`, `q4_k`, `q4`,
+/// `bfloat16`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Quantization {
     /// 8-bit blocks of 32 weights with one f16 scale (ggml `Q8_0`, 8.5 bits per weight).
@@ -267,15 +268,19 @@ pub enum Quantization {
     /// 4-bit super-blocks of 256 weights with 6-bit sub-block scales and minimums (ggml `Q4_K`,
     /// 4.5 bits per weight).
     Q4K,
+    /// Each weight rounded to bf16 (16 bits per weight); the products multiply bf16 weights by
+    /// activations rounded to bf16, summing in f32.
+    Bf16,
 }
 
 impl Quantization {
-    pub const ALL: [Quantization; 2] = [Quantization::Q8_0, Quantization::Q4K];
+    pub const ALL: [Quantization; 3] = [Quantization::Q8_0, Quantization::Q4K, Quantization::Bf16];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Quantization::Q8_0 => "q8_0",
             Quantization::Q4K => "q4k",
+            Quantization::Bf16 => "bf16",
         }
     }
 }
@@ -299,8 +304,9 @@ impl FromStr for Quantization {
         match s.trim().to_ascii_lowercase().as_str() {
             "q8_0" | "q8" => Ok(Quantization::Q8_0),
             "q4k" | "q4_k" | "q4" => Ok(Quantization::Q4K),
+            "bf16" | "bfloat16" => Ok(Quantization::Bf16),
             _ => Err(BackendError::Device {
-                reason: format!("cannot parse quantization `{s}`; expected q8_0 or q4k"),
+                reason: format!("cannot parse quantization `{s}`; expected q8_0, q4k or bf16"),
             }),
         }
     }
@@ -360,7 +366,10 @@ mod tests {
         }
         assert_eq!("Q4_K".parse::<Quantization>().ok(), Some(Quantization::Q4K));
         let err = "q3k".parse::<Quantization>().unwrap_err().to_string();
-        assert!(err.contains("q3k") && err.contains("q8_0 or q4k"), "{err}");
+        assert!(
+            err.contains("q3k") && err.contains("q8_0, q4k or bf16"),
+            "{err}"
+        );
     }
 
     #[test]

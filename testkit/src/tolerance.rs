@@ -123,6 +123,18 @@ impl Tolerance {
         name: "q4-tiny-logits",
         abs: 8.0,
     };
+    /// CPU, linear weights rounded to bf16 at load (`bf16`: the products multiply bf16 weights
+    /// by activations rounded to bf16, summed in f32; norms, attention and the head in f32) vs
+    /// the same checkpoint in f32, on the tiny models' raw logits (|x| up to ~50): bf16 keeps 8
+    /// significant bits, so each product moves by up to 2⁻⁸ of its size. Measured
+    /// (`backends/tests/quantized.rs`, 36-token prompt): at most 0.11 through the AVX-512 BF16
+    /// kernel and 0.17 through candle's bf16 matmul (`FORKSCORE_CPU_ISA=avx2`; it also rounds
+    /// each product's output), on Qwen2.5 / Qwen3 / Qwen3.5 and a hidden-40 Qwen3. The preset
+    /// leaves ~3x headroom; a wrong kernel moves these logits by tens.
+    pub const BF16_WEIGHTS_TINY_LOGITS: Tolerance = Tolerance {
+        name: "bf16-weights-tiny-logits",
+        abs: 0.5,
+    };
 
     /// Largest absolute difference between two equally long slices (NaN counts as infinite).
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -31,7 +31,7 @@ macro_rules! plain {
         impl Plain for $t {}
     )*};
 }
-plain!(f32, i8, u8, i32, u16);
+plain!(f32, i8, u8, i32, u16, u32);
 
 /// `len` values of `T` from a 64-byte boundary (derefs to `[T]`).
 #[derive(Clone)]

@@ -47,7 +47,7 @@ use super::cpu_gemm::NR;
 const KSTEP: usize = 32;
 /// `v` as bf16 bits, rounded to nearest even; a finite `v` that would round to infinity is
 /// truncated instead (so `v − hi` stays finite), and NaN stays NaN.
-fn bf16_bits(v: f32) -> u16 {
+pub(crate) fn bf16_bits(v: f32) -> u16 {
     let b = v.to_bits();
     if v.is_nan() {
         return ((b >> 16) | 0x40) as u16;
@@ -59,7 +59,7 @@ fn bf16_bits(v: f32) -> u16 {
     }
 }
 
-fn bf16_value(h: u16) -> f32 {
+pub(crate) fn bf16_value(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
@@ -72,7 +72,7 @@ fn bf16_value(h: u16) -> f32 {
     allow(dead_code)
 )]
 #[inline(always)]
-fn bf16_bits_fast(v: f32) -> u16 {
+pub(crate) fn bf16_bits_fast(v: f32) -> u16 {
     let b = v.to_bits();
     (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }

@@ -352,7 +352,7 @@ pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking)
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(in crate::candle) mod x86 {
     use std::arch::x86_64::*;
 
     use rayon::prelude::*;
@@ -524,17 +524,88 @@ mod x86 {
         isa: Isa,
         bl: &Blocking,
     ) -> Vec<f32> {
-        let (n, k) = (w.n, w.k);
-        let a = pack_rows(x, m, k, bl.mr);
-        let panels = n.div_ceil(NR);
+        let a = pack_rows(x, m, w.k, bl.mr);
+        let mr = bl.mr;
+        let paired = isa == Isa::Avx512;
+        // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/mr⌉·mr·k and the panels
+        // ⌈n/16⌉·k·16 elements, the layout `product_with` reads.
+        unsafe {
+            product_with(
+                &a,
+                m,
+                w.n,
+                w.k,
+                &w.panels,
+                paired,
+                bl,
+                |t: Tile<f32>| match isa {
+                    Isa::Avx512 => micro512_rows(
+                        t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first,
+                    ),
+                    Isa::Avx2 => micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first),
+                },
+            )
+        }
+    }
+
+    /// One microkernel call of [`product_with`]: `C (rows, 16·panels) (+)= A (rows, kc) ·
+    /// [B₀ B₁] (kc, 16·panels)`, `a` a packed row group at its `k` block (`mr` units per `k`),
+    /// `b` the first panel at its block, the second `bstride` units after it, `c` row-major
+    /// with row stride `ldc`; `first` overwrites `C`.
+    pub(in crate::candle) struct Tile<T> {
+        pub rows: usize,
+        pub panels: usize,
+        pub kc: usize,
+        pub a: *const T,
+        pub b: *const T,
+        pub bstride: usize,
+        pub c: *mut f32,
+        pub ldc: usize,
+        pub first: bool,
+    }
+
+    /// `y (m, n) = A · Wᵀ` for any kernel whose operands have this module's packed layout in
+    /// units of `T` (an f32 here; a pair of bf16 in [`super::super::cpu_bf16gemm`]): `a` the
+    /// activations in groups of `bl.mr` rows (`[group][k][row]`, the last group zero-padded),
+    /// `panels` the weight's `(⌈n/16⌉, k, 16)`, `k` counted in units. The panels are split into
+    /// one run per rayon thread (`paired`: runs of whole panel pairs, for two-panel tiles),
+    /// each walked in [`Blocking`] `bl`'s blocks, `tile` computing one tile.
+    ///
+    /// # Safety
+    /// `a` and `panels` hold the elements that layout implies, and `tile` is safe to call on
+    /// this CPU with such pointers.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::candle) unsafe fn product_with<T: Sync>(
+        a: &[T],
+        m: usize,
+        n: usize,
+        k: usize,
+        panels: &[T],
+        paired: bool,
+        bl: &Blocking,
+        tile: impl Fn(Tile<T>) + Sync,
+    ) -> Vec<f32> {
+        let count = n.div_ceil(NR);
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let y_addr = y.as_mut_ptr() as usize;
-        // AVX-512 tiles pair panels
-        super::super::cpu_host::for_panel_runs(panels, isa == Isa::Avx512, |p0, p1| {
-            // SAFETY: the CPU has `isa` (the caller checked); `a` holds ⌈m/mr⌉·mr·k and the
-            // panels ⌈n/16⌉·k·16 elements as `run` reads them; `y` has capacity m·n and runs of
-            // panels write disjoint columns.
-            unsafe { run(&a, m, w, p0, p1, y_addr as *mut f32, isa, bl) };
+        super::super::cpu_host::for_panel_runs(count, paired, |p0, p1| {
+            // SAFETY: as the caller promised; `y` has capacity m·n and runs of panels write
+            // disjoint columns.
+            unsafe {
+                run(
+                    a,
+                    m,
+                    n,
+                    k,
+                    panels,
+                    p0,
+                    p1,
+                    y_addr as *mut f32,
+                    paired,
+                    bl,
+                    &tile,
+                )
+            };
         });
         // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
         // first k block of each tile overwrites its output).
@@ -542,20 +613,21 @@ mod x86 {
         y
     }
 
-    /// Panels `p0..p1` of the product into `y (m, n)`.
+    /// Panels `p0..p1` of [`product_with`]'s product into `y (m, n)`.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run(
-        a: &[f32],
+    unsafe fn run<T>(
+        a: &[T],
         m: usize,
-        w: &PackedWeight,
+        n: usize,
+        k: usize,
+        panels: &[T],
         p0: usize,
         p1: usize,
         y: *mut f32,
-        isa: Isa,
+        paired: bool,
         bl: &Blocking,
+        tile: &impl Fn(Tile<T>),
     ) {
-        let (n, k) = (w.n, w.k);
         let mr = bl.mr;
         // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
         let ragged = n % NR != 0 && p1 == n.div_ceil(NR);
@@ -571,34 +643,34 @@ mod x86 {
             let kc = bl.kc.min(k - pc);
             let mut p = jc;
             while p < je {
-                let b = w.panels.as_ptr().add((p * k + pc) * NR);
+                let b = panels.as_ptr().add((p * k + pc) * NR);
                 let in_strip = ragged && p == p1 - 1;
                 let (c0, ldc) = match in_strip {
                     true => (strip_ptr, NR),
                     false => (y.add(p * NR), n),
                 };
-                // AVX-512 pairs a panel with the next unless that one is the scratch strip's
-                let pair = isa == Isa::Avx512 && p + 1 < je && !(ragged && p + 1 == p1 - 1);
-                let panels = match (isa, pair) {
-                    (Isa::Avx512, true) => 2,
-                    _ => 1,
-                };
+                // two-panel tiles pair a panel with the next unless that one is the strip's
+                let pair = paired && p + 1 < je && !(ragged && p + 1 == p1 - 1);
+                let count = if pair { 2 } else { 1 };
                 let mut ir = 0;
                 while ir < mc {
                     // `ic` and `ir` are multiples of `mr`, so `row` starts a packed group
                     let rows = mr.min(mc - ir);
                     let row = ic + ir;
-                    let at = a.as_ptr().add(row * k + pc * mr);
-                    let c = c0.add(row * ldc);
-                    match isa {
-                        Isa::Avx512 => {
-                            micro512_rows(rows, panels, kc, at, mr, b, k * NR, c, ldc, pc == 0)
-                        }
-                        Isa::Avx2 => micro_rows(rows, kc, at, mr, b, c, ldc, pc == 0),
-                    }
+                    tile(Tile {
+                        rows,
+                        panels: count,
+                        kc,
+                        a: a.as_ptr().add(row * k + pc * mr),
+                        b,
+                        bstride: k * NR,
+                        c: c0.add(row * ldc),
+                        ldc,
+                        first: pc == 0,
+                    });
                     ir += rows;
                 }
-                p += panels;
+                p += count;
             }
         };
         if k <= bl.short_k {

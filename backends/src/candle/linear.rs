@@ -9,6 +9,12 @@
 //! result back (exact for the cast in, one rounding out); the bias stays dense in the compute
 //! dtype.
 //!
+//! `bf16` is not a block format: every weight is rounded to bf16. On an x86 CPU with AVX-512
+//! BF16, an f32 model's weights are packed for [`super::cpu_bf16gemm`] (`Linear::PackedBf16`:
+//! the activations rounded to bf16 per call, the products summed in f32); elsewhere the weight
+//! is a bf16 tensor and each call casts `x` to bf16 for candle's matmul and the result back
+//! (`Linear::Bf16`; candle's bf16 matmul sums in f32 and rounds its output to bf16).
+//!
 //! Which ggml type a weight gets ([`ggml_type`]): blocks run along the input dimension, so
 //! `in` must be a multiple of the block (32 for `Q8_0` / `Q4_0`, 256 for `Q4_K`). `q4k` falls
 //! back to `Q4_0` (4-bit blocks of 32, one f16 scale) for a weight whose `in` is a multiple of
@@ -32,6 +38,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
 use super::cpu_amx::{self, AmxWeight};
+use super::cpu_bf16gemm::{self, PackedBf16};
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
@@ -63,6 +70,18 @@ pub(crate) enum Linear {
     /// `bias (out,)` f32.
     PackedQ4 {
         weight: Arc<PackedQ4>,
+        bias: Option<Tensor>,
+    },
+    /// `W` rounded to bf16, packed for the kernel of [`super::cpu_bf16gemm`]; `bias (out,)` f32.
+    PackedBf16 {
+        weight: Arc<PackedBf16>,
+        bias: Option<Tensor>,
+    },
+    /// `W (out, in)` rounded to bf16 where the bf16 kernel does not run: `x` is cast to bf16
+    /// for candle's matmul and the result back to the compute dtype; `bias (out,)` in the
+    /// compute dtype.
+    Bf16 {
+        weight: Tensor,
         bias: Option<Tensor>,
     },
     /// `W` quantized; `bias (out,)` in the compute dtype.
@@ -102,6 +121,7 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
     let preferred = match q {
         Quantization::Q8_0 => GgmlDType::Q8_0,
         Quantization::Q4K => GgmlDType::Q4K,
+        Quantization::Bf16 => GgmlDType::BF16,
     };
     if fits(preferred) {
         return Some(preferred);
@@ -195,6 +215,22 @@ impl Linear {
                 bias,
             }));
         }
+        if let Some(ws) = all(parts, |l| match l {
+            Linear::PackedBf16 { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        }) {
+            return Ok(PackedBf16::stack(&ws).map(|w| Linear::PackedBf16 {
+                weight: Arc::new(w),
+                bias,
+            }));
+        }
+        if let Some(ws) = all(parts, |l| match l {
+            Linear::Bf16 { weight, .. } => Some(weight),
+            _ => None,
+        }) {
+            let weight = Tensor::cat(&ws, 0).map_err(CandleError::tensor("stack weights"))?;
+            return Ok(Some(Linear::Bf16 { weight, bias }));
+        }
         Ok(all(parts, |l| match l {
             Linear::Packed { weight, .. } => Some(weight.as_ref()),
             _ => None,
@@ -213,6 +249,8 @@ impl Linear {
             | Linear::PackedAmx { bias, .. }
             | Linear::PackedQ8 { bias, .. }
             | Linear::PackedQ4 { bias, .. }
+            | Linear::PackedBf16 { bias, .. }
+            | Linear::Bf16 { bias, .. }
             | Linear::Quantized { bias, .. } => bias.as_ref(),
         }
     }
@@ -239,6 +277,9 @@ impl Linear {
             .map(|b| b.to_dtype(dtype).and_then(|b| b.to_device(device)))
             .transpose()
             .map_err(op("bias"))?;
+        if q == Quantization::Bf16 {
+            return Self::bf16(weight, bias, dtype, device).map_err(op("bf16"));
+        }
         let Some(ggml) = ggml_type(q, in_dim) else {
             let w = weight
                 .to_dtype(dtype)
@@ -280,9 +321,34 @@ impl Linear {
         })
     }
 
-    /// The ggml type of the weight, `None` when dense.
+    /// `weight (out, in)` rounded to bf16 ([`Quantization::Bf16`]): packed for the bf16 kernel
+    /// where an f32 model on a CPU runs it ([`cpu_bf16gemm::available`], and
+    /// `FORKSCORE_CPU_GEMM` does not ask for candle's matmul), else a bf16 tensor on `device`;
+    /// `bias` (already in `dtype` on `device`) kept as it is.
+    fn bf16(
+        weight: &Tensor,
+        bias: Option<Tensor>,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let kernel = dtype == DType::F32
+            && device.is_cpu()
+            && cpu_gemm::choice() == CpuGemm::Packed
+            && cpu_bf16gemm::available();
+        if kernel {
+            return Ok(Linear::PackedBf16 {
+                weight: Arc::new(PackedBf16::pack(weight)?),
+                bias,
+            });
+        }
+        let weight = weight.to_dtype(DType::BF16)?.to_device(device)?;
+        Ok(Linear::Bf16 { weight, bias })
+    }
+
+    /// The ggml type of the weight, `None` when dense (`BF16` for a bf16-rounded weight).
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
+            Linear::PackedBf16 { .. } | Linear::Bf16 { .. } => Some(GgmlDType::BF16),
             Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::PackedQ4 { weight, .. } => Some(weight.format()),
@@ -306,6 +372,13 @@ impl Linear {
             }
             Linear::PackedQ4 { weight, bias } => {
                 add_bias(cpu_q4gemm::linear(x, weight)?, bias.as_ref())
+            }
+            Linear::PackedBf16 { weight, bias } => {
+                add_bias(cpu_bf16gemm::linear(x, weight)?, bias.as_ref())
+            }
+            Linear::Bf16 { weight, bias } => {
+                let y = x.to_dtype(DType::BF16)?.broadcast_matmul(&weight.t()?)?;
+                add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
             }
             Linear::Quantized {
                 weight, bias, ggml, ..
@@ -331,7 +404,9 @@ impl Linear {
             Linear::Packed { .. }
             | Linear::PackedAmx { .. }
             | Linear::PackedQ8 { .. }
-            | Linear::PackedQ4 { .. } => self.forward(x),
+            | Linear::PackedQ4 { .. }
+            | Linear::PackedBf16 { .. }
+            | Linear::Bf16 { .. } => self.forward(x),
             Linear::Quantized { weight, bias, .. } => {
                 let y = weight.forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
                 add_bias(y.to_dtype(x.dtype())?, bias.as_ref())
@@ -345,7 +420,15 @@ impl Linear {
     pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::Packed { .. } | Linear::PackedAmx { .. } => self.forward(x),
+            Linear::Packed { .. } | Linear::PackedAmx { .. } | Linear::Bf16 { .. } => {
+                self.forward(x)
+            }
+            Linear::PackedBf16 { weight, bias } => {
+                // (out, in) bf16 values as f32, transient
+                let (n, k) = weight.dims();
+                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
+                add_bias(dense(x, &w, None)?, bias.as_ref())
+            }
             Linear::PackedQ8 { weight, bias } => {
                 // (out, in) dequantized, transient
                 let (n, k) = weight.dims();
@@ -591,6 +674,81 @@ mod tests {
         Ok(())
     }
 
+    /// `bf16` rounds every weight, whatever `in` (no block): an f32 model on a CPU with AVX-512
+    /// BF16 takes the packed kernel, elsewhere the bf16 tensor. Both equal the f32 product of
+    /// the bf16-rounded operands plus the bias (the kernel within f32 rounding, candle's bf16
+    /// matmul within its output's bf16 rounding), count as `bf16`, and stack bit for bit.
+    #[test]
+    fn bf16_layers_round_the_weights_and_stack() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let in_dim = 45;
+        let make = |rows: usize| -> candle_core::Result<(Tensor, Tensor, Linear)> {
+            let w = Tensor::randn(0f32, 0.2, (rows, in_dim), &dev)?;
+            let b = Tensor::randn(0f32, 1.0, rows, &dev)?;
+            let l = Linear::quantized(
+                "w",
+                &w,
+                Some(b.clone()),
+                Quantization::Bf16,
+                DType::F32,
+                &dev,
+            )
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            Ok((w, b, l))
+        };
+        let (w, b, layer) = make(32)?;
+        assert_eq!(layer.ggml(), Some(GgmlDType::BF16));
+        let kernel = cpu_bf16gemm::available() && cpu_gemm::choice() == CpuGemm::Packed;
+        assert_eq!(matches!(layer, Linear::PackedBf16 { .. }), kernel);
+        assert_eq!(matches!(layer, Linear::Bf16 { .. }), !kernel);
+        let generic = Linear::Bf16 {
+            weight: w.to_dtype(DType::BF16)?,
+            bias: Some(b.clone()),
+        };
+        let x = Tensor::randn(0f32, 1.0, (2, 7, in_dim), &dev)?;
+        let round = |t: &Tensor| t.to_dtype(DType::BF16)?.to_dtype(DType::F32);
+        let want = round(&x)?
+            .broadcast_matmul(&round(&w)?.t()?)?
+            .broadcast_add(&b)?;
+        let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+        for (name, l, relative) in [
+            ("layer", &layer, 1e-5f32),
+            ("bf16 tensor", &generic, 1.0 / 256.0),
+        ] {
+            let got = l.forward(&x)?;
+            assert_eq!(got.dims(), &[2, 7, 32]);
+            assert_eq!(got.dtype(), DType::F32);
+            let diff = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(
+                diff <= relative * scale,
+                "{name}: {diff} > {relative} * {scale}"
+            );
+            // the packed weight's dequantized path keeps the f32 activations (the tests' other
+            // reference); the bf16 tensor's is its forward
+            let dq = l.forward_dequantized(&x)?;
+            let want_dq = match l {
+                Linear::PackedBf16 { .. } => {
+                    x.broadcast_matmul(&round(&w)?.t()?)?.broadcast_add(&b)?
+                }
+                _ => want.clone(),
+            };
+            let diff = (&dq - &want_dq)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff <= relative * scale, "{name} dequantized: {diff}");
+        }
+        let (_, _, other) = make(20)?;
+        let stacked = Linear::stack(&[&layer, &other])
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+            .expect("bf16 layers stack");
+        assert_eq!(stacked.ggml(), Some(GgmlDType::BF16));
+        let x = Tensor::randn(0f32, 1.0, (5, in_dim), &dev)?;
+        let parts = Tensor::cat(&[layer.forward(&x)?, other.forward(&x)?], 1)?;
+        assert_eq!(
+            stacked.forward(&x)?.to_vec2::<f32>()?,
+            parts.to_vec2::<f32>()?
+        );
+        Ok(())
+    }
+
     #[test]
     fn ggml_types_follow_the_input_width() {
         assert_eq!(ggml_type(Quantization::Q8_0, 896), Some(GgmlDType::Q8_0));
@@ -599,5 +757,6 @@ mod tests {
         assert_eq!(ggml_type(Quantization::Q4K, 896), Some(GgmlDType::Q4_0));
         assert_eq!(ggml_type(Quantization::Q4K, 40), None);
         assert_eq!(ggml_type(Quantization::Q4K, 0), None);
+        assert_eq!(ggml_type(Quantization::Bf16, 45), Some(GgmlDType::BF16));
     }
 }

@@ -31,6 +31,7 @@ pub mod state;
 mod cpu_aligned;
 mod cpu_amx;
 mod cpu_attention;
+mod cpu_bf16gemm;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
 mod cpu_gemm;
