@@ -1,7 +1,9 @@
 //! One linear layer, side by side in one run: candle's f32 matmul, the engine's packed f32
 //! kernel, candle's quantized kernel, dequantize-then-f32-GEMM, and the engine's integer kernel
 //! for the type (`Q8_0`: `cpu_qgemm`; `Q4_0` / `Q4_K`: `cpu_q4gemm`; what an f32 model's
-//! quantized layers run on an x86 CPU with AVX2), for the weight shapes of Qwen2.5-0.5B's MLP
+//! quantized layers run on an x86 CPU with AVX2; `BF16`, `--quantize bf16`: `cpu_bf16gemm`,
+//! where the CPU has AVX-512 BF16 — candle's "quantized" matmul of a BF16 tensor is its f32
+//! matmul of the widened weight), for the weight shapes of Qwen2.5-0.5B's MLP
 //! and a range of row counts (1 = one token, 40 = 8 fields × 5 suffix tokens, 441 = a prefill
 //! chunk). The ratios are against the packed f32 kernel (the engine's f32 path).
 //!
@@ -13,7 +15,9 @@
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-use forkscore_backends::candle::cpu_kernels::{self, F32Blocking, F32Weight, Q4Weight, Q8Weight};
+use forkscore_backends::candle::cpu_kernels::{
+    self, Bf16Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -69,7 +73,12 @@ fn main() -> anyhow::Result<()> {
             Some(_) => Some(F32Weight::pack(&w)?),
             None => None,
         };
-        for ggml in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q4_0] {
+        for ggml in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q4_0,
+            GgmlDType::BF16,
+        ] {
             if in_dim % ggml.block_size() != 0 {
                 continue;
             }
@@ -78,9 +87,13 @@ fn main() -> anyhow::Result<()> {
             enum Int {
                 Q8(Q8Weight),
                 Q4(Q4Weight),
+                Bf16(Bf16Weight),
             }
             let int = match (isa, ggml) {
-                (None, _) => None,
+                (_, GgmlDType::BF16) if cpu_kernels::bf16_available() => {
+                    Some(Int::Bf16(Bf16Weight::pack(&w)?))
+                }
+                (None, _) | (_, GgmlDType::BF16) => None,
                 (Some(_), GgmlDType::Q8_0) => Some(Int::Q8(Q8Weight::quantize(&w)?)),
                 (Some(_), _) => Some(Int::Q4(Q4Weight::quantize(&w, ggml)?)),
             };
@@ -105,6 +118,10 @@ fn main() -> anyhow::Result<()> {
                     })?),
                     Some(Int::Q4(qw)) => Some(median_ms(repeats, || {
                         cpu_kernels::linear_q4(&x, qw)?;
+                        Ok(())
+                    })?),
+                    Some(Int::Bf16(bw)) => Some(median_ms(repeats, || {
+                        cpu_kernels::linear_bf16(&x, bw)?;
                         Ok(())
                     })?),
                     None => None,

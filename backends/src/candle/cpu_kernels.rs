@@ -1,4 +1,5 @@
-//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`], [`super::cpu_q4gemm`]) and the CPU attention
+//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`], [`super::cpu_q4gemm`],
+//! [`super::cpu_bf16gemm`]) and the CPU attention
 //! kernel ([`super::cpu_attention`]) on their own, for the `cpu_linear` and `cpu_attention`
 //! benches: pack a weight once, then time products at one blocking after another in one
 //! process. Not part of the engine's API (the model layers reach the kernels through
@@ -10,6 +11,7 @@ use candle_core::Tensor;
 use super::attention::PastKv;
 use super::cpu_amx::{self, AmxWeight};
 use super::cpu_attention;
+use super::cpu_bf16gemm::{self, PackedBf16};
 use super::cpu_gemm::{self, Blocking, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
@@ -170,6 +172,28 @@ pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor,
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
 pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
     cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
+}
+
+/// A weight `(out, in)` rounded to bf16 and packed for the bf16 kernel (`--quantize bf16`).
+pub struct Bf16Weight(PackedBf16);
+
+impl Bf16Weight {
+    /// Round and pack `w (out, in)` (any float dtype).
+    pub fn pack(w: &Tensor) -> Result<Self, CandleError> {
+        PackedBf16::pack(w)
+            .map(Bf16Weight)
+            .map_err(tensor_err("pack bf16 weight"))
+    }
+}
+
+/// Whether the bf16 kernel runs on this CPU (AVX-512 BF16, not capped by `FORKSCORE_CPU_ISA`).
+pub fn bf16_available() -> bool {
+    cpu_bf16gemm::available()
+}
+
+/// `x (.., in) · Wᵀ` (f32 `x`) through the bf16 kernel (an error where it does not run).
+pub fn linear_bf16(x: &Tensor, w: &Bf16Weight) -> Result<Tensor, CandleError> {
+    cpu_bf16gemm::linear(x, &w.0).map_err(tensor_err("bf16 linear"))
 }
 
 /// The tile sizes the CPU attention kernel runs [`attention`] with.
