@@ -51,7 +51,11 @@ fn main() -> anyhow::Result<()> {
         Some(_) => Some(F32Blocking::parse("")?),
         None => None,
     };
-    println!("engine kernels: {}", isa.unwrap_or("none (no AVX2 + FMA)"));
+    println!(
+        "engine kernels: {}; bf16 weights: {}",
+        isa.unwrap_or("none (no AVX2 + FMA)"),
+        cpu_kernels::bf16_kernel().unwrap_or("candle's matmul")
+    );
     println!(
         "{:>10} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "(out,in)",
@@ -90,7 +94,7 @@ fn main() -> anyhow::Result<()> {
                 Bf16(Bf16Weight),
             }
             let int = match (isa, ggml) {
-                (_, GgmlDType::BF16) if cpu_kernels::bf16_available() => {
+                (_, GgmlDType::BF16) if cpu_kernels::bf16_kernel().is_some() => {
                     Some(Int::Bf16(Bf16Weight::pack(&w)?))
                 }
                 (None, _) | (_, GgmlDType::BF16) => None,

@@ -20,7 +20,12 @@
 # on the same cores. With carry/cpu/modes-base.xz present, `run` is an A/B instead of the AVX2-capped
 # runs: f32 and q8_0 of the base and the new binary in ABBA order (base-1, new-1, new-2, base-2),
 # so a drift of the lent machine during the run falls on both. Env: CORES (taskset list, default
-# 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs).
+# 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs), SCHEMES (the
+# quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot", bf16-dot = --quantize bf16
+# on the AVX-512 BF16 kernel even where AMX runs), TESTS (default "lib quantized
+# reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
+# row counts, when carry/cpu/qmatmul.xz is there; default 40,441). A device call brings back at
+# most 8 files: tar OUTDIR into one there.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -34,11 +39,11 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_backends","quantized","reference_transformers"):
         print(("lib" if m["target"]["name"]=="forkscore_backends" else m["target"]["name"])+"="+m["executable"])')
-  modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --no-run --message-format=json 2>/dev/null |
+  modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --bench qmatmul --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("modes","cpu_linear"): print(m["target"]["name"]+"="+m["executable"])')
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("modes","cpu_linear","qmatmul"): print(m["target"]["name"]+"="+m["executable"])')
   for pair in $tests $modes; do
     name=${pair%%=*}; exe=${pair#*=}
     strip -o "/tmp/device-$name" "$exe"
@@ -84,8 +89,8 @@ run)
   export RAYON_NUM_THREADS=2 OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
   T=(taskset -c "$CORES")
   echo "== $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo), cores $CORES"
-  for t in lib quantized reference_transformers; do
-    "${T[@]}" "$BIN/$t" --test-threads=2 > "$OUT/test-$t.log" 2>&1
+  for t in ${TESTS:-lib quantized reference_transformers}; do
+    "${T[@]}" "$BIN/$t" --test-threads=2 ${TEST_FILTER:-} > "$OUT/test-$t.log" 2>&1
     echo "$t: rc $? $(grep 'test result' "$OUT/test-$t.log" | tail -1)" | tee -a "$OUT/tests.txt"
   done
   "$PYTHON" scripts/gpu-real/write_checkpoints.py /tmp/ckpt --models qwen25-0.5b --device cpu \
@@ -109,7 +114,18 @@ run)
     cp "$OUT/dump-f32-new-1.json" "$OUT/dump-f32.json"
   else
     bench f32
-    bench q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
+    # SCHEMES: the quantized runs after f32 (bf16-dot: bf16 weights on the AVX-512 BF16 kernel
+    # even where AMX runs)
+    for scheme in ${SCHEMES:-q8_0}; do
+      case $scheme in
+        bf16-dot) bench bf16-dot FORKSCORE_BENCH_QUANTIZE=bf16 FORKSCORE_CPU_BF16=dot ;;
+        *) bench "$scheme" FORKSCORE_BENCH_QUANTIZE="$scheme" ;;
+      esac
+    done
+    if [ -x "$BIN/qmatmul" ]; then
+      echo "== qmatmul"
+      FORKSCORE_BENCH_ROWS=${QROWS:-40,441} FORKSCORE_BENCH_OUT="$OUT" "${T[@]}" "$BIN/qmatmul" --bench | tee "$OUT/qmatmul.txt"
+    fi
     if [ "${CAPPED:-1}" = 1 ]; then
       bench f32-avx2 FORKSCORE_CPU_ISA=avx2
       bench q8_0-avx2 FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_QUANTIZE=q8_0

@@ -2,6 +2,12 @@
 //! operand split exactly into three bf16 parts and the six products that matter at f32
 //! precision summed by `tdpbf16ps` in f32 ("bf16 × 6").
 //!
+//! The same tiles with one part ([`Parts::One`]) run `--quantize bf16`: the weight rounded to
+//! bf16 once at load, the activations rounded per call, one `tdpbf16ps` per tile pair (the
+//! arithmetic of [`super::cpu_bf16gemm`], whose AVX-512 BF16 kernel runs where AMX does not).
+//! That form is the default for bf16 weights wherever AMX runs: one product instead of six,
+//! and 2 bytes of weight per value instead of 6.
+//!
 //! Why: on a Xeon with AMX (Sapphire Rapids and later) one core runs bf16 tile products at
 //! ~13× its AVX-512 f32 FMA rate (measured on a lent Xeon with `scripts/cpu-real/peak.c`:
 //! 2,218 against 167 GFLOP/s), so six bf16 products could cost less than half of one f32
@@ -152,6 +158,24 @@ impl AmxBlocking {
     }
 }
 
+/// How many bf16 parts each operand is split into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parts {
+    /// `hi` alone (the value rounded to bf16): one product per tile pair (`--quantize bf16`).
+    One,
+    /// `hi`, `mid`, `lo` (exact): the six products of f32 accuracy.
+    Three,
+}
+
+impl Parts {
+    fn count(self) -> usize {
+        match self {
+            Parts::One => 1,
+            Parts::Three => 3,
+        }
+    }
+}
+
 /// `v = hi + (mid + lo)`, the three as bf16 bits: exact for 0 and every finite `|v| ≥ 2⁻¹¹⁰`
 /// (below it the remainders fall under bf16's normal range, which AMX flushes to 0 anyway).
 pub(crate) fn split(v: f32) -> [u16; 3] {
@@ -167,47 +191,70 @@ pub(crate) fn split(v: f32) -> [u16; 3] {
 
 /// A weight `W (n, k)` split into bf16 planes for the AMX kernel: `planes[part]` is
 /// `(⌈n/16⌉, kp/2, 16, 2)` with `kp` = `k` rounded up to 32 (zero-padded, as are the missing
-/// columns of a ragged last panel).
+/// columns of a ragged last panel); one plane per part of [`Parts`].
 #[derive(Debug, Clone)]
 pub(crate) struct AmxWeight {
     n: usize,
     k: usize,
     kp: usize,
-    planes: [Aligned<u16>; 3],
+    parts: Parts,
+    planes: Vec<Aligned<u16>>,
 }
 
 impl AmxWeight {
-    /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host).
+    /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host) in three.
     pub fn pack(w: &Tensor) -> Result<Self> {
         super::cpu_host::with_host_rows(w, Self::from_rows)
     }
 
-    /// Split row-major `w (n, k)`, on the rayon threads (a panel each).
+    /// `w (n, k)` (any float dtype, any device) rounded to bf16: one plane (`--quantize bf16`).
+    pub fn pack_bf16(w: &Tensor) -> Result<Self> {
+        super::cpu_host::with_host_rows(w, |w, n, k| Self::split_rows(w, n, k, Parts::One))
+    }
+
+    /// Split row-major `w (n, k)` in three, on the rayon threads (a panel each).
     pub fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
+        Self::split_rows(w, n, k, Parts::Three)
+    }
+
+    /// Row-major `w (n, k)` into `parts` planes, on the rayon threads (a panel each): the first
+    /// `parts` of [`split`] (one: the value rounded to nearest even bf16).
+    pub fn split_rows(w: &[f32], n: usize, k: usize, parts: Parts) -> Self {
         use rayon::prelude::*;
         let kp = k.next_multiple_of(KSTEP);
-        let panel = kp * NR;
-        let len = n.div_ceil(NR) * panel;
-        let mut planes = [
-            Aligned::zeroed(len),
-            Aligned::zeroed(len),
-            Aligned::zeroed(len),
-        ];
-        let [h, m, l] = &mut planes;
-        h.par_chunks_mut(panel.max(1))
-            .zip(m.par_chunks_mut(panel.max(1)))
-            .zip(l.par_chunks_mut(panel.max(1)))
+        let panel = (kp * NR).max(1);
+        let count = parts.count();
+        // [panel][part][kp/2][16][2], split into planes below
+        let mut all = vec![0u16; n.div_ceil(NR) * count * kp * NR];
+        all.par_chunks_mut(count * panel)
             .enumerate()
-            .for_each(|(p, ((h, m), l))| {
+            .for_each(|(p, dst)| {
                 for c in 0..NR.min(n - p * NR) {
                     let row = &w[(p * NR + c) * k..][..k];
                     for (kk, &v) in row.iter().enumerate() {
                         let at = ((kk / 2) * NR + c) * 2 + kk % 2;
-                        [h[at], m[at], l[at]] = split(v);
+                        for (i, part) in split(v).into_iter().take(count).enumerate() {
+                            dst[i * panel + at] = part;
+                        }
                     }
                 }
             });
-        AmxWeight { n, k, kp, planes }
+        let planes = (0..count)
+            .map(|i| {
+                let runs: Vec<&[u16]> = all
+                    .chunks(count * panel)
+                    .map(|c| &c[i * panel..][..panel])
+                    .collect();
+                Aligned::concat(&runs)
+            })
+            .collect();
+        AmxWeight {
+            n,
+            k,
+            kp,
+            parts,
+            planes,
+        }
     }
 
     /// `(out, in)`.
@@ -216,7 +263,13 @@ impl AmxWeight {
         (self.n, self.k)
     }
 
-    /// The rows of `W`, `(n, k)` row-major: the values split (exactly, see [`split`]).
+    /// How many parts the weight is split into.
+    pub fn parts(&self) -> Parts {
+        self.parts
+    }
+
+    /// The rows of `W`, `(n, k)` row-major: the parts summed (the values exactly for three,
+    /// see [`split`]; the bf16 values for one).
     pub fn rows(&self) -> Vec<f32> {
         let (n, k, kp) = (self.n, self.k, self.kp);
         let mut w = vec![0f32; n * k];
@@ -224,19 +277,23 @@ impl AmxWeight {
             let base = (r / NR) * kp * NR;
             for (kk, v) in row.iter_mut().enumerate() {
                 let at = base + ((kk / 2) * NR + r % NR) * 2 + kk % 2;
-                let [h, m, l] = &self.planes;
-                *v = bf16_value(h[at]) + (bf16_value(m[at]) + bf16_value(l[at]));
+                *v = match &self.planes[..] {
+                    [h, m, l] => bf16_value(h[at]) + (bf16_value(m[at]) + bf16_value(l[at])),
+                    planes => bf16_value(planes[0][at]),
+                };
             }
         }
         w
     }
 
-    /// The weights stacked along `out` (`[a; b; …]`), all with one `in`; `None` for an empty
-    /// list or differing `in`. Planes are concatenated as they are when every part but the
-    /// last has a multiple of 16 rows; otherwise the rows are split again.
+    /// The weights stacked along `out` (`[a; b; …]`), all with one `in` and one [`Parts`];
+    /// `None` for an empty list or differing `in` or parts. Planes are concatenated as they
+    /// are when every part but the last has a multiple of 16 rows; otherwise the rows are split
+    /// again (exactly: the parts sum back to what was split).
     pub fn stack(parts: &[&AmxWeight]) -> Option<Self> {
-        let k = parts.first()?.k;
-        if parts.iter().any(|p| p.k != k) {
+        let first = parts.first()?;
+        let (k, split) = (first.k, first.parts);
+        if parts.iter().any(|p| p.k != k || p.parts != split) {
             return None;
         }
         let n = parts.iter().map(|p| p.n).sum();
@@ -247,18 +304,20 @@ impl AmxWeight {
             return Some(AmxWeight {
                 n,
                 k,
-                kp: parts[0].kp,
-                planes: [plane(0), plane(1), plane(2)],
+                kp: first.kp,
+                parts: split,
+                planes: (0..split.count()).map(plane).collect(),
             });
         }
         let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();
-        Some(Self::from_rows(&rows, n, k))
+        Some(Self::split_rows(&rows, n, k, split))
     }
 }
 
-/// The f32 product the kernel computes, in plain Rust: per output, the six kept part products
-/// summed in f64 (the tests hold the split arithmetic to an exact product with it, and the
-/// kernel to candle's matmul).
+/// The f32 product the kernel computes, in plain Rust, summed in f64: per output the six kept
+/// part products (three parts; the tests hold the split arithmetic to an exact product with
+/// it, and the kernel to candle's matmul), or `Σ bf16(x) · bf16(w)` (one part; the kernel is
+/// held to it).
 #[cfg(test)]
 fn product_reference(x: &[f32], m: usize, w: &AmxWeight) -> Vec<f64> {
     let (n, k) = (w.n, w.k);
@@ -271,7 +330,10 @@ fn product_reference(x: &[f32], m: usize, w: &AmxWeight) -> Vec<f64> {
             for kk in 0..k {
                 let (a, b) = (xs[kk], wr[c * k + kk]);
                 let v = |i: usize, j: usize| bf16_value(a[i]) as f64 * bf16_value(b[j]) as f64;
-                s += v(0, 0) + v(0, 1) + v(1, 0) + v(0, 2) + v(2, 0) + v(1, 1);
+                s += match w.parts {
+                    Parts::Three => v(0, 0) + v(0, 1) + v(1, 0) + v(0, 2) + v(2, 0) + v(1, 1),
+                    Parts::One => v(0, 0),
+                };
             }
             y[r * n + c] = s;
         }
@@ -342,7 +404,7 @@ mod tiles {
 
     use rayon::prelude::*;
 
-    use super::{bf16_bits_fast, Aligned, AmxBlocking, AmxWeight, KSTEP, NR};
+    use super::{bf16_bits_fast, Aligned, AmxBlocking, AmxWeight, Parts, KSTEP, NR};
 
     /// bf16 values per tile (16 rows × 32).
     const TILE: usize = 16 * KSTEP;
@@ -427,6 +489,21 @@ mod tiles {
         quad!();
     }
 
+    /// The one product of a one-part 32-`k` step into C tiles 0–3: `a` the step's 2 A tiles
+    /// (`[row tile]`, contiguous), `b[panel]` its B tiles. 2 A-tile and 2 B-tile loads, 4 tile
+    /// products.
+    #[inline(always)]
+    unsafe fn step_one(a: *const u16, b: [*const u16; 2]) {
+        load!(6, b[0]);
+        load!(7, b[1]);
+        load!(4, a);
+        load!(5, a.add(TILE));
+        dot!(0, 4, 6);
+        dot!(1, 4, 7);
+        dot!(2, 5, 6);
+        dot!(3, 5, 7);
+    }
+
     /// Prefetch `bytes` from `p` into L1, a line at a time.
     #[inline(always)]
     unsafe fn prefetch(p: *const u16, bytes: usize) {
@@ -436,19 +513,27 @@ mod tiles {
         }
     }
 
-    /// `x (m, k)` split and packed as A tiles: `[row pair][step][part][row tile][16][32]`
-    /// (`mp` = `m` rounded up to 32 rows; padding rows and `k` are 0).
-    fn pack_rows(x: &[f32], m: usize, k: usize, kp: usize) -> Aligned<u16> {
+    /// `x (m, k)` split into `parts` and packed as A tiles:
+    /// `[row pair][step][part][row tile][16][32]` (`mp` = `m` rounded up to 32 rows; padding
+    /// rows and `k` are 0).
+    fn pack_rows(x: &[f32], m: usize, k: usize, kp: usize, parts: Parts) -> Aligned<u16> {
         let mp = m.next_multiple_of(32);
         let steps = kp / KSTEP;
-        let pair = steps * 3 * 2 * TILE;
+        let count = parts.count();
+        let pair = steps * count * 2 * TILE;
         let mut a = Aligned::<u16>::zeroed((mp / 32) * pair);
         a.par_chunks_mut(pair).enumerate().for_each(|(rp, dst)| {
             for rr in 0..32.min(m.saturating_sub(rp * 32)) {
                 let row = &x[(rp * 32 + rr) * k..][..k];
                 let (i, r) = (rr / 16, rr % 16);
                 for (ks, chunk) in row.chunks(KSTEP).enumerate() {
-                    let base = ks * 3 * 2 * TILE + i * TILE + r * KSTEP;
+                    let base = ks * count * 2 * TILE + i * TILE + r * KSTEP;
+                    if parts == Parts::One {
+                        for (kk, &v) in chunk.iter().enumerate() {
+                            dst[base + kk] = bf16_bits_fast(v);
+                        }
+                        continue;
+                    }
                     for (kk, &v) in chunk.iter().enumerate() {
                         let hi = bf16_bits_fast(v);
                         let r1 = v - f32::from_bits((hi as u32) << 16);
@@ -467,7 +552,7 @@ mod tiles {
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panel pairs each).
     pub(super) fn product(x: &[f32], m: usize, w: &AmxWeight, bl: &AmxBlocking) -> Vec<f32> {
         let (n, k, kp) = (w.n, w.k, w.kp);
-        let a = pack_rows(x, m, k, kp);
+        let a = pack_rows(x, m, k, kp, w.parts);
         let panels = n.div_ceil(NR);
         let zero = Aligned::<u16>::zeroed(kp * NR);
         // the output padded to whole tiles: (⌈m/32⌉·32, ⌈panels/2⌉·32); y itself when m and n
@@ -555,20 +640,29 @@ mod tiles {
             }
             let ar = self.a.as_ptr().add(rp * self.pair);
             let (q, pf) = (p + 1, self.bl.pf);
+            let count = self.w.parts.count();
+            // A tiles of one step: `count` parts × 2 row tiles
+            let a_step = count * 2 * TILE;
             for ks in k0..k1 {
                 if pf > 0 && ks + pf < self.steps {
-                    prefetch(ar.add(self.at(ks + pf) * 6 * TILE), 6 * TILE * 2);
-                    for part in 0..3 {
+                    prefetch(ar.add(self.at(ks + pf) * a_step), a_step * 2);
+                    for part in 0..count {
                         prefetch(self.b(part, p, ks + pf), TILE * 2);
                         prefetch(self.b(part, q, ks + pf), TILE * 2);
                     }
                 }
-                let bt = [
-                    [self.b(0, p, ks), self.b(0, q, ks)],
-                    [self.b(1, p, ks), self.b(1, q, ks)],
-                    [self.b(2, p, ks), self.b(2, q, ks)],
-                ];
-                step(ar.add(self.at(ks) * 6 * TILE), &bt);
+                let a = ar.add(self.at(ks) * a_step);
+                match self.w.parts {
+                    Parts::One => step_one(a, [self.b(0, p, ks), self.b(0, q, ks)]),
+                    Parts::Three => {
+                        let bt = [
+                            [self.b(0, p, ks), self.b(0, q, ks)],
+                            [self.b(1, p, ks), self.b(1, q, ks)],
+                            [self.b(2, p, ks), self.b(2, q, ks)],
+                        ];
+                        step(a, &bt);
+                    }
+                }
             }
             store!(0, c(0, 0), sc);
             store!(1, c(0, 1), sc);
@@ -594,7 +688,7 @@ mod tiles {
         let pairs = mp / 32;
         let pass = Pass {
             a,
-            pair: steps * 3 * 2 * TILE,
+            pair: steps * w.parts.count() * 2 * TILE,
             w,
             zero,
             p1,
@@ -796,6 +890,74 @@ mod tests {
         let b = AmxWeight::from_rows(&[0.0; 9], 1, 9);
         assert!(AmxWeight::stack(&[&a, &b]).is_none());
         assert!(AmxWeight::stack(&[]).is_none());
+    }
+
+    /// One part is the value rounded to nearest even bf16, the rounding of the AVX-512 BF16
+    /// kernel's packing; it stacks (aligned or not) like three, and one- and three-part weights
+    /// do not stack together.
+    #[test]
+    fn one_part_is_the_bf16_rounding() {
+        let (n, k) = (21, 70);
+        let w: Vec<f32> = (0..n * k).map(|j| (j as f32 * 0.61).sin() * 3.0).collect();
+        let one = AmxWeight::split_rows(&w, n, k, Parts::One);
+        assert_eq!(one.parts(), Parts::One);
+        let bf16 = super::super::cpu_bf16gemm::PackedBf16::from_rows(&w, n, k);
+        assert_eq!(one.rows(), bf16.rows());
+        for split_at in [16, 5] {
+            let (a, b) = (
+                AmxWeight::split_rows(&w[..split_at * k], split_at, k, Parts::One),
+                AmxWeight::split_rows(&w[split_at * k..], n - split_at, k, Parts::One),
+            );
+            let stacked = AmxWeight::stack(&[&a, &b]).expect("one part, one in");
+            assert_eq!(stacked.parts(), Parts::One);
+            assert_eq!(&*stacked.planes[0], &*one.planes[0], "split at {split_at}");
+        }
+        let three = AmxWeight::from_rows(&w, n, k);
+        assert!(AmxWeight::stack(&[&one, &three]).is_none());
+    }
+
+    /// Where AMX runs: one-part (bf16) products equal their plain-Rust sums within f32
+    /// rounding on every tail and blocking (as the three-part test below); elsewhere nothing
+    /// to run.
+    #[test]
+    fn amx_bf16_linear_equals_the_reference() -> Result<()> {
+        if !available() {
+            eprintln!("no AMX bf16 tiles here: the AMX kernel does not run");
+            return Ok(());
+        }
+        for spec in ["", "mc=32", "kb=3,mc=64,pf=1", "kc=3", "nb=3,kc=4"] {
+            let bl = AmxBlocking::parse(spec).expect("valid");
+            for (m, n, k) in [
+                (37usize, 130usize, 96usize),
+                (1, 7, 896),
+                (150, 33, 300),
+                (13, 40, 4864),
+                (AmxBlocking::DEFAULT.mc + 45, 80, 257),
+            ] {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|j| ((j * 7 + 3) as f32 * 0.37).sin())
+                    .collect();
+                let wv: Vec<f32> = (0..n * k)
+                    .map(|j| ((j * 5 + 1) as f32 * 0.53).cos())
+                    .collect();
+                let w = AmxWeight::split_rows(&wv, n, k, Parts::One);
+                let got =
+                    linear_with(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu)?, &w, &bl)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?;
+                let want = product_reference(&x, m, &w);
+                let scale = want.iter().fold(1f64, |s, v| s.max(v.abs()));
+                let d = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(&g, &v)| (g as f64 - v).abs())
+                    .fold(0f64, f64::max)
+                    / scale;
+                let tol = sum_tolerance(k) as f64;
+                assert!(d <= tol, "{spec} ({m}, {n}, {k}): {d:e}");
+            }
+        }
+        Ok(())
     }
 
     /// Where AMX runs: the kernel equals candle's matmul to f32 rounding on every tail (rows not

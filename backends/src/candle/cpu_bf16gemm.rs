@@ -17,9 +17,11 @@
 //! so the blocked loops, the thread split and the [`Blocking`] are that module's
 //! ([`super::cpu_gemm::x86::product_with`]); only the packing and the microkernel differ.
 //!
-//! Where the kernel does not run (a CPU without AVX-512 BF16, `FORKSCORE_CPU_ISA=avx2`, a
-//! GPU), `--quantize bf16` keeps the weight as a bf16 tensor and runs candle's bf16 matmul
-//! (`Linear::Bf16` in `linear.rs`). [`product_reference`] computes the same sums in plain Rust
+//! Which kernel an f32 model's bf16 weights take on the CPU ([`kernel`]): the AMX tiles of
+//! [`super::cpu_amx`] with one part where AMX runs (on the Xeons measured `vdpbf16ps` runs at
+//! half the f32 FMA's rate, AMX at ~13× it), else this kernel where the CPU has AVX-512 BF16,
+//! else (and on GPUs) a bf16 tensor through candle's bf16 matmul (`Linear::Bf16` in
+//! `linear.rs`). `FORKSCORE_CPU_BF16=amx|dot|candle` picks one, for A/B runs. [`product_reference`] computes the same sums in plain Rust
 //! (f64); the tests hold the kernel to it.
 
 use candle_core::{Result, Tensor};
@@ -35,6 +37,56 @@ pub(crate) fn available() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| Isa::chosen() == Some(Isa::Avx512) && has_bf16_dot())
+}
+
+/// The kernel an f32 model's bf16 weights run on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bf16Kernel {
+    /// AMX bf16 tiles, one product per tile pair ([`super::cpu_amx`], one part).
+    Amx,
+    /// AVX-512 BF16 `vdpbf16ps` (this module).
+    Dot,
+    /// A bf16 tensor through candle's matmul.
+    Candle,
+}
+
+impl Bf16Kernel {
+    /// The kernel for `asked` (`FORKSCORE_CPU_BF16`, trimmed; empty when unset) on a CPU where
+    /// AMX runs (`amx`) and the AVX-512 BF16 kernel runs (`dot`): the fastest one that runs,
+    /// `amx` first; `dot` skips AMX; `candle` keeps candle's matmul. Anything else is an error
+    /// naming the choices.
+    pub(crate) fn choose(asked: &str, amx: bool, dot: bool) -> std::result::Result<Self, String> {
+        let fallback = match dot {
+            true => Bf16Kernel::Dot,
+            false => Bf16Kernel::Candle,
+        };
+        match asked.to_ascii_lowercase().as_str() {
+            "" | "amx" if amx => Ok(Bf16Kernel::Amx),
+            "" | "amx" | "dot" => Ok(fallback),
+            "candle" => Ok(Bf16Kernel::Candle),
+            other => Err(format!("`{other}`: expected amx, dot or candle")),
+        }
+    }
+}
+
+/// The kernel this process runs bf16 weights with: [`Bf16Kernel::choose`] over
+/// `FORKSCORE_CPU_BF16`, AMX tiles ([`super::cpu_amx::available`]) and [`available`]; candle's
+/// matmul when `FORKSCORE_CPU_GEMM` asks for candle's (or the CPU has no packed kernels).
+/// Read once; an invalid value is an error naming it.
+pub(crate) fn kernel() -> Result<Bf16Kernel> {
+    use std::sync::OnceLock;
+    static K: OnceLock<std::result::Result<Bf16Kernel, String>> = OnceLock::new();
+    let chosen = K.get_or_init(|| {
+        let asked = std::env::var("FORKSCORE_CPU_BF16").unwrap_or_default();
+        let packed = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::Packed;
+        Bf16Kernel::choose(
+            asked.trim(),
+            packed && super::cpu_amx::available(),
+            packed && available(),
+        )
+        .map_err(|e| format!("FORKSCORE_CPU_BF16={asked:?}: {e}"))
+    });
+    chosen.clone().map_err(candle_core::Error::Msg)
 }
 
 /// The CPU has AVX-512 F + BF16 (whatever `FORKSCORE_CPU_ISA` says: the tests' question).
@@ -423,6 +475,26 @@ mod tests {
         let b = PackedBf16::from_rows(&random(16 * 6, 2), 16, 6);
         assert!(PackedBf16::stack(&[&a, &b]).is_none());
         assert!(PackedBf16::stack(&[]).is_none());
+    }
+
+    /// AMX first where it runs, then the AVX-512 BF16 kernel, then candle's matmul; `dot`
+    /// skips AMX, `candle` takes candle's; an unknown name is an error naming the choices.
+    #[test]
+    fn the_kernel_choice_follows_the_cpu_and_the_variable() {
+        use Bf16Kernel::*;
+        let choose = |asked: &str, amx, dot| Bf16Kernel::choose(asked, amx, dot);
+        assert_eq!(choose("", true, true), Ok(Amx));
+        assert_eq!(choose("", false, true), Ok(Dot));
+        assert_eq!(choose("", false, false), Ok(Candle));
+        assert_eq!(choose("AMX", false, true), Ok(Dot));
+        assert_eq!(choose("dot", true, true), Ok(Dot));
+        assert_eq!(choose("dot", true, false), Ok(Candle));
+        assert_eq!(choose("candle", true, true), Ok(Candle));
+        let e = choose("avx", true, true).expect_err("unknown");
+        assert!(
+            e.contains("`avx`") && e.contains("amx, dot or candle"),
+            "{e}"
+        );
     }
 
     /// A mis-sized, non-f32 or empty input is an error or an empty result, never a panic;

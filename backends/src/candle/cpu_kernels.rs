@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use super::attention::PastKv;
 use super::cpu_amx::{self, AmxWeight};
 use super::cpu_attention;
-use super::cpu_bf16gemm::{self, PackedBf16};
+use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
 use super::cpu_gemm::{self, Blocking, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
@@ -174,26 +174,50 @@ pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
     cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
 }
 
-/// A weight `(out, in)` rounded to bf16 and packed for the bf16 kernel (`--quantize bf16`).
-pub struct Bf16Weight(PackedBf16);
+/// A weight `(out, in)` rounded to bf16 and packed for the kernel `--quantize bf16` takes on
+/// this CPU (AMX tiles with one part, or AVX-512 BF16).
+pub struct Bf16Weight(Bf16Packed);
+
+enum Bf16Packed {
+    Amx(AmxWeight),
+    Dot(PackedBf16),
+}
 
 impl Bf16Weight {
-    /// Round and pack `w (out, in)` (any float dtype).
+    /// Round and pack `w (out, in)` (any float dtype) for the chosen kernel; an error where
+    /// bf16 weights take candle's matmul.
     pub fn pack(w: &Tensor) -> Result<Self, CandleError> {
-        PackedBf16::pack(w)
-            .map(Bf16Weight)
-            .map_err(tensor_err("pack bf16 weight"))
+        let err = tensor_err("pack bf16 weight");
+        match cpu_bf16gemm::kernel().map_err(&err)? {
+            Bf16Kernel::Amx => AmxWeight::pack_bf16(w).map(Bf16Packed::Amx),
+            Bf16Kernel::Dot => PackedBf16::pack(w).map(Bf16Packed::Dot),
+            Bf16Kernel::Candle => {
+                return Err(CandleError::Device {
+                    reason: "bf16 weights take candle's matmul on this CPU".into(),
+                })
+            }
+        }
+        .map(Bf16Weight)
+        .map_err(err)
     }
 }
 
-/// Whether the bf16 kernel runs on this CPU (AVX-512 BF16, not capped by `FORKSCORE_CPU_ISA`).
-pub fn bf16_available() -> bool {
-    cpu_bf16gemm::available()
+/// The kernel bf16 weights run on this CPU (`"amx"`, `"dot"`), or `None` (candle's matmul).
+pub fn bf16_kernel() -> Option<&'static str> {
+    match cpu_bf16gemm::kernel() {
+        Ok(Bf16Kernel::Amx) => Some("amx"),
+        Ok(Bf16Kernel::Dot) => Some("dot"),
+        _ => None,
+    }
 }
 
-/// `x (.., in) · Wᵀ` (f32 `x`) through the bf16 kernel (an error where it does not run).
+/// `x (.., in) · Wᵀ` (f32 `x`) through the bf16 weight's kernel.
 pub fn linear_bf16(x: &Tensor, w: &Bf16Weight) -> Result<Tensor, CandleError> {
-    cpu_bf16gemm::linear(x, &w.0).map_err(tensor_err("bf16 linear"))
+    match &w.0 {
+        Bf16Packed::Amx(w) => cpu_amx::linear(x, w),
+        Bf16Packed::Dot(w) => cpu_bf16gemm::linear(x, w),
+    }
+    .map_err(tensor_err("bf16 linear"))
 }
 
 /// The tile sizes the CPU attention kernel runs [`attention`] with.

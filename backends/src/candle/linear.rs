@@ -9,11 +9,13 @@
 //! result back (exact for the cast in, one rounding out); the bias stays dense in the compute
 //! dtype.
 //!
-//! `bf16` is not a block format: every weight is rounded to bf16. On an x86 CPU with AVX-512
-//! BF16, an f32 model's weights are packed for [`super::cpu_bf16gemm`] (`Linear::PackedBf16`:
-//! the activations rounded to bf16 per call, the products summed in f32); elsewhere the weight
-//! is a bf16 tensor and each call casts `x` to bf16 for candle's matmul and the result back
-//! (`Linear::Bf16`; candle's bf16 matmul sums in f32 and rounds its output to bf16).
+//! `bf16` is not a block format: every weight is rounded to bf16. An f32 model's weights on an
+//! x86 CPU are packed for AMX tiles with one part where AMX runs (`Linear::PackedAmx`, see
+//! [`super::cpu_amx`]), else for the AVX-512 BF16 kernel of [`super::cpu_bf16gemm`] where the
+//! CPU has it (`Linear::PackedBf16`); both round the activations to bf16 per call and sum in
+//! f32 ([`cpu_bf16gemm::kernel`] picks). Elsewhere the weight is a bf16 tensor and each call
+//! casts `x` to bf16 for candle's matmul and the result back (`Linear::Bf16`; candle's bf16
+//! matmul sums in f32 and rounds its output to bf16).
 //!
 //! Which ggml type a weight gets ([`ggml_type`]): blocks run along the input dimension, so
 //! `in` must be a multiple of the block (32 for `Q8_0` / `Q4_0`, 256 for `Q4_K`). `q4k` falls
@@ -37,8 +39,8 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
-use super::cpu_amx::{self, AmxWeight};
-use super::cpu_bf16gemm::{self, PackedBf16};
+use super::cpu_amx::{self, AmxWeight, Parts};
+use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
@@ -55,8 +57,8 @@ pub(crate) enum Linear {
         weight: Arc<PackedWeight>,
         bias: Option<Tensor>,
     },
-    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu_amx`];
-    /// `bias (out,)` f32.
+    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu_amx`]
+    /// (three: f32 accuracy; one: `--quantize bf16`); `bias (out,)` f32.
     PackedAmx {
         weight: Arc<AmxWeight>,
         bias: Option<Tensor>,
@@ -321,34 +323,43 @@ impl Linear {
         })
     }
 
-    /// `weight (out, in)` rounded to bf16 ([`Quantization::Bf16`]): packed for the bf16 kernel
-    /// where an f32 model on a CPU runs it ([`cpu_bf16gemm::available`], and
-    /// `FORKSCORE_CPU_GEMM` does not ask for candle's matmul), else a bf16 tensor on `device`;
-    /// `bias` (already in `dtype` on `device`) kept as it is.
+    /// `weight (out, in)` rounded to bf16 ([`Quantization::Bf16`]): for an f32 model on the
+    /// CPU, packed for the kernel [`cpu_bf16gemm::kernel`] picks (AMX tiles with one part, or
+    /// AVX-512 BF16); otherwise, or where it picks candle's matmul, a bf16 tensor on `device`.
+    /// `bias` (already in `dtype` on `device`) is kept as it is.
     fn bf16(
         weight: &Tensor,
         bias: Option<Tensor>,
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
-        let kernel = dtype == DType::F32
-            && device.is_cpu()
-            && cpu_gemm::choice() == CpuGemm::Packed
-            && cpu_bf16gemm::available();
-        if kernel {
-            return Ok(Linear::PackedBf16 {
+        let kernel = match dtype == DType::F32 && device.is_cpu() {
+            true => cpu_bf16gemm::kernel()?,
+            false => Bf16Kernel::Candle,
+        };
+        Ok(match kernel {
+            Bf16Kernel::Amx => Linear::PackedAmx {
+                weight: Arc::new(AmxWeight::pack_bf16(weight)?),
+                bias,
+            },
+            Bf16Kernel::Dot => Linear::PackedBf16 {
                 weight: Arc::new(PackedBf16::pack(weight)?),
                 bias,
-            });
-        }
-        let weight = weight.to_dtype(DType::BF16)?.to_device(device)?;
-        Ok(Linear::Bf16 { weight, bias })
+            },
+            Bf16Kernel::Candle => Linear::Bf16 {
+                weight: weight.to_dtype(DType::BF16)?.to_device(device)?,
+                bias,
+            },
+        })
     }
 
     /// The ggml type of the weight, `None` when dense (`BF16` for a bf16-rounded weight).
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
             Linear::PackedBf16 { .. } | Linear::Bf16 { .. } => Some(GgmlDType::BF16),
+            Linear::PackedAmx { weight, .. } if weight.parts() == Parts::One => {
+                Some(GgmlDType::BF16)
+            }
             Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::PackedQ4 { weight, .. } => Some(weight.format()),
@@ -420,6 +431,12 @@ impl Linear {
     pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
+            Linear::PackedAmx { weight, bias } if weight.parts() == Parts::One => {
+                // (out, in) bf16 values as f32, transient
+                let (n, k) = weight.dims();
+                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
+                add_bias(dense(x, &w, None)?, bias.as_ref())
+            }
             Linear::Packed { .. } | Linear::PackedAmx { .. } | Linear::Bf16 { .. } => {
                 self.forward(x)
             }
@@ -698,9 +715,14 @@ mod tests {
         };
         let (w, b, layer) = make(32)?;
         assert_eq!(layer.ggml(), Some(GgmlDType::BF16));
-        let kernel = cpu_bf16gemm::available() && cpu_gemm::choice() == CpuGemm::Packed;
-        assert_eq!(matches!(layer, Linear::PackedBf16 { .. }), kernel);
-        assert_eq!(matches!(layer, Linear::Bf16 { .. }), !kernel);
+        let kernel = cpu_bf16gemm::kernel()?;
+        let took = match &layer {
+            Linear::PackedAmx { weight, .. } if weight.parts() == Parts::One => Bf16Kernel::Amx,
+            Linear::PackedBf16 { .. } => Bf16Kernel::Dot,
+            Linear::Bf16 { .. } => Bf16Kernel::Candle,
+            other => panic!("a bf16 layer became {other:?}"),
+        };
+        assert_eq!(took, kernel);
         let generic = Linear::Bf16 {
             weight: w.to_dtype(DType::BF16)?,
             bias: Some(b.clone()),
@@ -727,7 +749,7 @@ mod tests {
             // reference); the bf16 tensor's is its forward
             let dq = l.forward_dequantized(&x)?;
             let want_dq = match l {
-                Linear::PackedBf16 { .. } => {
+                Linear::PackedBf16 { .. } | Linear::PackedAmx { .. } => {
                     x.broadcast_matmul(&round(&w)?.t()?)?.broadcast_add(&b)?
                 }
                 _ => want.clone(),
