@@ -8,6 +8,13 @@
 //! That form is the default for bf16 weights wherever AMX runs: one product instead of six,
 //! and 2 bytes of weight per value instead of 6.
 //!
+//! `Q8_0` weights (`--quantize q8_0`) run on the int8 tiles where the CPU has AMX-INT8
+//! ([`q8_runs`], [`q8_product`]): each 32-value block of 16 activation rows is one A tile, each
+//! panel block of the AVX-512 layout of [`super::cpu_qgemm`] one B tile as packed, `tdpbssd`
+//! gives the block's exact i32 sums for a 32 × 32 output block, and AVX-512 then adds them
+//! scaled, block after block, exactly as the VNNI kernel and `product_reference` do: equal to
+//! them bit for bit (tested where AMX runs).
+//!
 //! Why: on a Xeon with AMX (Sapphire Rapids and later) one core runs bf16 tile products at
 //! ~13× its AVX-512 f32 FMA rate (measured on a lent Xeon with `scripts/cpu-real/peak.c`:
 //! 2,218 against 167 GFLOP/s), so six bf16 products could cost less than half of one f32
@@ -374,6 +381,60 @@ fn detect() -> bool {
     false
 }
 
+/// Whether `Q8_0` weights run on the AMX int8 tiles in this process: AMX runs ([`available`]),
+/// the CPU has AMX-INT8, and `FORKSCORE_CPU_Q8` does not ask for the VNNI kernel (`vnni`;
+/// `amx` or unset: these tiles). Read once; another value is an error naming it.
+pub(crate) fn q8_runs() -> Result<bool> {
+    use std::sync::OnceLock;
+    static ON: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    ON.get_or_init(|| {
+        let asked = std::env::var("FORKSCORE_CPU_Q8").unwrap_or_default();
+        match asked.trim().to_ascii_lowercase().as_str() {
+            "" | "amx" => Ok(q8_available()),
+            "vnni" => Ok(false),
+            other => Err(format!(
+                "FORKSCORE_CPU_Q8={asked:?}: `{other}`: expected amx or vnni"
+            )),
+        }
+    })
+    .clone()
+    .map_err(candle_core::Error::Msg)
+}
+
+/// AMX runs and the CPU has AMX-INT8 (whatever `FORKSCORE_CPU_Q8` says: the tests' question).
+fn q8_available() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let int8 = std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 25) != 0;
+        available() && int8
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// `x (m, k) · Wᵀ -> (m, n)` for a `Q8_0` weight of the AVX-512 layout through the AMX int8
+/// tiles: the same sums as [`super::cpu_qgemm::product_reference`], bit for bit. The caller
+/// checked [`q8_runs`]; a weight of the AVX2 layout is refused.
+pub(crate) fn q8_product(x: &[f32], m: usize, w: &super::cpu_qgemm::PackedQ8) -> Result<Vec<f32>> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        match w.tile_parts() {
+            Some((q, d)) if q8_available() => Ok(tiles::product_q8(x, m, w.dims(), q, d)),
+            _ => candle_core::bail!("q8_0 on AMX: no AMX-INT8 here, or not the AVX-512 layout"),
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        candle_core::bail!(
+            "q8_0 on AMX: no AMX here ({}, {m}, {:?})",
+            x.len(),
+            w.dims()
+        )
+    }
+}
+
 /// `x (.., k) · Wᵀ -> (.., n)` f32 through AMX. Errors (never panics) on a non-f32, non-CPU or
 /// mis-sized `x`, or where the kernel does not run ([`available`]).
 pub(crate) fn linear(x: &Tensor, w: &AmxWeight) -> Result<Tensor> {
@@ -502,6 +563,189 @@ mod tiles {
         dot!(1, 4, 7);
         dot!(2, 5, 6);
         dot!(3, 5, 7);
+    }
+
+    /// The int8 product's tile configuration: C tiles 0–3 16 rows × 16 i32; A tiles 4–5 16
+    /// rows × 32 int8 (one block of 16 rows); B tiles 6–7 8 rows × 64 bytes (a block's 8
+    /// groups of 16 columns × 4 int8: one panel block of the AVX-512 `Q8_0` layout).
+    fn config_q8() -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        for t in 0..8 {
+            let (colsb, rows) = match t {
+                0..=3 => (64u16, 16u8),
+                4 | 5 => (32, 16),
+                _ => (64, 8),
+            };
+            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+            c[48 + t] = rows;
+        }
+        Config(c)
+    }
+
+    /// `xs` (32 floats) rounded as `Q8_0` rounds (the VNNI kernel's rounding) into 32 int8 at
+    /// `out`; returns the scale.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn round_block(xs: &[f32], out: *mut i8) -> f32 {
+        use std::arch::x86_64::*;
+        let (d, q) = super::super::cpu_qgemm::x86_rounded(xs);
+        // i32 -> i16 -> i8 packs 128-bit lanes pairwise; 0xD8 restores the order each time
+        let w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        let w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        let b = _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8);
+        _mm256_storeu_si256(out as *mut __m256i, b);
+        d
+    }
+
+    /// `x (m, k)` rounded to `Q8_0` blocks as A tiles `[row pair][block][row tile][16][32]`
+    /// and their scales `[row][block]` (`m` padded to 32 rows of zeros, scale 0).
+    fn pack_q8_rows(x: &[f32], m: usize, k: usize) -> (Aligned<i8>, Vec<f32>) {
+        let (mp, blocks) = (m.next_multiple_of(32), k / 32);
+        let pair = blocks * 2 * 512;
+        let mut a = Aligned::<i8>::zeroed((mp / 32) * pair);
+        let mut s = vec![0f32; mp * blocks];
+        a.par_chunks_mut(pair.max(1))
+            .zip(s.par_chunks_mut((32 * blocks).max(1)))
+            .enumerate()
+            .for_each(|(rp, (dst, s))| {
+                for rr in 0..32.min(m.saturating_sub(rp * 32)) {
+                    let row = &x[(rp * 32 + rr) * k..][..k];
+                    let (i, r) = (rr / 16, rr % 16);
+                    for (b, xs) in row.chunks_exact(32).enumerate() {
+                        let at = b * 1024 + i * 512 + r * 32;
+                        // SAFETY: every level of the CPU kernels includes AVX2; `xs` holds 32
+                        // floats and `dst` 32 bytes from `at`
+                        s[rr * blocks + b] = unsafe { round_block(xs, dst.as_mut_ptr().add(at)) };
+                    }
+                }
+            });
+        (a, s)
+    }
+
+    /// One block's i32 sums of a 32 × 32 output block (`c`, row stride 32) added into `out`
+    /// (row stride `np`) scaled by the rows' scales (`s`, `sstride` apart) times the two
+    /// panels' column scales (`d0`, `d1`): `out = fma(f32(c), s · d, out)`, as the VNNI kernel.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scale_q8(
+        c: *const i32,
+        s: *const f32,
+        sstride: usize,
+        d: [*const f32; 2],
+        out: *mut f32,
+        np: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let dv = d.map(|d| _mm512_loadu_ps(d));
+        for r in 0..32 {
+            let sv = _mm512_set1_ps(*s.add(r * sstride));
+            let o = out.add(r * np);
+            for (j, dv) in dv.iter().enumerate() {
+                let ci = _mm512_loadu_si512(c.add(r * 32 + 16 * j) as *const __m512i);
+                let f = _mm512_loadu_ps(o.add(16 * j));
+                let f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci), _mm512_mul_ps(sv, *dv), f);
+                _mm512_storeu_ps(o.add(16 * j), f);
+            }
+        }
+    }
+
+    /// `x (m, k) · Wᵀ -> (m, n)` through the int8 tiles: `q` / `d` the AVX-512 `Q8_0` layout's
+    /// values `[panel][block][8][16][4]` and scales `[panel][block][16]` of `W (n, k)`.
+    pub(super) fn product_q8(
+        x: &[f32],
+        m: usize,
+        (n, k): (usize, usize),
+        q: &[i8],
+        d: &[f32],
+    ) -> Vec<f32> {
+        let (a, s) = pack_q8_rows(x, m, k);
+        let panels = n.div_ceil(NR);
+        let (mp, np) = (m.next_multiple_of(32), panels.next_multiple_of(2) * NR);
+        let mut acc = vec![0f32; mp * np];
+        let acc_addr = acc.as_mut_ptr() as usize;
+        super::super::cpu_host::for_panel_runs(panels, true, |p0, p1| {
+            // SAFETY: AMX-INT8 runs here (the caller checked); `a` / `s` hold the mp padded rows'
+            // tiles and scales, `q` / `d` every panel's blocks; `acc` holds mp · np and the runs
+            // of panel pairs write disjoint columns.
+            unsafe { run_q8(&a, &s, mp, np, k / 32, q, d, p0, p1, acc_addr as *mut f32) };
+        });
+        if np == n {
+            acc.truncate(m * n);
+            return acc;
+        }
+        let mut y = Vec::with_capacity(m * n);
+        for row in acc.chunks_exact(np).take(m) {
+            y.extend_from_slice(&row[..n]);
+        }
+        y
+    }
+
+    /// Panel pairs `p0..p1` of the int8 product into the padded `acc (mp, np)` (zeros before):
+    /// per panel pair, per row pair, block after block, the four tile sums then their scaled
+    /// addition (the weight's pair stays in L2 while every row pair passes).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_q8(
+        a: &[i8],
+        s: &[f32],
+        mp: usize,
+        np: usize,
+        blocks: usize,
+        q: &[i8],
+        d: &[f32],
+        p0: usize,
+        p1: usize,
+        acc: *mut f32,
+    ) {
+        let zero_q = Aligned::<i8>::zeroed(512);
+        let zero_d = vec![0f32; blocks * NR];
+        let c = Aligned::<i32>::zeroed(32 * 32);
+        let cp = c.as_ptr() as *mut i32;
+        let cfg = config_q8();
+        asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        for p in (p0..p1).step_by(2) {
+            let pair = p + 1 < p1;
+            for rp in 0..mp / 32 {
+                let ar = a.as_ptr().add(rp * blocks * 1024);
+                for b in 0..blocks {
+                    let qb = |panel: usize| q.as_ptr().add((panel * blocks + b) * 512);
+                    let b1 = if pair { qb(p + 1) } else { zero_q.as_ptr() };
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        options(nostack, nomem)
+                    );
+                    load_c!(4, ar.add(b * 1024), 32usize);
+                    load_c!(5, ar.add(b * 1024 + 512), 32usize);
+                    load_c!(6, qb(p), 64usize);
+                    load_c!(7, b1, 64usize);
+                    asm!(
+                        "tdpbssd tmm0, tmm4, tmm6",
+                        "tdpbssd tmm1, tmm4, tmm7",
+                        "tdpbssd tmm2, tmm5, tmm6",
+                        "tdpbssd tmm3, tmm5, tmm7",
+                        options(nostack, nomem)
+                    );
+                    store!(0, cp, 128usize);
+                    store!(1, cp.add(16), 128usize);
+                    store!(2, cp.add(16 * 32), 128usize);
+                    store!(3, cp.add(16 * 32 + 16), 128usize);
+                    let d1 = match pair {
+                        true => d.as_ptr().add(((p + 1) * blocks + b) * NR),
+                        false => zero_d.as_ptr().add(b * NR),
+                    };
+                    scale_q8(
+                        cp,
+                        s.as_ptr().add(rp * 32 * blocks + b),
+                        blocks,
+                        [d.as_ptr().add((p * blocks + b) * NR), d1],
+                        acc.add(rp * 32 * np + p * NR),
+                        np,
+                    );
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
     }
 
     /// Prefetch `bytes` from `p` into L1, a line at a time.
@@ -955,6 +1199,61 @@ mod tests {
                     / scale;
                 let tol = sum_tolerance(k) as f64;
                 assert!(d <= tol, "{spec} ({m}, {n}, {k}): {d:e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Where AMX-INT8 runs: `Q8_0` products on the int8 tiles equal the plain-Rust sums (and so
+    /// the VNNI kernel) bit for bit, on every tail: rows not a multiple of 16 or 32, ragged
+    /// and odd panel counts, one block, long `k`, a single row; `cpu_qgemm::linear` takes them.
+    /// Elsewhere the call is refused with a clear error.
+    #[test]
+    fn amx_q8_equals_the_reference_bit_for_bit() -> Result<()> {
+        use super::super::cpu_isa::Isa;
+        use super::super::cpu_qgemm::{self, PackedQ8};
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let dev = Device::Cpu;
+        let q8 = |n: usize, k: usize| -> Result<Option<PackedQ8>> {
+            let w = Tensor::randn(0f32, 0.3, (n, k), &dev)?;
+            let bytes = QTensor::quantize(&w, GgmlDType::Q8_0)?.data()?.into_owned();
+            Ok(PackedQ8::from_blocks(&bytes, n, k, Isa::Avx512))
+        };
+        if !q8_available() {
+            eprintln!("no AMX-INT8 here: the int8 tiles do not run");
+            let w = q8(16, 32)?.expect("fits");
+            let e = q8_product(&[0.0; 32], 1, &w).expect_err("no AMX-INT8");
+            assert!(e.to_string().contains("AMX"), "{e}");
+            return Ok(());
+        }
+        for (m, n, k) in [
+            (37usize, 130usize, 96usize),
+            (1, 7, 64),
+            (150, 33, 320),
+            (13, 40, 4864),
+            (64, 32, 32),
+            (33, 16, 896),
+            (17, 48, 128),
+        ] {
+            let w = q8(n, k)?.expect("k a multiple of 32");
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let got = q8_product(&x, m, &w)?;
+            let want = cpu_qgemm::product_reference(&x, m, &w);
+            assert!(
+                got == want,
+                "({m}, {n}, {k}): the int8 tiles differ from the sums"
+            );
+            if q8_runs()? {
+                let xt = Tensor::from_vec(x.clone(), (m, k), &dev)?;
+                let y = cpu_qgemm::linear(&xt, &w)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                assert!(
+                    y == want,
+                    "({m}, {n}, {k}): linear did not take the tiles' sums"
+                );
             }
         }
         Ok(())

@@ -132,6 +132,12 @@ impl PackedQ8 {
         (self.n, self.k)
     }
 
+    /// The AVX-512 layout's int8 values `[panel][block][8][16][4]` (a panel's block is one
+    /// AMX int8 B tile as it is) and scales `[panel][block][16]`; `None` for the AVX2 layout.
+    pub(crate) fn tile_parts(&self) -> Option<(&[i8], &[f32])> {
+        (self.isa == Isa::Avx512).then(|| (&*self.q, &*self.d))
+    }
+
     /// The int8 value and scale of `W[c][kk]`.
     fn at(&self, c: usize, kk: usize) -> (i8, f32) {
         let (p, c, b, j) = (c / NR, c % NR, kk / BLOCK, kk % BLOCK);
@@ -190,11 +196,31 @@ pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
+///
+/// Where the CPU has AMX-INT8 ([`super::cpu_amx::q8_runs`]), a weight of the AVX-512 layout
+/// runs on the int8 tiles instead (the same sums, bit for bit).
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || match Isa::supported().contains(&w.isa) {
         true => Ok(()),
         false => candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name()),
     };
+    let tiles = w.isa == Isa::Avx512 && super::cpu_amx::q8_runs()?;
+    if tiles {
+        let y = std::cell::RefCell::new(None);
+        let out = super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
+            match super::cpu_amx::q8_product(xd, m, w) {
+                Ok(v) => v,
+                Err(e) => {
+                    *y.borrow_mut() = Some(e);
+                    vec![0f32; m * w.n]
+                }
+            }
+        })?;
+        return match y.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(out),
+        };
+    }
     super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
