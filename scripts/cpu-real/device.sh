@@ -26,7 +26,8 @@
 # kernel even where the AMX int8 tiles run), TESTS (default "lib quantized
 # reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
 # row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
-# llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"). A
+# llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"),
+# LLAMA_REPEATS (its timed runs, default REPEATS). A
 # device call brings back at most 8 files: tar OUTDIR into one there.
 #   bash scripts/cpu-real/device.sh pack-llama      # here: llama.cpp for that CPU into
 #                                                   # carry/cpu/llama/ (after scripts/cpu-real/llama.sh)
@@ -181,7 +182,7 @@ run)
         --outfile "/tmp/ckpt-$t.gguf" > "$OUT/convert-$t.log" 2>&1 || { tail -5 "$OUT/convert-$t.log"; continue; }
       kv=f16; [ "$t" = f32 ] && kv=f32
       "${T[@]}" "$LL/llama_peer" "/tmp/ckpt-$t.gguf" "$OUT/dump-f32.json" "$OUT/llama-$t.json" 2 \
-        "$REPEATS" "$kv" 2>&1 | grep "^\[llama.cpp\]"
+        "${LLAMA_REPEATS:-$REPEATS}" "$kv" 2>&1 | grep "^\[llama.cpp\]"
     done
   fi
   echo "== $(date -u +%FT%TZ) done"
