@@ -244,7 +244,7 @@ mod x86 {
     use rayon::prelude::*;
 
     use super::super::cpu_amx::bf16_bits_fast;
-    use super::super::cpu_gemm::x86::{product_with, Tile};
+    use super::super::cpu_gemm::x86::{load_acc512, product_with, store_acc512, Tile};
     use super::{Blocking, PackedBf16, NR};
 
     /// `x (m, k)` rounded to bf16 in groups of `mr` rows, pair-major: `a[g][u][r]` holds
@@ -283,14 +283,7 @@ mod x86 {
         ldc: usize,
         first: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); P]; R];
-        if !first {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_loadu_ps(c.add(r * ldc + j * NR));
-                }
-            }
-        }
+        let mut acc = load_acc512::<R, P>(c, ldc, first);
         let (mut a, mut b) = (a, b);
         for _ in 0..kc {
             let mut bv = [_mm512_setzero_si512(); P];
@@ -307,11 +300,7 @@ mod x86 {
             a = a.add(astride);
             b = b.add(NR);
         }
-        for (r, acc) in acc.iter().enumerate() {
-            for (j, acc) in acc.iter().enumerate() {
-                _mm512_storeu_ps(c.add(r * ldc + j * NR), *acc);
-            }
-        }
+        store_acc512(&acc, c, ldc);
     }
 
     /// One [`Tile`] (≤ 14 rows, 1 or 2 panels), `mr` pairs per packed `k` step.

@@ -453,14 +453,7 @@ pub(in crate::candle) mod x86 {
         ldc: usize,
         first: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); P]; R];
-        if !first {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_loadu_ps(c.add(r * ldc + j * NR));
-                }
-            }
-        }
+        let mut acc = load_acc512::<R, P>(c, ldc, first);
         let (mut a, mut b) = (a, b);
         for _ in 0..kc {
             let mut bv = [_mm512_setzero_ps(); P];
@@ -476,6 +469,37 @@ pub(in crate::candle) mod x86 {
             a = a.add(astride);
             b = b.add(NR);
         }
+        store_acc512(&acc, c, ldc);
+    }
+
+    /// The `R × P` 16-lane accumulators of an AVX-512 tile: zeros when `first`, else `C`'s
+    /// values (`R` rows `ldc` apart, `P` panels of 16 columns).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::candle) unsafe fn load_acc512<const R: usize, const P: usize>(
+        c: *const f32,
+        ldc: usize,
+        first: bool,
+    ) -> [[__m512; P]; R] {
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        if !first {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_loadu_ps(c.add(r * ldc + j * NR));
+                }
+            }
+        }
+        acc
+    }
+
+    /// The accumulators of [`load_acc512`] written back to `C`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::candle) unsafe fn store_acc512<const R: usize, const P: usize>(
+        acc: &[[__m512; P]; R],
+        c: *mut f32,
+        ldc: usize,
+    ) {
         for (r, acc) in acc.iter().enumerate() {
             for (j, acc) in acc.iter().enumerate() {
                 _mm512_storeu_ps(c.add(r * ldc + j * NR), *acc);
