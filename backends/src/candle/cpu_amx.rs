@@ -503,6 +503,18 @@ mod tiles {
                 p = in(reg) $p, s = in(reg) $stride, options(nostack))
         };
     }
+    /// C tiles 0–3 set to zero.
+    macro_rules! zero_c {
+        () => {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            )
+        };
+    }
     macro_rules! dot {
         ($c:literal, $a:literal, $b:literal) => {
             asm!(
@@ -708,13 +720,7 @@ mod tiles {
                 for b in 0..blocks {
                     let qb = |panel: usize| q.as_ptr().add((panel * blocks + b) * 512);
                     let b1 = if pair { qb(p + 1) } else { zero_q.as_ptr() };
-                    asm!(
-                        "tilezero tmm0",
-                        "tilezero tmm1",
-                        "tilezero tmm2",
-                        "tilezero tmm3",
-                        options(nostack, nomem)
-                    );
+                    zero_c!();
                     load_c!(4, ar.add(b * 1024), 32usize);
                     load_c!(5, ar.add(b * 1024 + 512), 32usize);
                     load_c!(6, qb(p), 64usize);
@@ -869,13 +875,7 @@ mod tiles {
                                   // C tile (i, j): rows 32·rp + 16i, columns 16·(p + j)
             let c = |i: usize, j: usize| self.acc.add((rp * 32 + 16 * i) * self.np + (p + j) * NR);
             if k0 == 0 {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                );
+                zero_c!();
             } else {
                 load_c!(0, c(0, 0), sc);
                 load_c!(1, c(0, 1), sc);
