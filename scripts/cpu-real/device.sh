@@ -21,9 +21,9 @@
 # runs: f32 and q8_0 of the base and the new binary in ABBA order (base-1, new-1, new-2, base-2),
 # so a drift of the lent machine during the run falls on both. Env: CORES (taskset list, default
 # 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs), SCHEMES (the
-# quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot q8_0-vnni": bf16-dot =
-# --quantize bf16 on the AVX-512 BF16 kernel even where AMX runs, q8_0-vnni = q8_0 on the VNNI
-# kernel even where the AMX int8 tiles run), TESTS (default "lib quantized
+# quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot q8_0-amx": bf16-dot =
+# --quantize bf16 on the AVX-512 BF16 kernel even where AMX runs, q8_0-amx = q8_0 on the AMX
+# int8 tiles, FORKSCORE_CPU_Q8=amx), TESTS (default "lib quantized
 # reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
 # row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
 # llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"),
@@ -155,7 +155,7 @@ run)
     for scheme in ${SCHEMES:-q8_0}; do
       case $scheme in
         bf16-dot) bench bf16-dot FORKSCORE_BENCH_QUANTIZE=bf16 FORKSCORE_CPU_BF16=dot ;;
-        q8_0-vnni) bench q8_0-vnni FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_CPU_Q8=vnni ;;
+        q8_0-amx) bench q8_0-amx FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_CPU_Q8=amx ;;
         *) bench "$scheme" FORKSCORE_BENCH_QUANTIZE="$scheme" ;;
       esac
     done

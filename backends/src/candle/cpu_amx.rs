@@ -8,12 +8,16 @@
 //! That form is the default for bf16 weights wherever AMX runs: one product instead of six,
 //! and 2 bytes of weight per value instead of 6.
 //!
-//! `Q8_0` weights (`--quantize q8_0`) run on the int8 tiles where the CPU has AMX-INT8
-//! ([`q8_runs`], [`q8_product`]): each 32-value block of 16 activation rows is one A tile, each
-//! panel block of the AVX-512 layout of [`super::cpu_qgemm`] one B tile as packed, `tdpbssd`
-//! gives the block's exact i32 sums for a 32 × 32 output block, and AVX-512 then adds them
-//! scaled, block after block, exactly as the VNNI kernel and `product_reference` do: equal to
-//! them bit for bit (tested where AMX runs).
+//! `Q8_0` weights (`--quantize q8_0`) can run on the int8 tiles where the CPU has AMX-INT8
+//! ([`q8_runs`], [`q8_product`]; opt-in, `FORKSCORE_CPU_Q8=amx`): each 32-value block of 16
+//! activation rows is one A tile, each panel block of the AVX-512 layout of
+//! [`super::cpu_qgemm`] one B tile as packed, `tdpbssd` gives the block's exact i32 sums for a
+//! 32 × 32 output block, and AVX-512 then adds them scaled, block after block, exactly as the
+//! VNNI kernel and `product_reference` do: equal to them bit for bit (tested on a lent Xeon).
+//! Opt-in because it measured slower end to end there than the VNNI kernel (1,274 against
+//! 1,059 ms at 8 fields, 3,416 against 2,984 at 28, one call): every 32-value block's four C
+//! tiles go through memory and an AVX-512 pass of 64 scaled additions, which costs more than
+//! the tile products save.
 //!
 //! Why: on a Xeon with AMX (Sapphire Rapids and later) one core runs bf16 tile products at
 //! ~13× its AVX-512 f32 FMA rate (measured on a lent Xeon with `scripts/cpu-real/peak.c`:
@@ -381,17 +385,17 @@ fn detect() -> bool {
     false
 }
 
-/// Whether `Q8_0` weights run on the AMX int8 tiles in this process: AMX runs ([`available`]),
-/// the CPU has AMX-INT8, and `FORKSCORE_CPU_Q8` does not ask for the VNNI kernel (`vnni`;
-/// `amx` or unset: these tiles). Read once; another value is an error naming it.
+/// Whether `Q8_0` weights run on the AMX int8 tiles in this process: only when
+/// `FORKSCORE_CPU_Q8=amx` asks for them and AMX-INT8 runs here (unset or `vnni`: the VNNI
+/// kernel). Read once; another value is an error naming it.
 pub(crate) fn q8_runs() -> Result<bool> {
     use std::sync::OnceLock;
     static ON: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
     ON.get_or_init(|| {
         let asked = std::env::var("FORKSCORE_CPU_Q8").unwrap_or_default();
         match asked.trim().to_ascii_lowercase().as_str() {
-            "" | "amx" => Ok(q8_available()),
-            "vnni" => Ok(false),
+            "amx" => Ok(q8_available()),
+            "" | "vnni" => Ok(false),
             other => Err(format!(
                 "FORKSCORE_CPU_Q8={asked:?}: `{other}`: expected amx or vnni"
             )),

@@ -197,8 +197,8 @@ pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
 ///
-/// Where the CPU has AMX-INT8 ([`super::cpu_amx::q8_runs`]), a weight of the AVX-512 layout
-/// runs on the int8 tiles instead (the same sums, bit for bit).
+/// With `FORKSCORE_CPU_Q8=amx` on a CPU with AMX-INT8 ([`super::cpu_amx::q8_runs`]), a weight
+/// of the AVX-512 layout runs on the int8 tiles instead (the same sums, bit for bit).
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || match Isa::supported().contains(&w.isa) {
         true => Ok(()),
