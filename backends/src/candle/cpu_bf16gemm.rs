@@ -217,7 +217,8 @@ pub(crate) fn linear_with(x: &Tensor, w: &PackedBf16, bl: &Blocking) -> Result<T
             candle_core::bail!("bf16 linear: this CPU has no AVX-512 BF16");
         }
         let max = Blocking::max_mr(Isa::Avx512);
-        if bl.mr > max || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) || bl.mc % bl.mr != 0 {
+        if bl.mr > max || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) || !bl.mc.is_multiple_of(bl.mr)
+        {
             candle_core::bail!("bf16 linear: {bl:?} does not fit an AVX-512 tile");
         }
         Ok(())

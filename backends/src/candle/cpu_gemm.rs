@@ -654,7 +654,7 @@ pub(in crate::candle) mod x86 {
     ) {
         let mr = bl.mr;
         // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
-        let ragged = n % NR != 0 && p1 == n.div_ceil(NR);
+        let ragged = !n.is_multiple_of(NR) && p1 == n.div_ceil(NR);
         let mut strip = if ragged {
             vec![0f32; m * NR]
         } else {
