@@ -234,29 +234,22 @@ impl AmxWeight {
         use rayon::prelude::*;
         let kp = k.next_multiple_of(KSTEP);
         let panel = (kp * NR).max(1);
-        let count = parts.count();
-        // [panel][part][kp/2][16][2], split into planes below
-        let mut all = vec![0u16; n.div_ceil(NR) * count * kp * NR];
-        all.par_chunks_mut(count * panel)
-            .enumerate()
-            .for_each(|(p, dst)| {
-                for c in 0..NR.min(n - p * NR) {
-                    let row = &w[(p * NR + c) * k..][..k];
-                    for (kk, &v) in row.iter().enumerate() {
-                        let at = ((kk / 2) * NR + c) * 2 + kk % 2;
-                        for (i, part) in split(v).into_iter().take(count).enumerate() {
-                            dst[i * panel + at] = part;
-                        }
-                    }
-                }
-            });
-        let planes = (0..count)
+        // one plane per part, each filled a panel per task (part i of `split`)
+        let planes = (0..parts.count())
             .map(|i| {
-                let runs: Vec<&[u16]> = all
-                    .chunks(count * panel)
-                    .map(|c| &c[i * panel..][..panel])
-                    .collect();
-                Aligned::concat(&runs)
+                let mut plane = Aligned::<u16>::zeroed(n.div_ceil(NR) * kp * NR);
+                plane
+                    .par_chunks_mut(panel)
+                    .enumerate()
+                    .for_each(|(p, dst)| {
+                        for c in 0..NR.min(n - p * NR) {
+                            let row = &w[(p * NR + c) * k..][..k];
+                            for (kk, &v) in row.iter().enumerate() {
+                                dst[((kk / 2) * NR + c) * 2 + kk % 2] = split(v)[i];
+                            }
+                        }
+                    });
+                plane
             })
             .collect();
         AmxWeight {
@@ -1194,13 +1187,7 @@ mod tests {
                         .flatten_all()?
                         .to_vec1::<f32>()?;
                 let want = product_reference(&x, m, &w);
-                let scale = want.iter().fold(1f64, |s, v| s.max(v.abs()));
-                let d = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(&g, &v)| (g as f64 - v).abs())
-                    .fold(0f64, f64::max)
-                    / scale;
+                let d = crate::candle::cpu_host::checks::max_rel_to(&got, &want);
                 let tol = sum_tolerance(k) as f64;
                 assert!(d <= tol, "{spec} ({m}, {n}, {k}): {d:e}");
             }

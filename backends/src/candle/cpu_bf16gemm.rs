@@ -128,10 +128,8 @@ impl PackedBf16 {
             .for_each(|(p, panel)| {
                 for c in 0..NR.min(n - p * NR) {
                     let row = &w[(p * NR + c) * k..][..k];
-                    for (u, pair) in row.chunks(2).enumerate() {
-                        let lo = bf16_bits(pair[0]) as u32;
-                        let hi = pair.get(1).map_or(0, |&v| bf16_bits(v) as u32);
-                        panel[u * NR + c] = lo | hi << 16;
+                    for (u, pair) in pairs(row, bf16_bits).enumerate() {
+                        panel[u * NR + c] = pair;
                     }
                 }
             });
@@ -174,6 +172,16 @@ impl PackedBf16 {
         let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();
         Some(Self::from_rows(&rows, n, k))
     }
+}
+
+/// `row`'s values rounded by `round` and paired as the kernel's units: `k` even in the low half,
+/// the next `k` in the high half (0 past the end).
+fn pairs(row: &[f32], round: fn(f32) -> u16) -> impl Iterator<Item = u32> + '_ {
+    row.chunks(2).map(move |pair| {
+        let lo = round(pair[0]) as u32;
+        let hi = pair.get(1).map_or(0, |&v| round(v) as u32);
+        lo | hi << 16
+    })
 }
 
 /// The product the kernel computes, in plain Rust: per output, `Σ bf16(x) · w` over the
@@ -246,7 +254,7 @@ mod x86 {
 
     use super::super::cpu_amx::bf16_bits_fast;
     use super::super::cpu_gemm::x86::{load_acc512, product_with, store_acc512, Tile};
-    use super::{Blocking, PackedBf16, NR};
+    use super::{pairs, Blocking, PackedBf16, NR};
 
     /// `x (m, k)` rounded to bf16 in groups of `mr` rows, pair-major: `a[g][u][r]` holds
     /// `x[g·mr + r][2u]` (low half) and `[2u + 1]` (high half; 0 past `k`); missing rows of
@@ -259,10 +267,8 @@ mod x86 {
             .for_each(|(g, dst)| {
                 for r in 0..mr.min(m - g * mr) {
                     let src = &x[(g * mr + r) * k..][..k];
-                    for (u, pair) in src.chunks(2).enumerate() {
-                        let lo = bf16_bits_fast(pair[0]) as u32;
-                        let hi = pair.get(1).map_or(0, |&v| bf16_bits_fast(v) as u32);
-                        dst[u * mr + r] = lo | hi << 16;
+                    for (u, pair) in pairs(src, bf16_bits_fast).enumerate() {
+                        dst[u * mr + r] = pair;
                     }
                 }
             });
@@ -337,31 +343,14 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::candle::cpu_host::checks::sum_tolerance;
+    use crate::candle::cpu_host::checks::{max_rel_to, sum_tolerance};
     use candle_core::{DType, Device};
 
-    fn random(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// The largest `|a − b|` relative to `max(max |b|, 1)`.
-    fn worst(got: &[f32], want: &[f64]) -> f64 {
-        let scale = want.iter().fold(1f64, |s, w| s.max(w.abs()));
-        got.iter()
-            .zip(want)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0.0, f64::max)
-            / scale
+    /// `len` values uniform in [-1, 1).
+    fn random(len: usize) -> Vec<f32> {
+        Tensor::rand(-1f32, 1.0, len, &Device::Cpu)
+            .and_then(|t| t.to_vec1())
+            .expect("random values")
     }
 
     /// Packing rounds every weight to nearest even bf16 and unpacks to exactly those values;
@@ -369,7 +358,7 @@ mod tests {
     #[test]
     fn packing_rounds_to_bf16_and_unpacks_exactly() {
         for (n, k) in [(1, 1), (16, 2), (17, 3), (33, 64), (5, 897)] {
-            let w = random(n * k, (n * k) as u64);
+            let w = random(n * k);
             let p = PackedBf16::from_rows(&w, n, k);
             assert_eq!(p.dims(), (n, k));
             let want: Vec<f32> = w.iter().map(|&v| bf16_value(bf16_bits(v))).collect();
@@ -403,15 +392,15 @@ mod tests {
                 (90, 33, 896),
                 (15, 64, 3101),
             ] {
-                let x = random(m * k, (m + n + k) as u64);
-                let w = PackedBf16::from_rows(&random(n * k, (n * k) as u64), n, k);
+                let x = random(m * k);
+                let w = PackedBf16::from_rows(&random(n * k), n, k);
                 let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu)?;
                 let y = linear_with(&xt, &w, bl)?;
                 assert_eq!(y.dims(), [m, n]);
                 let want = product_reference(&x, m, &w);
                 let got = y.flatten_all()?.to_vec1::<f32>()?;
                 let tol = sum_tolerance(k) as f64;
-                let err = worst(&got, &want);
+                let err = max_rel_to(&got, &want);
                 assert!(
                     err <= tol,
                     "{bl:?} ({m}, {n}, {k}): error {err:e} > {tol:e}"
@@ -420,8 +409,8 @@ mod tests {
         }
         // a 3-D input and a strided (transposed) one
         let (n, k) = (40, 96);
-        let w = PackedBf16::from_rows(&random(n * k, 7), n, k);
-        let x3 = Tensor::from_vec(random(2 * 5 * k, 8), (2, 5, k), &Device::Cpu)?;
+        let w = PackedBf16::from_rows(&random(n * k), n, k);
+        let x3 = Tensor::from_vec(random(2 * 5 * k), (2, 5, k), &Device::Cpu)?;
         let y3 = linear(&x3, &w)?;
         assert_eq!(y3.dims(), [2, 5, n]);
         let flat = linear(&x3.reshape((10, k))?, &w)?;
@@ -429,7 +418,7 @@ mod tests {
             y3.flatten_all()?.to_vec1::<f32>()?,
             flat.flatten_all()?.to_vec1::<f32>()?
         );
-        let xt = Tensor::from_vec(random(k * 6, 9), (k, 6), &Device::Cpu)?.t()?;
+        let xt = Tensor::from_vec(random(k * 6), (k, 6), &Device::Cpu)?.t()?;
         let yt = linear(&xt, &w)?;
         let yc = linear(&xt.contiguous()?, &w)?;
         assert_eq!(
@@ -445,11 +434,7 @@ mod tests {
     fn stacking_equals_packing_the_stacked_rows() {
         let k = 35;
         for ns in [[16, 32, 5], [7, 16, 9]] {
-            let rows: Vec<Vec<f32>> = ns
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| random(n * k, i as u64 + 1))
-                .collect();
+            let rows: Vec<Vec<f32>> = ns.iter().map(|&n| random(n * k)).collect();
             let parts: Vec<PackedBf16> = rows
                 .iter()
                 .zip(ns)
@@ -461,8 +446,8 @@ mod tests {
             assert_eq!(stacked.dims(), want.dims());
             assert_eq!(&*stacked.panels, &*want.panels, "{ns:?}");
         }
-        let a = PackedBf16::from_rows(&random(16 * 4, 1), 16, 4);
-        let b = PackedBf16::from_rows(&random(16 * 6, 2), 16, 6);
+        let a = PackedBf16::from_rows(&random(16 * 4), 16, 4);
+        let b = PackedBf16::from_rows(&random(16 * 6), 16, 6);
         assert!(PackedBf16::stack(&[&a, &b]).is_none());
         assert!(PackedBf16::stack(&[]).is_none());
     }
@@ -491,7 +476,7 @@ mod tests {
     /// a blocking the tile cannot hold is an error.
     #[test]
     fn misfits_are_errors() -> Result<()> {
-        let w = PackedBf16::from_rows(&random(16 * 8, 3), 16, 8);
+        let w = PackedBf16::from_rows(&random(16 * 8), 16, 8);
         let wrong = Tensor::zeros((2, 9), DType::F32, &Device::Cpu)?;
         assert!(linear(&wrong, &w).is_err());
         let bf = Tensor::zeros((2, 8), DType::BF16, &Device::Cpu)?;

@@ -30,10 +30,21 @@ pub(crate) fn with_host_rows<T>(
 /// contiguous `(m, k)` rows, whose `m · n` result becomes the output.
 pub(crate) fn apply_rows(
     x: &Tensor,
-    (n, k): (usize, usize),
+    nk: (usize, usize),
     what: &str,
     ready: impl FnOnce() -> Result<()>,
     product: impl FnOnce(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor> {
+    try_apply_rows(x, nk, what, ready, |xd, m| Ok(product(xd, m)))
+}
+
+/// [`apply_rows`] with a product that can fail (its error is the call's).
+pub(crate) fn try_apply_rows(
+    x: &Tensor,
+    (n, k): (usize, usize),
+    what: &str,
+    ready: impl FnOnce() -> Result<()>,
+    product: impl FnOnce(&[f32], usize) -> Result<Vec<f32>>,
 ) -> Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 || x.dims().last() != Some(&k) {
         candle_core::bail!(
@@ -57,7 +68,7 @@ pub(crate) fn apply_rows(
     let Storage::Cpu(xc) = &*xs else {
         candle_core::bail!("{what}: input is not on the CPU");
     };
-    let y = product(&xc.as_slice::<f32>()?[xl.start_offset()..][..m * k], m);
+    let y = product(&xc.as_slice::<f32>()?[xl.start_offset()..][..m * k], m)?;
     drop(xs);
     Tensor::from_vec(y, dims, &Device::Cpu)
 }
@@ -118,6 +129,16 @@ pub(crate) mod checks {
             / s.and_then(|s| s.to_scalar::<f32>())
                 .expect("scale")
                 .max(1.0)
+    }
+
+    /// `max |got − want|` relative to `max(max |want|, 1)`, against an f64 reference.
+    pub(crate) fn max_rel_to(got: &[f32], want: &[f64]) -> f64 {
+        let scale = want.iter().fold(1f64, |s, w| s.max(w.abs()));
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0, f64::max)
+            / scale
     }
 
     /// The tolerance of a `k`-term f32 sum taken in another order: 2e-6, growing like √k.

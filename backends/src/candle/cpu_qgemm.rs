@@ -204,22 +204,10 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
         true => Ok(()),
         false => candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name()),
     };
-    let tiles = w.isa == Isa::Avx512 && super::cpu_amx::q8_runs()?;
-    if tiles {
-        let y = std::cell::RefCell::new(None);
-        let out = super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
-            match super::cpu_amx::q8_product(xd, m, w) {
-                Ok(v) => v,
-                Err(e) => {
-                    *y.borrow_mut() = Some(e);
-                    vec![0f32; m * w.n]
-                }
-            }
-        })?;
-        return match y.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(out),
-        };
+    if w.isa == Isa::Avx512 && super::cpu_amx::q8_runs()? {
+        return super::cpu_host::try_apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
+            super::cpu_amx::q8_product(xd, m, w)
+        });
     }
     super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]

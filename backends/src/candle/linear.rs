@@ -432,31 +432,19 @@ impl Linear {
         match self {
             Linear::Dense(l) => l.forward(x),
             Linear::PackedAmx { weight, bias } if weight.parts() == Parts::One => {
-                // (out, in) bf16 values as f32, transient
-                let (n, k) = weight.dims();
-                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
-                add_bias(dense(x, &w, None)?, bias.as_ref())
+                dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::Packed { .. } | Linear::PackedAmx { .. } | Linear::Bf16 { .. } => {
                 self.forward(x)
             }
             Linear::PackedBf16 { weight, bias } => {
-                // (out, in) bf16 values as f32, transient
-                let (n, k) = weight.dims();
-                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
-                add_bias(dense(x, &w, None)?, bias.as_ref())
+                dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::PackedQ8 { weight, bias } => {
-                // (out, in) dequantized, transient
-                let (n, k) = weight.dims();
-                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
-                add_bias(dense(x, &w, None)?, bias.as_ref())
+                dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::PackedQ4 { weight, bias } => {
-                // (out, in) dequantized, transient
-                let (n, k) = weight.dims();
-                let w = Tensor::from_vec(weight.rows(), (n, k), x.device())?;
-                add_bias(dense(x, &w, None)?, bias.as_ref())
+                dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::Quantized {
                 blocks, bias, ggml, ..
@@ -539,6 +527,18 @@ fn dense(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<T
         return add_bias(super::cpu_blas::linear(x, w)?, bias);
     }
     candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)
+}
+
+/// `x · Wᵀ (+ bias)` with `W (n, k)` given as row-major values (a packed weight dequantized
+/// for this call only), through [`dense`].
+fn dense_rows(
+    x: &Tensor,
+    rows: Vec<f32>,
+    (n, k): (usize, usize),
+    bias: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
+    let w = Tensor::from_vec(rows, (n, k), x.device())?;
+    add_bias(dense(x, &w, None)?, bias)
 }
 
 fn add_bias(y: Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
