@@ -18,12 +18,20 @@
 //! A long call (a prefill) gets one tile per row and block of [`TileSizes::query_block`]
 //! queries, so no `L × L` matrix is held and the keys after each block are never scored; a short
 //! call (the scoring pass: many rows of a few tokens) gets tiles of several rows, about
-//! [`TileSizes::tile_rows`] query rows each. The products run the `gemm` crate (the kernel
-//! candle's own CPU matmul uses), one thread per tile. (Products through the packed kernel of
-//! [`super::cpu_gemm`], with keys and values packed per tile, measured no faster in the
-//! `cpu_attention` bench; the row maximum, a scalar fold, and the normalisation pass over every
-//! score were what took the time: vectorising the one and moving the other to the output rows
-//! made the kernel 1.1–2× faster there, in runs minutes apart.)
+//! [`TileSizes::tile_rows`] query rows each, one thread per tile.
+//!
+//! A tile is computed in one of two forms ([`TileForm`]):
+//! - **key-major** ([`super::cpu_attention512`]), where the CPU has AVX-512 and the head dim is
+//!   a multiple of 16: scores held keys × queries in 16-lane registers, a softmax taken online
+//!   over blocks of keys, keys packed once per call. 1.6–1.9× the products form's speed in the
+//!   `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token prefill's layer 5.3 ms
+//!   against 9.6, 28 scoring rows over it 1.6 against 2.7);
+//! - **products**, on every CPU, and the reference the key-major form is tested against: the
+//!   products through the `gemm` crate (the kernel candle's own CPU matmul uses). (Products
+//!   through the packed kernel of [`super::cpu_gemm`], with keys and values packed per tile,
+//!   measured no faster in the `cpu_attention` bench; the row maximum, a scalar fold, and the
+//!   normalisation pass over every score were what took the time: vectorising the one and
+//!   moving the other to the output rows made the form 1.1–2× faster there.)
 //!
 //! Before this kernel, attention was 3.2 s of a 28-field, 964-token CPU decision's 10.7 s
 //! (candle ops: scale, transposes, score matrices, mask adds, a softmax pass, concatenations).
@@ -36,14 +44,27 @@ use super::cpu_math;
 use super::mask::NewKeysMask;
 use crate::error::CandleError;
 
-/// How calls are cut into tiles. [`TileSizes::default`], or `FORKSCORE_CPU_ATTENTION`
-/// (`query_block=…,tile_rows=…`, either key; read once) over it, to compare on one machine.
+/// Which form computes a tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileForm {
+    /// The key-major AVX-512 form ([`super::cpu_attention512`]) where the CPU has AVX-512 and
+    /// the head dim is a multiple of 16; the products form elsewhere.
+    Auto,
+    /// The products form below on every CPU: the reference the other form is tested against.
+    Products,
+}
+
+/// How calls are cut into tiles and which form computes them. [`TileSizes::default`], or
+/// `FORKSCORE_CPU_ATTENTION` (`query_block=…,tile_rows=…,form=auto|products`, any key; read
+/// once) over it, to compare on one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TileSizes {
     /// Queries per tile of a long call (more than this many new tokens: a prefill).
     pub query_block: usize,
     /// Query rows (rows · heads · queries) a tile of a short call aims at.
     pub tile_rows: usize,
+    /// The form that computes a tile.
+    pub form: TileForm,
 }
 
 impl Default for TileSizes {
@@ -51,20 +72,43 @@ impl Default for TileSizes {
         TileSizes {
             query_block: 64,
             tile_rows: 256,
+            form: TileForm::Auto,
         }
     }
 }
 
 impl TileSizes {
-    /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`) over the default; an error
-    /// names a wrong key or a zero.
+    /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`, and `form=auto|products`)
+    /// over the default; an error names a wrong key, form or a zero.
     pub(crate) fn parse(spec: &str) -> Result<Self, String> {
         let mut t = TileSizes::default();
-        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+        let mut counts = Vec::new();
+        for part in spec.split(',') {
+            match part.split_once('=') {
+                Some((key, form)) if key.trim() == "form" => {
+                    t.form = match form.trim() {
+                        "auto" => TileForm::Auto,
+                        "products" => TileForm::Products,
+                        other => {
+                            return Err(format!(
+                                "`{}`: unknown form `{other}` (auto, products)",
+                                part.trim()
+                            ))
+                        }
+                    }
+                }
+                _ => counts.push(part),
+            }
+        }
+        for (part, key, v) in super::cpu_host::spec_counts(&counts.join(","))? {
             let slot = match key {
                 "query_block" => &mut t.query_block,
                 "tile_rows" => &mut t.tile_rows,
-                other => return Err(format!("unknown key `{other}` (query_block, tile_rows)")),
+                other => {
+                    return Err(format!(
+                        "unknown key `{other}` (query_block, tile_rows, form)"
+                    ))
+                }
             };
             if v == 0 {
                 return Err(format!("`{part}`: must be at least 1"));
@@ -371,27 +415,184 @@ pub(crate) fn attend_with(
     };
     let mut out = vec![0f32; b * l * h * hd];
     let out_addr = out.as_mut_ptr() as usize;
-    tiles(hkv, g, b, slots, l, sizes)
-        .into_par_iter()
-        .for_each(|t| {
-            let o = tile(t, &dims, scale, (qd, kd, vd), (pkd, pvd), &starts, &keys);
-            // scatter the tile's (M, hd) rows into (B, L, H·hd): row b, position i, head j·G + gg
-            let (ni, out) = (t.i1 - t.i0, out_addr as *mut f32);
-            for bb in 0..t.b1 - t.b0 {
-                for gg in 0..g {
-                    for ii in 0..ni {
-                        let src = &o[((bb * g + gg) * ni + ii) * hd..][..hd];
-                        let at = (((t.b0 + bb) * l + t.i0 + ii) * h + t.j * g + gg) * hd;
-                        // SAFETY: `out` holds B·L·H·hd elements and outlives the loop; `at + hd` is
-                        // within it, and tiles cover disjoint (row, query, KV head) triples, so no
-                        // two tiles write the same run.
-                        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.add(at), hd) };
-                    }
+    // scatter a tile's (M, hd) rows into (B, L, H·hd): row b, position i, head j·G + gg
+    let scatter = |t: Tile, o: &[f32]| {
+        let (ni, out) = (t.i1 - t.i0, out_addr as *mut f32);
+        for bb in 0..t.b1 - t.b0 {
+            for gg in 0..g {
+                for ii in 0..ni {
+                    let src = &o[((bb * g + gg) * ni + ii) * hd..][..hd];
+                    let at = (((t.b0 + bb) * l + t.i0 + ii) * h + t.j * g + gg) * hd;
+                    // SAFETY: `out` holds B·L·H·hd elements and outlives the tiles; `at + hd` is
+                    // within it, and tiles cover disjoint (row, query, KV head) triples, so no
+                    // two tiles write the same run.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.add(at), hd) };
                 }
             }
+        }
+    };
+    let tiles = tiles(hkv, g, b, slots, l, sizes);
+    #[cfg(target_arch = "x86_64")]
+    if key_major(sizes.form, hd) {
+        let packed = KeyMajorKeys::pack(&dims, b, kd, pkd);
+        tiles.into_par_iter().for_each(|t| {
+            tile_key_major(
+                t,
+                &dims,
+                scale,
+                (qd, vd),
+                pvd,
+                &packed,
+                &starts,
+                &keys,
+                |o| scatter(t, o),
+            )
         });
+        drop((qs, ks, vs, past_guards));
+        return Tensor::from_vec(out, (b, l, h * hd), q.device()).map_err(op("attention out"));
+    }
+    tiles.into_par_iter().for_each(|t| {
+        let o = tile(t, &dims, scale, (qd, kd, vd), (pkd, pvd), &starts, &keys);
+        scatter(t, &o)
+    });
     drop((qs, ks, vs, past_guards));
     Tensor::from_vec(out, (b, l, h * hd), q.device()).map_err(op("attention out"))
+}
+
+/// Whether tiles take the key-major AVX-512 form: asked for (`form`), the CPU has AVX-512 and
+/// the head dim is a multiple of 16 (its 16-lane registers of output columns).
+#[cfg(target_arch = "x86_64")]
+fn key_major(form: TileForm, hd: usize) -> bool {
+    use super::cpu_isa::Isa;
+    form == TileForm::Auto && Isa::chosen() == Some(Isa::Avx512) && hd.is_multiple_of(16)
+}
+
+/// A call's keys packed for the key-major form once, before its tiles: each past slot's and
+/// each row's new keys, per KV head.
+#[cfg(target_arch = "x86_64")]
+struct KeyMajorKeys {
+    /// `[j · slots + slot]`: KV head `j`'s keys of a past slot.
+    past: Vec<Vec<f32>>,
+    /// `[row · Hkv + j]`: a row's new keys of KV head `j`.
+    new: Vec<Vec<f32>>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl KeyMajorKeys {
+    fn pack(d: &Dims, b: usize, kd: &[f32], pkd: &[f32]) -> Self {
+        use super::cpu_attention512::pack_keys;
+        let (p, l, hd) = (d.p, d.l, d.hd);
+        KeyMajorKeys {
+            past: (0..d.hkv * d.slots)
+                .into_par_iter()
+                .map(|js| pack_keys(&pkd[js * p * hd..][..p * hd], p, hd))
+                .collect(),
+            new: (0..b * d.hkv)
+                .into_par_iter()
+                .map(|bj| pack_keys(&kd[bj * l * hd..][..l * hd], l, hd))
+                .collect(),
+        }
+    }
+}
+
+/// One tile in the key-major form ([`super::cpu_attention512`]): the same function as
+/// [`tile`], its `(M, hd)` output rows (same order) handed to `done`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn tile_key_major(
+    t: Tile,
+    d: &Dims,
+    scale: f32,
+    (qd, vd): (&[f32], &[f32]),
+    pvd: &[f32],
+    packed: &KeyMajorKeys,
+    starts: &[usize],
+    keys: &NewKeys<'_>,
+    done: impl FnOnce(&[f32]),
+) {
+    use super::cpu_attention512::{with_state, Sees};
+    let Dims {
+        h,
+        hkv,
+        g,
+        l,
+        hd,
+        p,
+        slots,
+        per_slot,
+    } = *d;
+    let (nb, ni) = (t.b1 - t.b0, t.i1 - t.i0);
+    let per_row = g * ni;
+    let m = nb * per_row;
+    let n_new = match keys {
+        NewKeys::All => l,
+        NewKeys::Causal | NewKeys::Tree(_) => t.i1,
+    };
+    with_state(m, hd, |st| {
+        // columns ordered (row, head in group, query), as the other form's rows
+        for bb in 0..nb {
+            for gg in 0..g {
+                let head = t.j * g + gg;
+                let src = &qd[(((t.b0 + bb) * h + head) * l + t.i0) * hd..][..ni * hd];
+                for ii in 0..ni {
+                    st.query((bb * g + gg) * ni + ii, &src[ii * hd..][..hd], scale);
+                }
+            }
+        }
+        if p > 0 {
+            let js = t.j * slots + t.b0 / per_slot;
+            let lo: Vec<usize> = (0..m).map(|c| starts[t.b0 + c / per_row]).collect();
+            let hi = vec![p; m];
+            let sees = Sees {
+                lo: &lo,
+                hi: &hi,
+                tree: None,
+            };
+            // SAFETY: the caller checked AVX-512 and hd % 16 (`key_major`); the slot's packed
+            // keys and values hold P keys of hd; columns 0..M, every `hi` is P.
+            unsafe {
+                st.segment(
+                    &packed.past[js],
+                    &pvd[js * p * hd..][..p * hd],
+                    p,
+                    0..m,
+                    &sees,
+                )
+            };
+        }
+        let query: Vec<usize> = (0..per_row).map(|c| t.i0 + c % ni).collect();
+        let lo = vec![0; per_row];
+        let hi: Vec<usize> = match keys {
+            NewKeys::Causal => query.iter().map(|&i| i + 1).collect(),
+            NewKeys::All | NewKeys::Tree(_) => vec![n_new; per_row],
+        };
+        let tree = match keys {
+            NewKeys::Tree(vis) => Some((*vis, &query[..], l)),
+            _ => None,
+        };
+        let sees = Sees {
+            lo: &lo,
+            hi: &hi,
+            tree,
+        };
+        for bb in 0..nb {
+            let bj = (t.b0 + bb) * hkv + t.j;
+            let values = &vd[bj * l * hd..][..n_new * hd];
+            // SAFETY: as above; the row's packed new keys hold L ≥ N keys, its values N; the
+            // columns are the row's, every `hi` is at most N (a query sees keys up to itself,
+            // and N reaches the tile's last query), and the tree's rows have L entries.
+            unsafe {
+                st.segment(
+                    &packed.new[bj],
+                    values,
+                    n_new,
+                    bb * per_row..(bb + 1) * per_row,
+                    &sees,
+                )
+            };
+        }
+        done(st.finish())
+    })
 }
 
 /// The extents every tile reads.
@@ -730,12 +931,39 @@ mod tests {
                 past_lens: None,
                 tree: None,
             },
+            // a past of several softmax blocks, left-padded rows, head dim 128
+            Case {
+                b: 6,
+                h: 4,
+                hkv: 2,
+                l: 3,
+                hd: 128,
+                slots: 2,
+                p: 3 * 84 + 5,
+                past_lens: Some(vec![257, 100, 3, 257, 1, 200]),
+                tree: None,
+            },
+            // a tree over a long past, scores far apart (the running maximum moves)
+            Case {
+                b: 2,
+                h: 6,
+                hkv: 3,
+                l: 6,
+                hd: 16,
+                slots: 1,
+                p: 190,
+                past_lens: None,
+                tree: Some(vec![None, Some(0), Some(0), Some(2), None, Some(4)]),
+            },
         ];
-        // the default tiles, small ones (many query blocks, one-row tiles) and one block for all
+        // the default tiles, small ones (many query blocks, one-row tiles) and one block for
+        // all, each in the form this CPU takes by default and in the products form
         for spec in [
             "",
             "query_block=5,tile_rows=7",
             "query_block=1000,tile_rows=100000",
+            "form=products",
+            "query_block=5,tile_rows=7,form=products",
         ] {
             let sizes = TileSizes::parse(spec).expect("valid sizes");
             for (n, c) in cases.iter().enumerate() {
@@ -756,11 +984,15 @@ mod tests {
         assert_eq!(TileSizes::parse("").expect("empty"), d);
         let t = TileSizes::parse(" query_block = 16 ").expect("one key");
         assert_eq!((t.query_block, t.tile_rows), (16, d.tile_rows));
+        assert_eq!(d.form, TileForm::Auto);
+        let t = TileSizes::parse("form=products, tile_rows=9").expect("a form");
+        assert_eq!((t.form, t.tile_rows), (TileForm::Products, 9));
         for (spec, names) in [
             ("rows=4", "unknown key `rows`"),
             ("tile_rows=0", "`tile_rows=0`: must be at least 1"),
             ("query_block=x", "`x` is not a count"),
             ("query_block", "not key=value"),
+            ("form=fast", "unknown form `fast`"),
         ] {
             let e = TileSizes::parse(spec).expect_err(spec);
             assert!(e.contains(names), "{spec}: {e}");

@@ -93,7 +93,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(in crate::candle) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{HI, LN2_HI, LN2_LO, LO, LOG2E, P};
@@ -124,6 +124,35 @@ mod x86 {
         let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
         let y = _mm256_mul_ps(_mm256_mul_ps(e, s1), s2);
         _mm256_andnot_ps(flush, y)
+    }
+
+    /// Sixteen lanes of [`super::exp`] (AVX-512 F), for the AVX-512 attention tile
+    /// ([`super::super::cpu_attention512`]).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::candle) unsafe fn exp16(x: __m512) -> __m512 {
+        let flush = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LO));
+        let x = _mm512_min_ps(x, _mm512_set1_ps(HI));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(P[0]);
+        for c in &P[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        let r2 = _mm512_mul_ps(r, r);
+        let e = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+        // 2^n as two factors so that n = 128 (x = HI) stays finite
+        let ni = _mm512_cvtps_epi32(n);
+        let n1 = _mm512_min_epi32(ni, _mm512_set1_epi32(127));
+        let n2 = _mm512_sub_epi32(ni, n1);
+        let bias = _mm512_set1_epi32(127);
+        let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
+        let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
+        let y = _mm512_mul_ps(_mm512_mul_ps(e, s1), s2);
+        _mm512_maskz_mov_ps(!flush, y)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -229,6 +258,42 @@ mod tests {
         assert_eq!(sum, 1.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert!(exp(1000.0).is_finite() && exp(HI).is_finite());
+    }
+
+    /// The 16-lane form (where the CPU has AVX-512) is within 2 ulp of the exact exponential on
+    /// the same range and flushes the same masked scores to 0.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp16_is_within_two_ulp_and_flushes_masked_scores() {
+        if Isa::chosen() != Some(Isa::Avx512) {
+            return;
+        }
+        let xs: Vec<f32> = (0..200_000)
+            .map(|i| LO + (HI - LO) * i as f32 / 199_999.0)
+            .chain([0.0, -0.0, 1.0, -1.0, 1e-8, -1e-8, 0.5, 88.0, -87.0])
+            .chain([f32::NEG_INFINITY, -100.0, -87.4, -1e30, 1000.0, HI, -90.0])
+            .collect();
+        let mut got = vec![0f32; xs.len().next_multiple_of(16)];
+        for (src, dst) in xs.chunks(16).zip(got.chunks_mut(16)) {
+            let mut lanes = [0f32; 16];
+            lanes[..src.len()].copy_from_slice(src);
+            // SAFETY: the CPU has AVX-512 F (checked above); both arrays hold 16 floats.
+            unsafe {
+                use std::arch::x86_64::*;
+                let y = x86::exp16(_mm512_loadu_ps(lanes.as_ptr()));
+                _mm512_storeu_ps(dst.as_mut_ptr(), y);
+            }
+        }
+        for (&x, &y) in xs.iter().zip(&got) {
+            if x < LO {
+                assert_eq!(y, 0.0, "exp16({x}) = {y}, want 0 (flushed)");
+            } else if x >= HI {
+                assert!(y.is_finite() && y > 1e38, "exp16({x}) = {y}");
+            } else {
+                let want = (x as f64).exp() as f32;
+                assert!(ulps(y, want) <= 2, "exp16({x}) = {y}, want {want}");
+            }
+        }
     }
 
     /// The shifted sum is the sum of the shifted exponentials, on a ragged length.

@@ -31,6 +31,8 @@ pub mod state;
 mod cpu_aligned;
 mod cpu_amx;
 mod cpu_attention;
+#[cfg(target_arch = "x86_64")]
+mod cpu_attention512;
 mod cpu_bf16gemm;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
