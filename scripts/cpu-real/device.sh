@@ -23,7 +23,8 @@
 # 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs), SCHEMES (the
 # quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot q8_0-amx": bf16-dot =
 # --quantize bf16 on the AVX-512 BF16 kernel even where AMX runs, q8_0-amx = q8_0 on the AMX
-# int8 tiles, FORKSCORE_CPU_Q8=amx), TESTS (default "lib quantized
+# int8 tiles, FORKSCORE_CPU_Q8=amx; f32-products / q8_0-products = attention tiles in the
+# products form, FORKSCORE_CPU_ATTENTION=form=products), TESTS (default "lib quantized
 # reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
 # row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
 # llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"),
@@ -44,11 +45,11 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_backends","quantized","reference_transformers"):
         print(("lib" if m["target"]["name"]=="forkscore_backends" else m["target"]["name"])+"="+m["executable"])')
-  modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --bench qmatmul --no-run --message-format=json 2>/dev/null |
+  modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --bench qmatmul --bench cpu_attention --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("modes","cpu_linear","qmatmul"): print(m["target"]["name"]+"="+m["executable"])')
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("modes","cpu_linear","qmatmul","cpu_attention"): print(m["target"]["name"]+"="+m["executable"])')
   for pair in $tests $modes; do
     name=${pair%%=*}; exe=${pair#*=}
     strip -o "/tmp/device-$name" "$exe"
@@ -156,9 +157,16 @@ run)
       case $scheme in
         bf16-dot) bench bf16-dot FORKSCORE_BENCH_QUANTIZE=bf16 FORKSCORE_CPU_BF16=dot ;;
         q8_0-amx) bench q8_0-amx FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_CPU_Q8=amx ;;
+        # the attention tiles in the products form instead of the key-major AVX-512 one
+        f32-products) bench f32-products FORKSCORE_CPU_ATTENTION=form=products ;;
+        q8_0-products) bench q8_0-products FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_CPU_ATTENTION=form=products ;;
         *) bench "$scheme" FORKSCORE_BENCH_QUANTIZE="$scheme" ;;
       esac
     done
+    if [ -x "$BIN/cpu_attention" ]; then
+      echo "== cpu_attention (both tile forms, round-robin)"
+      FORKSCORE_BENCH_SIZES="form=products;;query_block=32" "${T[@]}" "$BIN/cpu_attention" --bench | tee "$OUT/cpu_attention.txt"
+    fi
     if [ -x "$BIN/qmatmul" ]; then
       echo "== qmatmul"
       FORKSCORE_BENCH_ROWS=${QROWS:-40,441} FORKSCORE_BENCH_OUT="$OUT" "${T[@]}" "$BIN/qmatmul" --bench | tee "$OUT/qmatmul.txt"

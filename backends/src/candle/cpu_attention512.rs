@@ -1,7 +1,8 @@
 //! The AVX-512 form of one [`super::cpu_attention`] tile: scores held key-major (the keys as
 //! rows, the tile's query rows as columns), so that every step runs on 16-lane registers
 //! without a transpose or a pass that packs scores, and a softmax taken online over blocks of
-//! [`KB`] keys, so no score matrix larger than one block is ever written.
+//! keys (`key_block`, whole groups of [`KR`]), so no score matrix larger than one block is ever
+//! written.
 //!
 //! Why: the products of the other form run through the `gemm` crate, which takes the AVX2
 //! kernel on these CPUs and packs both operands on every call, and its `(M, P + N)` score
@@ -15,7 +16,7 @@
 //!   the broadcast operand of the score product;
 //! - the tile's queries transposed and pre-scaled, `qt (hd, mp)` with `mp` the column count
 //!   rounded up to 16: the vector operand of the score product;
-//! - one block's scores `s (KB, mp)`, `s[kk][c]` = column `c`'s query · key `kk`; the softmax
+//! - one block's scores `s (kb, mp)`, `s[kk][c]` = column `c`'s query · key `kk`; the softmax
 //!   step turns them into `e^(s - max_c)` in place, and they are the broadcast operand of the
 //!   value product as they lie (a tile's `R` columns are `R` adjacent floats of each key's row);
 //! - `values (n, hd)` row-major, read in place: the vector operand of the value product;
@@ -34,8 +35,6 @@ use super::cpu_math::x86::exp16;
 pub(super) const KR: usize = 14;
 /// Query columns per value tile (14 rows × 2 registers of output columns).
 const QR: usize = 14;
-/// Keys per block of the online softmax, whole groups.
-pub(super) const KB: usize = 6 * KR;
 
 /// `k (n, hd)` row-major into groups of [`KR`] keys, `[group][d][KR]` (missing keys of the
 /// last group are 0).
@@ -66,9 +65,11 @@ pub(super) struct State {
     m: usize,
     mp: usize,
     hd: usize,
+    /// Keys per block (a multiple of [`KR`]).
+    kb: usize,
     /// `(hd, mp)` queries, transposed and scaled.
     qt: Vec<f32>,
-    /// `(KB, mp)` one block's scores, then their exponentials.
+    /// `(kb, mp)` one block's scores, then their exponentials.
     s: Vec<f32>,
     /// `(mp,)` each column's running maximum and sum.
     max: Vec<f32>,
@@ -77,31 +78,37 @@ pub(super) struct State {
     o: Vec<f32>,
 }
 
-/// `f` with this thread's [`State`], reset for a tile of `m` columns of head dim `hd`.
-pub(super) fn with_state<T>(m: usize, hd: usize, f: impl FnOnce(&mut State) -> T) -> T {
+/// `f` with this thread's [`State`], reset for a tile of `m` columns of head dim `hd` and
+/// blocks of `key_block` keys (rounded up to whole groups).
+pub(super) fn with_state<T>(
+    m: usize,
+    hd: usize,
+    key_block: usize,
+    f: impl FnOnce(&mut State) -> T,
+) -> T {
     use std::cell::RefCell;
     thread_local! {
         static STATE: RefCell<State> = RefCell::new(State::default());
     }
     STATE.with(|cell| {
         let mut st = cell.borrow_mut();
-        st.reset(m, hd);
+        st.reset(m, hd, key_block.max(1).next_multiple_of(KR));
         f(&mut st)
     })
 }
 
 impl State {
-    fn reset(&mut self, m: usize, hd: usize) {
+    fn reset(&mut self, m: usize, hd: usize, kb: usize) {
         let mp = m.next_multiple_of(16);
-        (self.m, self.mp, self.hd) = (m, mp, hd);
+        (self.m, self.mp, self.hd, self.kb) = (m, mp, hd, kb);
         let fill = |v: &mut Vec<f32>, n: usize, x: f32| {
             v.clear();
             v.resize(n, x);
         };
         fill(&mut self.qt, hd * mp, 0.0);
         // the score block is written before it is read, only sized here
-        if self.s.len() < KB * mp {
-            self.s.resize(KB * mp, 0.0);
+        if self.s.len() < kb * mp {
+            self.s.resize(kb * mp, 0.0);
         }
         fill(&mut self.max, mp, f32::NEG_INFINITY);
         fill(&mut self.sum, mp, 0.0);
@@ -140,7 +147,7 @@ impl State {
         let last = sees.hi.iter().copied().max().unwrap_or(0).min(n);
         let mut k0 = first / KR * KR;
         while k0 < last {
-            let k1 = (k0 + KB).min(last);
+            let k1 = (k0 + self.kb).min(last);
             let kb = k1 - k0;
             // scores: s[kk][c] for the block's keys and the columns
             for g0 in (k0..k1).step_by(KR) {
@@ -193,10 +200,10 @@ impl State {
                 self.s[(kk - k0) * mp + c] = f32::NEG_INFINITY;
             }
             if let Some((vis, query, l)) = sees.tree {
-                let row = &vis[query[i] * l..];
-                for kk in lo.clamp(k0, k1)..hi.clamp(k0, k1) {
-                    if row[kk] == 0 {
-                        self.s[(kk - k0) * mp + c] = f32::NEG_INFINITY;
+                let (a, z) = (lo.clamp(k0, k1), hi.clamp(k0, k1).max(lo.clamp(k0, k1)));
+                for (kk, &v) in vis[query[i] * l..][a..z].iter().enumerate() {
+                    if v == 0 {
+                        self.s[(a + kk - k0) * mp + c] = f32::NEG_INFINITY;
                     }
                 }
             }

@@ -224,7 +224,7 @@ pub fn linear_bf16(x: &Tensor, w: &Bf16Weight) -> Result<Tensor, CandleError> {
 pub struct AttentionPath(cpu_attention::TileSizes);
 
 impl AttentionPath {
-    /// `query_block=…,tile_rows=…` over the default (as `FORKSCORE_CPU_ATTENTION`; an error
+    /// `query_block=…,tile_rows=…,key_block=…,form=auto|products` over the default (as `FORKSCORE_CPU_ATTENTION`; an error
     /// names a wrong key or value).
     pub fn parse(sizes: &str) -> Result<Self, CandleError> {
         cpu_attention::TileSizes::parse(sizes)
