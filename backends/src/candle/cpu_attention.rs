@@ -952,6 +952,18 @@ mod tests {
                 past_lens: Some(vec![257, 100, 3, 257, 1, 200]),
                 tree: None,
             },
+            // head dim 256 (the hybrid's gated attention), a causal chunk over a past
+            Case {
+                b: 1,
+                h: 4,
+                hkv: 1,
+                l: 40,
+                hd: 256,
+                slots: 1,
+                p: 30,
+                past_lens: None,
+                tree: None,
+            },
             // a tree over a long past, scores far apart (the running maximum moves)
             Case {
                 b: 2,
