@@ -200,6 +200,34 @@ struct Tile {
     i1: usize,
 }
 
+/// A tile's extents, for `G` query heads per KV head and `L` new tokens a row.
+struct Extent {
+    /// Rows and queries of the tile.
+    nb: usize,
+    ni: usize,
+    /// Query rows of one row of the tile (`G · queries`), and of the whole tile.
+    per_row: usize,
+    m: usize,
+    /// New keys any query of the tile may see.
+    n_new: usize,
+}
+
+impl Tile {
+    fn extent(&self, g: usize, l: usize, keys: &NewKeys<'_>) -> Extent {
+        let (nb, ni) = (self.b1 - self.b0, self.i1 - self.i0);
+        Extent {
+            nb,
+            ni,
+            per_row: g * ni,
+            m: nb * g * ni,
+            n_new: match keys {
+                NewKeys::All => l,
+                NewKeys::Causal | NewKeys::Tree(_) => self.i1,
+            },
+        }
+    }
+}
+
 /// The tiles of a call of `b` rows over `slots` past slots (1 without a past), `l` new tokens.
 fn tiles(hkv: usize, g: usize, b: usize, slots: usize, l: usize, sizes: TileSizes) -> Vec<Tile> {
     let mut out = Vec::new();
@@ -530,13 +558,13 @@ fn tile_key_major(
         slots,
         per_slot,
     } = *d;
-    let (nb, ni) = (t.b1 - t.b0, t.i1 - t.i0);
-    let per_row = g * ni;
-    let m = nb * per_row;
-    let n_new = match keys {
-        NewKeys::All => l,
-        NewKeys::Causal | NewKeys::Tree(_) => t.i1,
-    };
+    let Extent {
+        nb,
+        ni,
+        per_row,
+        m,
+        n_new,
+    } = t.extent(g, l, keys);
     with_state(m, hd, key_block, |st| {
         // columns ordered (row, head in group, query), as the other form's rows
         for bb in 0..nb {
@@ -639,14 +667,13 @@ fn tile(
         slots,
         per_slot,
     } = *d;
-    let (nb, ni) = (t.b1 - t.b0, t.i1 - t.i0);
-    let per_row = g * ni; // query rows of one row of the tile
-    let m = nb * per_row;
-    // new keys any query of the tile may see
-    let n_new = match keys {
-        NewKeys::All => l,
-        NewKeys::Causal | NewKeys::Tree(_) => t.i1,
-    };
+    let Extent {
+        nb,
+        ni,
+        per_row,
+        m,
+        n_new,
+    } = t.extent(g, l, keys);
     let width = p + n_new;
 
     // (M, hd) queries, rows (row, head in group, query), pre-scaled
