@@ -23,7 +23,7 @@
 //! A tile is computed in one of two forms ([`TileForm`]):
 //! - **key-major** ([`super::cpu_attention512`]), where the CPU has AVX-512 and the head dim is
 //!   a multiple of 16: scores held keys × queries in 16-lane registers, a softmax taken online
-//!   over blocks of keys, keys packed once per call. 1.6–1.8× the products form's speed in the
+//!   over blocks of keys, keys packed once per call. 1.5–2.0× the products form's speed in the
 //!   `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token prefill's layer 5.3 ms
 //!   against 9.6, 28 scoring rows over it 1.6 against 2.7), 1.4–1.7× on a lent Xeon;
 //! - **products**, on every CPU, and the reference the key-major form is tested against: the
