@@ -105,10 +105,12 @@ impl State {
             v.clear();
             v.resize(n, x);
         };
-        fill(&mut self.qt, hd * mp, 0.0);
-        // the score block is written before it is read, only sized here
-        if self.s.len() < kb * mp {
-            self.s.resize(kb * mp, 0.0);
+        // the queries (every column < m is written by `query`, and no load reads a column past
+        // the ones it computes) and the score block (written before it is read) are only sized
+        for (v, n) in [(&mut self.qt, hd * mp), (&mut self.s, kb * mp)] {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
         }
         fill(&mut self.max, mp, f32::NEG_INFINITY);
         fill(&mut self.sum, mp, 0.0);
@@ -311,7 +313,10 @@ unsafe fn tile(
     go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
 }
 
-/// [`tile`] with `R` rows and `P` registers of columns, the last one masked to `last`.
+/// [`tile`] with `R` rows and `P` registers of columns, the last one masked to `last`. (Not
+/// `cpu_gemm`'s `micro512`: that one reads a packed weight panel, 16 floats per `k`, with no
+/// ragged columns; here the vector operand is a strided matrix — the transposed queries, the
+/// values in place — and a tile's last register may be partly outside it.)
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f")]
