@@ -17,7 +17,11 @@
 //! - FORKSCORE_BENCH_SHAPES: `name:out x in` layers (default Qwen2.5-0.5B's
 //!   qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864).
 //! - FORKSCORE_BENCH_REPEATS: calls per blocking and shape (default 7).
-//! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape.
+//! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape; or a list of the
+//!   instruction levels whose kernels to time side by side (`avx2,avxvnni,avx512`: each must be
+//!   one this CPU has; `all`: every one it has).
+//! - FORKSCORE_BENCH_Q4=1 (or a list of levels, as above): also the 4-bit kernel, on the format
+//!   `--quantize q4k` gives the shape (`Q4_K` where `in` is a multiple of 256, else `Q4_0`).
 //! - FORKSCORE_BENCH_WEIGHT_COPIES: distinct weights per shape, taken in turn (default 1). With
 //!   enough copies to outgrow the last-level cache the weights come from memory, as a model's
 //!   24 layers do.
@@ -28,9 +32,10 @@
 //!   unless this lists others.
 
 use anyhow::{bail, Context};
+use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 use forkscore_backends::candle::cpu_kernels::{
-    self, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q8Weight,
+    self, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
 };
 use forkscore_benches::{env_or, median, write_report};
 use std::time::Instant;
@@ -72,8 +77,10 @@ enum Kernel {
     F32(F32Blocking, String),
     /// The AMX f32 kernel: the blocking and its spec.
     Amx(AmxBlocking, String),
-    /// The `Q8_0` integer kernel.
-    Q8,
+    /// The `Q8_0` integer kernel of an instruction level.
+    Q8(String),
+    /// The `Q4_K` integer kernel of an instruction level.
+    Q4(String),
 }
 
 impl Kernel {
@@ -82,7 +89,8 @@ impl Kernel {
             Kernel::F32(_, resolved) => ("f32", resolved),
             Kernel::Amx(_, spec) if spec.is_empty() => ("amx", "default"),
             Kernel::Amx(_, spec) => ("amx", spec),
-            Kernel::Q8 => ("q8_0", "default"),
+            Kernel::Q8(level) => ("q8_0", level),
+            Kernel::Q4(level) => ("q4k", level),
         }
     }
 }
@@ -105,7 +113,17 @@ fn main() -> anyhow::Result<()> {
         "FORKSCORE_BENCH_SHAPES",
         "qkv:1152x896,o:896x896,gate_up:9728x896,down:896x4864",
     ))?;
-    let q8 = env_or("FORKSCORE_BENCH_Q8", "0") == "1";
+    // the instruction levels whose integer kernels are timed: `1` the chosen one, `all` every
+    // one the CPU has, or a list
+    let int_levels = |var: &str| -> Vec<String> {
+        match env_or(var, "0").trim() {
+            "0" | "" => Vec::new(),
+            "1" => vec![isa.to_string()],
+            "all" => cpu_kernels::levels().iter().map(|l| l.to_string()).collect(),
+            list => list.split(',').map(|l| l.trim().to_string()).collect(),
+        }
+    };
+    let (q8_levels, q4_levels) = (int_levels("FORKSCORE_BENCH_Q8"), int_levels("FORKSCORE_BENCH_Q4"));
     let copies: usize = env_or("FORKSCORE_BENCH_WEIGHT_COPIES", "1")
         .parse()
         .context("FORKSCORE_BENCH_WEIGHT_COPIES")?;
@@ -126,9 +144,8 @@ fn main() -> anyhow::Result<()> {
             configs.push(Kernel::Amx(AmxBlocking::parse(&spec)?, spec));
         }
     }
-    if q8 {
-        configs.push(Kernel::Q8);
-    }
+    configs.extend(q8_levels.iter().cloned().map(Kernel::Q8));
+    configs.extend(q4_levels.iter().cloned().map(Kernel::Q4));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "cpu_linear: isa {isa}, amx {amx}, {} rayon threads (of {threads} CPUs), {repeats} calls each",
@@ -143,12 +160,21 @@ fn main() -> anyhow::Result<()> {
             // `copies` weights of the shape, taken in turn (so they come from memory, as a
             // model's layers do, when together they outgrow the last-level cache)
             let mut pf = Vec::new();
-            let (mut pq, mut pa) = (Vec::new(), Vec::new());
+            let (mut pq, mut p4, mut pa) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..copies {
                 let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
                 pf.push(F32Weight::pack(&w)?);
-                if q8 {
-                    pq.push(Q8Weight::quantize(&w)?);
+                // one packed weight per level, in the order of `q8_levels` / `q4_levels`
+                for level in &q8_levels {
+                    pq.push(Q8Weight::quantize_for(&w, level)?);
+                }
+                // as `--quantize q4k` does: `Q4_K` where `in` is a multiple of 256, else `Q4_0`
+                let ggml = match sh.inp % 256 {
+                    0 => GgmlDType::Q4K,
+                    _ => GgmlDType::Q4_0,
+                };
+                for level in &q4_levels {
+                    p4.push(Q4Weight::quantize_for(&w, ggml, level)?);
                 }
                 if amx {
                     pa.push(AmxF32Weight::pack(&w)?);
@@ -164,7 +190,14 @@ fn main() -> anyhow::Result<()> {
                     let y = match c {
                         Kernel::F32(bl, _) => cpu_kernels::linear_f32(&x, &pf[at], bl)?,
                         Kernel::Amx(bl, _) => cpu_kernels::linear_amx(&x, &pa[at], bl)?,
-                        Kernel::Q8 => cpu_kernels::linear_q8(&x, &pq[at])?,
+                        Kernel::Q8(level) => {
+                            let l = q8_levels.iter().position(|q| q == level).unwrap_or(0);
+                            cpu_kernels::linear_q8(&x, &pq[at * q8_levels.len() + l])?
+                        }
+                        Kernel::Q4(level) => {
+                            let l = q4_levels.iter().position(|q| q == level).unwrap_or(0);
+                            cpu_kernels::linear_q4(&x, &p4[at * q4_levels.len() + l])?
+                        }
                     };
                     let t = s.elapsed().as_secs_f64() * 1e3;
                     drop(y);

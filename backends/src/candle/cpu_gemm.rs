@@ -69,7 +69,7 @@ impl Blocking {
     /// - Both: 8 panels (128 columns) per block, `k` innermost up to 1,536.
     pub fn default_for(isa: Isa) -> Self {
         let (mr, kc, mc) = match isa {
-            Isa::Avx2 => (6, 256, 72),
+            Isa::Avx2 | Isa::AvxVnni => (6, 256, 72),
             Isa::Avx512 => (14, 384, 84),
         };
         Blocking {
@@ -84,7 +84,7 @@ impl Blocking {
     /// The most rows a tile of `isa` holds in registers.
     pub fn max_mr(isa: Isa) -> usize {
         match isa {
-            Isa::Avx2 => MAX_MR_AVX2,
+            Isa::Avx2 | Isa::AvxVnni => MAX_MR_AVX2,
             Isa::Avx512 => MAX_MR_AVX512,
         }
     }
@@ -318,7 +318,7 @@ impl PackedWeight {
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU. Errors (never panics) on a non-f32, non-CPU or
 /// mis-sized `x`.
 pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
-    match Isa::chosen() {
+    match Isa::chosen().map(Isa::f32_level) {
         Some(isa) => linear_with(x, w, isa, &Blocking::chosen(isa)?),
         None => candle_core::bail!("packed linear: this CPU has no AVX2 + FMA"),
     }
@@ -566,7 +566,9 @@ pub(in crate::candle) mod x86 {
                     Isa::Avx512 => micro512_rows(
                         t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first,
                     ),
-                    Isa::Avx2 => micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first),
+                    Isa::Avx2 | Isa::AvxVnni => {
+                        micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first)
+                    }
                 },
             )
         }
@@ -758,7 +760,8 @@ mod tests {
             "mr=12,mc=96",
             "mr=14,kc=100,mc=20,nc=5,short_k=0",
         ];
-        for &isa in levels {
+        // AVX-VNNI's f32 kernel is AVX2's
+        for &isa in levels.iter().filter(|&&l| l.f32_level() == l) {
             let d = Blocking::default_for(isa);
             for spec in specs {
                 let Ok(bl) = Blocking::parse(spec, isa) else {

@@ -2,18 +2,23 @@
 //! run with: detected once at run time, the widest the CPU has.
 //!
 //! - [`Isa::Avx2`]: AVX2 + FMA (8 f32 lanes; int8 products as 16-bit multiply-adds).
+//! - [`Isa::AvxVnni`]: AVX2 + FMA and AVX-VNNI, the 256-bit `vpdpbusd` of Intel's client CPUs
+//!   without AVX-512 (Alder Lake and later: most laptops) and of AMD's Zen 5: the f32 kernels of
+//!   AVX2, the integer ones as 4-way `u8 × i8` dot products on 8 lanes.
 //! - [`Isa::Avx512`]: AVX-512 F + BW + VNNI as well (16 f32 lanes; int8 products as 4-way
 //!   `u8 × i8` dot products, `vpdpbusd`).
 //!
-//! `FORKSCORE_CPU_ISA=avx2` caps the choice at AVX2 (to compare the two on one machine);
-//! anything else, or nothing, takes the widest. Tests run every level the CPU has
-//! ([`Isa::supported`]), whatever the variable says.
+//! `FORKSCORE_CPU_ISA=avx2` or `avxvnni` caps the choice at that level (to compare levels on
+//! one machine); anything else, or nothing, takes the widest. Tests run every level the CPU
+//! has ([`Isa::supported`]), whatever the variable says.
 
 /// A level of x86 vector instructions, narrowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Isa {
     /// AVX2 + FMA.
     Avx2,
+    /// AVX2 + FMA + AVX-VNNI (256-bit `vpdpbusd`).
+    AvxVnni,
     /// AVX-512 F, BW and VNNI (with AVX2 + FMA).
     Avx512,
 }
@@ -33,6 +38,9 @@ impl Isa {
             let mut levels = Vec::new();
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 levels.push(Isa::Avx2);
+                if is_x86_feature_detected!("avxvnni") {
+                    levels.push(Isa::AvxVnni);
+                }
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
@@ -49,24 +57,41 @@ impl Isa {
     }
 
     /// The level the kernels run with in this process: the widest supported, capped by
-    /// `FORKSCORE_CPU_ISA=avx2`; `None` where the CPU has no AVX2 + FMA.
+    /// `FORKSCORE_CPU_ISA=avx2` or `avxvnni`; `None` where the CPU has no AVX2 + FMA.
     pub fn chosen() -> Option<Isa> {
         use std::sync::OnceLock;
         static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let cap = match std::env::var("FORKSCORE_CPU_ISA").as_deref().map(str::trim) {
-                Ok("avx2") => Isa::Avx2,
-                _ => Isa::Avx512,
-            };
+            let cap = std::env::var("FORKSCORE_CPU_ISA")
+                .ok()
+                .and_then(|s| Isa::from_name(s.trim()))
+                .unwrap_or(Isa::Avx512);
             Isa::supported().iter().copied().filter(|&l| l <= cap).max()
         })
+    }
+
+    /// The level named `name` (as [`Isa::name`] spells it), if any.
+    pub fn from_name(name: &str) -> Option<Isa> {
+        [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
+            .into_iter()
+            .find(|l| l.name() == name)
     }
 
     /// Lower-case name, as `FORKSCORE_CPU_ISA` and the bench reports spell it.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The level whose f32 kernels this one runs: AVX-VNNI adds integer dot products only, so
+    /// its f32 work is AVX2's.
+    pub fn f32_level(self) -> Isa {
+        match self {
+            Isa::Avx2 | Isa::AvxVnni => Isa::Avx2,
+            Isa::Avx512 => Isa::Avx512,
         }
     }
 }
@@ -85,5 +110,12 @@ mod tests {
         // narrowest first, no repeats
         assert!(supported.windows(2).all(|w| w[0] < w[1]), "{supported:?}");
         assert_eq!(Isa::Avx512.name(), "avx512");
+        assert_eq!(Isa::AvxVnni.f32_level(), Isa::Avx2);
+        for l in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
+            assert_eq!(Isa::from_name(l.name()), Some(l));
+        }
+        assert_eq!(Isa::from_name("sse2"), None);
+        // AVX-VNNI sits between the two (a cap at it keeps AVX-512 off)
+        assert!(Isa::Avx2 < Isa::AvxVnni && Isa::AvxVnni < Isa::Avx512);
     }
 }

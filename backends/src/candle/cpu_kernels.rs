@@ -23,6 +23,26 @@ fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> CandleError {
     move |source| CandleError::Tensor { op, source }
 }
 
+/// The level named `name` (`avx2`, `avxvnni`, `avx512`), if this CPU has it; an error names
+/// an unknown or missing one.
+fn named_isa(name: &str) -> Result<Isa, CandleError> {
+    match Isa::from_name(name) {
+        Some(l) if Isa::supported().contains(&l) => Ok(l),
+        Some(_) => Err(CandleError::Device {
+            reason: format!("this CPU has no {name}"),
+        }),
+        None => Err(CandleError::InvalidRequest {
+            reason: format!("unknown instruction level `{name}` (avx2, avxvnni, avx512)"),
+        }),
+    }
+}
+
+/// The instruction levels this CPU's kernels can run, narrowest first (`"avx2"`, `"avxvnni"`,
+/// `"avx512"`).
+pub fn levels() -> Vec<&'static str> {
+    Isa::supported().iter().map(|l| l.name()).collect()
+}
+
 fn chosen_isa() -> Result<Isa, CandleError> {
     Isa::chosen().ok_or_else(|| CandleError::Device {
         reason: "the CPU kernels need x86-64 with AVX2 + FMA".into(),
@@ -87,10 +107,17 @@ impl Q8Weight {
     /// Quantize `w (out, in)` (f32; `in` a multiple of 32) the way `--quantize q8_0` does, and
     /// pack it.
     pub fn quantize(w: &Tensor) -> Result<Self, CandleError> {
+        Self::quantize_for(w, chosen_isa()?.name())
+    }
+
+    /// [`Q8Weight::quantize`] for the kernel of the level named `level` (which this CPU must
+    /// have), to compare levels in one process.
+    pub fn quantize_for(w: &Tensor, level: &str) -> Result<Self, CandleError> {
+        let isa = named_isa(level)?;
         let (n, k) = w.dims2().map_err(tensor_err("q8_0 weight dims"))?;
         let q = QTensor::quantize(w, GgmlDType::Q8_0).map_err(tensor_err("quantize q8_0"))?;
         let bytes = q.data().map_err(tensor_err("q8_0 bytes"))?;
-        PackedQ8::from_blocks(&bytes, n, k, chosen_isa()?)
+        PackedQ8::from_blocks(&bytes, n, k, isa)
             .map(Q8Weight)
             .ok_or_else(|| CandleError::Quantize {
                 name: format!("({n}, {k}) weight"),
@@ -107,6 +134,13 @@ impl Q4Weight {
     /// Quantize `w (out, in)` (f32) to `ggml` (`Q4_0`: `in` a multiple of 32; `Q4_K`: of 256)
     /// the way `--quantize q4k` does, and pack it. Another type is an error.
     pub fn quantize(w: &Tensor, ggml: GgmlDType) -> Result<Self, CandleError> {
+        Self::quantize_for(w, ggml, chosen_isa()?.name())
+    }
+
+    /// [`Q4Weight::quantize`] for the kernel of the level named `level` (which this CPU must
+    /// have).
+    pub fn quantize_for(w: &Tensor, ggml: GgmlDType, level: &str) -> Result<Self, CandleError> {
+        let isa = named_isa(level)?;
         let (n, k) = w.dims2().map_err(tensor_err("4-bit weight dims"))?;
         let name = format!("({n}, {k}) weight");
         if !matches!(ggml, GgmlDType::Q4_0 | GgmlDType::Q4K) || !k.is_multiple_of(ggml.block_size())
@@ -118,7 +152,7 @@ impl Q4Weight {
         }
         let q = QTensor::quantize(w, ggml).map_err(tensor_err("quantize 4-bit"))?;
         let bytes = q.data().map_err(tensor_err("4-bit bytes"))?;
-        PackedQ4::from_blocks(ggml, &bytes, n, k, chosen_isa()?)
+        PackedQ4::from_blocks(ggml, &bytes, n, k, isa)
             .map(Q4Weight)
             .ok_or_else(|| CandleError::Quantize {
                 name,
@@ -144,7 +178,7 @@ pub struct F32Blocking(Isa, Blocking);
 
 impl F32Blocking {
     pub fn parse(spec: &str) -> Result<Self, CandleError> {
-        let isa = chosen_isa()?;
+        let isa = chosen_isa()?.f32_level();
         Blocking::parse(spec, isa)
             .map(|b| F32Blocking(isa, b))
             .map_err(|reason| CandleError::InvalidRequest {

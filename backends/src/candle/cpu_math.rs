@@ -87,7 +87,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: the CPU has AVX-512 F (checked at run time).
         Some(Isa::Avx512) => return unsafe { x86::silu_mul512(gate, up, out) },
         // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-        Some(Isa::Avx2) => return unsafe { x86::silu_mul(gate, up, out) },
+        Some(Isa::Avx2 | Isa::AvxVnni) => return unsafe { x86::silu_mul(gate, up, out) },
         None => {}
     }
     for ((y, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -371,7 +371,7 @@ mod tests {
             // SAFETY: the CPU has `level` (listed as supported).
             unsafe {
                 match level {
-                    Isa::Avx2 => x86::silu_mul(&g, &u, &mut out),
+                    Isa::Avx2 | Isa::AvxVnni => x86::silu_mul(&g, &u, &mut out),
                     Isa::Avx512 => x86::silu_mul512(&g, &u, &mut out),
                 }
             }

@@ -27,6 +27,8 @@
 //! - AVX2: `vpmaddubsw` (pairs of products in 16 bits) summed over the block in 16 bits (at most
 //!   16 · 15 · 127 = 30,480: exact), then `vpmaddwd` by ones once per block; tiles of 4 rows ×
 //!   16 columns.
+//! - AVX-VNNI (AVX2 CPUs with the 256-bit `vpdpbusd`): the VNNI sums on 8 lanes, tiles of 4 rows
+//!   × 16 columns (one `vpdpbusd` where AVX2 takes a `vpmaddubsw` and an addition).
 //!
 //! Weight layout (one for both kernels): per panel of [`NR`] columns and block, four groups
 //! `u` of 64 bytes, each 16 columns × 4 bytes, byte `j` of column `c` holding `q[4u + j]` in its
@@ -55,7 +57,7 @@ const Q4_0_BYTES: usize = 18;
 /// mins, 128 bytes of 4-bit values.
 const Q4K_VALUES: usize = 256;
 const Q4K_BYTES: usize = 144;
-/// Rows per tile.
+/// Rows per tile (AVX2 and AVX-VNNI; AVX-512).
 const MR_AVX2: usize = 4;
 const MR_AVX512: usize = 6;
 /// Rows per block of the row loop (as the `Q8_0` kernel's).
@@ -65,7 +67,7 @@ const MC: usize = 48;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn mr(isa: Isa) -> usize {
     match isa {
-        Isa::Avx2 => MR_AVX2,
+        Isa::Avx2 | Isa::AvxVnni => MR_AVX2,
         Isa::Avx512 => MR_AVX512,
     }
 }
@@ -420,6 +422,57 @@ mod x86 {
         }
     }
 
+    /// AVX-VNNI: [`tile_avx2`]'s sums with `vpdpbusd` on 8 lanes (exact in i32 as they are).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    unsafe fn tile_vnni256<const R: usize>(
+        blocks: usize,
+        u: *const u32,
+        sx: *const f32,
+        ss: *const f32,
+        w: *const u8,
+        wa: *const f32,
+        wb: *const f32,
+        out: &mut Tile,
+    ) {
+        let nib = _mm256_set1_epi8(0x0F);
+        let mut f = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..blocks {
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            let ub = u.add(b * UNITS * MR_AVX2);
+            let wblk = w.add(b * PANEL_BLOCK);
+            for g in 0..4 {
+                for h in 0..2 {
+                    let v = _mm256_loadu_si256(wblk.add(g * 64 + h * 32) as *const __m256i);
+                    let lo = _mm256_and_si256(v, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let al = _mm256_set1_epi32(*ub.add(g * MR_AVX2 + r) as i32);
+                        let ah = _mm256_set1_epi32(*ub.add((g + 4) * MR_AVX2 + r) as i32);
+                        acc[h] = _mm256_dpbusd_avx_epi32(acc[h], lo, al);
+                        acc[h] = _mm256_dpbusd_avx_epi32(acc[h], hi, ah);
+                    }
+                }
+            }
+            let av = [0, 8].map(|o| _mm256_loadu_ps(wa.add(b * NR + o)));
+            let bv = [0, 8].map(|o| _mm256_loadu_ps(wb.add(b * NR + o)));
+            for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
+                let dx = _mm256_set1_ps(*sx.add(b * MR_AVX2 + r));
+                let s = _mm256_set1_ps(*ss.add(b * MR_AVX2 + r));
+                for h in 0..2 {
+                    let dot = _mm256_cvtepi32_ps(acc[h]);
+                    let t = _mm256_fmsub_ps(dot, av[h], _mm256_mul_ps(bv[h], s));
+                    f[h] = _mm256_fmadd_ps(t, dx, f[h]);
+                }
+            }
+        }
+        for (f, out) in f.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
+        }
+    }
+
     /// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
     /// `blocks` blocks.
     #[allow(clippy::too_many_arguments)]
@@ -521,6 +574,19 @@ mod x86 {
                             macro_rules! go {
                                 ($r:literal) => {
                                     tile_avx2::<$r>(blocks, ug, sg, tg, wp, ap, bp, &mut out)
+                                };
+                            }
+                            match count {
+                                4 => go!(4),
+                                3 => go!(3),
+                                2 => go!(2),
+                                _ => go!(1),
+                            }
+                        }
+                        Isa::AvxVnni => {
+                            macro_rules! go {
+                                ($r:literal) => {
+                                    tile_vnni256::<$r>(blocks, ug, sg, tg, wp, ap, bp, &mut out)
                                 };
                             }
                             match count {
@@ -663,7 +729,7 @@ mod tests {
             let dense = qt.dequantize(&dev)?;
             let want = xr.matmul(&dense.t()?)?.flatten_all()?.to_vec1::<f32>()?;
             let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
-            for isa in [Isa::Avx2, Isa::Avx512] {
+            for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
                 let w = PackedQ4::from_blocks(format, &bytes, n, k, isa).expect("fits");
                 assert_eq!(
                     w.rows(),

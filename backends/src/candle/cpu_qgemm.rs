@@ -9,18 +9,22 @@
 //! Each block's inner sum is exact in i32 (at most 32 · 127² in magnitude), converted to f32
 //! once and accumulated with one fused multiply-add, block after block.
 //!
-//! Two kernels, by [`Isa`]:
+//! Three kernels, by [`Isa`]:
 //! - AVX2: int8 values sign-extended to 16 bits, multiplied and summed in pairs (`vpmaddwd`:
 //!   8 lanes × 2 products); tiles of 4 rows × 16 columns.
 //! - AVX-512 VNNI: 4-way `u8 × i8` dot products (`vpdpbusd`: 16 lanes × 4 products). The
 //!   activations are stored offset by 128 as u8; each block's sum starts from
 //!   `-128 Σ_j qw[c][32b + j]` (precomputed per block and column when packing), which cancels
 //!   the offset exactly. Tiles of 6 rows × 32 columns (two panels).
+//! - AVX-VNNI (AVX2 CPUs with the 256-bit `vpdpbusd`: Intel's client cores since Alder Lake,
+//!   AMD's Zen 5): the VNNI arithmetic and layout on 8 lanes, a panel's 16 columns in two
+//!   registers; tiles of 4 rows × 16 columns. One instruction per 32 products, where AVX2
+//!   takes two multiply-adds and two additions.
 //!
 //! Weight layout, per panel of [`NR`] columns and block of 32 `k`: `32 / G` groups of `G`
-//! consecutive `k` (`G` = 2 for AVX2, 4 for VNNI), each group 16 columns × `G` bytes with a
-//! column's `G` values together, so a group is one register of 16-bit pairs (AVX2: two
-//! registers of 8 columns) or of byte quads (VNNI). Activations, per group of `MR` rows and
+//! consecutive `k` (`G` = 2 for AVX2, 4 for both VNNI kernels), each group 16 columns × `G`
+//! bytes with a column's `G` values together, so a group is one register of 16-bit pairs
+//! (AVX2: two registers of 8 columns) or of byte quads (VNNI; two registers under AVX-VNNI). Activations, per group of `MR` rows and
 //! block: the same `k` groups, each row's `G` values in one u32, the unit the kernel broadcasts.
 //!
 //! [`product_reference`] computes the same sums in plain Rust; the tests hold both kernels to
@@ -40,6 +44,8 @@ const PANEL_BLOCK: usize = NR * BLOCK;
 const Q8_0_BYTES: usize = 34;
 /// Rows per tile (AVX2).
 const MR_AVX2: usize = 4;
+/// Rows per tile (AVX-VNNI).
+const MR_VNNI256: usize = 6;
 /// Rows per tile (AVX-512).
 const MR_AVX512: usize = 6;
 /// Rows per block of the row loop: a few row groups' activations stay in L2 while the
@@ -51,7 +57,7 @@ const MC: usize = 48;
 fn group(isa: Isa) -> usize {
     match isa {
         Isa::Avx2 => 2,
-        Isa::Avx512 => 4,
+        Isa::AvxVnni | Isa::Avx512 => 4,
     }
 }
 
@@ -60,6 +66,7 @@ fn group(isa: Isa) -> usize {
 fn mr(isa: Isa) -> usize {
     match isa {
         Isa::Avx2 => MR_AVX2,
+        Isa::AvxVnni => MR_VNNI256,
         Isa::Avx512 => MR_AVX512,
     }
 }
@@ -75,7 +82,7 @@ pub(crate) struct PackedQ8 {
     q: Aligned<i8>,
     /// `[panel][block][column]`: the weight scales (a cache line per panel and block).
     d: Aligned<f32>,
-    /// `[panel][block][column]`: `-128 Σ_j q` (AVX-512 only, empty for AVX2).
+    /// `[panel][block][column]`: `-128 Σ_j q` (the VNNI kernels; empty for AVX2).
     offset: Aligned<i32>,
 }
 
@@ -258,7 +265,9 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::{group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
+    use super::{
+        group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, MR_VNNI256, NR, PANEL_BLOCK,
+    };
 
     /// One tile's output, `[row][column]` (32 columns: two panels).
     type Tile = [[f32; 2 * NR]; MR_AVX512];
@@ -343,7 +352,7 @@ mod x86 {
                 16
             }
             // values + 128 as u8 (1..=255), four per unit
-            Isa::Avx512 => {
+            Isa::AvxVnni | Isa::Avx512 => {
                 let off = _mm256_set1_epi16(128);
                 let b = _mm256_packus_epi16(_mm256_add_epi16(w01, off), _mm256_add_epi16(w23, off));
                 let b = _mm256_permute4x64_epi64(b, 0xD8);
@@ -396,6 +405,52 @@ mod x86 {
         for (f, out) in f.iter().zip(out.iter_mut()) {
             _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
             _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
+        }
+    }
+
+    /// AVX-VNNI: rows `0..R` × one panel over `blocks` blocks, [`tile_avx512`]'s sums on 8
+    /// lanes (the panel's 16 columns in two registers). `off`: the panel's offsets.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    unsafe fn tile_vnni256<const R: usize>(
+        blocks: usize,
+        a: *const u32,
+        sa: *const f32,
+        w: *const i8,
+        dw: *const f32,
+        off: *const i32,
+        out: &mut Tile,
+    ) {
+        const UNITS: usize = BLOCK / 4;
+        // the f32 sums live in `out` (12 of the 16 registers hold the block's integer sums)
+        for row in out.iter_mut().take(R) {
+            row[..NR].fill(0.0);
+        }
+        for b in 0..blocks {
+            let o = [0, 8].map(|h| _mm256_loadu_si256(off.add(b * NR + h) as *const __m256i));
+            let mut acc = [o; R];
+            let ab = a.add(b * UNITS * MR_VNNI256);
+            let wb = w.add(b * PANEL_BLOCK);
+            for u in 0..UNITS {
+                let w0 = _mm256_loadu_si256(wb.add(u * 64) as *const __m256i);
+                let w1 = _mm256_loadu_si256(wb.add(u * 64 + 32) as *const __m256i);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(*ab.add(u * MR_VNNI256 + r) as i32);
+                    acc[0] = _mm256_dpbusd_avx_epi32(acc[0], av, w0);
+                    acc[1] = _mm256_dpbusd_avx_epi32(acc[1], av, w1);
+                }
+            }
+            let d = [0, 8].map(|h| _mm256_loadu_ps(dw.add(b * NR + h)));
+            for (r, (row, acc)) in out.iter_mut().zip(&acc).enumerate() {
+                let s = _mm256_set1_ps(*sa.add(b * MR_VNNI256 + r));
+                for h in 0..2 {
+                    let at = row.as_mut_ptr().add(h * 8);
+                    let scale = _mm256_mul_ps(s, d[h]);
+                    let f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h]), scale, _mm256_loadu_ps(at));
+                    _mm256_storeu_ps(at, f);
+                }
+            }
         }
     }
 
@@ -500,6 +555,22 @@ mod x86 {
                                 };
                             }
                             match rows {
+                                4 => go!(4),
+                                3 => go!(3),
+                                2 => go!(2),
+                                _ => go!(1),
+                            }
+                        }
+                        Isa::AvxVnni => {
+                            let op = w.offset.as_ptr().add(p * blocks * NR);
+                            macro_rules! go {
+                                ($r:literal) => {
+                                    tile_vnni256::<$r>(blocks, ag, sg, wp, dp, op, &mut out)
+                                };
+                            }
+                            match rows {
+                                6 => go!(6),
+                                5 => go!(5),
                                 4 => go!(4),
                                 3 => go!(3),
                                 2 => go!(2),
@@ -635,7 +706,7 @@ mod tests {
         let xr = Tensor::from_vec(rounded, (m, k), &dev)?;
         let want = xr.matmul(&dense.t()?)?.flatten_all()?.to_vec1::<f32>()?;
         let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
             let w = PackedQ8::from_blocks(&bytes, n, k, isa).expect("fits");
             assert_eq!(w.rows(), dense.flatten_all()?.to_vec1::<f32>()?, "{isa:?}");
             let got = product_reference(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
@@ -655,7 +726,7 @@ mod tests {
             // two i16, the first in the low half (vpmaddwd's pair order)
             Isa::Avx2 => (vals[0] as i16 as u16 as u32) | ((vals[1] as i16 as u16 as u32) << 16),
             // four u8 offset by 128, the first in the low byte
-            Isa::Avx512 => u32::from_le_bytes([
+            Isa::AvxVnni | Isa::Avx512 => u32::from_le_bytes([
                 (vals[0] as i32 + 128) as u8,
                 (vals[1] as i32 + 128) as u8,
                 (vals[2] as i32 + 128) as u8,
@@ -769,7 +840,7 @@ mod tests {
             .map(|&r| Tensor::randn(0f32, 1.0, (r, 64), &dev))
             .collect::<Result<_>>()?;
         let all = Tensor::cat(&ws, 0)?;
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
             let parts: Vec<PackedQ8> = ws
                 .iter()
                 .map(|w| {
