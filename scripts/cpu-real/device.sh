@@ -24,7 +24,11 @@
 # quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot q8_0-amx": bf16-dot =
 # --quantize bf16 on the AVX-512 BF16 kernel even where AMX runs, q8_0-amx = q8_0 on the AMX
 # int8 tiles, FORKSCORE_CPU_Q8=amx; f32-products / q8_0-products = attention tiles in the
-# products form, FORKSCORE_CPU_ATTENTION=form=products), TESTS (default "lib quantized
+# products form, FORKSCORE_CPU_ATTENTION=form=products; NAME@LEVEL = NAME (f32 or a --quantize
+# scheme) with the kernels capped at LEVEL, FORKSCORE_CPU_ISA=LEVEL, e.g. "q8_0@avxvnni f32@avx2"),
+# LINEAR_LEVELS (e.g. "avx2,avxvnni,avx512": the cpu_linear bench times the q8_0 and 4-bit
+# kernels of those levels side by side, beside the AVX2 f32 kernel; needs carry/cpu/cpu_linear.xz),
+# TESTS (default "lib quantized
 # reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
 # row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
 # llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"),
@@ -160,12 +164,21 @@ run)
         # the attention tiles in the products form instead of the key-major AVX-512 one
         f32-products) bench f32-products FORKSCORE_CPU_ATTENTION=form=products ;;
         q8_0-products) bench q8_0-products FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_CPU_ATTENTION=form=products ;;
+        # NAME@LEVEL: the kernels capped at an instruction level
+        f32@*) bench "$scheme" FORKSCORE_CPU_ISA="${scheme#*@}" ;;
+        *@*) bench "$scheme" FORKSCORE_CPU_ISA="${scheme#*@}" FORKSCORE_BENCH_QUANTIZE="${scheme%@*}" ;;
         *) bench "$scheme" FORKSCORE_BENCH_QUANTIZE="$scheme" ;;
       esac
     done
     if [ -x "$BIN/cpu_attention" ]; then
       echo "== cpu_attention (both tile forms, round-robin)"
       FORKSCORE_BENCH_SIZES="form=products;;query_block=32" "${T[@]}" "$BIN/cpu_attention" --bench | tee "$OUT/cpu_attention.txt"
+    fi
+    if [ -n "${LINEAR_LEVELS:-}" ] && [ -x "$BIN/cpu_linear" ]; then
+      echo "== cpu_linear (f32 at AVX2; q8_0 and 4-bit at $LINEAR_LEVELS, round-robin)"
+      FORKSCORE_CPU_ISA=avx2 FORKSCORE_BENCH_Q8="$LINEAR_LEVELS" FORKSCORE_BENCH_Q4="$LINEAR_LEVELS" \
+        FORKSCORE_BENCH_ROWS=480,40 FORKSCORE_BENCH_WEIGHT_COPIES=3 "${T[@]}" "$BIN/cpu_linear" --bench |
+        tee "$OUT/cpu_linear.txt"
     fi
     if [ -x "$BIN/qmatmul" ]; then
       echo "== qmatmul"
