@@ -2,6 +2,7 @@
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=${1:?usage: alternate-levels.sh OUTDIR (MODEL_DIR: the folder holding qwen25-0.5b)}; mkdir -p "$OUT"
+cargo bench -p forkscore-benches --bench modes --no-run
 exe=target/release/deps/$(ls -t target/release/deps/ | grep -E '^modes-[0-9a-f]+$' | head -1)
 echo "exe $exe"
 export RAYON_NUM_THREADS=2
