@@ -119,11 +119,17 @@ fn main() -> anyhow::Result<()> {
         match env_or(var, "0").trim() {
             "0" | "" => Vec::new(),
             "1" => vec![isa.to_string()],
-            "all" => cpu_kernels::levels().iter().map(|l| l.to_string()).collect(),
+            "all" => cpu_kernels::levels()
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
             list => list.split(',').map(|l| l.trim().to_string()).collect(),
         }
     };
-    let (q8_levels, q4_levels) = (int_levels("FORKSCORE_BENCH_Q8"), int_levels("FORKSCORE_BENCH_Q4"));
+    let (q8_levels, q4_levels) = (
+        int_levels("FORKSCORE_BENCH_Q8"),
+        int_levels("FORKSCORE_BENCH_Q4"),
+    );
     let copies: usize = env_or("FORKSCORE_BENCH_WEIGHT_COPIES", "1")
         .parse()
         .context("FORKSCORE_BENCH_WEIGHT_COPIES")?;

@@ -21,11 +21,13 @@
 //! [`TileSizes::tile_rows`] query rows each, one thread per tile.
 //!
 //! A tile is computed in one of two forms ([`TileForm`]):
-//! - **key-major** ([`super::cpu_attention512`]), where the CPU has AVX-512 and the head dim is
-//!   a multiple of 16: scores held keys × queries in 16-lane registers, a softmax taken online
-//!   over blocks of keys, keys packed once per call. 1.5–2.0× the products form's speed in the
-//!   `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token prefill's layer 5.3 ms
-//!   against 9.6, 28 scoring rows over it 1.6 against 2.7), 1.4–1.7× on a lent Xeon;
+//! - **key-major** ([`super::cpu_key_major`]), where the CPU has AVX2 + FMA and the head dim is
+//!   a multiple of 8 (16-lane registers where it has AVX-512 and the head dim is a multiple of
+//!   16, 8-lane ones otherwise): scores held keys × queries in full registers, a softmax taken
+//!   online over blocks of keys, keys packed once per call. At 16 lanes 1.5–2.0× the products
+//!   form's speed in the `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token
+//!   prefill's layer 5.3 ms against 9.6, 28 scoring rows over it 1.6 against 2.7), 1.4–1.7× on a
+//!   lent Xeon;
 //! - **products**, on every CPU, and the reference the key-major form is tested against: the
 //!   products through the `gemm` crate (the kernel candle's own CPU matmul uses). (Products
 //!   through the packed kernel of [`super::cpu_gemm`], with keys and values packed per tile,
@@ -47,15 +49,19 @@ use crate::error::CandleError;
 /// Which form computes a tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TileForm {
-    /// The key-major AVX-512 form ([`super::cpu_attention512`]) where the CPU has AVX-512 and
-    /// the head dim is a multiple of 16; the products form elsewhere.
+    /// The key-major form ([`super::cpu_key_major`]) at the widest registers that fit: 16
+    /// lanes where the CPU has AVX-512 and the head dim is a multiple of 16, else 8 where it has
+    /// AVX2 + FMA and the head dim is a multiple of 8; the products form elsewhere.
     Auto,
+    /// The key-major form at 8 lanes (AVX2) even where AVX-512 runs, for A/B runs and tests;
+    /// the products form where the CPU or head dim does not allow it.
+    KeyMajorAvx2,
     /// The products form below on every CPU: the reference the other form is tested against.
     Products,
 }
 
 /// How calls are cut into tiles and which form computes them. [`TileSizes::default`], or
-/// `FORKSCORE_CPU_ATTENTION` (`query_block=…,tile_rows=…,form=auto|products`, any key; read
+/// `FORKSCORE_CPU_ATTENTION` (`query_block=…,tile_rows=…,form=auto|products|avx2`, any key; read
 /// once) over it, to compare on one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TileSizes {
@@ -64,7 +70,7 @@ pub(crate) struct TileSizes {
     /// Query rows (rows · heads · queries) a tile of a short call aims at.
     pub tile_rows: usize,
     /// Keys per block of the key-major form's online softmax (rounded up to whole groups of
-    /// [`super::cpu_attention512`]'s packed keys).
+    /// [`super::cpu_key_major`]'s packed keys).
     pub key_block: usize,
     /// The form that computes a tile.
     pub form: TileForm,
@@ -86,7 +92,7 @@ impl Default for TileSizes {
 
 impl TileSizes {
     /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`, `key_block`, and
-    /// `form=auto|products`)
+    /// `form=auto|products|avx2`)
     /// over the default; an error names a wrong key, form or a zero.
     pub(crate) fn parse(spec: &str) -> Result<Self, String> {
         let mut t = TileSizes::default();
@@ -97,9 +103,10 @@ impl TileSizes {
                     t.form = match form.trim() {
                         "auto" => TileForm::Auto,
                         "products" => TileForm::Products,
+                        "avx2" => TileForm::KeyMajorAvx2,
                         other => {
                             return Err(format!(
-                                "`{}`: unknown form `{other}` (auto, products)",
+                                "`{}`: unknown form `{other}` (auto, products, avx2)",
                                 part.trim()
                             ))
                         }
@@ -470,21 +477,32 @@ pub(crate) fn attend_with(
     };
     let tiles = tiles(hkv, g, b, slots, l, sizes);
     #[cfg(target_arch = "x86_64")]
-    if key_major(sizes.form, hd) {
-        let packed = KeyMajorKeys::pack(&dims, b, kd, pkd);
-        tiles.into_par_iter().for_each(|t| {
-            tile_key_major(
-                t,
-                &dims,
-                scale,
-                (qd, vd),
-                pvd,
-                &packed,
-                (&starts, &keys),
-                sizes.key_block,
-                |o| scatter(t, o),
-            )
-        });
+    if let Some(width) = key_major(sizes.form, hd) {
+        use super::cpu_key_major::{Avx2, Avx512};
+        // every tile in the key-major form of width `$l` (the CPU has its instructions and `hd`
+        // is a multiple of its lanes: `key_major`)
+        macro_rules! key_major_tiles {
+            ($l:ty) => {{
+                let packed = KeyMajorKeys::pack::<$l>(&dims, b, kd, pkd);
+                tiles.into_par_iter().for_each(|t| {
+                    tile_key_major::<$l>(
+                        t,
+                        &dims,
+                        scale,
+                        (qd, vd),
+                        pvd,
+                        &packed,
+                        (&starts, &keys),
+                        sizes.key_block,
+                        |o| scatter(t, o),
+                    )
+                })
+            }};
+        }
+        match width {
+            KeyMajor::Avx512 => key_major_tiles!(Avx512),
+            KeyMajor::Avx2 => key_major_tiles!(Avx2),
+        }
         drop((qs, ks, vs, past_guards));
         return Tensor::from_vec(out, (b, l, h * hd), q.device()).map_err(op("attention out"));
     }
@@ -496,12 +514,25 @@ pub(crate) fn attend_with(
     Tensor::from_vec(out, (b, l, h * hd), q.device()).map_err(op("attention out"))
 }
 
-/// Whether tiles take the key-major AVX-512 form: asked for (`form`), the CPU has AVX-512 and
-/// the head dim is a multiple of 16 (its 16-lane registers of output columns).
+/// The widths of the key-major form.
 #[cfg(target_arch = "x86_64")]
-fn key_major(form: TileForm, hd: usize) -> bool {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyMajor {
+    Avx512,
+    Avx2,
+}
+
+/// Which key-major width tiles take, if any: asked for (`form`), the CPU's level, and a head
+/// dim that is a multiple of the width's lanes (its registers of output columns).
+#[cfg(target_arch = "x86_64")]
+fn key_major(form: TileForm, hd: usize) -> Option<KeyMajor> {
     use super::cpu_isa::Isa;
-    form == TileForm::Auto && Isa::chosen() == Some(Isa::Avx512) && hd.is_multiple_of(16)
+    let level = Isa::chosen()?;
+    match form {
+        TileForm::Products => None,
+        TileForm::Auto if level == Isa::Avx512 && hd.is_multiple_of(16) => Some(KeyMajor::Avx512),
+        TileForm::Auto | TileForm::KeyMajorAvx2 => hd.is_multiple_of(8).then_some(KeyMajor::Avx2),
+    }
 }
 
 /// A call's keys packed for the key-major form once, before its tiles: each past slot's and
@@ -516,27 +547,27 @@ struct KeyMajorKeys {
 
 #[cfg(target_arch = "x86_64")]
 impl KeyMajorKeys {
-    fn pack(d: &Dims, b: usize, kd: &[f32], pkd: &[f32]) -> Self {
-        use super::cpu_attention512::pack_keys;
+    fn pack<L: super::cpu_key_major::Lanes>(d: &Dims, b: usize, kd: &[f32], pkd: &[f32]) -> Self {
+        use super::cpu_key_major::pack_keys;
         let (p, l, hd) = (d.p, d.l, d.hd);
         KeyMajorKeys {
             past: (0..d.hkv * d.slots)
                 .into_par_iter()
-                .map(|js| pack_keys(&pkd[js * p * hd..][..p * hd], p, hd))
+                .map(|js| pack_keys::<L>(&pkd[js * p * hd..][..p * hd], p, hd))
                 .collect(),
             new: (0..b * d.hkv)
                 .into_par_iter()
-                .map(|bj| pack_keys(&kd[bj * l * hd..][..l * hd], l, hd))
+                .map(|bj| pack_keys::<L>(&kd[bj * l * hd..][..l * hd], l, hd))
                 .collect(),
         }
     }
 }
 
-/// One tile in the key-major form ([`super::cpu_attention512`]): the same function as
-/// [`tile`], its `(M, hd)` output rows (same order) handed to `done`.
+/// One tile in the key-major form of width `L` ([`super::cpu_key_major`]): the same function
+/// as [`tile`], its `(M, hd)` output rows (same order) handed to `done`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn tile_key_major(
+fn tile_key_major<L: super::cpu_key_major::Lanes>(
     t: Tile,
     d: &Dims,
     scale: f32,
@@ -547,7 +578,7 @@ fn tile_key_major(
     key_block: usize,
     done: impl FnOnce(&[f32]),
 ) {
-    use super::cpu_attention512::{with_state, Sees};
+    use super::cpu_key_major::{with_state, Sees};
     let Dims {
         h,
         hkv,
@@ -565,7 +596,7 @@ fn tile_key_major(
         m,
         n_new,
     } = t.extent(g, l, keys);
-    with_state(m, hd, key_block, |st| {
+    with_state::<L, _>(m, hd, key_block, |st| {
         // columns ordered (row, head in group, query), as the other form's rows
         for bb in 0..nb {
             for gg in 0..g {
@@ -585,10 +616,11 @@ fn tile_key_major(
                 hi: &hi,
                 tree: None,
             };
-            // SAFETY: the caller checked AVX-512 and hd % 16 (`key_major`); the slot's packed
-            // keys and values hold P keys of hd; columns 0..M, every `hi` is P.
+            // SAFETY: the caller checked L's instructions and that hd is a multiple of its lanes
+            // (`key_major`); the slot's packed keys and values hold P keys of hd; columns 0..M,
+            // every `hi` is P.
             unsafe {
-                st.segment(
+                st.segment::<L>(
                     &packed.past[js],
                     &pvd[js * p * hd..][..p * hd],
                     p,
@@ -619,7 +651,7 @@ fn tile_key_major(
             // columns are the row's, every `hi` is at most N (a query sees keys up to itself,
             // and N reaches the tile's last query), and the tree's rows have L entries.
             unsafe {
-                st.segment(
+                st.segment::<L>(
                     &packed.new[bj],
                     values,
                     n_new,
@@ -991,6 +1023,19 @@ mod tests {
                 past_lens: None,
                 tree: None,
             },
+            // head dim 40 (a multiple of 8, not of 16: the 8-lane key-major form under Auto
+            // even with AVX-512; a ragged 8-column value tile), a causal chunk over a past
+            Case {
+                b: 3,
+                h: 6,
+                hkv: 2,
+                l: 11,
+                hd: 40,
+                slots: 1,
+                p: 23,
+                past_lens: None,
+                tree: None,
+            },
             // a tree over a long past, scores far apart (the running maximum moves)
             Case {
                 b: 2,
@@ -1005,13 +1050,16 @@ mod tests {
             },
         ];
         // the default tiles, small ones (many query blocks, one-row tiles, one key group per
-        // softmax block) and one block for all, in the form this CPU takes by default, and
-        // in the products form
+        // softmax block) and one block for all, in the form this CPU takes by default, in the
+        // 8-lane key-major form (where the CPU has AVX2), and in the products form
         for spec in [
             "",
             "query_block=5,tile_rows=7,key_block=1",
             "query_block=1000,tile_rows=100000,key_block=15",
             "key_block=100000",
+            "form=avx2",
+            "query_block=5,tile_rows=7,key_block=1,form=avx2",
+            "query_block=1000,tile_rows=100000,key_block=7,form=avx2",
             "form=products",
             "query_block=5,tile_rows=7,form=products",
         ] {
@@ -1037,6 +1085,8 @@ mod tests {
         assert_eq!(d.form, TileForm::Auto);
         let t = TileSizes::parse("form=products, tile_rows=9").expect("a form");
         assert_eq!((t.form, t.tile_rows), (TileForm::Products, 9));
+        let t = TileSizes::parse("form=avx2").expect("a form");
+        assert_eq!(t.form, TileForm::KeyMajorAvx2);
         for (spec, names) in [
             ("rows=4", "unknown key `rows`"),
             ("tile_rows=0", "`tile_rows=0`: must be at least 1"),

@@ -101,10 +101,11 @@ pub(in crate::candle) mod x86 {
 
     use super::{HI, LN2_HI, LN2_LO, LO, LOG2E, P};
 
-    /// Eight lanes of [`super::exp`].
+    /// Eight lanes of [`super::exp`] (also the AVX2 attention tile's,
+    /// [`super::super::cpu_key_major`]).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
+    pub(in crate::candle) unsafe fn exp8(x: __m256) -> __m256 {
         let flush = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(LO));
         let x = _mm256_min_ps(x, _mm256_set1_ps(HI));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
@@ -130,7 +131,7 @@ pub(in crate::candle) mod x86 {
     }
 
     /// Sixteen lanes of [`super::exp`] (AVX-512 F), for the AVX-512 attention tile
-    /// ([`super::super::cpu_attention512`]).
+    /// ([`super::super::cpu_key_major`]).
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(in crate::candle) unsafe fn exp16(x: __m512) -> __m512 {

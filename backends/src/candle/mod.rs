@@ -31,8 +31,6 @@ pub mod state;
 mod cpu_aligned;
 mod cpu_amx;
 mod cpu_attention;
-#[cfg(target_arch = "x86_64")]
-mod cpu_attention512;
 mod cpu_bf16gemm;
 #[cfg(feature = "openblas")]
 mod cpu_blas;
@@ -42,6 +40,8 @@ mod cpu_host;
 mod cpu_isa;
 #[doc(hidden)]
 pub mod cpu_kernels;
+#[cfg(target_arch = "x86_64")]
+mod cpu_key_major;
 mod cpu_math;
 mod cpu_q4gemm;
 mod cpu_qgemm;

@@ -1,0 +1,587 @@
+//! The key-major form of one [`super::cpu_attention`] tile: scores held key-major (the keys as
+//! rows, the tile's query rows as columns), so that every step runs on full-width registers
+//! without a transpose or a pass that packs scores, and a softmax taken online over blocks of
+//! keys (`key_block`, whole groups of the width's `KR` keys), so no score matrix larger than one
+//! block is ever written.
+//!
+//! Two vector widths ([`Lanes`]) share everything here but the register kernels (a tile's
+//! product and the softmax step):
+//! - [`Avx512`]: 16 lanes; groups of 14 keys; 14 × 32 tiles (28 of the 32 registers
+//!   accumulate);
+//! - [`Avx2`]: AVX2 + FMA, 8 lanes; groups of 6 keys; 6 × 16 tiles (12 of the 16 registers).
+//!
+//! Why: the products of the other form run through the `gemm` crate, which packs both
+//! operands on every call (and takes its AVX2 kernel on AVX-512 CPUs), and its `(M, P + N)`
+//! score matrix (1.7 MB for a 64-query block at a 964-token prefix) does not stay in L2 across
+//! its three passes. On the 2-core Zen 5 build machine that form ran at 120–170 GFLOP/s against
+//! ~430 for the linear layers, and attention was 28 % of a 28-field q8_0 decision.
+//!
+//! Layouts, in f32:
+//! - `keys` of one segment (a past slot, or one row's new keys), packed once per call by
+//!   [`pack_keys`] into groups of `KR` keys, `[group][d][KR]`, the last group zero-padded:
+//!   the broadcast operand of the score product;
+//! - the tile's queries transposed and pre-scaled, `qt (hd, mp)` with `mp` the column count
+//!   rounded up to 16: the vector operand of the score product;
+//! - one block's scores `s (kb, mp)`, `s[kk][c]` = column `c`'s query · key `kk`; the softmax
+//!   step turns them into `e^(s - max_c)` in place, and they are the broadcast operand of the
+//!   value product as they lie (a tile's `R` columns are `R` adjacent floats of each key's row);
+//! - `values (n, hd)` row-major, read in place: the vector operand of the value product;
+//! - the output `o (M, hd)` row-major, accumulated in place, rescaled whenever a column's
+//!   running maximum grows, and divided by the column's sum at the end.
+//!
+//! Which keys a column sees is given per column as a range (`lo..hi`: a row's past from its
+//! start, or new keys up to the query's own position) and, for a packed tree, a visibility row;
+//! hidden keys get `-inf`, so exactly 0 after the exponential, as in the other form.
+
+use std::arch::x86_64::*;
+
+use super::cpu_math::x86::{exp16, exp8};
+
+/// One vector width's register kernels of the key-major form.
+pub(super) trait Lanes {
+    /// f32 lanes per register.
+    const LANES: usize;
+    /// Keys per packed group: the rows of a score tile.
+    const KR: usize;
+    /// Query columns per value tile.
+    const QR: usize;
+
+    /// `C (rows, w) (+)= A (rows, kc) · B (kc, w)` for `rows ≤ max(KR, QR)`, `w ≤ 2·LANES`:
+    /// `A[r][kk] = a[kk·a_ks + r]`, `B[kk][j] = b[kk·b_ks + j]`, `C[r][j] = c[r·ldc + j]`
+    /// (columns past `w` neither read nor written); `first` overwrites `C`.
+    ///
+    /// # Safety
+    /// The CPU has the width's instructions and every addressed element is in bounds.
+    unsafe fn tile(
+        rows: usize,
+        w: usize,
+        kc: usize,
+        a: (*const f32, usize),
+        b: (*const f32, usize),
+        c: (*mut f32, usize),
+        first: bool,
+    );
+
+    /// The online softmax step over a block of `kb` keys for columns `c0..c1`
+    /// ([`State::softmax_block`]).
+    ///
+    /// # Safety
+    /// The CPU has the width's instructions; `kb` rows of `st`'s score block are written and
+    /// `c0..c1` lies in its columns.
+    unsafe fn softmax_block(st: &mut State, kb: usize, c0: usize, c1: usize);
+}
+
+/// AVX-512 F: 16 lanes.
+pub(super) struct Avx512;
+
+/// AVX2 + FMA: 8 lanes.
+pub(super) struct Avx2;
+
+/// `k (n, hd)` row-major into groups of `L::KR` keys, `[group][d][KR]` (missing keys of the
+/// last group are 0).
+pub(super) fn pack_keys<L: Lanes>(k: &[f32], n: usize, hd: usize) -> Vec<f32> {
+    let kr = L::KR;
+    let mut out = vec![0f32; n.div_ceil(kr) * hd * kr];
+    for (g, dst) in out.chunks_exact_mut(hd * kr).enumerate() {
+        for r in 0..kr.min(n - g * kr) {
+            for (d, &x) in k[(g * kr + r) * hd..][..hd].iter().enumerate() {
+                dst[d * kr + r] = x;
+            }
+        }
+    }
+    out
+}
+
+/// Which keys of a segment the columns `cols` see: column `cols.start + i` sees keys
+/// `lo[i]..hi[i]` and, with `tree = Some((vis, query, l))`, of those only the keys `kk` with
+/// `vis[query[i]·l + kk] != 0`.
+pub(super) struct Sees<'a> {
+    pub lo: &'a [usize],
+    pub hi: &'a [usize],
+    pub tree: Option<(&'a [u8], &'a [usize], usize)>,
+}
+
+/// The buffers of one tile, reused from tile to tile on a thread ([`with_state`]).
+#[derive(Default)]
+pub(super) struct State {
+    m: usize,
+    mp: usize,
+    hd: usize,
+    /// Keys per block (a multiple of the width's `KR`).
+    kb: usize,
+    /// `(hd, mp)` queries, transposed and scaled.
+    qt: Vec<f32>,
+    /// `(kb, mp)` one block's scores, then their exponentials.
+    s: Vec<f32>,
+    /// `(mp,)` each column's running maximum and sum.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// `(M, hd)` the output, unnormalised until [`State::finish`].
+    o: Vec<f32>,
+}
+
+/// `f` with this thread's [`State`], reset for a tile of `m` columns of head dim `hd` and
+/// blocks of `key_block` keys (rounded up to whole groups of `L::KR`).
+pub(super) fn with_state<L: Lanes, T>(
+    m: usize,
+    hd: usize,
+    key_block: usize,
+    f: impl FnOnce(&mut State) -> T,
+) -> T {
+    use std::cell::RefCell;
+    thread_local! {
+        static STATE: RefCell<State> = RefCell::new(State::default());
+    }
+    STATE.with(|cell| {
+        let mut st = cell.borrow_mut();
+        st.reset(m, hd, key_block.max(1).next_multiple_of(L::KR));
+        f(&mut st)
+    })
+}
+
+impl State {
+    fn reset(&mut self, m: usize, hd: usize, kb: usize) {
+        let mp = m.next_multiple_of(16);
+        (self.m, self.mp, self.hd, self.kb) = (m, mp, hd, kb);
+        let fill = |v: &mut Vec<f32>, n: usize, x: f32| {
+            v.clear();
+            v.resize(n, x);
+        };
+        // the queries (every column < m is written by `query`, and no load reads a column past
+        // the ones it computes) and the score block (written before it is read) are only sized
+        for (v, n) in [(&mut self.qt, hd * mp), (&mut self.s, kb * mp)] {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        }
+        fill(&mut self.max, mp, f32::NEG_INFINITY);
+        fill(&mut self.sum, mp, 0.0);
+        fill(&mut self.o, m * hd, 0.0);
+    }
+
+    /// Column `c`'s query `q (hd,)`, times `scale`.
+    pub fn query(&mut self, c: usize, q: &[f32], scale: f32) {
+        for (d, &x) in q[..self.hd].iter().enumerate() {
+            self.qt[d * self.mp + c] = x * scale;
+        }
+    }
+
+    /// Attend columns `cols` to one segment of `n` keys: `keys` packed by [`pack_keys`] for
+    /// `L`, `values (n, hd)` row-major, visibility `sees`.
+    ///
+    /// # Safety
+    /// The CPU has `L`'s instructions; `hd` is a multiple of `L::LANES`; `keys` and `values`
+    /// hold `n` keys of `hd`; `cols` lies in `0..m` and `sees` has one entry per column with
+    /// `hi ≤ n` (and a tree's rows cover the keys); the state was reset for `L`
+    /// ([`with_state`]).
+    pub unsafe fn segment<L: Lanes>(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        sees: &Sees<'_>,
+    ) {
+        let (c0, c1) = (cols.start, cols.end);
+        if c0 >= c1 {
+            return;
+        }
+        let (mp, hd, kr, wide) = (self.mp, self.hd, L::KR, 2 * L::LANES);
+        let first = sees.lo.iter().copied().min().unwrap_or(0);
+        let last = sees.hi.iter().copied().max().unwrap_or(0).min(n);
+        let mut k0 = first / kr * kr;
+        while k0 < last {
+            let k1 = (k0 + self.kb).min(last);
+            let kb = k1 - k0;
+            // scores: s[kk][c] for the block's keys and the columns
+            for g0 in (k0..k1).step_by(kr) {
+                let rows = kr.min(k1 - g0);
+                let a = keys.as_ptr().add(g0 / kr * hd * kr);
+                let mut c = c0;
+                while c < c1 {
+                    let w = (c1 - c).min(wide);
+                    L::tile(
+                        rows,
+                        w,
+                        hd,
+                        (a, kr),
+                        (self.qt.as_ptr().add(c), mp),
+                        (self.s.as_mut_ptr().add((g0 - k0) * mp + c), mp),
+                        true,
+                    );
+                    c += w;
+                }
+            }
+            self.hide(k0, k1, c0, sees);
+            L::softmax_block(self, kb, c0, c1);
+            // o[c] += Σ_kk e[kk][c] · values[k0 + kk]
+            let mut q0 = c0;
+            while q0 < c1 {
+                let rows = L::QR.min(c1 - q0);
+                for d0 in (0..hd).step_by(wide) {
+                    L::tile(
+                        rows,
+                        (hd - d0).min(wide),
+                        kb,
+                        (self.s.as_ptr().add(q0), mp),
+                        (values.as_ptr().add(k0 * hd + d0), hd),
+                        (self.o.as_mut_ptr().add(q0 * hd + d0), hd),
+                        false,
+                    );
+                }
+                q0 += rows;
+            }
+            k0 = k1;
+        }
+    }
+
+    /// `-inf` for the scores of block `k0..k1` a column does not see.
+    fn hide(&mut self, k0: usize, k1: usize, c0: usize, sees: &Sees<'_>) {
+        let mp = self.mp;
+        for (i, (&lo, &hi)) in sees.lo.iter().zip(sees.hi).enumerate() {
+            let c = c0 + i;
+            for kk in (k0..lo.clamp(k0, k1)).chain(hi.clamp(k0, k1)..k1) {
+                self.s[(kk - k0) * mp + c] = f32::NEG_INFINITY;
+            }
+            if let Some((vis, query, l)) = sees.tree {
+                let (a, z) = (lo.clamp(k0, k1), hi.clamp(k0, k1).max(lo.clamp(k0, k1)));
+                for (kk, &v) in vis[query[i] * l..][a..z].iter().enumerate() {
+                    if v == 0 {
+                        self.s[(a + kk - k0) * mp + c] = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Scale output row `c` by `f` (a column whose running maximum grew).
+    fn rescale(&mut self, c: usize, f: f32) {
+        let hd = self.hd;
+        self.o[c * hd..][..hd].iter_mut().for_each(|x| *x *= f);
+    }
+
+    /// The `(M, hd)` output, each column's row divided by its sum.
+    pub fn finish(&mut self) -> &[f32] {
+        let hd = self.hd;
+        for (row, &s) in self.o.chunks_exact_mut(hd).zip(&self.sum) {
+            let inv = 1.0 / s;
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+        &self.o[..self.m * hd]
+    }
+}
+
+// The online softmax step of both widths: new running maxima, the scores replaced by
+// `e^(s - max)`, the sums and the output rows rescaled by `e^(old max - new max)`. A column
+// that sees nothing yet keeps a shift of 0, so -inf scores give 0, not NaN.
+
+impl Lanes for Avx512 {
+    const LANES: usize = 16;
+    const KR: usize = 14;
+    const QR: usize = 14;
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile(
+        rows: usize,
+        w: usize,
+        kc: usize,
+        (a, a_ks): (*const f32, usize),
+        (b, b_ks): (*const f32, usize),
+        (c, ldc): (*mut f32, usize),
+        first: bool,
+    ) {
+        let last: __mmask16 = match w % 16 {
+            0 => !0,
+            r => (1u16 << r) - 1,
+        };
+        macro_rules! go {
+            ($($r:literal)*) => {
+                match rows {
+                    $($r => match w.div_ceil(16) {
+                        2 => micro512::<$r, 2>(kc, a, a_ks, b, b_ks, c, ldc, first, last),
+                        _ => micro512::<$r, 1>(kc, a, a_ks, b, b_ks, c, ldc, first, last),
+                    },)*
+                    _ => unreachable!("a tile of {rows} rows"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn softmax_block(st: &mut State, kb: usize, c0: usize, c1: usize) {
+        let mp = st.mp;
+        let s = st.s.as_mut_ptr();
+        let mut c = c0;
+        while c < c1 {
+            let w = (c1 - c).min(16);
+            let lanes: __mmask16 = if w == 16 { !0 } else { (1u16 << w) - 1 };
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+            let old = _mm512_mask_loadu_ps(ninf, lanes, st.max.as_ptr().add(c));
+            let mut mx = old;
+            for kk in 0..kb {
+                mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, lanes, s.add(kk * mp + c)));
+            }
+            let seen = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, ninf);
+            let shift = _mm512_maskz_mov_ps(seen, mx);
+            let alpha = exp16(_mm512_sub_ps(old, shift));
+            let mut acc = _mm512_setzero_ps();
+            for kk in 0..kb {
+                let p = s.add(kk * mp + c);
+                let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, p), shift));
+                _mm512_mask_storeu_ps(p, lanes, e);
+                acc = _mm512_add_ps(acc, e);
+            }
+            let sum = _mm512_maskz_loadu_ps(lanes, st.sum.as_ptr().add(c));
+            _mm512_mask_storeu_ps(
+                st.sum.as_mut_ptr().add(c),
+                lanes,
+                _mm512_fmadd_ps(alpha, sum, acc),
+            );
+            _mm512_mask_storeu_ps(st.max.as_mut_ptr().add(c), lanes, mx);
+            // rescale the output rows whose maximum moved (alpha < 1)
+            let moved = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(alpha, _mm512_set1_ps(1.0)) & lanes;
+            if moved != 0 {
+                let mut a = [0f32; 16];
+                _mm512_storeu_ps(a.as_mut_ptr(), alpha);
+                for (i, &f) in a.iter().enumerate().take(w) {
+                    if moved & (1 << i) != 0 {
+                        st.rescale(c + i, f);
+                    }
+                }
+            }
+            c += w;
+        }
+    }
+}
+
+/// [`Avx512::tile`] with `R` rows and `P` registers of columns, the last one masked to `last`.
+/// (Not `cpu_gemm`'s `micro512`: that one reads a packed weight panel, 16 floats per `k`, with
+/// no ragged columns; here the vector operand is a strided matrix — the transposed queries, the
+/// values in place — and a tile's last register may be partly outside it.)
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn micro512<const R: usize, const P: usize>(
+    kc: usize,
+    a: *const f32,
+    a_ks: usize,
+    b: *const f32,
+    b_ks: usize,
+    c: *mut f32,
+    ldc: usize,
+    first: bool,
+    last: __mmask16,
+) {
+    let mask = |j: usize| if j + 1 == P { last } else { !0 };
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_maskz_loadu_ps(mask(j), c.add(r * ldc + 16 * j));
+            }
+        }
+    }
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut bv = [_mm512_setzero_ps(); P];
+        for (j, bv) in bv.iter_mut().enumerate() {
+            *bv = _mm512_maskz_loadu_ps(mask(j), b.add(16 * j));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*a.add(r));
+            for (acc, bv) in acc.iter_mut().zip(&bv) {
+                *acc = _mm512_fmadd_ps(av, *bv, *acc);
+            }
+        }
+        a = a.add(a_ks);
+        b = b.add(b_ks);
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (j, acc) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(c.add(r * ldc + 16 * j), mask(j), *acc);
+        }
+    }
+}
+
+/// The AVX2 lane mask of the first `w` of 8 lanes (`w ≤ 8`): all bits set in those lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lanes8(w: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(w as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+impl Lanes for Avx2 {
+    const LANES: usize = 8;
+    const KR: usize = 6;
+    const QR: usize = 6;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile(
+        rows: usize,
+        w: usize,
+        kc: usize,
+        (a, a_ks): (*const f32, usize),
+        (b, b_ks): (*const f32, usize),
+        (c, ldc): (*mut f32, usize),
+        first: bool,
+    ) {
+        let last = lanes8(match w % 8 {
+            0 => 8,
+            r => r,
+        });
+        macro_rules! go {
+            ($($r:literal)*) => {
+                match (rows, w.div_ceil(8), w % 8 != 0) {
+                    $(($r, 2, false) => micro256::<$r, 2, false>(kc, a, a_ks, b, b_ks, c, ldc, first, last),
+                    ($r, 2, true) => micro256::<$r, 2, true>(kc, a, a_ks, b, b_ks, c, ldc, first, last),
+                    ($r, _, false) => micro256::<$r, 1, false>(kc, a, a_ks, b, b_ks, c, ldc, first, last),
+                    ($r, _, true) => micro256::<$r, 1, true>(kc, a, a_ks, b, b_ks, c, ldc, first, last),)*
+                    _ => unreachable!("a tile of {rows} rows"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn softmax_block(st: &mut State, kb: usize, c0: usize, c1: usize) {
+        let mp = st.mp;
+        let s = st.s.as_mut_ptr();
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut c = c0;
+        while c < c1 {
+            let w = (c1 - c).min(8);
+            let lanes = lanes8(w);
+            let on = _mm256_castsi256_ps(lanes);
+            // masked lanes read -inf for the maximum (a masked load gives 0)
+            let load_or_ninf =
+                |p: *const f32| _mm256_blendv_ps(ninf, _mm256_maskload_ps(p, lanes), on);
+            let old = load_or_ninf(st.max.as_ptr().add(c));
+            let mut mx = old;
+            for kk in 0..kb {
+                mx = _mm256_max_ps(mx, load_or_ninf(s.add(kk * mp + c)));
+            }
+            let seen = _mm256_cmp_ps::<_CMP_GT_OQ>(mx, ninf);
+            let shift = _mm256_and_ps(seen, mx);
+            let alpha = exp8(_mm256_sub_ps(old, shift));
+            let mut acc = _mm256_setzero_ps();
+            for kk in 0..kb {
+                let p = s.add(kk * mp + c);
+                let e = exp8(_mm256_sub_ps(_mm256_maskload_ps(p, lanes), shift));
+                _mm256_maskstore_ps(p, lanes, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            let sum = _mm256_maskload_ps(st.sum.as_ptr().add(c), lanes);
+            _mm256_maskstore_ps(
+                st.sum.as_mut_ptr().add(c),
+                lanes,
+                _mm256_fmadd_ps(alpha, sum, acc),
+            );
+            _mm256_maskstore_ps(st.max.as_mut_ptr().add(c), lanes, mx);
+            // rescale the output rows whose maximum moved (alpha < 1)
+            let moved = _mm256_movemask_ps(_mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_NEQ_UQ>(alpha, _mm256_set1_ps(1.0)),
+                on,
+            ));
+            if moved != 0 {
+                let mut a = [0f32; 8];
+                _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+                for (i, &f) in a.iter().enumerate().take(w) {
+                    if moved & (1 << i) != 0 {
+                        st.rescale(c + i, f);
+                    }
+                }
+            }
+            c += w;
+        }
+    }
+}
+
+/// [`Avx2::tile`] with `R` rows and `P` registers of columns; with `RAGGED` the last register
+/// is loaded and stored through the lane mask `last` (plain loads otherwise).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro256<const R: usize, const P: usize, const RAGGED: bool>(
+    kc: usize,
+    a: *const f32,
+    a_ks: usize,
+    b: *const f32,
+    b_ks: usize,
+    c: *mut f32,
+    ldc: usize,
+    first: bool,
+    last: __m256i,
+) {
+    let load = |p: *const f32, j: usize| match RAGGED && j + 1 == P {
+        true => _mm256_maskload_ps(p, last),
+        false => _mm256_loadu_ps(p),
+    };
+    let mut acc = [[_mm256_setzero_ps(); P]; R];
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                *acc = load(c.add(r * ldc + 8 * j), j);
+            }
+        }
+    }
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut bv = [_mm256_setzero_ps(); P];
+        for (j, bv) in bv.iter_mut().enumerate() {
+            *bv = load(b.add(8 * j), j);
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let av = _mm256_broadcast_ss(&*a.add(r));
+            for (acc, bv) in acc.iter_mut().zip(&bv) {
+                *acc = _mm256_fmadd_ps(av, *bv, *acc);
+            }
+        }
+        a = a.add(a_ks);
+        b = b.add(b_ks);
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (j, acc) in acc.iter().enumerate() {
+            let p = c.add(r * ldc + 8 * j);
+            match RAGGED && j + 1 == P {
+                true => _mm256_maskstore_ps(p, last, *acc),
+                false => _mm256_storeu_ps(p, *acc),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packing puts key `g·KR + r`'s element `d` at `[g][d][r]` and zero-pads the last group,
+    /// at both widths' group sizes.
+    #[test]
+    fn keys_pack_into_zero_padded_groups() {
+        fn check<L: Lanes>() {
+            let kr = L::KR;
+            let (n, hd) = (kr + 3, 16);
+            let k: Vec<f32> = (0..n * hd).map(|i| i as f32 + 1.0).collect();
+            let p = pack_keys::<L>(&k, n, hd);
+            assert_eq!(p.len(), 2 * hd * kr);
+            for g in 0..2 {
+                for d in 0..hd {
+                    for r in 0..kr {
+                        let key = g * kr + r;
+                        let want = if key < n { k[key * hd + d] } else { 0.0 };
+                        assert_eq!(p[(g * hd + d) * kr + r], want, "group {g} d {d} r {r}");
+                    }
+                }
+            }
+        }
+        check::<Avx512>();
+        check::<Avx2>();
+    }
+}
