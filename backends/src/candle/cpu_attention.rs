@@ -21,9 +21,9 @@
 //! [`TileSizes::tile_rows`] query rows each, one thread per tile.
 //!
 //! A tile is computed in one of two forms ([`TileForm`]):
-//! - **key-major** ([`super::cpu_key_major`]), where the CPU has AVX2 + FMA and the head dim is
-//!   a multiple of 8 (16-lane registers where it has AVX-512 and the head dim is a multiple of
-//!   16, 8-lane ones otherwise): scores held keys × queries in full registers, a softmax taken
+//! - **key-major** ([`super::cpu_key_major`]), where the CPU has AVX-512 and the head dim is a
+//!   multiple of 16 (16-lane registers), or for prefills where it has AVX2 + FMA and the head
+//!   dim is a multiple of 8 (8-lane ones): scores held keys × queries in full registers, a softmax taken
 //!   online over blocks of keys, keys packed once per call. At 16 lanes 1.5–2.0× the products
 //!   form's speed in the `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token
 //!   prefill's layer 5.3 ms against 9.6, 28 scoring rows over it 1.6 against 2.7), 1.4–1.7× on a
@@ -50,8 +50,9 @@ use crate::error::CandleError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TileForm {
     /// The key-major form ([`super::cpu_key_major`]) at the widest registers that fit: 16
-    /// lanes where the CPU has AVX-512 and the head dim is a multiple of 16, else 8 where it has
-    /// AVX2 + FMA and the head dim is a multiple of 8; the products form elsewhere.
+    /// lanes where the CPU has AVX-512 and the head dim is a multiple of 16, else 8 for long
+    /// calls (prefills) where it has AVX2 + FMA and the head dim is a multiple of 8; the
+    /// products form elsewhere.
     Auto,
     /// The key-major form at 8 lanes (AVX2) even where AVX-512 runs, for A/B runs and tests;
     /// the products form where the CPU or head dim does not allow it.
@@ -477,7 +478,7 @@ pub(crate) fn attend_with(
     };
     let tiles = tiles(hkv, g, b, slots, l, sizes);
     #[cfg(target_arch = "x86_64")]
-    if let Some(width) = key_major(sizes.form, hd) {
+    if let Some(width) = key_major(sizes.form, hd, l > sizes.query_block) {
         use super::cpu_key_major::{Avx2, Avx512};
         // every tile in the key-major form of width `$l` (the CPU has its instructions and `hd`
         // is a multiple of its lanes: `key_major`)
@@ -522,15 +523,20 @@ enum KeyMajor {
     Avx2,
 }
 
-/// Which key-major width tiles take, if any: asked for (`form`), the CPU's level, and a head
-/// dim that is a multiple of the width's lanes (its registers of output columns).
+/// Which key-major width tiles take, if any: asked for (`form`), the CPU's level, a head dim
+/// that is a multiple of the width's lanes (its registers of output columns) and, for the
+/// 8-lane width under `Auto`, a long call (`long`: a prefill's query blocks). The 8-lane form
+/// measured 6–7 % faster than the products form on a prefill layer on a Xeon capped at AVX2
+/// and level on the Zen 5, but 5–11 % slower on the scoring shapes there (the `cpu_attention`
+/// bench), so short calls keep the products form.
 #[cfg(target_arch = "x86_64")]
-fn key_major(form: TileForm, hd: usize) -> Option<KeyMajor> {
+fn key_major(form: TileForm, hd: usize, long: bool) -> Option<KeyMajor> {
     use super::cpu_isa::Isa;
     let level = Isa::chosen()?;
     match form {
         TileForm::Products => None,
         TileForm::Auto if level == Isa::Avx512 && hd.is_multiple_of(16) => Some(KeyMajor::Avx512),
+        TileForm::Auto if !long => None,
         TileForm::Auto | TileForm::KeyMajorAvx2 => hd.is_multiple_of(8).then_some(KeyMajor::Avx2),
     }
 }
