@@ -166,6 +166,40 @@ impl PackedQ8 {
         w
     }
 
+    /// `gate` and `up` (each `(F, k)`, one kernel, `F` a positive multiple of 16) as one
+    /// `(2F, k)` weight whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1` up's.
+    /// What [`swiglu`] reads; `None` when the two do not fit.
+    pub fn gate_up(gate: &PackedQ8, up: &PackedQ8) -> Option<Self> {
+        let (f, k, isa) = (gate.n, gate.k, gate.isa);
+        if f == 0 || !f.is_multiple_of(NR) || (up.n, up.k, up.isa) != (f, k, isa) {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        // panel p of each, one after the other
+        fn alternate<T: super::cpu_aligned::Plain>(a: &[T], b: &[T], per: usize) -> Aligned<T> {
+            let mut out = Aligned::zeroed(a.len() + b.len());
+            if per > 0 {
+                let pairs = a.chunks_exact(per).zip(b.chunks_exact(per));
+                for (dst, (a, b)) in out.chunks_exact_mut(2 * per).zip(pairs) {
+                    dst[..per].copy_from_slice(a);
+                    dst[per..].copy_from_slice(b);
+                }
+            }
+            out
+        }
+        Some(PackedQ8 {
+            n: 2 * f,
+            k,
+            isa,
+            q: alternate(&gate.q, &up.q, blocks * PANEL_BLOCK),
+            d: alternate(&gate.d, &up.d, blocks * NR),
+            offset: match isa {
+                Isa::Avx2 => Aligned::empty(),
+                _ => alternate(&gate.offset, &up.offset, blocks * NR),
+            },
+        })
+    }
+
     /// The weights stacked along `out` (`[a; b; …]`): `None` for an empty list, differing
     /// `in` or kernels, or a part other than the last whose row count is not a multiple of 16
     /// (its padded panel would sit inside the stack).
@@ -220,6 +254,28 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            unreachable!("no ISA is supported off x86-64 ({}, {m})", xd.len())
+        }
+    })
+}
+
+/// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
+/// [`PackedQ8::gate_up`], the SwiGLU taken as each output tile is written, so the `(.., 2F)`
+/// product is never stored. Equal bit for bit to [`linear`] on the stacked `[gate; up]` weight
+/// followed by [`super::swiglu::swiglu`] (the same sums, the same [`super::cpu_math::silu_mul`]
+/// on every element; tested). Errors as [`linear`].
+pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
+    let ready = || match Isa::supported().contains(&w.isa) {
+        true => Ok(()),
+        false => candle_core::bail!("q8_0 gate|up: this CPU has no {}", w.isa.name()),
+    };
+    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "q8_0 gate|up", ready, |xd, m| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::product_with(xd, m, w, true)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -511,27 +567,47 @@ mod x86 {
 
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
     pub(super) fn product(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
+        product_with(x, m, w, false)
+    }
+
+    /// [`product`], or with `swiglu` (a weight of [`PackedQ8::gate_up`]) `(m, n / 2)`: each
+    /// pair of panels' tile taken through SiLU(gate) · up as it is written.
+    pub(super) fn product_with(x: &[f32], m: usize, w: &PackedQ8, swiglu: bool) -> Vec<f32> {
         let (n, k, isa) = (w.n, w.k, w.isa);
         // SAFETY: the CPU has `isa` (`linear` checked)
         let (a, s) = unsafe { quantize_rows(x, m, k, isa) };
         let panels = n.div_ceil(NR);
-        let mut y = vec![0f32; m * n];
+        let mut y = vec![0f32; m * if swiglu { n / 2 } else { n }];
         let y_addr = y.as_mut_ptr() as usize;
-        // AVX-512 tiles pair panels
-        super::super::cpu_host::for_panel_runs(panels, isa == Isa::Avx512, |p0, p1| {
+        // AVX-512 tiles pair panels, and so does SwiGLU (gate panel, up panel)
+        let paired = isa == Isa::Avx512 || swiglu;
+        super::super::cpu_host::for_panel_runs(panels, paired, |p0, p1| {
             // SAFETY: the CPU has `isa` (`linear` checked); `a` / `s` hold every row group `run`
             // reads and the weight every panel; runs of panels write disjoint columns of `y`
-            // (m · n elements).
-            unsafe { run(&a, &s, m, w, p0, p1, y_addr as *mut f32) };
+            // (m · n or m · n / 2 elements), runs of pairs when `swiglu`.
+            unsafe { run(&a, &s, m, w, p0, p1, swiglu, y_addr as *mut f32) };
         });
         y
     }
 
-    /// Panels `p0..p1` of the product into `y (m, n)`.
-    unsafe fn run(a: &[u32], s: &[f32], m: usize, w: &PackedQ8, p0: usize, p1: usize, y: *mut f32) {
+    /// Panels `p0..p1` of the product into `y (m, n)`, or with `swiglu` (`p0`, `p1` even) their
+    /// SwiGLU into `y (m, n / 2)`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        a: &[u32],
+        s: &[f32],
+        m: usize,
+        w: &PackedQ8,
+        p0: usize,
+        p1: usize,
+        swiglu: bool,
+        y: *mut f32,
+    ) {
         let (n, k, isa) = (w.n, w.k, w.isa);
         let (blocks, mr, units) = (k / BLOCK, mr(isa), BLOCK / group(isa));
         let mut out: Tile = [[0f32; 2 * NR]; MR_AVX512];
+        // the up panel's tile where tiles hold one panel
+        let mut up: Tile = [[0f32; 2 * NR]; MR_AVX512];
         for ic in (0..m).step_by(MC) {
             let ie = (ic + MC).min(m);
             let mut p = p0;
@@ -540,67 +616,32 @@ mod x86 {
                     Isa::Avx512 if p + 1 < p1 => 2,
                     _ => 1,
                 };
-                let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
-                let dp = w.d.as_ptr().add(p * blocks * NR);
+                // with SwiGLU the 8-lane kernels take the pair's two panels one after the other
+                let step = if swiglu { 2 } else { width };
                 for g0 in (ic..ie).step_by(mr) {
                     let rows = mr.min(m - g0);
                     let gi = g0 / mr;
                     let ag = a.as_ptr().add(gi * blocks * units * mr);
                     let sg = s.as_ptr().add(gi * blocks * mr);
-                    match isa {
-                        Isa::Avx2 => {
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    tile_avx2::<$r>(blocks, ag, sg, wp, dp, &mut out)
-                                };
-                            }
-                            match rows {
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
+                    tile_at(w, p, width, rows, ag, sg, &mut out);
+                    if swiglu {
+                        // gate in columns 0..16 of `out`; up beside it, or in `up`
+                        if width == 1 {
+                            tile_at(w, p + 1, 1, rows, ag, sg, &mut up);
                         }
-                        Isa::AvxVnni => {
-                            let op = w.offset.as_ptr().add(p * blocks * NR);
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    tile_vnni256::<$r>(blocks, ag, sg, wp, dp, op, &mut out)
-                                };
-                            }
-                            match rows {
-                                6 => go!(6),
-                                5 => go!(5),
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
+                        let f = n / 2;
+                        for r in 0..rows {
+                            let (gate, upr) = match width {
+                                2 => out[r].split_at(NR),
+                                _ => (&out[r][..NR], &up[r][..NR]),
+                            };
+                            let dst = std::slice::from_raw_parts_mut(
+                                y.add((g0 + r) * f + p / 2 * NR),
+                                NR,
+                            );
+                            super::super::cpu_math::silu_mul(gate, &upr[..NR], dst);
                         }
-                        Isa::Avx512 => {
-                            let op = w.offset.as_ptr().add(p * blocks * NR);
-                            let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    match width {
-                                        2 => tile_avx512::<$r, 2>(
-                                            blocks, ag, sg, wp, ws, dp, op, ds, &mut out,
-                                        ),
-                                        _ => tile_avx512::<$r, 1>(
-                                            blocks, ag, sg, wp, ws, dp, op, ds, &mut out,
-                                        ),
-                                    }
-                                };
-                            }
-                            match rows {
-                                6 => go!(6),
-                                5 => go!(5),
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
-                        }
+                        continue;
                     }
                     // the tile's real columns into y
                     let cols = (width * NR).min(n - p * NR);
@@ -612,7 +653,77 @@ mod x86 {
                         );
                     }
                 }
-                p += width;
+                p += step;
+            }
+        }
+    }
+
+    /// Rows `0..rows` of one row group (`ag` / `sg`: its units and scales) × panels
+    /// `p..p + width` (`width` 2 only under AVX-512) of `w` into `out`.
+    ///
+    /// # Safety
+    /// The CPU has `w`'s ISA; the row group and panels are within `w` and the rounded rows.
+    unsafe fn tile_at(
+        w: &PackedQ8,
+        p: usize,
+        width: usize,
+        rows: usize,
+        ag: *const u32,
+        sg: *const f32,
+        out: &mut Tile,
+    ) {
+        let blocks = w.k / BLOCK;
+        let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
+        let dp = w.d.as_ptr().add(p * blocks * NR);
+        match w.isa {
+            Isa::Avx2 => {
+                macro_rules! go {
+                    ($r:literal) => {
+                        tile_avx2::<$r>(blocks, ag, sg, wp, dp, out)
+                    };
+                }
+                match rows {
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
+            }
+            Isa::AvxVnni => {
+                let op = w.offset.as_ptr().add(p * blocks * NR);
+                macro_rules! go {
+                    ($r:literal) => {
+                        tile_vnni256::<$r>(blocks, ag, sg, wp, dp, op, out)
+                    };
+                }
+                match rows {
+                    6 => go!(6),
+                    5 => go!(5),
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
+            }
+            Isa::Avx512 => {
+                let op = w.offset.as_ptr().add(p * blocks * NR);
+                let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
+                macro_rules! go {
+                    ($r:literal) => {
+                        match width {
+                            2 => tile_avx512::<$r, 2>(blocks, ag, sg, wp, ws, dp, op, ds, out),
+                            _ => tile_avx512::<$r, 1>(blocks, ag, sg, wp, ws, dp, op, ds, out),
+                        }
+                    };
+                }
+                match rows {
+                    6 => go!(6),
+                    5 => go!(5),
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
             }
         }
     }
@@ -826,6 +937,50 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&s), bits(&want_s), "{} m {m}", isa.name());
             }
+        }
+        Ok(())
+    }
+
+    /// The fused gate|up SwiGLU equals the stacked product followed by the SwiGLU pass, bit for
+    /// bit, at every level the CPU has: row counts off the tile and across row blocks, one
+    /// pair of panels and many, one block of `k` and many; and `gate_up` refuses an `F` that is
+    /// not a multiple of 16 and differing shapes.
+    #[test]
+    fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
+        let dev = Device::Cpu;
+        for &isa in Isa::supported() {
+            for (m, f, k) in [
+                (1usize, 16usize, 32usize),
+                (7, 48, 96),
+                (MC + 11, 80, 64),
+                (13, 16, 1280),
+            ] {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+                let pack = |seed: f32| -> Result<PackedQ8> {
+                    let w = (Tensor::randn(0f32, 0.2, (f, k), &dev)? + seed as f64)?;
+                    let (bytes, _) = q8(&w)?;
+                    Ok(PackedQ8::from_blocks(&bytes, f, k, isa).expect("fits"))
+                };
+                let (gate, up) = (pack(0.0)?, pack(0.01)?);
+                let fused = PackedQ8::gate_up(&gate, &up).expect("fits");
+                let stacked = PackedQ8::stack(&[&gate, &up]).expect("stacks");
+                let want = super::super::swiglu::swiglu(&linear(&x, &stacked)?)?;
+                let got = swiglu(&x, &fused)?;
+                assert_eq!(got.dims(), &[m, f]);
+                let (got, want) = (
+                    got.flatten_all()?.to_vec1::<f32>()?,
+                    want.flatten_all()?.to_vec1::<f32>()?,
+                );
+                assert!(got == want, "{isa:?} m {m} F {f} k {k}: differs");
+            }
+            let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (24, 64), &dev)?)?;
+            let odd = PackedQ8::from_blocks(&bytes, 24, 64, isa).expect("fits");
+            assert!(PackedQ8::gate_up(&odd, &odd).is_none(), "F = 24");
+            let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (32, 64), &dev)?)?;
+            let a = PackedQ8::from_blocks(&bytes, 32, 64, isa).expect("fits");
+            let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (16, 64), &dev)?)?;
+            let b = PackedQ8::from_blocks(&bytes, 16, 64, isa).expect("fits");
+            assert!(PackedQ8::gate_up(&a, &b).is_none(), "32 vs 16 rows");
         }
         Ok(())
     }

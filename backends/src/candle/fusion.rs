@@ -2,6 +2,9 @@
 //! read the same input into one matrix, so one GEMM (and one bias add) replaces several:
 //!
 //! - gate | up of every MLP (`super::mlp`), followed by the fused SwiGLU pass (`super::swiglu`);
+//!   for `Q8_0` weights of an f32 model on an x86 CPU with the integer kernel, gate's and up's
+//!   panels alternate instead and the SwiGLU is taken as each output tile is written
+//!   (`super::cpu_qgemm::swiglu`): the `(…, 2F)` product is never stored;
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
 //!   family, `super::models::self_attn`): one product and one bias add instead of three each.
 //!
@@ -34,6 +37,12 @@ pub fn set_qkv(on: bool) {
 
 fn env_separate(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "separate")
+}
+
+/// Whether the gate | up SwiGLU may run inside the integer kernel's tiles (the default) or
+/// only as its own pass after the stacked product (`FORKSCORE_MLP=stacked`, for A/B timings).
+pub(crate) fn gate_up_in_tiles() -> bool {
+    !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "stacked")
 }
 
 /// Whether a model loading onto `device` stacks gate | up.

@@ -367,6 +367,15 @@ impl Linear {
         }
     }
 
+    /// The packed `Q8_0` weight of a layer without a bias ([`cpu_qgemm`]'s), if that is what
+    /// it holds.
+    pub(crate) fn packed_q8(&self) -> Option<&PackedQ8> {
+        match self {
+            Linear::PackedQ8 { weight, bias: None } => Some(weight),
+            _ => None,
+        }
+    }
+
     /// `(.., in) -> (.., out)`. A quantized layer with more activation rows than
     /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`].
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -561,7 +570,12 @@ pub struct QuantSummary {
 
 impl QuantSummary {
     pub(crate) fn count(&mut self, layer: &Linear) {
-        let key = match layer.ggml() {
+        self.count_type(layer.ggml());
+    }
+
+    /// One weight of ggml type `t` (`None`: dense).
+    pub(crate) fn count_type(&mut self, t: Option<GgmlDType>) {
+        let key = match t {
             None => "dense".to_string(),
             Some(t) => format!("{t:?}").to_ascii_lowercase(),
         };

@@ -2,8 +2,10 @@
 //! gate and up weights are stacked at load into one `(2F, D)` product whose output feeds one
 //! fused SwiGLU pass (`super::swiglu`): two kernels instead of four, one larger matrix product.
 
+use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
+use super::cpu_qgemm::{self, PackedQ8};
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
 use super::profile;
@@ -27,8 +29,16 @@ pub(crate) fn linear(
 /// product with the weights stacked `(2F, D)` followed by the fused SwiGLU pass (dense weights
 /// on CUDA and the CPU; see [`super::fusion`]).
 enum GateUp {
-    Separate { gate: Linear, up: Linear },
+    Separate {
+        gate: Linear,
+        up: Linear,
+    },
     Stacked(Linear),
+    /// `Q8_0` gate and up of an f32 model on an x86 CPU, one weight whose panels alternate
+    /// (gate's `p`, up's `p`): the SwiGLU is taken as the integer kernel writes each output tile
+    /// (`cpu_qgemm::swiglu`), equal bit for bit to `Stacked` and the pass, without storing the
+    /// `(…, 2F)` product.
+    InTilesQ8(PackedQ8),
 }
 
 pub(crate) struct Mlp {
@@ -59,7 +69,12 @@ impl Mlp {
             hidden,
             false,
         )?;
+        let in_tiles = match (gate.packed_q8(), up.packed_q8()) {
+            (Some(g), Some(u)) if super::fusion::gate_up_in_tiles() => PackedQ8::gate_up(g, u),
+            _ => None,
+        };
         let gate_up = match super::fusion::gate_up(w.device()) {
+            true if in_tiles.is_some() => GateUp::InTilesQ8(in_tiles.expect("checked")),
             // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
             true => match Linear::stack(&[&gate, &up])? {
                 Some(stacked) => GateUp::Stacked(stacked),
@@ -81,6 +96,10 @@ impl Mlp {
                 // two checkpoint projections, one kind
                 summary.count(l);
                 summary.count(l);
+            }
+            GateUp::InTilesQ8(_) => {
+                summary.count_type(Some(GgmlDType::Q8_0));
+                summary.count_type(Some(GgmlDType::Q8_0));
             }
         }
         summary.count(&self.down);
@@ -106,6 +125,12 @@ impl Mlp {
                 profile::region("mlp.act", dev, || {
                     swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))
                 })? // (B, L, F)
+            }
+            GateUp::InTilesQ8(w) => {
+                // (B, L, D) -> (B, L, F): the product and the SwiGLU in one pass
+                profile::region("mlp.gate_up", x.device(), || {
+                    cpu_qgemm::swiglu(x, w).map_err(CandleError::tensor("mlp gate|up swiglu"))
+                })?
             }
         };
         profile::region("mlp.down", h.device(), || apply(&self.down, &h, "mlp down"))
