@@ -94,6 +94,48 @@ fn q8_0_quantizes_every_projection_and_tracks_f32() {
     }
 }
 
+/// The SwiGLU taken inside the integer kernels' tiles (the default on x86 CPUs) gives the same
+/// logits, bit for bit, as the stacked gate|up product followed by the SwiGLU pass
+/// (`fusion::set_gate_up_in_tiles(false)`), in q8_0 and q4k (Q4_0 here, and Q4_K on a wide
+/// model), full forward and fork. (Other tests loading models meanwhile get one path or the
+/// other: both give the same numbers.)
+#[test]
+fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
+    use forkscore_backends::candle::fusion;
+    let wide = ensure_tiny_model(&TinySpec {
+        hidden: 256,
+        intermediate: 512,
+        head_dim: 16,
+        vocab: 1000,
+        tokenizer: false,
+        seed: 44,
+        ..TinySpec::qwen3()
+    });
+    let mut dirs = tiny_dirs();
+    dirs.push(("wide qwen3", wide, 1000));
+    for (name, dir, vocab) in dirs {
+        for q in [Quantization::Q8_0, Quantization::Q4K] {
+            fusion::set_gate_up_in_tiles(false);
+            let stacked = load(&dir, Some(q));
+            fusion::set_gate_up_in_tiles(true);
+            let (stacked, tiles) = (
+                stacked.expect("stacked"),
+                load(&dir, Some(q)).expect("tiles"),
+            );
+            assert_eq!(
+                stacked.quant_summary(),
+                tiles.quant_summary(),
+                "{name} {q:?}"
+            );
+            let (a, a_fork) = full_and_fork(&stacked, vocab);
+            let (b, b_fork) = full_and_fork(&tiles, vocab);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&a) == bits(&b), "{name} {q:?}: full forward differs");
+            assert!(bits(&a_fork) == bits(&b_fork), "{name} {q:?}: fork differs");
+        }
+    }
+}
+
 #[test]
 fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
     // hidden 32: no input width is a multiple of 256, so every weight takes the Q4_0 fallback

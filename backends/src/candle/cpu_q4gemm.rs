@@ -222,6 +222,28 @@ impl PackedQ4 {
         w
     }
 
+    /// `gate` and `up` (each `(F, k)`, one format and kernel, `F` a positive multiple of 16)
+    /// as one `(2F, k)` weight whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1`
+    /// up's. What [`swiglu`] reads; `None` when the two do not fit.
+    pub fn gate_up(gate: &PackedQ4, up: &PackedQ4) -> Option<Self> {
+        use super::cpu_tile_store::alternate;
+        let (f, k) = (gate.n, gate.k);
+        let same = (up.n, up.k, up.isa, up.format) == (f, k, gate.isa, gate.format);
+        if f == 0 || !f.is_multiple_of(NR) || !same {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        Some(PackedQ4 {
+            n: 2 * f,
+            k,
+            isa: gate.isa,
+            format: gate.format,
+            q: alternate(&gate.q, &up.q, blocks * PANEL_BLOCK),
+            a: alternate(&gate.a, &up.a, blocks * NR),
+            b: alternate(&gate.b, &up.b, blocks * NR),
+        })
+    }
+
     /// The weights stacked along `out` (`[a; b; …]`): `None` for an empty list, differing
     /// `in`, formats or kernels, or a part other than the last whose row count is not a
     /// multiple of 16.
@@ -255,6 +277,27 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            unreachable!("no ISA is supported off x86-64 ({}, {m})", xd.len())
+        }
+    })
+}
+
+/// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
+/// [`PackedQ4::gate_up`], the SwiGLU taken as each output tile is written
+/// ([`super::cpu_tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
+/// by [`super::swiglu::swiglu`] (tested). Errors as [`linear`].
+pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
+    let ready = || match Isa::supported().contains(&w.isa) {
+        true => Ok(()),
+        false => candle_core::bail!("4-bit gate|up: this CPU has no {}", w.isa.name()),
+    };
+    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::product_with(xd, m, w, super::cpu_tile_store::Out::SwiGlu)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -299,13 +342,11 @@ mod x86 {
     use rayon::prelude::*;
 
     use super::super::cpu_qgemm::x86_rounded;
+    use super::super::cpu_tile_store::{by_panel_runs, store, Out, Tile};
     use super::{mr, Isa, PackedQ4, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
 
     /// Broadcast units per block: 8 of four `i8`.
     const UNITS: usize = BLOCK / 4;
-
-    /// One tile's output, `[row][column]` (32 columns: two panels).
-    type Tile = [[f32; 2 * NR]; MR_AVX512];
 
     /// A row group's rounded activations: the units `[group][block][unit][row]`, the scales
     /// and the sums `[group][block][row]` (rows past `m` are zero).
@@ -534,25 +575,39 @@ mod x86 {
 
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
     pub(super) fn product(x: &[f32], m: usize, w: &PackedQ4) -> Vec<f32> {
+        product_with(x, m, w, Out::Product)
+    }
+
+    /// [`product`], or (`Out::SwiGlu`, a weight of [`PackedQ4::gate_up`]) its SwiGLU
+    /// `(m, n / 2)`, taken as each pair of panels' tile is written.
+    pub(super) fn product_with(x: &[f32], m: usize, w: &PackedQ4, out: Out) -> Vec<f32> {
         let (n, k, isa) = (w.n, w.k, w.isa);
         // SAFETY: the CPU has `isa` (`linear` checked), so AVX2 + FMA
         let rows = unsafe { quantize_rows(x, m, k, isa) };
-        let panels = n.div_ceil(NR);
-        let mut y = vec![0f32; m * n];
-        let y_addr = y.as_mut_ptr() as usize;
-        super::super::cpu_host::for_panel_runs(panels, isa == Isa::Avx512, |p0, p1| {
+        by_panel_runs(m, n, isa == Isa::Avx512, out, |p0, p1, y| {
             // SAFETY: the CPU has `isa`; `rows` holds every row group `run` reads and the
-            // weight every panel; runs of panels write disjoint columns of `y` (m · n).
-            unsafe { run(&rows, m, w, p0, p1, y_addr as *mut f32) };
-        });
-        y
+            // weight every panel; runs of panels (of pairs, for the SwiGLU) write disjoint
+            // columns of `y`, which holds m · out.cols(n) elements.
+            unsafe { run(&rows, m, w, p0, p1, out, y) };
+        })
     }
 
-    /// Panels `p0..p1` of the product into `y (m, n)`.
-    unsafe fn run(rows: &Rows, m: usize, w: &PackedQ4, p0: usize, p1: usize, y: *mut f32) {
+    /// Panels `p0..p1` of the product (or its SwiGLU: `p0`, `p1` even) into `y`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        rows: &Rows,
+        m: usize,
+        w: &PackedQ4,
+        p0: usize,
+        p1: usize,
+        out: Out,
+        y: *mut f32,
+    ) {
         let (n, k, isa) = (w.n, w.k, w.isa);
         let (blocks, mr) = (k / BLOCK, mr(isa));
-        let mut out: Tile = [[0f32; 2 * NR]; MR_AVX512];
+        let mut tile: Tile = [[0f32; 2 * NR]; MR_AVX512];
+        // the up panel's tile of a SwiGLU pair where tiles hold one panel
+        let mut up: Tile = [[0f32; 2 * NR]; MR_AVX512];
         for ic in (0..m).step_by(MC) {
             let ie = (ic + MC).min(m);
             let mut p = p0;
@@ -561,77 +616,91 @@ mod x86 {
                     Isa::Avx512 if p + 1 < p1 => 2,
                     _ => 1,
                 };
-                let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
-                let ap = w.a.as_ptr().add(p * blocks * NR);
-                let bp = w.b.as_ptr().add(p * blocks * NR);
                 for g0 in (ic..ie).step_by(mr) {
                     let count = mr.min(m - g0);
                     let gi = g0 / mr;
-                    let ug = rows.units.as_ptr().add(gi * blocks * UNITS * mr);
-                    let sg = rows.scale.as_ptr().add(gi * blocks * mr);
-                    let tg = rows.sum.as_ptr().add(gi * blocks * mr);
-                    match isa {
-                        Isa::Avx2 => {
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    tile_avx2::<$r>(blocks, ug, sg, tg, wp, ap, bp, &mut out)
-                                };
-                            }
-                            match count {
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
-                        }
-                        Isa::AvxVnni => {
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    tile_vnni256::<$r>(blocks, ug, sg, tg, wp, ap, bp, &mut out)
-                                };
-                            }
-                            match count {
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
-                        }
-                        Isa::Avx512 => {
-                            let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
-                            macro_rules! go {
-                                ($r:literal) => {
-                                    match width {
-                                        2 => tile_avx512::<$r, 2>(
-                                            blocks, ug, sg, tg, wp, ws, ap, bp, ds, &mut out,
-                                        ),
-                                        _ => tile_avx512::<$r, 1>(
-                                            blocks, ug, sg, tg, wp, ws, ap, bp, ds, &mut out,
-                                        ),
-                                    }
-                                };
-                            }
-                            match count {
-                                6 => go!(6),
-                                5 => go!(5),
-                                4 => go!(4),
-                                3 => go!(3),
-                                2 => go!(2),
-                                _ => go!(1),
-                            }
-                        }
+                    let group = (
+                        rows.units.as_ptr().add(gi * blocks * UNITS * mr),
+                        rows.scale.as_ptr().add(gi * blocks * mr),
+                        rows.sum.as_ptr().add(gi * blocks * mr),
+                    );
+                    tile_at(w, p, width, count, group, &mut tile);
+                    if out == Out::SwiGlu && width == 1 {
+                        tile_at(w, p + 1, 1, count, group, &mut up);
                     }
-                    // the tile's real columns into y
-                    let cols = (width * NR).min(n - p * NR);
-                    for (r, out) in out.iter().enumerate().take(count) {
-                        std::ptr::copy_nonoverlapping(
-                            out.as_ptr(),
-                            y.add((g0 + r) * n + p * NR),
-                            cols,
-                        );
-                    }
+                    store(&tile, &up, count, g0, p, width, n, out, y);
                 }
-                p += width;
+                // a SwiGLU pair is two panels whatever the tile width
+                p += match out {
+                    Out::SwiGlu => 2,
+                    Out::Product => width,
+                };
+            }
+        }
+    }
+
+    /// Rows `0..count` of one row group (`(units, scales, sums)`) × panels `p..p + width`
+    /// (`width` 2 only under AVX-512) of `w` into `out`.
+    ///
+    /// # Safety
+    /// The CPU has `w`'s ISA; the row group and panels are within `w` and the rounded rows.
+    unsafe fn tile_at(
+        w: &PackedQ4,
+        p: usize,
+        width: usize,
+        count: usize,
+        (ug, sg, tg): (*const u32, *const f32, *const f32),
+        out: &mut Tile,
+    ) {
+        let blocks = w.k / BLOCK;
+        let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
+        let ap = w.a.as_ptr().add(p * blocks * NR);
+        let bp = w.b.as_ptr().add(p * blocks * NR);
+        match w.isa {
+            Isa::Avx2 => {
+                macro_rules! go {
+                    ($r:literal) => {
+                        tile_avx2::<$r>(blocks, ug, sg, tg, wp, ap, bp, out)
+                    };
+                }
+                match count {
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
+            }
+            Isa::AvxVnni => {
+                macro_rules! go {
+                    ($r:literal) => {
+                        tile_vnni256::<$r>(blocks, ug, sg, tg, wp, ap, bp, out)
+                    };
+                }
+                match count {
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
+            }
+            Isa::Avx512 => {
+                let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
+                macro_rules! go {
+                    ($r:literal) => {
+                        match width {
+                            2 => tile_avx512::<$r, 2>(blocks, ug, sg, tg, wp, ws, ap, bp, ds, out),
+                            _ => tile_avx512::<$r, 1>(blocks, ug, sg, tg, wp, ws, ap, bp, ds, out),
+                        }
+                    };
+                }
+                match count {
+                    6 => go!(6),
+                    5 => go!(5),
+                    4 => go!(4),
+                    3 => go!(3),
+                    2 => go!(2),
+                    _ => go!(1),
+                }
             }
         }
     }
@@ -777,6 +846,50 @@ mod tests {
             let (dv, s) = unsafe { x86::signed_units(xs, units.as_mut_ptr(), 1) };
             let sum: i32 = q.iter().map(|&v| v as i32).sum();
             assert_eq!((d.to_bits(), want, sum), (dv.to_bits(), units, s), "{xs:?}");
+        }
+        Ok(())
+    }
+
+    /// The fused gate|up SwiGLU equals the stacked product followed by the SwiGLU pass, bit for
+    /// bit, at every level the CPU has, for both formats: row counts off the tile and across
+    /// row blocks, one pair of panels and many; `gate_up` refuses an `F` that is not a multiple
+    /// of 16 and mixed formats.
+    #[test]
+    fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
+        let dev = Device::Cpu;
+        for &isa in Isa::supported() {
+            for (format, m, f, k) in [
+                (GgmlDType::Q4_0, 1usize, 16usize, 32usize),
+                (GgmlDType::Q4_0, 7, 48, 96),
+                (GgmlDType::Q4K, MC + 11, 80, 256),
+                (GgmlDType::Q4K, 13, 16, 512),
+            ] {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+                let pack = |shift: f64| -> Result<PackedQ4> {
+                    let w = (Tensor::randn(0f32, 0.2, (f, k), &dev)? + shift)?;
+                    let (bytes, _) = blocks(&w, format)?;
+                    Ok(PackedQ4::from_blocks(format, &bytes, f, k, isa).expect("fits"))
+                };
+                let (gate, up) = (pack(0.0)?, pack(0.05)?);
+                let fused = PackedQ4::gate_up(&gate, &up).expect("fits");
+                let stacked = PackedQ4::stack(&[&gate, &up]).expect("stacks");
+                let want = super::super::swiglu::swiglu(&linear(&x, &stacked)?)?;
+                let got = swiglu(&x, &fused)?;
+                assert_eq!(got.dims(), &[m, f]);
+                let got = got.flatten_all()?.to_vec1::<f32>()?;
+                let want = want.flatten_all()?.to_vec1::<f32>()?;
+                assert!(got == want, "{isa:?} {format:?} m {m} F {f} k {k}: differs");
+            }
+            let w = Tensor::randn(0f32, 0.2, (24, 256), &dev)?;
+            let (b0, _) = blocks(&w, GgmlDType::Q4_0)?;
+            let odd = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 24, 256, isa).expect("fits");
+            assert!(PackedQ4::gate_up(&odd, &odd).is_none(), "F = 24");
+            let w = Tensor::randn(0f32, 0.2, (16, 256), &dev)?;
+            let (b0, _) = blocks(&w, GgmlDType::Q4_0)?;
+            let (bk, _) = blocks(&w, GgmlDType::Q4K)?;
+            let q0 = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 16, 256, isa).expect("fits");
+            let qk = PackedQ4::from_blocks(GgmlDType::Q4K, &bk, 16, 256, isa).expect("fits");
+            assert!(PackedQ4::gate_up(&q0, &qk).is_none(), "mixed formats");
         }
         Ok(())
     }

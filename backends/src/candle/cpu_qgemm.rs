@@ -35,6 +35,7 @@ use candle_core::{Result, Tensor};
 use super::cpu_aligned::Aligned;
 use super::cpu_gemm::NR;
 use super::cpu_isa::Isa;
+use super::cpu_tile_store::Out;
 
 /// `k` per `Q8_0` block.
 const BLOCK: usize = 32;
@@ -175,18 +176,7 @@ impl PackedQ8 {
             return None;
         }
         let blocks = k / BLOCK;
-        // panel p of each, one after the other
-        fn alternate<T: super::cpu_aligned::Plain>(a: &[T], b: &[T], per: usize) -> Aligned<T> {
-            let mut out = Aligned::zeroed(a.len() + b.len());
-            if per > 0 {
-                let pairs = a.chunks_exact(per).zip(b.chunks_exact(per));
-                for (dst, (a, b)) in out.chunks_exact_mut(2 * per).zip(pairs) {
-                    dst[..per].copy_from_slice(a);
-                    dst[per..].copy_from_slice(b);
-                }
-            }
-            out
-        }
+        use super::cpu_tile_store::alternate;
         Some(PackedQ8 {
             n: 2 * f,
             k,
@@ -275,7 +265,7 @@ pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     super::cpu_host::apply_rows(x, (w.n / 2, w.k), "q8_0 gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
-            x86::product_with(xd, m, w, true)
+            x86::product_with(xd, m, w, Out::SwiGlu)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -321,12 +311,10 @@ mod x86 {
 
     use rayon::prelude::*;
 
+    use super::super::cpu_tile_store::{by_panel_runs, store, Out, Tile};
     use super::{
         group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, MR_VNNI256, NR, PANEL_BLOCK,
     };
-
-    /// One tile's output, `[row][column]` (32 columns: two panels).
-    type Tile = [[f32; 2 * NR]; MR_AVX512];
 
     /// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
     /// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
@@ -567,31 +555,25 @@ mod x86 {
 
     /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
     pub(super) fn product(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
-        product_with(x, m, w, false)
+        product_with(x, m, w, Out::Product)
     }
 
-    /// [`product`], or with `swiglu` (a weight of [`PackedQ8::gate_up`]) `(m, n / 2)`: each
-    /// pair of panels' tile taken through SiLU(gate) · up as it is written.
-    pub(super) fn product_with(x: &[f32], m: usize, w: &PackedQ8, swiglu: bool) -> Vec<f32> {
+    /// [`product`], or (`Out::SwiGlu`, a weight of [`PackedQ8::gate_up`]) its SwiGLU
+    /// `(m, n / 2)`, taken as each pair of panels' tile is written.
+    pub(super) fn product_with(x: &[f32], m: usize, w: &PackedQ8, out: Out) -> Vec<f32> {
         let (n, k, isa) = (w.n, w.k, w.isa);
         // SAFETY: the CPU has `isa` (`linear` checked)
         let (a, s) = unsafe { quantize_rows(x, m, k, isa) };
-        let panels = n.div_ceil(NR);
-        let mut y = vec![0f32; m * if swiglu { n / 2 } else { n }];
-        let y_addr = y.as_mut_ptr() as usize;
-        // AVX-512 tiles pair panels, and so does SwiGLU (gate panel, up panel)
-        let paired = isa == Isa::Avx512 || swiglu;
-        super::super::cpu_host::for_panel_runs(panels, paired, |p0, p1| {
+        // AVX-512 tiles pair panels
+        by_panel_runs(m, n, isa == Isa::Avx512, out, |p0, p1, y| {
             // SAFETY: the CPU has `isa` (`linear` checked); `a` / `s` hold every row group `run`
-            // reads and the weight every panel; runs of panels write disjoint columns of `y`
-            // (m · n or m · n / 2 elements), runs of pairs when `swiglu`.
-            unsafe { run(&a, &s, m, w, p0, p1, swiglu, y_addr as *mut f32) };
-        });
-        y
+            // reads and the weight every panel; runs of panels (of pairs, for the SwiGLU)
+            // write disjoint columns of `y`, which holds m · out.cols(n) elements.
+            unsafe { run(&a, &s, m, w, p0, p1, out, y) };
+        })
     }
 
-    /// Panels `p0..p1` of the product into `y (m, n)`, or with `swiglu` (`p0`, `p1` even) their
-    /// SwiGLU into `y (m, n / 2)`.
+    /// Panels `p0..p1` of the product (or its SwiGLU: `p0`, `p1` even) into `y`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run(
         a: &[u32],
@@ -600,13 +582,13 @@ mod x86 {
         w: &PackedQ8,
         p0: usize,
         p1: usize,
-        swiglu: bool,
+        out: Out,
         y: *mut f32,
     ) {
         let (n, k, isa) = (w.n, w.k, w.isa);
         let (blocks, mr, units) = (k / BLOCK, mr(isa), BLOCK / group(isa));
-        let mut out: Tile = [[0f32; 2 * NR]; MR_AVX512];
-        // the up panel's tile where tiles hold one panel
+        let mut tile: Tile = [[0f32; 2 * NR]; MR_AVX512];
+        // the up panel's tile of a SwiGLU pair where tiles hold one panel
         let mut up: Tile = [[0f32; 2 * NR]; MR_AVX512];
         for ic in (0..m).step_by(MC) {
             let ie = (ic + MC).min(m);
@@ -616,44 +598,22 @@ mod x86 {
                     Isa::Avx512 if p + 1 < p1 => 2,
                     _ => 1,
                 };
-                // with SwiGLU the 8-lane kernels take the pair's two panels one after the other
-                let step = if swiglu { 2 } else { width };
                 for g0 in (ic..ie).step_by(mr) {
                     let rows = mr.min(m - g0);
                     let gi = g0 / mr;
                     let ag = a.as_ptr().add(gi * blocks * units * mr);
                     let sg = s.as_ptr().add(gi * blocks * mr);
-                    tile_at(w, p, width, rows, ag, sg, &mut out);
-                    if swiglu {
-                        // gate in columns 0..16 of `out`; up beside it, or in `up`
-                        if width == 1 {
-                            tile_at(w, p + 1, 1, rows, ag, sg, &mut up);
-                        }
-                        let f = n / 2;
-                        for r in 0..rows {
-                            let (gate, upr) = match width {
-                                2 => out[r].split_at(NR),
-                                _ => (&out[r][..NR], &up[r][..NR]),
-                            };
-                            let dst = std::slice::from_raw_parts_mut(
-                                y.add((g0 + r) * f + p / 2 * NR),
-                                NR,
-                            );
-                            super::super::cpu_math::silu_mul(gate, &upr[..NR], dst);
-                        }
-                        continue;
+                    tile_at(w, p, width, rows, ag, sg, &mut tile);
+                    if out == Out::SwiGlu && width == 1 {
+                        tile_at(w, p + 1, 1, rows, ag, sg, &mut up);
                     }
-                    // the tile's real columns into y
-                    let cols = (width * NR).min(n - p * NR);
-                    for (r, out) in out.iter().enumerate().take(rows) {
-                        std::ptr::copy_nonoverlapping(
-                            out.as_ptr(),
-                            y.add((g0 + r) * n + p * NR),
-                            cols,
-                        );
-                    }
+                    store(&tile, &up, rows, g0, p, width, n, out, y);
                 }
-                p += step;
+                // a SwiGLU pair is two panels whatever the tile width
+                p += match out {
+                    Out::SwiGlu => 2,
+                    Out::Product => width,
+                };
             }
         }
     }

@@ -2,9 +2,9 @@
 //! read the same input into one matrix, so one GEMM (and one bias add) replaces several:
 //!
 //! - gate | up of every MLP (`super::mlp`), followed by the fused SwiGLU pass (`super::swiglu`);
-//!   for `Q8_0` weights of an f32 model on an x86 CPU with the integer kernel, gate's and up's
-//!   panels alternate instead and the SwiGLU is taken as each output tile is written
-//!   (`super::cpu_qgemm::swiglu`): the `(…, 2F)` product is never stored;
+//!   for integer weights (`Q8_0`, `Q4_0`, `Q4_K`) of an f32 model on an x86 CPU, gate's and
+//!   up's panels alternate instead and the SwiGLU is taken as each output tile is written
+//!   (`super::cpu_tile_store`): the `(…, 2F)` product is never stored;
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
 //!   family, `super::models::self_attn`): one product and one bias add instead of three each.
 //!
@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use candle_core::Device;
 
 static GATE_UP: AtomicBool = AtomicBool::new(true);
+static GATE_UP_IN_TILES: AtomicBool = AtomicBool::new(true);
 static QKV: AtomicBool = AtomicBool::new(true);
 
 /// Stack gate and up into one product (`true`, the default) or keep two products and candle's
@@ -39,10 +40,19 @@ fn env_separate(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "separate")
 }
 
+/// Take the SwiGLU of integer gate | up weights inside the kernel's tiles (`true`, the
+/// default) or as its own pass after the stacked product (`false`: the reference the tests
+/// hold it to), for models loaded from then on.
+pub fn set_gate_up_in_tiles(on: bool) {
+    GATE_UP_IN_TILES.store(on, Ordering::Relaxed);
+}
+
 /// Whether the gate | up SwiGLU may run inside the integer kernel's tiles (the default) or
-/// only as its own pass after the stacked product (`FORKSCORE_MLP=stacked`, for A/B timings).
+/// only as its own pass after the stacked product ([`set_gate_up_in_tiles`], or
+/// `FORKSCORE_MLP=stacked` for A/B timings).
 pub(crate) fn gate_up_in_tiles() -> bool {
-    !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "stacked")
+    GATE_UP_IN_TILES.load(Ordering::Relaxed)
+        && !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "stacked")
 }
 
 /// Whether a model loading onto `device` stacks gate | up.

@@ -376,6 +376,15 @@ impl Linear {
         }
     }
 
+    /// The packed 4-bit weight of a layer without a bias ([`cpu_q4gemm`]'s), if that is what
+    /// it holds.
+    pub(crate) fn packed_q4(&self) -> Option<&PackedQ4> {
+        match self {
+            Linear::PackedQ4 { weight, bias: None } => Some(weight),
+            _ => None,
+        }
+    }
+
     /// `(.., in) -> (.., out)`. A quantized layer with more activation rows than
     /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`].
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {

@@ -5,6 +5,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
+use super::cpu_q4gemm::{self, PackedQ4};
 use super::cpu_qgemm::{self, PackedQ8};
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
@@ -34,11 +35,46 @@ enum GateUp {
         up: Linear,
     },
     Stacked(Linear),
-    /// `Q8_0` gate and up of an f32 model on an x86 CPU, one weight whose panels alternate
-    /// (gate's `p`, up's `p`): the SwiGLU is taken as the integer kernel writes each output tile
-    /// (`cpu_qgemm::swiglu`), equal bit for bit to `Stacked` and the pass, without storing the
-    /// `(…, 2F)` product.
-    InTilesQ8(PackedQ8),
+    /// Integer (`Q8_0`, 4-bit) gate and up of an f32 model on an x86 CPU, one weight whose
+    /// panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel writes each
+    /// output tile (`super::cpu_tile_store`), equal bit for bit to `Stacked` and the pass,
+    /// without storing the `(…, 2F)` product.
+    InTiles(InTiles),
+}
+
+/// The weight of [`GateUp::InTiles`].
+enum InTiles {
+    Q8(PackedQ8),
+    Q4(PackedQ4),
+}
+
+impl InTiles {
+    /// `gate` and `up` as one weight for the SwiGLU in the tiles, where both are integer
+    /// weights of one kind, format and kernel, without biases, with `F` a multiple of 16.
+    fn of(gate: &Linear, up: &Linear) -> Option<Self> {
+        if let (Some(g), Some(u)) = (gate.packed_q8(), up.packed_q8()) {
+            return PackedQ8::gate_up(g, u).map(InTiles::Q8);
+        }
+        if let (Some(g), Some(u)) = (gate.packed_q4(), up.packed_q4()) {
+            return PackedQ4::gate_up(g, u).map(InTiles::Q4);
+        }
+        None
+    }
+
+    fn ggml(&self) -> GgmlDType {
+        match self {
+            InTiles::Q8(_) => GgmlDType::Q8_0,
+            InTiles::Q4(w) => w.format(),
+        }
+    }
+
+    /// `(B, L, D) -> (B, L, F)`.
+    fn swiglu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            InTiles::Q8(w) => cpu_qgemm::swiglu(x, w),
+            InTiles::Q4(w) => cpu_q4gemm::swiglu(x, w),
+        }
+    }
 }
 
 pub(crate) struct Mlp {
@@ -69,18 +105,18 @@ impl Mlp {
             hidden,
             false,
         )?;
-        let in_tiles = match (gate.packed_q8(), up.packed_q8()) {
-            (Some(g), Some(u)) if super::fusion::gate_up_in_tiles() => PackedQ8::gate_up(g, u),
-            _ => None,
+        let in_tiles = match super::fusion::gate_up_in_tiles() {
+            true => InTiles::of(&gate, &up),
+            false => None,
         };
-        let gate_up = match super::fusion::gate_up(w.device()) {
-            true if in_tiles.is_some() => GateUp::InTilesQ8(in_tiles.expect("checked")),
+        let gate_up = match (super::fusion::gate_up(w.device()), in_tiles) {
+            (true, Some(fused)) => GateUp::InTiles(fused),
             // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
-            true => match Linear::stack(&[&gate, &up])? {
+            (true, None) => match Linear::stack(&[&gate, &up])? {
                 Some(stacked) => GateUp::Stacked(stacked),
                 None => GateUp::Separate { gate, up },
             },
-            false => GateUp::Separate { gate, up },
+            (false, _) => GateUp::Separate { gate, up },
         };
         Ok(Mlp { gate_up, down })
     }
@@ -97,9 +133,9 @@ impl Mlp {
                 summary.count(l);
                 summary.count(l);
             }
-            GateUp::InTilesQ8(_) => {
-                summary.count_type(Some(GgmlDType::Q8_0));
-                summary.count_type(Some(GgmlDType::Q8_0));
+            GateUp::InTiles(w) => {
+                summary.count_type(Some(w.ggml()));
+                summary.count_type(Some(w.ggml()));
             }
         }
         summary.count(&self.down);
@@ -126,10 +162,11 @@ impl Mlp {
                     swiglu::swiglu(&gu).map_err(CandleError::tensor("mlp swiglu"))
                 })? // (B, L, F)
             }
-            GateUp::InTilesQ8(w) => {
+            GateUp::InTiles(w) => {
                 // (B, L, D) -> (B, L, F): the product and the SwiGLU in one pass
                 profile::region("mlp.gate_up", x.device(), || {
-                    cpu_qgemm::swiglu(x, w).map_err(CandleError::tensor("mlp gate|up swiglu"))
+                    w.swiglu(x)
+                        .map_err(CandleError::tensor("mlp gate|up swiglu"))
                 })?
             }
         };

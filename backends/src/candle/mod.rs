@@ -45,6 +45,7 @@ mod cpu_key_major;
 mod cpu_math;
 mod cpu_q4gemm;
 mod cpu_qgemm;
+mod cpu_tile_store;
 #[cfg(feature = "cuda")]
 mod cuda_module;
 #[cfg(feature = "cuda")]

@@ -9,7 +9,7 @@ for i in 1 2; do
   for cfg in "avx512:tiles" "avx512:stacked" "avxvnni:tiles" "avxvnni:stacked"; do
     isa=${cfg%%:*}; mlp=${cfg#*:}
     name=r$i-$isa-$mlp
-    env FORKSCORE_CPU_ISA=$isa FORKSCORE_MLP=$mlp FORKSCORE_BENCH_QUANTIZE=q8_0 FORKSCORE_BENCH_MODEL=${MODEL_DIR:?}/qwen25-0.5b FORKSCORE_BENCH_FIELDS=8,28 FORKSCORE_BENCH_WORDS=80 \
+    env FORKSCORE_CPU_ISA=$isa FORKSCORE_MLP=$mlp FORKSCORE_BENCH_QUANTIZE=${Q:-q8_0} FORKSCORE_BENCH_MODEL=${MODEL_DIR:?}/qwen25-0.5b FORKSCORE_BENCH_FIELDS=8,28 FORKSCORE_BENCH_WORDS=80 \
       FORKSCORE_BENCH_REPEATS=3 FORKSCORE_BENCH_MODES=parallel FORKSCORE_BENCH_OUT=$OUT/$name $exe --bench > $OUT/$name.log 2>&1
     python3 -c "
 import json; m=json.load(open('$OUT/$name/modes.json'))

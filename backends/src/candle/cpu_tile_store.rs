@@ -1,0 +1,103 @@
+//! Where the integer kernels' output tiles go ([`super::cpu_qgemm`], [`super::cpu_q4gemm`]):
+//! their columns into the `(m, n)` product, or, for a gate | up weight whose panels alternate
+//! (gate's panel `p`, then up's: [`alternate`]), `SiLU(gate) · up` into the `(m, n / 2)`
+//! SwiGLU ([`Out::SwiGlu`]), so an MLP's `(…, 2F)` product is never stored. The SwiGLU is
+//! [`super::cpu_math::silu_mul`] on each tile row's 16 gate and 16 up columns: with `F` a
+//! multiple of 16 every element goes through the same vector lanes as in the pass over whole
+//! rows ([`super::swiglu`]), so the two agree bit for bit (tested in both kernels).
+
+use super::cpu_aligned::{Aligned, Plain};
+use super::cpu_gemm::NR;
+
+/// An integer kernel's output tile: up to 6 rows × two panels of [`NR`] columns.
+pub(crate) type Tile = [[f32; 2 * NR]; 6];
+
+/// What a product writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Out {
+    /// `y (m, n)`.
+    Product,
+    /// `y (m, n / 2)`: SiLU of each pair's gate panel times its up panel.
+    SwiGlu,
+}
+
+impl Out {
+    /// Columns of `y` for a weight of `n` outputs.
+    pub fn cols(self, n: usize) -> usize {
+        match self {
+            Out::Product => n,
+            Out::SwiGlu => n / 2,
+        }
+    }
+}
+
+/// Two weights' per-panel chunks (`per` elements each) alternating: `a`'s panel `p`, then
+/// `b`'s. `a` and `b` hold the same number of whole panels.
+pub(crate) fn alternate<T: Plain>(a: &[T], b: &[T], per: usize) -> Aligned<T> {
+    let mut out = Aligned::zeroed(a.len() + b.len());
+    if per > 0 {
+        let pairs = a.chunks_exact(per).zip(b.chunks_exact(per));
+        for (dst, (a, b)) in out.chunks_exact_mut(2 * per).zip(pairs) {
+            dst[..per].copy_from_slice(a);
+            dst[per..].copy_from_slice(b);
+        }
+    }
+    out
+}
+
+/// A product of `m` rows over a weight of `n` outputs into a new `y`: `run(p0, p1, y)` for each
+/// run of panels on the rayon threads (runs of whole pairs where the kernel's tiles pair panels
+/// or `out` is the SwiGLU).
+pub(crate) fn by_panel_runs(
+    m: usize,
+    n: usize,
+    paired: bool,
+    out: Out,
+    run: impl Fn(usize, usize, *mut f32) + Sync,
+) -> Vec<f32> {
+    let mut y = vec![0f32; m * out.cols(n)];
+    let y_addr = y.as_mut_ptr() as usize;
+    super::cpu_host::for_panel_runs(n.div_ceil(NR), paired || out == Out::SwiGlu, |p0, p1| {
+        run(p0, p1, y_addr as *mut f32)
+    });
+    y
+}
+
+/// Rows `0..rows` of the tile of panels `p..p + width` at row `g0` into `y`: its real columns
+/// (`Out::Product`, `y (m, n)`), or (`Out::SwiGlu`, `p` even) SiLU(gate) · up with the gate in
+/// the tile's first 16 columns and up beside it (`width` 2) or in `up`'s (`width` 1).
+///
+/// # Safety
+/// `y` holds `m · out.cols(n)` floats, `g0 + rows ≤ m`, and the panels lie within `n`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn store(
+    tile: &Tile,
+    up: &Tile,
+    rows: usize,
+    g0: usize,
+    p: usize,
+    width: usize,
+    n: usize,
+    out: Out,
+    y: *mut f32,
+) {
+    match out {
+        Out::Product => {
+            let cols = (width * NR).min(n - p * NR);
+            for (r, row) in tile.iter().enumerate().take(rows) {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), y.add((g0 + r) * n + p * NR), cols);
+            }
+        }
+        Out::SwiGlu => {
+            let f = n / 2;
+            for r in 0..rows {
+                let (gate, upr) = match width {
+                    2 => tile[r].split_at(NR),
+                    _ => (&tile[r][..NR], &up[r][..NR]),
+                };
+                let dst = std::slice::from_raw_parts_mut(y.add((g0 + r) * f + p / 2 * NR), NR);
+                super::cpu_math::silu_mul(gate, &upr[..NR], dst);
+            }
+        }
+    }
+}
