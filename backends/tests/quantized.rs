@@ -94,11 +94,11 @@ fn q8_0_quantizes_every_projection_and_tracks_f32() {
     }
 }
 
-/// The SwiGLU taken inside the integer kernels' tiles (the default on x86 CPUs) gives the same
+/// The SwiGLU taken inside the packed kernels' tiles (the default on x86 CPUs) gives the same
 /// logits, bit for bit, as the stacked gate|up product followed by the SwiGLU pass
-/// (`fusion::set_gate_up_in_tiles(false)`), in q8_0 and q4k (Q4_0 here, and Q4_K on a wide
-/// model), full forward and fork. (Other tests loading models meanwhile get one path or the
-/// other: both give the same numbers.)
+/// (`fusion::set_gate_up_in_tiles(false)`): unquantized (the f32 kernel, block by block), q8_0
+/// and q4k (Q4_0 here, and Q4_K on a wide model), full forward and fork. (Other tests loading
+/// models meanwhile get one path or the other: both give the same numbers.)
 #[test]
 fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
     use forkscore_backends::candle::fusion;
@@ -114,14 +114,11 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
     let mut dirs = tiny_dirs();
     dirs.push(("wide qwen3", wide, 1000));
     for (name, dir, vocab) in dirs {
-        for q in [Quantization::Q8_0, Quantization::Q4K] {
+        for q in [None, Some(Quantization::Q8_0), Some(Quantization::Q4K)] {
             fusion::set_gate_up_in_tiles(false);
-            let stacked = load(&dir, Some(q));
+            let stacked = load(&dir, q);
             fusion::set_gate_up_in_tiles(true);
-            let (stacked, tiles) = (
-                stacked.expect("stacked"),
-                load(&dir, Some(q)).expect("tiles"),
-            );
+            let (stacked, tiles) = (stacked.expect("stacked"), load(&dir, q).expect("tiles"));
             assert_eq!(
                 stacked.quant_summary(),
                 tiles.quant_summary(),

@@ -336,7 +336,19 @@ mod x86 {
         let mr = bl.mr;
         // SAFETY: the CPU has AVX-512 BF16 (the caller checked); `a` holds ⌈m/mr⌉·mr·units
         // and the panels ⌈n/16⌉·units·16 pairs, the layout `product_with` reads.
-        unsafe { product_with(&a, m, w.n, units, &w.panels, true, bl, |t| tile(t, mr)) }
+        unsafe {
+            product_with(
+                &a,
+                m,
+                w.n,
+                units,
+                &w.panels,
+                true,
+                bl,
+                super::super::cpu_tile_store::Out::Product,
+                |t| tile(t, mr),
+            )
+        }
     }
 }
 

@@ -296,6 +296,21 @@ impl PackedWeight {
         Tensor::from_vec(self.rows(), (self.n, self.k), &Device::Cpu)
     }
 
+    /// `gate` and `up` (each `(F, k)`, `F` a positive multiple of 16) as one `(2F, k)` weight
+    /// whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1` up's. What [`swiglu`]
+    /// reads; `None` when the two do not fit.
+    pub fn gate_up(gate: &PackedWeight, up: &PackedWeight) -> Option<Self> {
+        let (f, k) = (gate.n, gate.k);
+        if f == 0 || !f.is_multiple_of(NR) || (up.n, up.k) != (f, k) {
+            return None;
+        }
+        Some(PackedWeight {
+            n: 2 * f,
+            k,
+            panels: super::cpu_tile_store::alternate(&gate.panels, &up.panels, k * NR),
+        })
+    }
+
     /// The weights stacked along `out` (`[a; b; …]`), all with one `in`; `None` for an empty
     /// list or differing `in`. Whole panels are concatenated as they are when every part but
     /// the last has a multiple of 16 rows; otherwise the rows are repacked.
@@ -324,21 +339,72 @@ pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     }
 }
 
+/// Whether [`swiglu`] takes a gate | up weight of input width `k` in this process: the
+/// kernel runs here and its blocking keeps `k` innermost (`k ≤ short_k`), so each output block
+/// is whole while it is in cache.
+pub(crate) fn swiglu_fits(k: usize) -> bool {
+    match Isa::chosen().map(Isa::f32_level) {
+        Some(isa) => Blocking::chosen(isa).is_ok_and(|bl| k <= bl.short_k),
+        None => false,
+    }
+}
+
+/// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
+/// [`PackedWeight::gate_up`]: each block of output rows and panels is computed into a scratch
+/// block in cache and taken through the SwiGLU from there, so the `(.., 2F)` product is never
+/// stored. Equal bit for bit to [`linear`] on the stacked weight followed by
+/// [`super::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
+/// hold.
+pub(crate) fn swiglu(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
+    let Some(isa) = Isa::chosen().map(Isa::f32_level) else {
+        candle_core::bail!("packed gate|up: this CPU has no AVX2 + FMA");
+    };
+    swiglu_with(x, w, isa, &Blocking::chosen(isa)?)
+}
+
+/// [`swiglu`] with the microkernel of `isa` and blocking `bl` (`k ≤ bl.short_k`; an odd
+/// panel block `nc` is taken one larger, so no block splits a (gate, up) pair).
+pub(crate) fn swiglu_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
+    let bl = &Blocking {
+        nc: bl.nc.next_multiple_of(2),
+        ..*bl
+    };
+    let ready = || {
+        if w.k > bl.short_k || !w.n.is_multiple_of(2 * NR) {
+            candle_core::bail!("packed gate|up: ({}, {}) does not fit {bl:?}", w.n, w.k);
+        }
+        check(isa, bl)
+    };
+    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "packed gate|up", ready, |xd, m| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::product_out(xd, m, w, isa, bl, super::cpu_tile_store::Out::SwiGlu)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            unreachable!("kernel_available() is false off x86-64 ({}, {m})", xd.len())
+        }
+    })
+}
+
+/// That the CPU has `isa` and `bl` fits its tile.
+fn check(isa: Isa, bl: &Blocking) -> Result<()> {
+    if !Isa::supported().contains(&isa) {
+        candle_core::bail!("packed linear: this CPU has no {}", isa.name());
+    }
+    if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
+        candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
+    }
+    if !bl.mc.is_multiple_of(bl.mr) {
+        candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
+    }
+    Ok(())
+}
+
 /// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise)
 /// and blocking `bl` (an error if `isa`'s tile cannot hold it or a count is 0).
 pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
-    let ready = || {
-        if !Isa::supported().contains(&isa) {
-            candle_core::bail!("packed linear: this CPU has no {}", isa.name());
-        }
-        if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
-            candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
-        }
-        if !bl.mc.is_multiple_of(bl.mr) {
-            candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
-        }
-        Ok(())
-    };
+    let ready = || check(isa, bl);
     super::cpu_host::apply_rows(x, (w.n, w.k), "packed linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
@@ -357,6 +423,7 @@ pub(in crate::candle) mod x86 {
 
     use rayon::prelude::*;
 
+    use super::super::cpu_tile_store::Out;
     use super::{Blocking, Isa, PackedWeight, NR};
 
     /// `x (m, k)` into groups of `mr` rows, k-major: `a[g][kk][r] = x[g·mr + r][kk]`
@@ -548,6 +615,19 @@ pub(in crate::candle) mod x86 {
         isa: Isa,
         bl: &Blocking,
     ) -> Vec<f32> {
+        product_out(x, m, w, isa, bl, Out::Product)
+    }
+
+    /// [`product`], or (`Out::SwiGlu`: a weight of [`PackedWeight::gate_up`], `k ≤
+    /// bl.short_k`, the caller checked) its SwiGLU `(m, n / 2)`.
+    pub(super) fn product_out(
+        x: &[f32],
+        m: usize,
+        w: &PackedWeight,
+        isa: Isa,
+        bl: &Blocking,
+        out: Out,
+    ) -> Vec<f32> {
         let a = pack_rows(x, m, w.k, bl.mr);
         let mr = bl.mr;
         let paired = isa == Isa::Avx512;
@@ -562,6 +642,7 @@ pub(in crate::candle) mod x86 {
                 &w.panels,
                 paired,
                 bl,
+                out,
                 |t: Tile<f32>| match isa {
                     Isa::Avx512 => micro512_rows(
                         t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first,
@@ -609,12 +690,15 @@ pub(in crate::candle) mod x86 {
         panels: &[T],
         paired: bool,
         bl: &Blocking,
+        out: Out,
         tile: impl Fn(Tile<T>) + Sync,
     ) -> Vec<f32> {
         let count = n.div_ceil(NR);
-        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let cols = out.cols(n);
+        let mut y: Vec<f32> = Vec::with_capacity(m * cols);
         let y_addr = y.as_mut_ptr() as usize;
-        super::super::cpu_host::for_panel_runs(count, paired, |p0, p1| {
+        let pairs = paired || out == Out::SwiGlu;
+        super::super::cpu_host::for_panel_runs(count, pairs, |p0, p1| {
             // SAFETY: as the caller promised; `y` has capacity m·n and runs of panels write
             // disjoint columns.
             unsafe {
@@ -629,17 +713,21 @@ pub(in crate::candle) mod x86 {
                     y_addr as *mut f32,
                     paired,
                     bl,
+                    out,
                     &tile,
                 )
             };
         });
         // SAFETY: every column of every row was written (the panel runs cover 0..n, and the
-        // first k block of each tile overwrites its output).
-        unsafe { y.set_len(m * n) };
+        // first k block of each tile overwrites its output; with the SwiGLU every pair's 16
+        // columns of every row block).
+        unsafe { y.set_len(m * cols) };
         y
     }
 
-    /// Panels `p0..p1` of [`product_with`]'s product into `y (m, n)`.
+    /// Panels `p0..p1` of [`product_with`]'s product into `y (m, n)`, or (`Out::SwiGlu`: `p0`,
+    /// `p1` even, `k ≤ bl.short_k`, no ragged panel) each block of rows and panels into a
+    /// scratch block, then its SwiGLU into `y (m, n / 2)`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run<T>(
         a: &[T],
@@ -652,9 +740,17 @@ pub(in crate::candle) mod x86 {
         y: *mut f32,
         paired: bool,
         bl: &Blocking,
+        out: Out,
         tile: &impl Fn(Tile<T>),
     ) {
         let mr = bl.mr;
+        let swiglu = out == Out::SwiGlu;
+        // the SwiGLU's block of (mc rows, nc panels), row stride nc · 16
+        let mut scratch = match swiglu {
+            true => vec![0f32; bl.mc * bl.nc * NR],
+            false => Vec::new(),
+        };
+        let scratch_ptr = scratch.as_mut_ptr();
         // a ragged last panel goes to a scratch strip (m, 16), copied out at the end
         let ragged = !n.is_multiple_of(NR) && p1 == n.div_ceil(NR);
         let mut strip = if ragged {
@@ -671,9 +767,12 @@ pub(in crate::candle) mod x86 {
             while p < je {
                 let b = panels.as_ptr().add((p * k + pc) * NR);
                 let in_strip = ragged && p == p1 - 1;
-                let (c0, ldc) = match in_strip {
-                    true => (strip_ptr, NR),
-                    false => (y.add(p * NR), n),
+                // row `row0` of the output is at `c0` (the scratch block starts at the row
+                // block's first row)
+                let (c0, ldc, row0) = match (in_strip, swiglu) {
+                    (true, _) => (strip_ptr, NR, 0),
+                    (false, true) => (scratch_ptr.add((p - jc) * NR), bl.nc * NR, ic),
+                    (false, false) => (y.add(p * NR), n, 0),
                 };
                 // two-panel tiles pair a panel with the next unless that one is the strip's
                 let pair = paired && p + 1 < je && !(ragged && p + 1 == p1 - 1);
@@ -690,7 +789,7 @@ pub(in crate::candle) mod x86 {
                         a: a.as_ptr().add(row * k + pc * mr),
                         b,
                         bstride: k * NR,
-                        c: c0.add(row * ldc),
+                        c: c0.add((row - row0) * ldc),
                         ldc,
                         first: pc == 0,
                     });
@@ -704,6 +803,19 @@ pub(in crate::candle) mod x86 {
                 for ic in (0..m).step_by(bl.mc) {
                     for pc in (0..k).step_by(bl.kc) {
                         block(jc, ic, pc);
+                    }
+                    if swiglu {
+                        // the block is whole: its pairs (gate, up) through SiLU(gate) · up
+                        let (je, mc) = ((jc + bl.nc).min(p1), bl.mc.min(m - ic));
+                        let (ld, f) = (bl.nc * NR, n / 2);
+                        for q in (jc..je).step_by(2) {
+                            super::super::cpu_math::silu_mul_rows16(
+                                mc,
+                                (scratch_ptr.add((q - jc) * NR), ld),
+                                (scratch_ptr.add((q + 1 - jc) * NR), ld),
+                                (y.add(ic * f + q / 2 * NR), f),
+                            );
+                        }
                     }
                 }
             }
@@ -734,6 +846,47 @@ mod tests {
     use super::*;
     use crate::candle::cpu_host::checks::{max_rel, sum_tolerance};
     use candle_core::{DType, Device};
+
+    /// The gate|up SwiGLU taken block by block equals the stacked product followed by the
+    /// SwiGLU pass, bit for bit, at every f32 level and under blockings with ragged row blocks,
+    /// odd panel blocks (taken one larger), several `k` blocks and one; a `k` above `short_k`
+    /// and an `F` that is not a multiple of 16 are refused (an error, a `None`).
+    #[test]
+    fn swiglu_equals_product_then_swiglu() -> Result<()> {
+        let dev = Device::Cpu;
+        for &isa in Isa::supported().iter().filter(|&&l| l.f32_level() == l) {
+            for spec in [
+                "",
+                "mr=4,kc=7,mc=12,nc=3",
+                "mr=1,kc=64,mc=5,nc=1",
+                "nc=2,kc=1000",
+            ] {
+                let bl = Blocking::parse(spec, isa).expect("spec");
+                for (m, f, k) in [(1usize, 16usize, 32usize), (37, 48, 96), (100, 80, 200)] {
+                    let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+                    let gate = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (f, k), &dev)?)?;
+                    let up = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (f, k), &dev)?)?;
+                    let fused = PackedWeight::gate_up(&gate, &up).expect("fits");
+                    let stacked = PackedWeight::stack(&[&gate, &up]).expect("stacks");
+                    let want = super::super::swiglu::swiglu(&linear_with(&x, &stacked, isa, &bl)?)?;
+                    let got = swiglu_with(&x, &fused, isa, &bl)?;
+                    assert_eq!(got.dims(), &[m, f]);
+                    let got = got.flatten_all()?.to_vec1::<f32>()?;
+                    let want = want.flatten_all()?.to_vec1::<f32>()?;
+                    assert!(got == want, "{isa:?} {spec} m {m} F {f} k {k}: differs");
+                }
+            }
+            let w = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (16, 64), &dev)?)?;
+            let fused = PackedWeight::gate_up(&w, &w).expect("fits");
+            let short = Blocking::parse("short_k=32", isa).expect("spec");
+            let x = Tensor::randn(0f32, 1.0, (3, 64), &dev)?;
+            let e = swiglu_with(&x, &fused, isa, &short).expect_err("k above short_k");
+            assert!(e.to_string().contains("does not fit"), "{e}");
+            let odd = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (24, 64), &dev)?)?;
+            assert!(PackedWeight::gate_up(&odd, &odd).is_none(), "F = 24");
+        }
+        Ok(())
+    }
 
     /// The packed kernel equals candle's matmul to f32 rounding (a tolerance growing like √k,
     /// from 2e-6 of the largest output), under every instruction level

@@ -2,9 +2,9 @@
 //! their columns into the `(m, n)` product, or, for a gate | up weight whose panels alternate
 //! (gate's panel `p`, then up's: [`alternate`]), `SiLU(gate) · up` into the `(m, n / 2)`
 //! SwiGLU ([`Out::SwiGlu`]), so an MLP's `(…, 2F)` product is never stored. The SwiGLU is
-//! [`super::cpu_math::silu_mul`] on each tile row's 16 gate and 16 up columns: with `F` a
-//! multiple of 16 every element goes through the same vector lanes as in the pass over whole
-//! rows ([`super::swiglu`]), so the two agree bit for bit (tested in both kernels).
+//! [`super::cpu_math::silu_mul_rows16`] on the tile's rows of 16 gate and 16 up columns: with
+//! `F` a multiple of 16 every element goes through the same vector lanes as in the pass over
+//! whole rows ([`super::swiglu`]), so the two agree bit for bit (tested in both kernels).
 
 use super::cpu_aligned::{Aligned, Plain};
 use super::cpu_gemm::NR;
@@ -90,14 +90,13 @@ pub(crate) unsafe fn store(
         }
         Out::SwiGlu => {
             let f = n / 2;
-            for r in 0..rows {
-                let (gate, upr) = match width {
-                    2 => tile[r].split_at(NR),
-                    _ => (&tile[r][..NR], &up[r][..NR]),
-                };
-                let dst = std::slice::from_raw_parts_mut(y.add((g0 + r) * f + p / 2 * NR), NR);
-                super::cpu_math::silu_mul(gate, &upr[..NR], dst);
-            }
+            let gate = (tile.as_ptr() as *const f32, 2 * NR);
+            let upr = match width {
+                2 => (tile[0][NR..].as_ptr(), 2 * NR),
+                _ => (up.as_ptr() as *const f32, 2 * NR),
+            };
+            let dst = (y.add(g0 * f + p / 2 * NR), f);
+            super::cpu_math::silu_mul_rows16(rows, gate, upr, dst);
         }
     }
 }

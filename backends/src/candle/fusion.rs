@@ -2,9 +2,10 @@
 //! read the same input into one matrix, so one GEMM (and one bias add) replaces several:
 //!
 //! - gate | up of every MLP (`super::mlp`), followed by the fused SwiGLU pass (`super::swiglu`);
-//!   for integer weights (`Q8_0`, `Q4_0`, `Q4_K`) of an f32 model on an x86 CPU, gate's and
-//!   up's panels alternate instead and the SwiGLU is taken as each output tile is written
-//!   (`super::cpu_tile_store`): the `(…, 2F)` product is never stored;
+//!   for packed weights (f32, `Q8_0`, `Q4_0`, `Q4_K`) of an f32 model on an x86 CPU, gate's
+//!   and up's panels alternate instead and the SwiGLU is taken as each output tile (or f32
+//!   block) is written (`super::cpu_tile_store`, `super::cpu_gemm::swiglu`): the `(…, 2F)`
+//!   product is never stored;
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
 //!   family, `super::models::self_attn`): one product and one bias add instead of three each.
 //!

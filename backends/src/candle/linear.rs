@@ -367,6 +367,15 @@ impl Linear {
         }
     }
 
+    /// The packed f32 weight of a layer without a bias ([`cpu_gemm`]'s), if that is what it
+    /// holds.
+    pub(crate) fn packed_f32(&self) -> Option<&PackedWeight> {
+        match self {
+            Linear::Packed { weight, bias: None } => Some(weight),
+            _ => None,
+        }
+    }
+
     /// The packed `Q8_0` weight of a layer without a bias ([`cpu_qgemm`]'s), if that is what
     /// it holds.
     pub(crate) fn packed_q8(&self) -> Option<&PackedQ8> {

@@ -5,6 +5,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
+use super::cpu_gemm::{self, PackedWeight};
 use super::cpu_q4gemm::{self, PackedQ4};
 use super::cpu_qgemm::{self, PackedQ8};
 pub(crate) use super::linear::apply;
@@ -35,15 +36,16 @@ enum GateUp {
         up: Linear,
     },
     Stacked(Linear),
-    /// Integer (`Q8_0`, 4-bit) gate and up of an f32 model on an x86 CPU, one weight whose
+    /// Packed gate and up (f32, `Q8_0`, 4-bit) of an f32 model on an x86 CPU, one weight whose
     /// panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel writes each
-    /// output tile (`super::cpu_tile_store`), equal bit for bit to `Stacked` and the pass,
-    /// without storing the `(…, 2F)` product.
+    /// output tile (integer kernels, `super::cpu_tile_store`) or block (f32), equal bit for bit
+    /// to `Stacked` and the pass, without storing the `(…, 2F)` product.
     InTiles(InTiles),
 }
 
 /// The weight of [`GateUp::InTiles`].
 enum InTiles {
+    F32(PackedWeight),
     Q8(PackedQ8),
     Q4(PackedQ4),
 }
@@ -52,6 +54,14 @@ impl InTiles {
     /// `gate` and `up` as one weight for the SwiGLU in the tiles, where both are integer
     /// weights of one kind, format and kernel, without biases, with `F` a multiple of 16.
     fn of(gate: &Linear, up: &Linear) -> Option<Self> {
+        if let (Some(g), Some(u)) = (gate.packed_f32(), up.packed_f32()) {
+            // the f32 kernel's blocks are whole in cache only with `k` innermost
+            let (_, k) = g.dims();
+            return match cpu_gemm::swiglu_fits(k) {
+                true => PackedWeight::gate_up(g, u).map(InTiles::F32),
+                false => None,
+            };
+        }
         if let (Some(g), Some(u)) = (gate.packed_q8(), up.packed_q8()) {
             return PackedQ8::gate_up(g, u).map(InTiles::Q8);
         }
@@ -61,16 +71,19 @@ impl InTiles {
         None
     }
 
-    fn ggml(&self) -> GgmlDType {
+    /// The weights' ggml type (`None`: dense f32).
+    fn ggml(&self) -> Option<GgmlDType> {
         match self {
-            InTiles::Q8(_) => GgmlDType::Q8_0,
-            InTiles::Q4(w) => w.format(),
+            InTiles::F32(_) => None,
+            InTiles::Q8(_) => Some(GgmlDType::Q8_0),
+            InTiles::Q4(w) => Some(w.format()),
         }
     }
 
     /// `(B, L, D) -> (B, L, F)`.
     fn swiglu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
+            InTiles::F32(w) => cpu_gemm::swiglu(x, w),
             InTiles::Q8(w) => cpu_qgemm::swiglu(x, w),
             InTiles::Q4(w) => cpu_q4gemm::swiglu(x, w),
         }
@@ -134,8 +147,8 @@ impl Mlp {
                 summary.count(l);
             }
             GateUp::InTiles(w) => {
-                summary.count_type(Some(w.ggml()));
-                summary.count_type(Some(w.ggml()));
+                summary.count_type(w.ggml());
+                summary.count_type(w.ggml());
             }
         }
         summary.count(&self.down);
