@@ -342,7 +342,7 @@ mod x86 {
     use rayon::prelude::*;
 
     use super::super::cpu_qgemm::x86_rounded;
-    use super::super::cpu_tile_store::{by_panel_runs, store, Out, Tile};
+    use super::super::cpu_tile_store::{by_panel_runs, run_tiles, Out, Tile};
     use super::{mr, Isa, PackedQ4, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
 
     /// Broadcast units per block: 8 of four `i8`.
@@ -603,40 +603,25 @@ mod x86 {
         out: Out,
         y: *mut f32,
     ) {
-        let (n, k, isa) = (w.n, w.k, w.isa);
-        let (blocks, mr) = (k / BLOCK, mr(isa));
-        let mut tile: Tile = [[0f32; 2 * NR]; MR_AVX512];
-        // the up panel's tile of a SwiGLU pair where tiles hold one panel
-        let mut up: Tile = [[0f32; 2 * NR]; MR_AVX512];
-        for ic in (0..m).step_by(MC) {
-            let ie = (ic + MC).min(m);
-            let mut p = p0;
-            while p < p1 {
-                let width = match isa {
-                    Isa::Avx512 if p + 1 < p1 => 2,
-                    _ => 1,
-                };
-                for g0 in (ic..ie).step_by(mr) {
-                    let count = mr.min(m - g0);
-                    let gi = g0 / mr;
-                    let group = (
-                        rows.units.as_ptr().add(gi * blocks * UNITS * mr),
-                        rows.scale.as_ptr().add(gi * blocks * mr),
-                        rows.sum.as_ptr().add(gi * blocks * mr),
-                    );
-                    tile_at(w, p, width, count, group, &mut tile);
-                    if out == Out::SwiGlu && width == 1 {
-                        tile_at(w, p + 1, 1, count, group, &mut up);
-                    }
-                    store(&tile, &up, count, g0, p, width, n, out, y);
-                }
-                // a SwiGLU pair is two panels whatever the tile width
-                p += match out {
-                    Out::SwiGlu => 2,
-                    Out::Product => width,
-                };
-            }
-        }
+        let (blocks, mr) = (w.k / BLOCK, mr(w.isa));
+        let wide = w.isa == Isa::Avx512;
+        run_tiles(
+            (m, w.n),
+            (mr, MC),
+            wide,
+            (p0, p1),
+            out,
+            y,
+            |p, width, g0, count, t| {
+                let gi = g0 / mr;
+                let group = (
+                    rows.units.as_ptr().add(gi * blocks * UNITS * mr),
+                    rows.scale.as_ptr().add(gi * blocks * mr),
+                    rows.sum.as_ptr().add(gi * blocks * mr),
+                );
+                tile_at(w, p, width, count, group, t);
+            },
+        );
     }
 
     /// Rows `0..count` of one row group (`(units, scales, sums)`) × panels `p..p + width`

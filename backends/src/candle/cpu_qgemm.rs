@@ -311,7 +311,7 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::super::cpu_tile_store::{by_panel_runs, store, Out, Tile};
+    use super::super::cpu_tile_store::{by_panel_runs, run_tiles, Out, Tile};
     use super::{
         group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, MR_VNNI256, NR, PANEL_BLOCK,
     };
@@ -585,37 +585,22 @@ mod x86 {
         out: Out,
         y: *mut f32,
     ) {
-        let (n, k, isa) = (w.n, w.k, w.isa);
-        let (blocks, mr, units) = (k / BLOCK, mr(isa), BLOCK / group(isa));
-        let mut tile: Tile = [[0f32; 2 * NR]; MR_AVX512];
-        // the up panel's tile of a SwiGLU pair where tiles hold one panel
-        let mut up: Tile = [[0f32; 2 * NR]; MR_AVX512];
-        for ic in (0..m).step_by(MC) {
-            let ie = (ic + MC).min(m);
-            let mut p = p0;
-            while p < p1 {
-                let width = match isa {
-                    Isa::Avx512 if p + 1 < p1 => 2,
-                    _ => 1,
-                };
-                for g0 in (ic..ie).step_by(mr) {
-                    let rows = mr.min(m - g0);
-                    let gi = g0 / mr;
-                    let ag = a.as_ptr().add(gi * blocks * units * mr);
-                    let sg = s.as_ptr().add(gi * blocks * mr);
-                    tile_at(w, p, width, rows, ag, sg, &mut tile);
-                    if out == Out::SwiGlu && width == 1 {
-                        tile_at(w, p + 1, 1, rows, ag, sg, &mut up);
-                    }
-                    store(&tile, &up, rows, g0, p, width, n, out, y);
-                }
-                // a SwiGLU pair is two panels whatever the tile width
-                p += match out {
-                    Out::SwiGlu => 2,
-                    Out::Product => width,
-                };
-            }
-        }
+        let (blocks, mr, units) = (w.k / BLOCK, mr(w.isa), BLOCK / group(w.isa));
+        let wide = w.isa == Isa::Avx512;
+        run_tiles(
+            (m, w.n),
+            (mr, MC),
+            wide,
+            (p0, p1),
+            out,
+            y,
+            |p, width, g0, rows, t| {
+                let gi = g0 / mr;
+                let ag = a.as_ptr().add(gi * blocks * units * mr);
+                let sg = s.as_ptr().add(gi * blocks * mr);
+                tile_at(w, p, width, rows, ag, sg, t);
+            },
+        );
     }
 
     /// Rows `0..rows` of one row group (`ag` / `sg`: its units and scales) × panels

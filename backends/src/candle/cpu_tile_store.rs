@@ -63,6 +63,49 @@ pub(crate) fn by_panel_runs(
     y
 }
 
+/// Panels `p0..p1` of an integer product (or, `Out::SwiGlu` with `p0`, `p1` even, its SwiGLU)
+/// into `y`, the loop both integer kernels share: row blocks of `mc` rows (whose rounded rows
+/// stay in L2 while the run's panels pass), row groups of `mr`, tiles of two panels where
+/// `wide` (AVX-512) and the run has the next one, else one. `tile(p, width, g0, rows, out)`
+/// computes rows `g0..g0 + rows` × panels `p..p + width` into `out`.
+///
+/// # Safety
+/// As [`store`], for every tile of the run; `tile` is safe to call for each.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn run_tiles(
+    (m, n): (usize, usize),
+    (mr, mc): (usize, usize),
+    wide: bool,
+    (p0, p1): (usize, usize),
+    out: Out,
+    y: *mut f32,
+    mut tile: impl FnMut(usize, usize, usize, usize, &mut Tile),
+) {
+    let mut t: Tile = [[0f32; 2 * NR]; 6];
+    // the up panel's tile of a SwiGLU pair where tiles hold one panel
+    let mut up: Tile = [[0f32; 2 * NR]; 6];
+    for ic in (0..m).step_by(mc) {
+        let ie = (ic + mc).min(m);
+        let mut p = p0;
+        while p < p1 {
+            let width = if wide && p + 1 < p1 { 2 } else { 1 };
+            for g0 in (ic..ie).step_by(mr) {
+                let rows = mr.min(m - g0);
+                tile(p, width, g0, rows, &mut t);
+                if out == Out::SwiGlu && width == 1 {
+                    tile(p + 1, 1, g0, rows, &mut up);
+                }
+                store(&t, &up, rows, g0, p, width, n, out, y);
+            }
+            // a SwiGLU pair is two panels whatever the tile width
+            p += match out {
+                Out::SwiGlu => 2,
+                Out::Product => width,
+            };
+        }
+    }
+}
+
 /// Rows `0..rows` of the tile of panels `p..p + width` at row `g0` into `y`: its real columns
 /// (`Out::Product`, `y (m, n)`), or (`Out::SwiGlu`, `p` even) SiLU(gate) · up with the gate in
 /// the tile's first 16 columns and up beside it (`width` 2) or in `up`'s (`width` 1).
