@@ -3,7 +3,8 @@
 //! - [`same_file`]: two paths name the same file when they share device and inode (unix), so a
 //!   hard link, a symlink or `..` cannot make the output the input. Elsewhere: canonical paths.
 //! - [`OutputLock`]: an exclusive advisory lock (`flock`) on the output for the whole job; a
-//!   second job on the same output (fresh or `--resume`) is refused with a clear message
+//!   second job on the same output (fresh or `--resume`) is refused, after waiting up to a
+//!   second for the lock to go away, with a clear message
 //!   instead of interleaving duplicate ids. The lock is taken before the output is truncated
 //!   or scanned, and released when the job ends (also when the process dies).
 
@@ -58,16 +59,34 @@ fn open_for_lock(path: &Path) -> Result<File, LockError> {
         })
 }
 
+/// How long a held lock is waited for before the output counts as busy, and how often it is
+/// tried meanwhile. A job holds its lock for the whole job; a lock that goes away within this
+/// time was a transient holder: a job that has just returned, or a copy of its descriptor that
+/// a process forked from another thread held for the moment before its `exec` (seen once in the
+/// batch tests, where the next job on the same output then failed as "in use").
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(1_000);
+const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 fn try_lock(file: &File, path: &Path) -> Result<(), LockError> {
-    match file.try_lock() {
-        Ok(()) => Ok(()),
-        Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Busy {
-            path: path.to_path_buf(),
-        }),
-        Err(std::fs::TryLockError::Error(source)) => Err(LockError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
+    let start = std::time::Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < BUSY_WAIT => {
+                std::thread::sleep(BUSY_POLL)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LockError::Busy {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(LockError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
     }
 }
 
@@ -121,6 +140,20 @@ mod tests {
         for (x, y, want) in cases {
             assert_eq!(same_file(x, y), *want, "{x:?} {y:?}");
         }
+    }
+
+    /// A lock released within the wait is taken: the second job does not fail as "in use".
+    #[test]
+    fn a_lock_released_within_the_wait_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let first = OutputLock::acquire(&p).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(first);
+        });
+        assert!(OutputLock::acquire(&p).is_ok());
+        release.join().unwrap();
     }
 
     #[test]
