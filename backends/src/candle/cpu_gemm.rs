@@ -389,9 +389,7 @@ pub(crate) fn swiglu_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking)
 
 /// That the CPU has `isa` and `bl` fits its tile.
 fn check(isa: Isa, bl: &Blocking) -> Result<()> {
-    if !Isa::supported().contains(&isa) {
-        candle_core::bail!("packed linear: this CPU has no {}", isa.name());
-    }
+    isa.require("packed linear")?;
     if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
         candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
     }

@@ -77,6 +77,15 @@ impl Isa {
             .find(|l| l.name() == name)
     }
 
+    /// `Ok` where this CPU has the level, else an error `"{what}: this CPU has no {name}"`:
+    /// the check every kernel entry point makes before it runs.
+    pub fn require(self, what: &str) -> candle_core::Result<()> {
+        match Isa::supported().contains(&self) {
+            true => Ok(()),
+            false => candle_core::bail!("{what}: this CPU has no {}", self.name()),
+        }
+    }
+
     /// Lower-case name, as `FORKSCORE_CPU_ISA` and the bench reports spell it.
     pub fn name(self) -> &'static str {
         match self {

@@ -103,6 +103,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 ///
 /// # Safety
 /// Every addressed run is in bounds; the output runs do not overlap the inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(in crate::candle) unsafe fn silu_mul_rows16(
     rows: usize,
     (gate, gs): (*const f32, usize),

@@ -269,10 +269,7 @@ impl PackedQ4 {
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
 pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
-    let ready = || match Isa::supported().contains(&w.isa) {
-        true => Ok(()),
-        false => candle_core::bail!("4-bit linear: this CPU has no {}", w.isa.name()),
-    };
+    let ready = || w.isa.require("4-bit linear");
     super::cpu_host::apply_rows(x, (w.n, w.k), "4-bit linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
@@ -290,10 +287,7 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
 /// ([`super::cpu_tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
 /// by [`super::swiglu::swiglu`] (tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
-    let ready = || match Isa::supported().contains(&w.isa) {
-        true => Ok(()),
-        false => candle_core::bail!("4-bit gate|up: this CPU has no {}", w.isa.name()),
-    };
+    let ready = || w.isa.require("4-bit gate|up");
     super::cpu_host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {

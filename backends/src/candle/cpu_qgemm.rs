@@ -231,10 +231,7 @@ pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 /// With `FORKSCORE_CPU_Q8=amx` on a CPU with AMX-INT8 ([`super::cpu_amx::q8_runs`]), a weight
 /// of the AVX-512 layout runs on the int8 tiles instead (the same sums, bit for bit).
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
-    let ready = || match Isa::supported().contains(&w.isa) {
-        true => Ok(()),
-        false => candle_core::bail!("q8_0 linear: this CPU has no {}", w.isa.name()),
-    };
+    let ready = || w.isa.require("q8_0 linear");
     if w.isa == Isa::Avx512 && super::cpu_amx::q8_runs()? {
         return super::cpu_host::try_apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
             super::cpu_amx::q8_product(xd, m, w)
@@ -258,10 +255,7 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
 /// followed by [`super::swiglu::swiglu`] (the same sums, the same [`super::cpu_math::silu_mul`]
 /// on every element; tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
-    let ready = || match Isa::supported().contains(&w.isa) {
-        true => Ok(()),
-        false => candle_core::bail!("q8_0 gate|up: this CPU has no {}", w.isa.name()),
-    };
+    let ready = || w.isa.require("q8_0 gate|up");
     super::cpu_host::apply_rows(x, (w.n / 2, w.k), "q8_0 gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {

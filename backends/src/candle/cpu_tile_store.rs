@@ -6,6 +6,9 @@
 //! `F` a multiple of 16 every element goes through the same vector lanes as in the pass over
 //! whole rows ([`super::swiglu`]), so the two agree bit for bit (tested in both kernels).
 
+// the loop and the stores run only in the x86 kernels; `alternate` everywhere
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 use super::cpu_aligned::{Aligned, Plain};
 use super::cpu_gemm::NR;
 
