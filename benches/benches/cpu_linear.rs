@@ -78,9 +78,9 @@ enum Kernel {
     /// The AMX f32 kernel: the blocking and its spec.
     Amx(AmxBlocking, String),
     /// The `Q8_0` integer kernel of an instruction level.
-    Q8(String),
+    Q8(String, usize),
     /// The `Q4_K` integer kernel of an instruction level.
-    Q4(String),
+    Q4(String, usize),
 }
 
 impl Kernel {
@@ -89,8 +89,8 @@ impl Kernel {
             Kernel::F32(_, resolved) => ("f32", resolved),
             Kernel::Amx(_, spec) if spec.is_empty() => ("amx", "default"),
             Kernel::Amx(_, spec) => ("amx", spec),
-            Kernel::Q8(level) => ("q8_0", level),
-            Kernel::Q4(level) => ("q4k", level),
+            Kernel::Q8(level, _) => ("q8_0", level),
+            Kernel::Q4(level, _) => ("q4k", level),
         }
     }
 }
@@ -150,8 +150,18 @@ fn main() -> anyhow::Result<()> {
             configs.push(Kernel::Amx(AmxBlocking::parse(&spec)?, spec));
         }
     }
-    configs.extend(q8_levels.iter().cloned().map(Kernel::Q8));
-    configs.extend(q4_levels.iter().cloned().map(Kernel::Q4));
+    // each with its position among the levels: where its packed weights lie
+    let indexed = |levels: &[String]| levels.iter().cloned().enumerate().collect::<Vec<_>>();
+    configs.extend(
+        indexed(&q8_levels)
+            .into_iter()
+            .map(|(i, l)| Kernel::Q8(l, i)),
+    );
+    configs.extend(
+        indexed(&q4_levels)
+            .into_iter()
+            .map(|(i, l)| Kernel::Q4(l, i)),
+    );
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "cpu_linear: isa {isa}, amx {amx}, {} rayon threads (of {threads} CPUs), {repeats} calls each",
@@ -196,12 +206,10 @@ fn main() -> anyhow::Result<()> {
                     let y = match c {
                         Kernel::F32(bl, _) => cpu_kernels::linear_f32(&x, &pf[at], bl)?,
                         Kernel::Amx(bl, _) => cpu_kernels::linear_amx(&x, &pa[at], bl)?,
-                        Kernel::Q8(level) => {
-                            let l = q8_levels.iter().position(|q| q == level).unwrap_or(0);
+                        Kernel::Q8(_, l) => {
                             cpu_kernels::linear_q8(&x, &pq[at * q8_levels.len() + l])?
                         }
-                        Kernel::Q4(level) => {
-                            let l = q4_levels.iter().position(|q| q == level).unwrap_or(0);
+                        Kernel::Q4(_, l) => {
                             cpu_kernels::linear_q4(&x, &p4[at * q4_levels.len() + l])?
                         }
                     };

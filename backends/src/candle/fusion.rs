@@ -41,14 +41,14 @@ fn env_separate(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "separate")
 }
 
-/// Take the SwiGLU of integer gate | up weights inside the kernel's tiles (`true`, the
+/// Take the SwiGLU of packed gate | up weights inside the kernel's tiles (`true`, the
 /// default) or as its own pass after the stacked product (`false`: the reference the tests
 /// hold it to), for models loaded from then on.
 pub fn set_gate_up_in_tiles(on: bool) {
     GATE_UP_IN_TILES.store(on, Ordering::Relaxed);
 }
 
-/// Whether the gate | up SwiGLU may run inside the integer kernel's tiles (the default) or
+/// Whether the gate | up SwiGLU may run inside the packed kernels' tiles (the default) or
 /// only as its own pass after the stacked product ([`set_gate_up_in_tiles`], or
 /// `FORKSCORE_MLP=stacked` for A/B timings).
 pub(crate) fn gate_up_in_tiles() -> bool {

@@ -51,8 +51,9 @@ enum InTiles {
 }
 
 impl InTiles {
-    /// `gate` and `up` as one weight for the SwiGLU in the tiles, where both are integer
-    /// weights of one kind, format and kernel, without biases, with `F` a multiple of 16.
+    /// `gate` and `up` as one weight for the SwiGLU in the tiles, where both are packed weights
+    /// of one kind, format and kernel, without biases, with `F` a multiple of 16 (and, f32,
+    /// an input width the kernel keeps innermost).
     fn of(gate: &Linear, up: &Linear) -> Option<Self> {
         if let (Some(g), Some(u)) = (gate.packed_f32(), up.packed_f32()) {
             // the f32 kernel's blocks are whole in cache only with `k` innermost
@@ -118,11 +119,13 @@ impl Mlp {
             hidden,
             false,
         )?;
-        let in_tiles = match super::fusion::gate_up_in_tiles() {
+        let stacks = super::fusion::gate_up(w.device());
+        // the interleaved weight is built only where it will be used
+        let in_tiles = match stacks && super::fusion::gate_up_in_tiles() {
             true => InTiles::of(&gate, &up),
             false => None,
         };
-        let gate_up = match (super::fusion::gate_up(w.device()), in_tiles) {
+        let gate_up = match (stacks, in_tiles) {
             (true, Some(fused)) => GateUp::InTiles(fused),
             // (F, D) ++ (F, D) -> (2F, D): one product, rows [gate | up]
             (true, None) => match Linear::stack(&[&gate, &up])? {
