@@ -55,6 +55,9 @@ pub(crate) struct Blocking {
     /// Longest `k` that runs with the `k` loop innermost (each output tile finished while in
     /// cache); a longer `k` runs it outermost (a panel block stays in cache across all rows).
     pub short_k: usize,
+    /// AVX-512 f32 tiles: how many `k` steps ahead each step prefetches its panels' weights
+    /// into L1 (`prefetcht0`; 0: none). Other kernels ignore it.
+    pub pf: usize,
 }
 
 impl Blocking {
@@ -66,11 +69,15 @@ impl Blocking {
     ///   bench's sweep of 21 blockings: the fastest on three lent Xeons (7–9 % less time for a
     ///   layer's products at 512 rows than 6-row tiles, the old default) and, end to end, 4–12 %
     ///   faster there and on the Zen 4 build machine (ABBA runs, `benches/results/`).
+    ///   Each `k` step prefetches its panels' weights 16 steps ahead: on a lent Xeon one
+    ///   layer's products ran 6–7 % faster at 512 rows and 17 % at 40 (the `cpu_linear` bench,
+    ///   round-robin in one process), and decisions on the Zen 5 build machine ~1 % faster
+    ///   (alternating processes; `benches/results/cpu-xeon-2026-12-03-prefetch/`).
     /// - Both: 8 panels (128 columns) per block, `k` innermost up to 1,536.
     pub fn default_for(isa: Isa) -> Self {
-        let (mr, kc, mc) = match isa {
-            Isa::Avx2 | Isa::AvxVnni => (6, 256, 72),
-            Isa::Avx512 => (14, 384, 84),
+        let (mr, kc, mc, pf) = match isa {
+            Isa::Avx2 | Isa::AvxVnni => (6, 256, 72, 0),
+            Isa::Avx512 => (14, 384, 84, 16),
         };
         Blocking {
             mr,
@@ -78,6 +85,7 @@ impl Blocking {
             mc,
             nc: 8,
             short_k: 1536,
+            pf,
         }
     }
 
@@ -89,8 +97,8 @@ impl Blocking {
         }
     }
 
-    /// `spec` (`key=value` pairs, comma-separated; keys `mr`, `kc`, `mc`, `nc`, `short_k`)
-    /// over `isa`'s default. Errors name the key or value that is wrong: an unknown key, a
+    /// `spec` (`key=value` pairs, comma-separated; keys `mr`, `kc`, `mc`, `nc`, `short_k`,
+    /// `pf`) over `isa`'s default. Errors name the key or value that is wrong: an unknown key, a
     /// value that is not a count, a zero, or `mr` above what `isa`'s tile holds.
     pub fn parse(spec: &str, isa: Isa) -> std::result::Result<Self, String> {
         let mut b = Self::default_for(isa);
@@ -104,7 +112,15 @@ impl Blocking {
                     b.short_k = v;
                     continue;
                 }
-                other => return Err(format!("unknown key `{other}` (mr, kc, mc, nc, short_k)")),
+                "pf" => {
+                    b.pf = v;
+                    continue;
+                }
+                other => {
+                    return Err(format!(
+                        "unknown key `{other}` (mr, kc, mc, nc, short_k, pf)"
+                    ))
+                }
             };
             if v == 0 {
                 return Err(format!("`{part}`: must be at least 1"));
@@ -508,7 +524,7 @@ pub(in crate::candle) mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn micro512<const R: usize, const P: usize>(
+    unsafe fn micro512<const R: usize, const P: usize, const PF: bool>(
         kc: usize,
         a: *const f32,
         astride: usize,
@@ -517,6 +533,7 @@ pub(in crate::candle) mod x86 {
         c: *mut f32,
         ldc: usize,
         first: bool,
+        pf: usize,
     ) {
         let mut acc = load_acc512::<R, P>(c, ldc, first);
         let (mut a, mut b) = (a, b);
@@ -524,6 +541,11 @@ pub(in crate::candle) mod x86 {
             let mut bv = [_mm512_setzero_ps(); P];
             for (j, bv) in bv.iter_mut().enumerate() {
                 *bv = _mm512_loadu_ps(b.add(j * bstride));
+                if PF {
+                    // `pf` steps ahead: past the block's end it prefetches the next block or
+                    // beyond the panel (a hint, never a load: no fault), hence `wrapping_add`
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(j * bstride + pf * NR) as *const i8);
+                }
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r));
@@ -588,13 +610,16 @@ pub(in crate::candle) mod x86 {
         c: *mut f32,
         ldc: usize,
         first: bool,
+        pf: usize,
     ) {
         macro_rules! go {
             ($($r:literal)*) => {
                 match rows {
-                    $($r => match panels {
-                        2 => micro512::<$r, 2>(kc, a, astride, b, bstride, c, ldc, first),
-                        _ => micro512::<$r, 1>(kc, a, astride, b, bstride, c, ldc, first),
+                    $($r => match (panels, pf > 0) {
+                        (2, false) => micro512::<$r, 2, false>(kc, a, astride, b, bstride, c, ldc, first, 0),
+                        (2, true) => micro512::<$r, 2, true>(kc, a, astride, b, bstride, c, ldc, first, pf),
+                        (_, false) => micro512::<$r, 1, false>(kc, a, astride, b, bstride, c, ldc, first, 0),
+                        (_, true) => micro512::<$r, 1, true>(kc, a, astride, b, bstride, c, ldc, first, pf),
                     },)*
                     _ => unreachable!("a tile of {rows} rows (the blocking was validated)"),
                 }
@@ -643,7 +668,7 @@ pub(in crate::candle) mod x86 {
                 out,
                 |t: Tile<f32>| match isa {
                     Isa::Avx512 => micro512_rows(
-                        t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first,
+                        t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first, bl.pf,
                     ),
                     Isa::Avx2 | Isa::AvxVnni => {
                         micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first)
@@ -889,7 +914,8 @@ mod tests {
     /// The packed kernel equals candle's matmul to f32 rounding (a tolerance growing like √k,
     /// from 2e-6 of the largest output), under every instruction level
     /// the CPU has and blockings from the default to degenerate ones (1-row tiles, odd `k`,
-    /// row and panel blocks, the `k`-outermost order for every `k`), on every tail there is:
+    /// row and panel blocks, the `k`-outermost order for every `k`, weight prefetches), on
+    /// every tail there is:
     /// rows that are not a multiple of the tile or of the row block, ragged last panels (after
     /// an odd and an even count of whole ones), `k` not a multiple of the `k` block, a `k`
     /// above the default `short_k` (the other loop order), 3-D inputs, a strided input, and a
@@ -910,6 +936,8 @@ mod tests {
             "mr=8,nc=2",
             "mr=12,mc=96",
             "mr=14,kc=100,mc=20,nc=5,short_k=0",
+            "pf=0",
+            "mr=13,kc=33,nc=3,pf=1,short_k=0",
         ];
         // AVX-VNNI's f32 kernel is AVX2's
         for &isa in levels.iter().filter(|&&l| l.f32_level() == l) {
@@ -959,8 +987,11 @@ mod tests {
         let isa = Isa::Avx512;
         let d = Blocking::default_for(isa);
         assert_eq!(Blocking::parse("", isa), Ok(d));
-        let b = Blocking::parse(" mr=12 , kc=128,short_k=0", isa).expect("valid");
-        assert_eq!((b.mr, b.kc, b.mc, b.nc, b.short_k), (12, 128, 84, d.nc, 0));
+        let b = Blocking::parse(" mr=12 , kc=128,short_k=0,pf=8", isa).expect("valid");
+        assert_eq!(
+            (b.mr, b.kc, b.mc, b.nc, b.short_k, b.pf),
+            (12, 128, 84, d.nc, 0, 8)
+        );
         assert_eq!(Blocking::parse("mr=5,mc=12", isa).map(|b| b.mc), Ok(15));
         // the default row block is rounded up to a multiple of a smaller tile's rows
         assert_eq!(Blocking::parse("mr=5", isa).map(|b| b.mc), Ok(85));

@@ -173,7 +173,7 @@ pub fn isa() -> Option<&'static str> {
 
 /// A blocking of the f32 kernel on this CPU, parsed once (`key=value,…` over the default, see
 /// `FORKSCORE_CPU_GEMM_BLOCKING`; an error names a wrong key or value). `Display` prints it
-/// resolved, as `mr=…,kc=…,mc=…,nc=…,short_k=…`.
+/// resolved, as `mr=…,kc=…,mc=…,nc=…,short_k=…,pf=…`.
 pub struct F32Blocking(Isa, Blocking);
 
 impl F32Blocking {
@@ -192,8 +192,8 @@ impl std::fmt::Display for F32Blocking {
         let b = &self.1;
         write!(
             f,
-            "mr={},kc={},mc={},nc={},short_k={}",
-            b.mr, b.kc, b.mc, b.nc, b.short_k
+            "mr={},kc={},mc={},nc={},short_k={},pf={}",
+            b.mr, b.kc, b.mc, b.nc, b.short_k, b.pf
         )
     }
 }
