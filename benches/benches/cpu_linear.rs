@@ -20,6 +20,9 @@
 //! - FORKSCORE_BENCH_Q8=1: also the `Q8_0` integer kernel at each shape; or a list of the
 //!   instruction levels whose kernels to time side by side (`avx2,avxvnni,avx512`: each must be
 //!   one this CPU has; `all`: every one it has).
+//! - FORKSCORE_BENCH_QPF: `,`-separated prefetch distances (blocks ahead, 0: none) the `Q8_0`
+//!   kernels are timed at, each as its own kernel (default: the process's setting,
+//!   `FORKSCORE_CPU_QPREFETCH` or the default).
 //! - FORKSCORE_BENCH_Q4=1 (or a list of levels, as above): also the 4-bit kernel, on the format
 //!   `--quantize q4k` gives the shape (`Q4_K` where `in` is a multiple of 256, else `Q4_0`).
 //! - FORKSCORE_BENCH_WEIGHT_COPIES: distinct weights per shape, taken in turn (default 1). With
@@ -77,8 +80,9 @@ enum Kernel {
     F32(F32Blocking, String),
     /// The AMX f32 kernel: the blocking and its spec.
     Amx(AmxBlocking, String),
-    /// The `Q8_0` integer kernel of an instruction level.
-    Q8(String, usize),
+    /// The `Q8_0` integer kernel of an instruction level (its label, its position among the
+    /// levels, the prefetch distance it runs at unless the process's).
+    Q8(String, usize, Option<usize>),
     /// The `Q4_K` integer kernel of an instruction level.
     Q4(String, usize),
 }
@@ -89,7 +93,7 @@ impl Kernel {
             Kernel::F32(_, resolved) => ("f32", resolved),
             Kernel::Amx(_, spec) if spec.is_empty() => ("amx", "default"),
             Kernel::Amx(_, spec) => ("amx", spec),
-            Kernel::Q8(level, _) => ("q8_0", level),
+            Kernel::Q8(label, _, _) => ("q8_0", label),
             Kernel::Q4(level, _) => ("q4k", level),
         }
     }
@@ -152,11 +156,27 @@ fn main() -> anyhow::Result<()> {
     }
     // each with its position among the levels: where its packed weights lie
     let indexed = |levels: &[String]| levels.iter().cloned().enumerate().collect::<Vec<_>>();
-    configs.extend(
-        indexed(&q8_levels)
-            .into_iter()
-            .map(|(i, l)| Kernel::Q8(l, i)),
-    );
+    let q8_pf: Vec<Option<usize>> = match env_or("FORKSCORE_BENCH_QPF", "").trim() {
+        "" => vec![None],
+        list => list
+            .split(',')
+            .map(|d| {
+                d.trim()
+                    .parse()
+                    .map(Some)
+                    .with_context(|| format!("FORKSCORE_BENCH_QPF: `{d}` is not a count"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    for (i, l) in indexed(&q8_levels) {
+        for &pf in &q8_pf {
+            let label = match pf {
+                Some(d) => format!("{l} pf={d}"),
+                None => l.clone(),
+            };
+            configs.push(Kernel::Q8(label, i, pf));
+        }
+    }
     configs.extend(
         indexed(&q4_levels)
             .into_iter()
@@ -206,7 +226,10 @@ fn main() -> anyhow::Result<()> {
                     let y = match c {
                         Kernel::F32(bl, _) => cpu_kernels::linear_f32(&x, &pf[at], bl)?,
                         Kernel::Amx(bl, _) => cpu_kernels::linear_amx(&x, &pa[at], bl)?,
-                        Kernel::Q8(_, l) => {
+                        Kernel::Q8(_, l, pf) => {
+                            if let Some(d) = pf {
+                                cpu_kernels::set_q8_prefetch(*d);
+                            }
                             cpu_kernels::linear_q8(&x, &pq[at * q8_levels.len() + l])?
                         }
                         Kernel::Q4(_, l) => {

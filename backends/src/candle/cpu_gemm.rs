@@ -55,8 +55,8 @@ pub(crate) struct Blocking {
     /// Longest `k` that runs with the `k` loop innermost (each output tile finished while in
     /// cache); a longer `k` runs it outermost (a panel block stays in cache across all rows).
     pub short_k: usize,
-    /// AVX-512 f32 tiles: how many `k` steps ahead each step prefetches its panels' weights
-    /// into L1 (`prefetcht0`; 0: none). Other kernels ignore it.
+    /// How many `k` steps ahead each step of an f32 tile prefetches its panels' weights into
+    /// L1 (`prefetcht0`; 0: none). The bf16 kernel, which shares these blockings, ignores it.
     pub pf: usize,
 }
 
@@ -461,7 +461,7 @@ pub(in crate::candle) mod x86 {
     /// stride `ldc`; `first` overwrites `C`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn micro<const R: usize>(
+    unsafe fn micro<const R: usize, const PF: bool>(
         kc: usize,
         a: *const f32,
         astride: usize,
@@ -469,6 +469,7 @@ pub(in crate::candle) mod x86 {
         c: *mut f32,
         ldc: usize,
         first: bool,
+        pf: usize,
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         if !first {
@@ -481,6 +482,10 @@ pub(in crate::candle) mod x86 {
         for _ in 0..kc {
             let b0 = _mm256_loadu_ps(b);
             let b1 = _mm256_loadu_ps(b.add(8));
+            if PF {
+                // as in `micro512`: a hint, also past the panel's end
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf * NR) as *const i8);
+            }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*a.add(r));
                 acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
@@ -508,15 +513,20 @@ pub(in crate::candle) mod x86 {
         c: *mut f32,
         ldc: usize,
         first: bool,
+        pf: usize,
     ) {
-        match rows {
-            6 => micro::<6>(kc, a, astride, b, c, ldc, first),
-            5 => micro::<5>(kc, a, astride, b, c, ldc, first),
-            4 => micro::<4>(kc, a, astride, b, c, ldc, first),
-            3 => micro::<3>(kc, a, astride, b, c, ldc, first),
-            2 => micro::<2>(kc, a, astride, b, c, ldc, first),
-            _ => micro::<1>(kc, a, astride, b, c, ldc, first),
+        macro_rules! go {
+            ($($r:literal)*) => {
+                match rows {
+                    $($r => match pf {
+                        0 => micro::<$r, false>(kc, a, astride, b, c, ldc, first, 0),
+                        _ => micro::<$r, true>(kc, a, astride, b, c, ldc, first, pf),
+                    },)*
+                    _ => unreachable!("a tile of {rows} rows (the blocking was validated)"),
+                }
+            };
         }
+        go!(1 2 3 4 5 6)
     }
 
     /// `C (R, 16·P) (+)= A (R, kc) · [B₀ … B_P] (kc, 16·P)` in 16-lane registers: `P` panels
@@ -671,7 +681,7 @@ pub(in crate::candle) mod x86 {
                         t.rows, t.panels, t.kc, t.a, mr, t.b, t.bstride, t.c, t.ldc, t.first, bl.pf,
                     ),
                     Isa::Avx2 | Isa::AvxVnni => {
-                        micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first)
+                        micro_rows(t.rows, t.kc, t.a, mr, t.b, t.c, t.ldc, t.first, bl.pf)
                     }
                 },
             )
@@ -937,6 +947,7 @@ mod tests {
             "mr=12,mc=96",
             "mr=14,kc=100,mc=20,nc=5,short_k=0",
             "pf=0",
+            "mr=5,kc=33,nc=3,pf=3",
             "mr=13,kc=33,nc=3,pf=1,short_k=0",
         ];
         // AVX-VNNI's f32 kernel is AVX2's

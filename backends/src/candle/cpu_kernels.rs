@@ -203,6 +203,13 @@ pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor,
     cpu_gemm::linear_with(x, &w.0, bl.0, &bl.1).map_err(tensor_err("packed f32 linear"))
 }
 
+/// How many 32-value blocks ahead the `Q8_0` kernel's AVX-512 and AVX-VNNI tiles prefetch
+/// their weights from now on, in this process (0: none; `FORKSCORE_CPU_QPREFETCH` sets it for
+/// a whole run).
+pub fn set_q8_prefetch(blocks: usize) {
+    cpu_qgemm::set_prefetch(blocks)
+}
+
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
 pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
     cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))

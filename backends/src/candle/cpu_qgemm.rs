@@ -54,6 +54,35 @@ const MR_AVX512: usize = 6;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MC: usize = 48;
 
+/// How many 32-value blocks ahead the AVX-512 and AVX-VNNI tiles prefetch their panels' weights
+/// (one `prefetcht0` per 64 bytes read; 0: none): read once from `FORKSCORE_CPU_QPREFETCH`,
+/// else [`DEFAULT_PREFETCH`]; [`set_prefetch`] overrides it (the `cpu_linear` bench compares
+/// distances in one process).
+static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// The default distance, in blocks (1 KiB of a panel's weights ahead at 2).
+pub(crate) const DEFAULT_PREFETCH: usize = 2;
+
+/// The prefetch distance the integer tiles use now (see [`PREFETCH`]).
+pub(crate) fn prefetch() -> usize {
+    use std::sync::atomic::Ordering;
+    let v = PREFETCH.load(Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
+    }
+    let v = std::env::var("FORKSCORE_CPU_QPREFETCH")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_PREFETCH);
+    PREFETCH.store(v, Ordering::Relaxed);
+    v
+}
+
+/// Set the integer tiles' prefetch distance for the process (blocks ahead; 0: none).
+pub(crate) fn set_prefetch(blocks: usize) {
+    PREFETCH.store(blocks, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// `k` values per broadcast unit.
 fn group(isa: Isa) -> usize {
     match isa {
@@ -451,7 +480,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma,avxvnni")]
-    unsafe fn tile_vnni256<const R: usize>(
+    unsafe fn tile_vnni256<const R: usize, const PF: bool>(
         blocks: usize,
         a: *const u32,
         sa: *const f32,
@@ -459,6 +488,7 @@ mod x86 {
         dw: *const f32,
         off: *const i32,
         out: &mut Tile,
+        pf: usize,
     ) {
         const UNITS: usize = BLOCK / 4;
         // the f32 sums live in `out` (12 of the 16 registers hold the block's integer sums)
@@ -473,6 +503,11 @@ mod x86 {
             for u in 0..UNITS {
                 let w0 = _mm256_loadu_si256(wb.add(u * 64) as *const __m256i);
                 let w1 = _mm256_loadu_si256(wb.add(u * 64 + 32) as *const __m256i);
+                if PF {
+                    // a hint past the panel's end never faults, hence `wrapping_add`
+                    let at = wb.wrapping_add(pf * PANEL_BLOCK + u * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(at);
+                }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let av = _mm256_set1_epi32(*ab.add(u * MR_VNNI256 + r) as i32);
                     acc[0] = _mm256_dpbusd_avx_epi32(acc[0], av, w0);
@@ -497,7 +532,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile_avx512<const R: usize, const P: usize>(
+    unsafe fn tile_avx512<const R: usize, const P: usize, const PF: bool>(
         blocks: usize,
         a: *const u32,
         sa: *const f32,
@@ -507,6 +542,7 @@ mod x86 {
         off: *const i32,
         dstride: usize,
         out: &mut Tile,
+        pf: usize,
     ) {
         const UNITS: usize = BLOCK / 4;
         let mut f = [[_mm512_setzero_ps(); P]; R];
@@ -524,6 +560,10 @@ mod x86 {
                 for (j, wv) in wv.iter_mut().enumerate() {
                     let at = w.add(j * wstride + b * PANEL_BLOCK + u * 64);
                     *wv = _mm512_loadu_si512(at as *const __m512i);
+                    if PF {
+                        // a hint past the panel's end never faults, hence `wrapping_add`
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(pf * PANEL_BLOCK));
+                    }
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let av = _mm512_set1_epi32(*ab.add(u * MR_AVX512 + r) as i32);
@@ -581,6 +621,7 @@ mod x86 {
     ) {
         let (blocks, mr, units) = (w.k / BLOCK, mr(w.isa), BLOCK / group(w.isa));
         let wide = w.isa == Isa::Avx512;
+        let pf = super::prefetch();
         run_tiles(
             (m, w.n),
             (mr, MC),
@@ -592,7 +633,7 @@ mod x86 {
                 let gi = g0 / mr;
                 let ag = a.as_ptr().add(gi * blocks * units * mr);
                 let sg = s.as_ptr().add(gi * blocks * mr);
-                tile_at(w, p, width, rows, ag, sg, t);
+                tile_at(w, p, width, rows, ag, sg, t, pf);
             },
         );
     }
@@ -610,6 +651,7 @@ mod x86 {
         ag: *const u32,
         sg: *const f32,
         out: &mut Tile,
+        pf: usize,
     ) {
         let blocks = w.k / BLOCK;
         let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
@@ -632,7 +674,10 @@ mod x86 {
                 let op = w.offset.as_ptr().add(p * blocks * NR);
                 macro_rules! go {
                     ($r:literal) => {
-                        tile_vnni256::<$r>(blocks, ag, sg, wp, dp, op, out)
+                        match pf {
+                            0 => tile_vnni256::<$r, false>(blocks, ag, sg, wp, dp, op, out, 0),
+                            _ => tile_vnni256::<$r, true>(blocks, ag, sg, wp, dp, op, out, pf),
+                        }
                     };
                 }
                 match rows {
@@ -649,9 +694,19 @@ mod x86 {
                 let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
                 macro_rules! go {
                     ($r:literal) => {
-                        match width {
-                            2 => tile_avx512::<$r, 2>(blocks, ag, sg, wp, ws, dp, op, ds, out),
-                            _ => tile_avx512::<$r, 1>(blocks, ag, sg, wp, ws, dp, op, ds, out),
+                        match (width, pf) {
+                            (2, 0) => tile_avx512::<$r, 2, false>(
+                                blocks, ag, sg, wp, ws, dp, op, ds, out, 0,
+                            ),
+                            (2, _) => tile_avx512::<$r, 2, true>(
+                                blocks, ag, sg, wp, ws, dp, op, ds, out, pf,
+                            ),
+                            (_, 0) => tile_avx512::<$r, 1, false>(
+                                blocks, ag, sg, wp, ws, dp, op, ds, out, 0,
+                            ),
+                            (_, _) => tile_avx512::<$r, 1, true>(
+                                blocks, ag, sg, wp, ws, dp, op, ds, out, pf,
+                            ),
                         }
                     };
                 }
@@ -707,15 +762,24 @@ mod tests {
                 let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (n, k), &dev)?)?;
                 let w = PackedQ8::from_blocks(&bytes, n, k, isa).expect("fits");
                 assert_eq!(w.dims(), (n, k));
-                let got = linear(&x, &w)?;
-                let mut want_dims = xdims.clone();
-                *want_dims.last_mut().unwrap() = n;
-                assert_eq!(got.dims(), &want_dims[..]);
                 let m = x.elem_count() / k;
                 let xs = x.flatten_all()?.to_vec1::<f32>()?;
                 let want = product_reference(&xs, m, &w);
-                let got = got.flatten_all()?.to_vec1::<f32>()?;
-                assert!(got == want, "{isa:?} {xdims:?} x ({n}, {k}): differs");
+                // with and without the weight prefetch (a hint: the same sums), also past the
+                // panel's end (the process-wide setting only changes speed for other tests)
+                for pf in [0, 1, DEFAULT_PREFETCH, 100] {
+                    set_prefetch(pf);
+                    let got = linear(&x, &w)?;
+                    let mut want_dims = xdims.clone();
+                    *want_dims.last_mut().unwrap() = n;
+                    assert_eq!(got.dims(), &want_dims[..]);
+                    let got = got.flatten_all()?.to_vec1::<f32>()?;
+                    assert!(
+                        got == want,
+                        "{isa:?} {xdims:?} x ({n}, {k}), prefetch {pf}: differs"
+                    );
+                }
+                set_prefetch(DEFAULT_PREFETCH);
             }
             let x = Tensor::randn(0f32, 1.0, (64, 10), &dev)?.t()?; // (10, 64), strided
             let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (20, 64), &dev)?)?;
