@@ -204,8 +204,8 @@ pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor,
 }
 
 /// How many 32-value blocks ahead the `Q8_0` kernel's AVX-512 and AVX-VNNI tiles prefetch
-/// their weights from now on, in this process (0: none; `FORKSCORE_CPU_QPREFETCH` sets it for
-/// a whole run).
+/// their weights from now on, in this process (0: none; `usize::MAX`: each level's default;
+/// `FORKSCORE_CPU_QPREFETCH` sets it for a whole run).
 pub fn set_q8_prefetch(blocks: usize) {
     cpu_qgemm::set_prefetch(blocks)
 }

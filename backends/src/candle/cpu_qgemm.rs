@@ -55,30 +55,44 @@ const MR_AVX512: usize = 6;
 const MC: usize = 48;
 
 /// How many 32-value blocks ahead the AVX-512 and AVX-VNNI tiles prefetch their panels' weights
-/// (one `prefetcht0` per 64 bytes read; 0: none): read once from `FORKSCORE_CPU_QPREFETCH`,
-/// else [`DEFAULT_PREFETCH`]; [`set_prefetch`] overrides it (the `cpu_linear` bench compares
-/// distances in one process).
+/// (one `prefetcht0` per 64 bytes read; 0: none), where set for the whole process: by
+/// `FORKSCORE_CPU_QPREFETCH` (read once) or [`set_prefetch`] (the `cpu_linear` bench compares
+/// distances in one process). Unset (`usize::MAX`), each level takes [`default_prefetch`].
 static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
-/// The default distance, in blocks (1 KiB of a panel's weights ahead at 2).
-pub(crate) const DEFAULT_PREFETCH: usize = 2;
-
-/// The prefetch distance the integer tiles use now (see [`PREFETCH`]).
-pub(crate) fn prefetch() -> usize {
-    use std::sync::atomic::Ordering;
-    let v = PREFETCH.load(Ordering::Relaxed);
-    if v != usize::MAX {
-        return v;
+/// The distance a level prefetches at unless set: 4 blocks (2 KiB of a panel's weights) under
+/// AVX-512, none under AVX-VNNI. Measured on a lent Xeon (`cpu_linear`, one process): one
+/// layer's products 1.6 % faster at 512 rows and 11 % at 40 under AVX-512; under AVX-VNNI 3–5 %
+/// slower at 512 rows and within ±4 % at 40 at every distance tried
+/// (`benches/results/cpu-xeon-2026-12-03-prefetch/`).
+pub(crate) fn default_prefetch(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 4,
+        Isa::Avx2 | Isa::AvxVnni => 0,
     }
-    let v = std::env::var("FORKSCORE_CPU_QPREFETCH")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(DEFAULT_PREFETCH);
-    PREFETCH.store(v, Ordering::Relaxed);
-    v
 }
 
-/// Set the integer tiles' prefetch distance for the process (blocks ahead; 0: none).
+/// The prefetch distance the integer tiles of `isa` use now (see [`PREFETCH`]).
+pub(crate) fn prefetch(isa: Isa) -> usize {
+    use std::sync::atomic::Ordering;
+    static FROM_ENV: std::sync::Once = std::sync::Once::new();
+    FROM_ENV.call_once(|| {
+        if let Some(v) = std::env::var("FORKSCORE_CPU_QPREFETCH")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            // only where nothing set it first
+            let _ = PREFETCH.compare_exchange(usize::MAX, v, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    });
+    match PREFETCH.load(Ordering::Relaxed) {
+        usize::MAX => default_prefetch(isa),
+        v => v,
+    }
+}
+
+/// Set the integer tiles' prefetch distance for the process (blocks ahead; 0: none;
+/// `usize::MAX`: each level's default again).
 pub(crate) fn set_prefetch(blocks: usize) {
     PREFETCH.store(blocks, std::sync::atomic::Ordering::Relaxed);
 }
@@ -621,7 +635,7 @@ mod x86 {
     ) {
         let (blocks, mr, units) = (w.k / BLOCK, mr(w.isa), BLOCK / group(w.isa));
         let wide = w.isa == Isa::Avx512;
-        let pf = super::prefetch();
+        let pf = super::prefetch(w.isa);
         run_tiles(
             (m, w.n),
             (mr, MC),
@@ -767,7 +781,7 @@ mod tests {
                 let want = product_reference(&xs, m, &w);
                 // with and without the weight prefetch (a hint: the same sums), also past the
                 // panel's end (the process-wide setting only changes speed for other tests)
-                for pf in [0, 1, DEFAULT_PREFETCH, 100] {
+                for pf in [0, 1, 4, 100] {
                     set_prefetch(pf);
                     let got = linear(&x, &w)?;
                     let mut want_dims = xdims.clone();
@@ -779,7 +793,7 @@ mod tests {
                         "{isa:?} {xdims:?} x ({n}, {k}), prefetch {pf}: differs"
                     );
                 }
-                set_prefetch(DEFAULT_PREFETCH);
+                set_prefetch(usize::MAX);
             }
             let x = Tensor::randn(0f32, 1.0, (64, 10), &dev)?.t()?; // (10, 64), strided
             let (bytes, _) = q8(&Tensor::randn(0f32, 0.2, (20, 64), &dev)?)?;
