@@ -382,6 +382,38 @@ fn bad_inputs_fail_with_clear_messages() {
     }
 }
 
+/// A misspelled value of a CPU kernel switch stops the load with its name and what it takes,
+/// instead of silently running the default.
+#[test]
+fn a_misspelled_cpu_switch_is_refused_by_name() {
+    let model = ensure_tiny_model(&TinySpec::qwen25());
+    let m = model.to_str().unwrap();
+    let schema = example("parallel_schema.json");
+    let args = [
+        "score",
+        "--model",
+        m,
+        "--revision",
+        "r",
+        "--schema-file",
+        &schema,
+        "--context",
+        CONTEXT,
+    ];
+    for (var, value, says) in [
+        ("FORKSCORE_CPU_ISA", "avx3", "avx2, avxvnni, avx512"),
+        ("FORKSCORE_CPU_QPREFETCH", "far", "not a count"),
+    ] {
+        let err = failure(&forkscore(&args, &[(var, value)]));
+        assert!(
+            err.contains(&format!("{var}=\"{value}\"")) && err.contains(says),
+            "{var}: {err}"
+        );
+    }
+    // a right value runs
+    ok_json(&forkscore(&args, &[("FORKSCORE_CPU_ISA", "avx2")]));
+}
+
 #[test]
 fn allowed_mass_and_logprobs_end_to_end() {
     let dir = ensure_tiny_model(&TinySpec::qwen25());

@@ -458,7 +458,9 @@ pub(in crate::candle) mod x86 {
 
     /// `C (R, 16) (+)= A (R, kc) · B (kc, 16)`: `a` a packed row group at its block (`astride`
     /// floats per `k`: the group's row count), `b` a panel at its block, `c` row-major with row
-    /// stride `ldc`; `first` overwrites `C`.
+    /// stride `ldc`; `first` overwrites `C`; with `PF`, each step prefetches the panel `pf`
+    /// steps ahead.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn micro<const R: usize, const PF: bool>(

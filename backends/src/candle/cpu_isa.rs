@@ -9,7 +9,8 @@
 //!   `u8 × i8` dot products, `vpdpbusd`).
 //!
 //! `FORKSCORE_CPU_ISA=avx2` or `avxvnni` caps the choice at that level (to compare levels on
-//! one machine); anything else, or nothing, takes the widest. Tests run every level the CPU
+//! one machine); `avx512`, empty or unset takes the widest (another value is refused when a CPU
+//! backend loads, `cpu_switches`). Tests run every level the CPU
 //! has ([`Isa::supported`]), whatever the variable says.
 
 /// A level of x86 vector instructions, narrowest first.

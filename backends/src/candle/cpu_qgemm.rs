@@ -490,7 +490,8 @@ mod x86 {
     }
 
     /// AVX-VNNI: rows `0..R` × one panel over `blocks` blocks, [`tile_avx512`]'s sums on 8
-    /// lanes (the panel's 16 columns in two registers). `off`: the panel's offsets.
+    /// lanes (the panel's 16 columns in two registers). `off`: the panel's offsets. With `PF`,
+    /// each unit prefetches its weights `pf` blocks ahead.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma,avxvnni")]
@@ -542,7 +543,8 @@ mod x86 {
     }
 
     /// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
-    /// `blocks` blocks; `off` the panels' offsets, laid out as their scales.
+    /// `blocks` blocks; `off` the panels' offsets, laid out as their scales; with `PF`, each
+    /// unit prefetches its weights `pf` blocks ahead.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -657,6 +659,7 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU has `w`'s ISA; the row group and panels are within `w` and the rounded rows.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile_at(
         w: &PackedQ8,
         p: usize,

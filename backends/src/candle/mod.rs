@@ -45,6 +45,7 @@ mod cpu_key_major;
 mod cpu_math;
 mod cpu_q4gemm;
 mod cpu_qgemm;
+mod cpu_switches;
 mod cpu_tile_store;
 #[cfg(feature = "cuda")]
 mod cuda_module;
@@ -225,6 +226,9 @@ impl CandleBackend {
     ) -> Result<Self, CandleError> {
         if options.prefill_chunk == 0 {
             return Err(invalid("prefill_chunk must be positive"));
+        }
+        if matches!(options.device, DeviceSpec::Cpu) {
+            cpu_switches::check_env().map_err(invalid)?;
         }
         let config = ModelConfig::from_file(&checkpoint.dir.join("config.json"))?;
         let device = options.device.open()?;
