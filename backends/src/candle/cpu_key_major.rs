@@ -260,6 +260,16 @@ impl State {
         self.o[c * hd..][..hd].iter_mut().for_each(|x| *x *= f);
     }
 
+    /// Rescale the output rows `c0 + i` whose bit `i` is set in `moved`, each by `alpha[i]`
+    /// (a register's columns after a softmax step; `alpha` its lanes).
+    fn rescale_moved(&mut self, c0: usize, alpha: &[f32], moved: u32) {
+        for (i, &f) in alpha.iter().enumerate() {
+            if moved & (1 << i) != 0 {
+                self.rescale(c0 + i, f);
+            }
+        }
+    }
+
     /// The `(M, hd)` output, each column's row divided by its sum.
     pub fn finish(&mut self) -> &[f32] {
         let hd = self.hd;
@@ -345,11 +355,7 @@ impl Lanes for Avx512 {
             if moved != 0 {
                 let mut a = [0f32; 16];
                 _mm512_storeu_ps(a.as_mut_ptr(), alpha);
-                for (i, &f) in a.iter().enumerate().take(w) {
-                    if moved & (1 << i) != 0 {
-                        st.rescale(c + i, f);
-                    }
-                }
+                st.rescale_moved(c, &a[..w], moved as u32);
             }
             c += w;
         }
@@ -492,11 +498,7 @@ impl Lanes for Avx2 {
             if moved != 0 {
                 let mut a = [0f32; 8];
                 _mm256_storeu_ps(a.as_mut_ptr(), alpha);
-                for (i, &f) in a.iter().enumerate().take(w) {
-                    if moved & (1 << i) != 0 {
-                        st.rescale(c + i, f);
-                    }
-                }
+                st.rescale_moved(c, &a[..w], moved as u32);
             }
             c += w;
         }

@@ -77,9 +77,9 @@ pub(crate) fn prefetch(isa: Isa) -> usize {
     use std::sync::atomic::Ordering;
     static FROM_ENV: std::sync::Once = std::sync::Once::new();
     FROM_ENV.call_once(|| {
-        if let Some(v) = std::env::var("FORKSCORE_CPU_QPREFETCH")
+        if let Some(Ok(v)) = std::env::var("FORKSCORE_CPU_QPREFETCH")
             .ok()
-            .and_then(|s| s.trim().parse().ok())
+            .map(|s| parse_prefetch(&s))
         {
             // only where nothing set it first
             let _ = PREFETCH.compare_exchange(usize::MAX, v, Ordering::Relaxed, Ordering::Relaxed);
@@ -89,6 +89,14 @@ pub(crate) fn prefetch(isa: Isa) -> usize {
         usize::MAX => default_prefetch(isa),
         v => v,
     }
+}
+
+/// A `FORKSCORE_CPU_QPREFETCH` value: a count of blocks (0: none), else what is wrong (a value
+/// the load refuses, `cpu_switches`).
+pub(crate) fn parse_prefetch(v: &str) -> std::result::Result<usize, String> {
+    v.trim().parse().map_err(|_| {
+        format!("FORKSCORE_CPU_QPREFETCH={v:?}: not a count of blocks (0 turns the prefetch off)")
+    })
 }
 
 /// Set the integer tiles' prefetch distance for the process (blocks ahead; 0: none;
@@ -673,6 +681,15 @@ mod x86 {
         let blocks = w.k / BLOCK;
         let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
         let dp = w.d.as_ptr().add(p * blocks * NR);
+        // one arm per tile height: `$r` rows, the tile's kernel at that height
+        macro_rules! by_rows {
+            ($call:ident; $($r:literal)*) => {
+                match rows {
+                    $($r => $call!($r),)*
+                    _ => unreachable!("a tile of {rows} rows (at most the level's tile)"),
+                }
+            };
+        }
         match w.isa {
             Isa::Avx2 => {
                 macro_rules! go {
@@ -680,12 +697,7 @@ mod x86 {
                         tile_avx2::<$r>(blocks, ag, sg, wp, dp, out)
                     };
                 }
-                match rows {
-                    4 => go!(4),
-                    3 => go!(3),
-                    2 => go!(2),
-                    _ => go!(1),
-                }
+                by_rows!(go; 1 2 3 4)
             }
             Isa::AvxVnni => {
                 let op = w.offset.as_ptr().add(p * blocks * NR);
@@ -697,14 +709,7 @@ mod x86 {
                         }
                     };
                 }
-                match rows {
-                    6 => go!(6),
-                    5 => go!(5),
-                    4 => go!(4),
-                    3 => go!(3),
-                    2 => go!(2),
-                    _ => go!(1),
-                }
+                by_rows!(go; 1 2 3 4 5 6)
             }
             Isa::Avx512 => {
                 let op = w.offset.as_ptr().add(p * blocks * NR);
@@ -727,14 +732,7 @@ mod x86 {
                         }
                     };
                 }
-                match rows {
-                    6 => go!(6),
-                    5 => go!(5),
-                    4 => go!(4),
-                    3 => go!(3),
-                    2 => go!(2),
-                    _ => go!(1),
-                }
+                by_rows!(go; 1 2 3 4 5 6)
             }
         }
     }

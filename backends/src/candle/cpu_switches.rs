@@ -20,11 +20,7 @@ pub(crate) fn check(get: impl Fn(&str) -> Option<String>) -> Result<(), String> 
         }
     }
     if let Some(v) = get("FORKSCORE_CPU_QPREFETCH") {
-        if v.trim().parse::<usize>().is_err() {
-            return Err(format!(
-                "FORKSCORE_CPU_QPREFETCH={v:?}: not a count of blocks (0 turns the prefetch off)"
-            ));
-        }
+        super::cpu_qgemm::parse_prefetch(&v)?;
     }
     if let (Some(v), Some(isa)) = (get("FORKSCORE_CPU_GEMM_BLOCKING"), Isa::chosen()) {
         super::cpu_gemm::Blocking::parse(&v, isa.f32_level())
