@@ -1,7 +1,7 @@
 //! Batched prefill (several prefixes right-padded into one forward pass) == one prefill per
 //! prefix, on every architecture: the retained states agree, and scoring from them gives the
-//! same logits. The padded pass is what `prefill_batch` runs on GPUs; on the CPU it falls back
-//! to one prefill per prefix, which must give exactly the same states.
+//! same logits. The padded pass is kept as an alternative to the packed pass that `prefill_batch`
+//! runs (see `packed_prefill.rs`).
 
 mod common;
 
@@ -74,11 +74,12 @@ fn check(name: &str, backend: &CandleBackend) {
             .expect("score single");
         BATCH_VS_SINGLE.assert_close(&format!("{name} prefix {i} logits"), lb.row(0), ls.row(0));
     }
-    // On the CPU the policy runs one prefill per prefix: bit-identical states, input order.
+    // The policy packs these short prefixes into one pass: equal to the plain prefill within
+    // f32 rounding, input order kept.
     let policy = backend.prefill_batch(&refs);
     for (i, (p, s)) in policy.into_iter().zip(&single).enumerate() {
         let p = p.expect("prefill_batch");
-        assert_eq!(flat(&p), flat(s), "{name} prefill_batch prefix {i}");
+        BATCH_VS_SINGLE.assert_close(&format!("{name} prefill_batch prefix {i}"), &flat(&p), &flat(s));
     }
 }
 

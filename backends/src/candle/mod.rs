@@ -58,6 +58,7 @@ mod linear;
 pub mod mask;
 pub mod mlp;
 mod models;
+mod packing;
 mod norm;
 pub mod residual_norm;
 mod rope;
@@ -107,10 +108,6 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 /// launch of each fused kernel per layer), activations still in the hundreds of MiB.
 pub const GPU_PREFILL_CHUNK: usize = 4096;
 
-/// Padded tokens (rows × longest prefix) of one batched prefill pass ([`CandleBackend::prefill_batch`]):
-/// large enough that the GEMMs run at full rate, small enough that the f32 attention scores of
-/// the pass (`rows · heads · L²` floats) stay in the hundreds of MiB on a real model.
-pub const PREFILL_BATCH_TOKENS: usize = 8192;
 
 /// How to load a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,53 +440,102 @@ impl CandleBackend {
         Ok(CandleState::new(layers, offset))
     }
 
-    /// Prefill several prefixes in as few forward passes as fit, each pass a right-padded batch
-    /// of prefixes (every row masked by its own length: causal attention never reaches a pad,
-    /// Gated DeltaNet pads have β = g = 0 and each row's conv state is taken at its own last
-    /// token), so the GEMMs see thousands of rows instead of one prefix's. A batch holds at most
-    /// [`PREFILL_BATCH_TOKENS`] padded tokens; a prefix longer than that (or alone in its batch)
-    /// takes the chunked path of [`Backend::prefill`]. On the CPU, where padding only adds work,
-    /// every prefix takes that path. Results are in input order, one per prefix; a failing batch
-    /// is retried prefix by prefix so one bad prefix never fails the others.
-    ///
-    /// Equal to `prefill` of each prefix within f32 rounding (tested on every architecture).
+    /// Prefill several prefixes in as few forward passes as fit: prefixes of at most
+    /// `prefill_chunk` tokens are packed back to back without padding into passes of at most
+    /// `prefill_chunk` tokens ([`CandleBackend::prefill_packed`]: every projection and MLP one
+    /// GEMM over all packed tokens, attention and the Gated DeltaNet scan per prefix), longer
+    /// prefixes take the chunked path of [`Backend::prefill`]. Which path a prefix takes depends
+    /// only on its own length, and a packed prefix is computed exactly as it would be alone, so
+    /// a prefix's state does not depend on the prefixes it was packed with (bit for bit where
+    /// the device's GEMM gives each row the same result at every row count, as the CPU kernels
+    /// do; tested). Results are in input order, one per prefix; a failing pass is retried
+    /// prefix by prefix so one bad prefix never fails the others.
     pub fn prefill_batch(&self, prefixes: &[&[u32]]) -> Vec<Result<CandleState, BackendError>> {
-        let b = &self.backbone;
-        if matches!(b.device, candle_core::Device::Cpu) || prefixes.len() < 2 {
-            return prefixes.iter().map(|ids| self.prefill(ids)).collect();
-        }
+        let budget = self.prefill_chunk;
         let mut out: Vec<Option<Result<CandleState, BackendError>>> =
             prefixes.iter().map(|_| None).collect();
-        // Longest first, so each batch pads little; batches are cut by the padded-token budget.
-        let mut order: Vec<usize> = (0..prefixes.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(prefixes[i].len()));
-        let mut start = 0;
-        while start < order.len() {
-            let longest = prefixes[order[start]].len();
-            let fit = (PREFILL_BATCH_TOKENS / longest.max(1)).max(1);
-            let end = (start + fit).min(order.len());
-            let members = &order[start..end];
-            let batch: Vec<&[u32]> = members.iter().map(|&i| prefixes[i]).collect();
-            match (members.len() > 1)
-                .then(|| self.prefill_padded(&batch))
-                .and_then(Result::ok)
-            {
-                Some(states) => {
-                    for (&i, s) in members.iter().zip(states) {
+        let plan = packing::plan(prefixes.iter().map(|p| p.len()), budget);
+        for pass in &plan.passes {
+            let batch: Vec<&[u32]> = pass.iter().map(|&i| prefixes[i]).collect();
+            match self.prefill_packed(&batch) {
+                Ok(states) => {
+                    for (&i, s) in pass.iter().zip(states) {
                         out[i] = Some(Ok(s));
                     }
                 }
-                None => {
-                    for &i in members {
-                        out[i] = Some(self.prefill(prefixes[i]));
+                Err(_) if pass.len() > 1 => {
+                    for &i in pass {
+                        out[i] = Some(
+                            self.prefill_packed(&[prefixes[i]])
+                                .map_err(BackendError::from)
+                                .and_then(|mut s| {
+                                    s.pop().ok_or_else(|| invalid("no packed state").into())
+                                }),
+                        );
                     }
                 }
+                Err(e) => out[pass[0]] = Some(Err(e.into())),
             }
-            start = end;
+        }
+        for &i in &plan.alone {
+            out[i] = Some(self.prefill(prefixes[i]));
         }
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err(invalid("prefix left unprefilled").into())))
             .collect()
+    }
+
+    /// One forward pass over `prefixes` packed back to back in one row of `sum(len)` tokens
+    /// (no padding, no chunking, no budget: [`CandleBackend::prefill_batch`] decides what goes
+    /// into one pass). Each prefix starts at position 0 from an empty past; projections, norms
+    /// and MLPs run over all tokens at once, attention and the Gated DeltaNet conv and scan per
+    /// prefix. Returns one state per prefix, in order.
+    pub fn prefill_packed(&self, prefixes: &[&[u32]]) -> Result<Vec<CandleState>, CandleError> {
+        let b = &self.backbone;
+        if prefixes.is_empty() || prefixes.iter().any(|p| p.is_empty()) {
+            return Err(invalid("cannot prefill an empty prefix"));
+        }
+        let lens: Vec<usize> = prefixes.iter().map(|p| p.len()).collect();
+        let ids: Vec<u32> = prefixes.concat(); // (T,)
+        self.check_ids(&ids)?;
+        let step = Step::packed(&b.rope, &lens, b.dtype, &b.device)?;
+        let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
+        let updates = b.forward_state(&ids, &pasts, &step)?;
+        let op = |e: candle_core::Error| CandleError::tensor("split packed prefill")(e);
+        let mut per_prefix: Vec<Vec<LayerState>> = prefixes
+            .iter()
+            .map(|_| Vec::with_capacity(updates.len()))
+            .collect();
+        for update in updates {
+            let mut start = 0;
+            for (i, &n) in lens.iter().enumerate() {
+                let layer = match &update {
+                    // K/V (1, Hkv, T, hd) -> (1, Hkv, n, hd): the prefix's own tokens
+                    state::LayerUpdate::Attention { k, v } => {
+                        let cut = |t: &Tensor| t.narrow(2, start, n)?.contiguous();
+                        LayerState::Attention {
+                            k: cut(k).map_err(op)?,
+                            v: cut(v).map_err(op)?,
+                        }
+                    }
+                    // conv / recurrent (K, …) -> (1, …): the prefix's own final state
+                    state::LayerUpdate::Linear { conv, recurrent } => {
+                        let cut = |t: &Tensor| t.narrow(0, i, 1)?.contiguous();
+                        LayerState::Linear {
+                            conv: cut(conv).map_err(op)?,
+                            recurrent: cut(recurrent).map_err(op)?,
+                        }
+                    }
+                };
+                per_prefix[i].push(layer);
+                start += n;
+            }
+        }
+        Ok(per_prefix
+            .into_iter()
+            .zip(&lens)
+            .map(|(layers, &n)| CandleState::new(layers, n))
+            .collect())
     }
 
     /// One forward pass over `prefixes` right-padded to the longest: `(N, Lmax)` ids from empty

@@ -5,7 +5,11 @@
 //! when rows continue different prefixes. Out: a [`Step`] shared by every layer of the call.
 //! Row `r`'s token `t` sits at absolute position `past_len[r] + t`, so RoPE continues each row
 //! from its own prefix regardless of padding. A packed token tree ([`Step::tree`]) is one row
-//! whose node `i` sits at `past_len + depth(i)` under a tree mask.
+//! whose node `i` sits at `past_len + depth(i)` under a tree mask. A packed prefill
+//! ([`Step::packed`]) is one row of `T` tokens holding several independent prefixes back to back
+//! (no padding): token `t` of segment `s` sits at position `t`, and every mixer keeps segments
+//! apart (attention per segment under its own causal mask, Gated DeltaNet conv and scan per
+//! segment from zero state), so a segment's result never depends on its neighbours.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -29,6 +33,23 @@ pub(crate) struct Step {
     /// (Attention needs no padding mask for them; linear-attention mixers must not let pads
     /// update the state they return — only relevant for prefill, which never pads.)
     pub valid: Vec<usize>,
+    /// `Some` for a packed prefill: the segments of the one row, each with its own geometry.
+    pub packed: Option<Packing>,
+}
+
+/// One independent prefix inside a packed row: tokens `start .. start + len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The segments of a packed row and, per segment, the step a solo prefill of it would use
+/// (its causal mask and its RoPE tables from position 0): mixers run each segment's
+/// sequence-mixing part under it.
+pub(crate) struct Packing {
+    pub segments: Vec<Segment>,
+    pub steps: Vec<Step>,
 }
 
 impl Step {
@@ -68,6 +89,44 @@ impl Step {
             past_mask,
             past_start,
             valid: valid.to_vec(),
+            packed: None,
+        })
+    }
+
+    /// One row of `sum(lens)` tokens: the prefixes of `lens` back to back, each from position 0
+    /// and from an empty past. `lens` must be non-empty with every length > 0.
+    pub fn packed(
+        rope: &Rope,
+        lens: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, CandleError> {
+        if lens.is_empty() || lens.contains(&0) {
+            return Err(CandleError::InvalidRequest {
+                reason: format!("a packed prefill needs non-empty segments, got lengths {lens:?}"),
+            });
+        }
+        let total: usize = lens.iter().sum();
+        // positions restart at 0 in every segment
+        let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
+        let tables = rope.tables(&positions, 1, total, dtype, device)?; // (1, T, R/2)
+        let mut segments = Vec::with_capacity(lens.len());
+        let mut steps = Vec::with_capacity(lens.len());
+        let mut start = 0;
+        for &len in lens {
+            segments.push(Segment { start, len });
+            steps.push(Step::new(rope, &[0], &[len], len, None, dtype, device)?);
+            start += len;
+        }
+        Ok(Step {
+            rows: 1,
+            len: total,
+            rope: tables,
+            new_keys: None,
+            past_mask: None,
+            past_start: None,
+            valid: vec![total],
+            packed: Some(Packing { segments, steps }),
         })
     }
 
@@ -103,6 +162,7 @@ impl Step {
             past_mask: None,
             past_start: None,
             valid: vec![len],
+            packed: None,
         })
     }
 

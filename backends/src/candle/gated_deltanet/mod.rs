@@ -421,17 +421,7 @@ impl GdnLayer {
         padding: Option<&RightPadding>,
         rule: DeltaRule,
     ) -> candle_core::Result<(Tensor, GdnState)> {
-        let GdnDims {
-            key_heads: hk,
-            value_heads: hv,
-            key_dim: dk,
-            value_dim: dv,
-            ..
-        } = self.dims;
-        let (b, l, _) = x.dims3()?;
-        let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
         let act = x.dtype();
-
         let dev = x.device();
         // Rows continuing picked state rows: the fused kernels read them through the map, the
         // candle forms from a gathered copy (B, ..).
@@ -444,15 +434,85 @@ impl GdnLayer {
             Some(rows) => (state, Some(Tensor::new(rows, dev)?)),
             None => (state, None),
         };
-        // (B, L, D) -> (B, L, Cc) | (B, L, Hv, dv) | (B, L, Hv) | (B, L, Hv), all f32
-        // The fused kernels read bf16 projections directly (an exact upcast inside each kernel),
-        // so the four cast passes only run on the candle path and for other dtypes.
-        let in_dtype = if rule == DeltaRule::Fused && act == DType::BF16 {
+        let proj = self.project(x, Self::in_dtype(rule, act))?;
+        let (o, next) = self.mix(&proj, state, slots.as_ref(), padding, rule, act)?;
+        let out = self.finish(&o, &proj.z, rule, act)?;
+        Ok((out, next))
+    }
+
+    /// Several independent prefixes packed back to back in one row, `x (1, T, D)`, each from
+    /// zero state: the projections run once over all `T` tokens (large GEMMs), the conv, gates
+    /// and delta rule per segment exactly as that prefix's solo call runs them. Returns the
+    /// output `(1, T, D)` and the segments' final states stacked `(K, ..)` in segment order.
+    pub(crate) fn forward_packed(
+        &self,
+        x: &Tensor,
+        segments: &[(usize, usize)],
+    ) -> Result<(Tensor, GdnState), CandleError> {
+        let (b, l, _) = x.dims3().map_err(CandleError::tensor("gdn.input"))?;
+        let end = segments.iter().map(|&(s, n)| s + n).max().unwrap_or(0);
+        if b != 1 || segments.is_empty() || end > l || segments.iter().any(|&(_, n)| n == 0) {
+            return Err(CandleError::InvalidRequest {
+                reason: format!("packed GDN call: segments {segments:?} over an input of ({b}, {l})"),
+            });
+        }
+        self.run_packed(x, segments)
+            .map_err(CandleError::tensor("gdn.packed"))
+    }
+
+    fn run_packed(
+        &self,
+        x: &Tensor,
+        segments: &[(usize, usize)],
+    ) -> candle_core::Result<(Tensor, GdnState)> {
+        let act = x.dtype();
+        let dev = x.device();
+        // fused or not does not depend on the length, so every segment takes the same family
+        let whole = self.rule_for(x);
+        let proj = self.project(x, Self::in_dtype(whole, act))?;
+        let mut outs = Vec::with_capacity(segments.len());
+        let mut convs = Vec::with_capacity(segments.len());
+        let mut recurrents = Vec::with_capacity(segments.len());
+        for &(start, len) in segments {
+            let rule = DeltaRule::for_call(len, &self.dims, dev);
+            let part = proj.narrow(start, len)?;
+            let zero = GdnState::zeros(&self.dims, 1, dev)?;
+            let (o, next) = self.mix(&part, &zero, None, None, rule, act)?;
+            outs.push(o);
+            convs.push(next.conv);
+            recurrents.push(next.recurrent);
+        }
+        let cat = |parts: &[Tensor], dim: usize| match parts {
+            [one] => Ok(one.clone()),
+            _ => Tensor::cat(parts, dim),
+        };
+        let o = cat(&outs, 1)?; // (1, T, Hv, dv)
+        let out = self.finish(&o, &proj.z, whole, act)?;
+        Ok((
+            out,
+            GdnState {
+                conv: cat(&convs, 0)?,           // (K, Kc−1, Cc)
+                recurrent: cat(&recurrents, 0)?, // (K, Hv, dk, dv)
+            },
+        ))
+    }
+
+    /// The dtype the projections are handed on in: the fused kernels read bf16 projections
+    /// directly (an exact upcast inside each kernel), so the four cast passes only run on the
+    /// candle path and for other dtypes.
+    fn in_dtype(rule: DeltaRule, act: DType) -> DType {
+        if rule == DeltaRule::Fused && act == DType::BF16 {
             DType::BF16
         } else {
             DType::F32
-        };
-        let (p, z, b_logits, a_in) = profile::region("gdn.projections", dev, || {
+        }
+    }
+
+    /// `x (B, L, D)` -> the four input projections in `in_dtype`.
+    fn project(&self, x: &Tensor, in_dtype: DType) -> candle_core::Result<Projections> {
+        let (b, l, _) = x.dims3()?;
+        let (hv, dv) = (self.dims.value_heads, self.dims.value_dim);
+        profile::region("gdn.projections", x.device(), || {
             let p = self.in_proj_qkv.forward(x)?.to_dtype(in_dtype)?;
             let z = self
                 .in_proj_z
@@ -461,15 +521,45 @@ impl GdnLayer {
                 .reshape((b, l, hv, dv))?;
             let b_logits = self.in_proj_b.forward(x)?.to_dtype(in_dtype)?;
             let a_in = self.in_proj_a.forward(x)?.to_dtype(in_dtype)?;
-            Ok::<_, candle_core::Error>((p, z, b_logits, a_in))
-        })?;
+            Ok(Projections {
+                p,
+                z,
+                b_logits,
+                a_in,
+            })
+        })
+    }
+
+    /// Conv, gates and delta rule over the projections: `o (B, L, Hv, dv)` and the new state.
+    fn mix(
+        &self,
+        proj: &Projections,
+        state: &GdnState,
+        slots: Option<&Tensor>,
+        padding: Option<&RightPadding>,
+        rule: DeltaRule,
+        act: DType,
+    ) -> candle_core::Result<(Tensor, GdnState)> {
+        let GdnDims {
+            key_heads: hk,
+            value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            ..
+        } = self.dims;
+        let Projections {
+            p, b_logits, a_in, ..
+        } = proj;
+        let (b, l, _) = p.dims3()?;
+        let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
+        let dev = p.device();
 
         let (c, conv_state) = profile::region("gdn.conv", dev, || {
             if rule == DeltaRule::Fused {
                 let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
-                fused::causal_conv_silu(&p, &state.conv, slots.as_ref(), &self.conv, lengths)
+                fused::causal_conv_silu(p, &state.conv, slots, &self.conv, lengths)
             } else {
-                conv::causal_conv_silu(&p, &state.conv, &self.conv, padding)
+                conv::causal_conv_silu(p, &state.conv, &self.conv, padding)
             }
         })?;
 
@@ -478,17 +568,17 @@ impl GdnLayer {
             if rule == DeltaRule::Fused {
                 let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
                 return fused_pointwise::gates(
-                    &b_logits,
-                    &a_in,
+                    b_logits,
+                    a_in,
                     &self.a_log,
                     &self.dt_bias,
                     lengths,
                 );
             }
-            let mut beta = gates::beta(&b_logits)?;
-            let mut g = gates::log_decay(&a_in, &self.a_log, &self.dt_bias)?;
+            let mut beta = gates::beta(b_logits)?;
+            let mut g = gates::log_decay(a_in, &self.a_log, &self.dt_bias)?;
             if let Some(pad) = padding.filter(|p| !p.is_full()) {
-                let mask = pad.mask(x.device())?;
+                let mask = pad.mask(dev)?;
                 beta = gates::apply_mask(&beta, &mask)?;
                 g = gates::apply_mask(&g, &mask)?;
             }
@@ -503,7 +593,7 @@ impl GdnLayer {
                     &beta,
                     &g,
                     &state.recurrent,
-                    slots.as_ref(),
+                    slots,
                     &self.dims,
                     act != DType::F32,
                 )
@@ -551,23 +641,58 @@ impl GdnLayer {
             // (B, Hv, L, dv) -> (B, L, Hv, dv)
             (o.transpose(1, 2)?.contiguous()?, recurrent)
         };
-        let out = profile::region("gdn.norm_out", dev, || {
-            let eps = self.dims.rms_norm_eps;
-            let y = if rule == DeltaRule::Fused && matches!(act, DType::F32 | DType::BF16) {
-                fused_pointwise::gated_norm(&o, &z, &self.norm, eps, act)?
-            } else {
-                norm::gated_rms_norm(&o, &z, &self.norm, eps)?.to_dtype(act)?
-            };
-            // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
-            let y = y.reshape((b, l, cv))?;
-            self.out_proj.forward(&y)
-        })?;
         Ok((
-            out,
+            o,
             GdnState {
                 conv: conv_state,
                 recurrent,
             },
         ))
+    }
+
+    /// Gated output norm and `out_proj`: `o (B, L, Hv, dv)`, `z (B, L, Hv, dv)` -> `(B, L, D)`.
+    fn finish(
+        &self,
+        o: &Tensor,
+        z: &Tensor,
+        rule: DeltaRule,
+        act: DType,
+    ) -> candle_core::Result<Tensor> {
+        let (b, l, _, _) = o.dims4()?;
+        let cv = self.dims.value_channels();
+        profile::region("gdn.norm_out", o.device(), || {
+            let eps = self.dims.rms_norm_eps;
+            let y = if rule == DeltaRule::Fused && matches!(act, DType::F32 | DType::BF16) {
+                fused_pointwise::gated_norm(o, z, &self.norm, eps, act)?
+            } else {
+                norm::gated_rms_norm(o, z, &self.norm, eps)?.to_dtype(act)?
+            };
+            // (B, L, Hv, dv) -> (B, L, Cv) -> (B, L, D)
+            let y = y.reshape((b, l, cv))?;
+            self.out_proj.forward(&y)
+        })
+    }
+}
+
+/// The four input projections of one call: `p (B, L, Cc)`, `z (B, L, Hv, dv)`,
+/// `b_logits (B, L, Hv)`, `a_in (B, L, Hv)`.
+struct Projections {
+    p: Tensor,
+    z: Tensor,
+    b_logits: Tensor,
+    a_in: Tensor,
+}
+
+impl Projections {
+    /// Tokens `start .. start + len` of a one-row call (`z` is not needed by the mixing part
+    /// and is left whole).
+    fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Projections> {
+        let cut = |t: &Tensor| t.narrow(1, start, len)?.contiguous();
+        Ok(Projections {
+            p: cut(&self.p)?,
+            z: self.z.clone(),
+            b_logits: cut(&self.b_logits)?,
+            a_in: cut(&self.a_in)?,
+        })
     }
 }

@@ -147,6 +147,24 @@ impl Mixer for LinearAttention {
         past: &LayerPast,
         step: &Step,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
+        if let Some(packing) = &step.packed {
+            // independent prefixes back to back: each segment's conv and scan from zero state
+            if !matches!(past, LayerPast::Empty) {
+                return Err(CandleError::InvalidRequest {
+                    reason: "a packed prefill starts from no retained state".into(),
+                });
+            }
+            let segments: Vec<(usize, usize)> =
+                packing.segments.iter().map(|s| (s.start, s.len)).collect();
+            let (y, next) = self.layer.forward_packed(x, &segments)?;
+            return Ok((
+                y,
+                LayerUpdate::Linear {
+                    conv: next.conv,
+                    recurrent: next.recurrent,
+                },
+            ));
+        }
         let (state, slots) = self.start_state(past, step.rows, x.device())?;
         let padding = if step.valid.iter().any(|&v| v < step.len) {
             let pad = RightPadding::new(step.valid.clone(), step.len).ok_or_else(|| {

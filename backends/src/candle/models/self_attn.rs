@@ -17,7 +17,7 @@ use crate::candle::mlp::{apply, linear};
 use crate::candle::norm::RmsNorm;
 use crate::candle::profile;
 use crate::candle::state::{LayerPast, LayerUpdate};
-use crate::candle::step::Step;
+use crate::candle::step::{Packing, Segment, Step};
 use crate::candle::weights::Weights;
 use crate::error::CandleError;
 
@@ -168,8 +168,14 @@ impl Mixer for SelfAttention {
                 })
             }
         };
-        let mut o = profile::region("attention.core", dev, || {
-            attend(&q, &k, &v, past_kv, &step.masks())
+        if step.packed.is_some() && past_kv.is_some() {
+            return Err(CandleError::InvalidRequest {
+                reason: "a packed prefill starts from no retained state".into(),
+            });
+        }
+        let mut o = profile::region("attention.core", dev, || match &step.packed {
+            None => attend(&q, &k, &v, past_kv, &step.masks()),
+            Some(packing) => attend_segments(&q, &k, &v, packing),
         })?; // (B, L, H*hd)
         if let Some(gate) = gate {
             o = candle_nn::ops::sigmoid(&gate)
@@ -207,6 +213,32 @@ impl Mixer for SelfAttention {
 }
 
 type Projected = (Tensor, Tensor, Tensor, Option<Tensor>);
+
+/// Attention of a packed prefill: q `(1, H, T, hd)`, k / v `(1, Hkv, T, hd)` -> `(1, T, H*hd)`,
+/// each segment attending only to itself under its own causal mask, exactly as its solo prefill
+/// would (same kernel, same shapes), so a segment's output never depends on its neighbours.
+fn attend_segments(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    packing: &Packing,
+) -> Result<Tensor, CandleError> {
+    let cut = |t: &Tensor, seg: &Segment| {
+        t.narrow(2, seg.start, seg.len)
+            .and_then(|t| t.contiguous())
+            .map_err(op("packed segment"))
+    };
+    let outs = packing
+        .segments
+        .iter()
+        .zip(&packing.steps)
+        .map(|(seg, solo)| attend(&cut(q, seg)?, &cut(k, seg)?, &cut(v, seg)?, None, &solo.masks()))
+        .collect::<Result<Vec<_>, _>>()?; // each (1, len, H*hd)
+    match outs.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Tensor::cat(&outs, 1).map_err(op("packed attention")),
+    }
+}
 
 impl SelfAttention {
     /// K `(B, Hkv, L, hd)` after norm and RoPE, and V `(B, Hkv, L, hd)`, from separate

@@ -1,0 +1,221 @@
+//! Packed prefill (several prefixes back to back in one row, no padding) on every
+//! architecture: a prefix's retained state is bit-identical whatever it is packed with (batch
+//! invariance), equal to the plain one-prefix-at-a-time prefill within f32 rounding, and the
+//! scores from it agree; the `prefill_batch` policy packs short prefixes, runs long ones alone
+//! through the chunked path, and keeps one bad prefix from failing the others.
+
+mod common;
+
+use common::{candidates, ids, load, models};
+use forkscore_backends::candle::LayerState;
+use forkscore_backends::{
+    Backend, CandleBackend, CandleState, LoadOptions, PrefixState, ResolvedCheckpoint, ScoreRow,
+};
+use forkscore_testkit::tiny_model::TinySpec;
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+use forkscore_testkit::tolerance::Tolerance;
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+/// Packed vs the plain prefill: the same arithmetic per prefix; only the GEMMs' row counts
+/// differ, which may reorder a product's sums on some kernels.
+const PACKED_VS_PLAIN: Tolerance = Tolerance::CPU_F32_LOGITS;
+
+const VOCAB: usize = 151_643;
+
+fn flat(state: &CandleState) -> Vec<u32> {
+    state
+        .layers()
+        .iter()
+        .flat_map(|l| match l {
+            LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
+            LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
+        })
+        .flat_map(|t| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("state to host")
+        })
+        .map(f32::to_bits)
+        .collect()
+}
+
+fn floats(state: &CandleState) -> Vec<f32> {
+    flat(state).into_iter().map(f32::from_bits).collect()
+}
+
+fn qwen35(chunk: usize) -> CandleBackend {
+    let dir = TinyQwen35::new(8, Qwen35Layout::TextOnly)
+        .ensure()
+        .expect("tiny qwen3.5");
+    let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-test").expect("resolve");
+    let options = LoadOptions {
+        prefill_chunk: chunk,
+        ..LoadOptions::default()
+    };
+    CandleBackend::load(&ckpt, &options).expect("load")
+}
+
+/// A wider Qwen2.5 than the default tiny one, so the GEMMs run several tiles per row block.
+fn wide_qwen25() -> CandleBackend {
+    load(&TinySpec {
+        hidden: 64,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 8,
+        intermediate: 256,
+        seed: 64,
+        ..TinySpec::qwen25()
+    })
+}
+
+/// Every architecture under test, on CPU f32 with the default prefill chunk.
+fn all() -> &'static [(&'static str, CandleBackend)] {
+    static ALL: OnceLock<Vec<(&'static str, CandleBackend)>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let dense = models()
+            .iter()
+            .map(|(n, _)| *n)
+            .zip(models().iter().map(|(n, _)| match *n {
+                "qwen2.5" => load(&TinySpec::qwen25()),
+                _ => load(&TinySpec::qwen3()),
+            }));
+        let mut v: Vec<(&'static str, CandleBackend)> = dense.collect();
+        v.push(("qwen2.5-wide", wide_qwen25()));
+        v.push(("qwen3.5", qwen35(LoadOptions::default().prefill_chunk)));
+        v
+    })
+}
+
+fn prefixes(seed: u64, lens: &[usize]) -> Vec<Vec<u32>> {
+    lens.iter()
+        .enumerate()
+        .map(|(i, &n)| ids(seed + i as u64, n, VOCAB))
+        .collect()
+}
+
+fn solo(backend: &CandleBackend, p: &[u32]) -> CandleState {
+    let mut s = backend.prefill_packed(&[p]).expect("packed alone");
+    assert_eq!(s.len(), 1);
+    s.pop().expect("one state")
+}
+
+#[test]
+fn a_packed_prefix_is_bit_identical_whatever_it_is_packed_with() {
+    for (name, backend) in all() {
+        let ps = prefixes(300, &[37, 5, 20, 1, 37, 64]);
+        let refs: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+        let together = backend.prefill_packed(&refs).expect("packed");
+        // another packing: reversed, and only every other prefix
+        let reversed: Vec<&[u32]> = refs.iter().rev().copied().collect();
+        let back = backend.prefill_packed(&reversed).expect("packed reversed");
+        let some: Vec<&[u32]> = refs.iter().step_by(2).copied().collect();
+        let part = backend.prefill_packed(&some).expect("packed subset");
+        for (i, p) in refs.iter().enumerate() {
+            let alone = solo(backend, p);
+            assert_eq!(together[i].len(), p.len(), "{name} prefix {i} length");
+            assert_eq!(flat(&together[i]), flat(&alone), "{name} prefix {i}: packed vs alone");
+            assert_eq!(
+                flat(&back[refs.len() - 1 - i]),
+                flat(&alone),
+                "{name} prefix {i}: reversed packing"
+            );
+            if i % 2 == 0 {
+                assert_eq!(flat(&part[i / 2]), flat(&alone), "{name} prefix {i}: subset");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_prefill_equals_the_plain_prefill_and_scores_alike() {
+    let cands = candidates();
+    let suffix = ids(7, 3, VOCAB);
+    for (name, backend) in all() {
+        let ps = prefixes(500, &[33, 2, 18, 1]);
+        let refs: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+        let packed = backend.prefill_packed(&refs).expect("packed");
+        for (i, (p, s)) in refs.iter().zip(&packed).enumerate() {
+            let plain = backend.prefill(p).expect("prefill");
+            assert_eq!(s.len(), plain.len(), "{name} prefix {i} length");
+            assert_eq!(s.nbytes(), plain.nbytes(), "{name} prefix {i} bytes");
+            PACKED_VS_PLAIN.assert_close(
+                &format!("{name} prefix {i} state"),
+                &floats(s),
+                &floats(&plain),
+            );
+            let row = [ScoreRow {
+                state: 0,
+                suffix: &suffix,
+            }];
+            let lp = backend.score_rows(&[s], &row, &cands).expect("score packed");
+            let lq = backend.score_rows(&[&plain], &row, &cands).expect("score plain");
+            PACKED_VS_PLAIN.assert_close(&format!("{name} prefix {i} logits"), lp.row(0), lq.row(0));
+        }
+    }
+}
+
+#[test]
+fn the_batch_policy_packs_short_prefixes_and_runs_long_ones_alone() {
+    // a chunk of 16 tokens: prefixes of at most 16 are packed, longer ones chunked alone
+    let dense = {
+        let dir = forkscore_testkit::tiny_model::ensure_tiny_model(&TinySpec::qwen25());
+        let ckpt = ResolvedCheckpoint::from_folder(&dir, "tiny-test").expect("resolve");
+        let options = LoadOptions {
+            prefill_chunk: 16,
+            ..LoadOptions::default()
+        };
+        CandleBackend::load(&ckpt, &options).expect("load")
+    };
+    for (name, backend) in [("qwen2.5", dense), ("qwen3.5", qwen35(16))] {
+        let ps = prefixes(700, &[9, 40, 16, 3, 17, 7, 12]);
+        let refs: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+        let states = backend.prefill_batch(&refs);
+        assert_eq!(states.len(), refs.len());
+        for (i, (p, s)) in refs.iter().zip(states).enumerate() {
+            let s = s.expect("prefill_batch");
+            let expected = if p.len() > 16 {
+                backend.prefill(p).expect("chunked")
+            } else {
+                solo(&backend, p)
+            };
+            assert_eq!(flat(&s), flat(&expected), "{name} prefix {i} ({} tokens)", p.len());
+        }
+    }
+}
+
+#[test]
+fn packed_prefill_refuses_empty_prefixes_and_bad_ids_and_the_policy_isolates_them() {
+    let (_, backend) = &all()[0];
+    let a = ids(1, 4, VOCAB);
+    assert!(backend.prefill_packed(&[]).is_err());
+    assert!(backend.prefill_packed(&[&a, &[]]).is_err());
+    let bad = [u32::MAX];
+    assert!(backend.prefill_packed(&[&a, &bad]).is_err());
+    let results = backend.prefill_batch(&[&a, &[], &a, &bad, &a]);
+    assert!(results[1].is_err() && results[3].is_err());
+    for i in [0, 2, 4] {
+        let s = results[i].as_ref().expect("good prefix prefilled");
+        assert_eq!(flat(s), flat(&solo(backend, &a)), "prefix {i}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Random sets of prefixes packed in random groupings: each equals its solo packed run.
+    #[test]
+    fn random_packings_are_batch_invariant(
+        lens in proptest::collection::vec(1usize..30, 1..6),
+        seed in 0u64..1000,
+        model in 0usize..4,
+    ) {
+        let (name, backend) = &all()[model];
+        let ps = prefixes(seed, &lens);
+        let refs: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+        let packed = backend.prefill_packed(&refs).expect("packed");
+        for (i, p) in refs.iter().enumerate() {
+            prop_assert_eq!(flat(&packed[i]), flat(&solo(backend, p)), "{} prefix {}", name, i);
+        }
+    }
+}
