@@ -841,12 +841,20 @@ impl CandleBackend {
         for (b, row) in sources.iter().enumerate() {
             ids[b * len..b * len + row.suffix.len()].copy_from_slice(row.suffix);
         }
-        let merged = if layout.slots.len() > 1 {
-            Some(p)
-        } else {
-            None
+        // several slots: each slot's rows attend to it alone (no left padding), as in a call of
+        // those rows alone
+        let step = match layout.slots.len() {
+            1 => Step::new(&b.rope, &past_lens, &valid, len, None, b.dtype, &b.device)?,
+            s => Step::per_slot(
+                &b.rope,
+                &past_lens,
+                &valid,
+                len,
+                sources.len() / s,
+                b.dtype,
+                &b.device,
+            )?,
         };
-        let step = Step::new(&b.rope, &past_lens, &valid, len, merged, b.dtype, &b.device)?;
         let (hidden, branch) = b.forward(&ids, &pasts, &step)?;
         self.record_branch(&branch, sources.len(), len, p, layout.slots.len());
         drop(branch);

@@ -8,8 +8,8 @@
 //!
 //! [`merge_slots`] turns the states a scoring call uses into per-layer [`LayerPast`] views:
 //! one state used by every row is passed as is (leading dim 1, no per-row copy); several states
-//! are merged into slots — attention K/V left-padded with zeros to the longest prefix `P` (hidden
-//! by the left-padding mask) and stacked once per slot; linear states gathered per row.
+//! become slots — attention K/V one view per slot at its own length, attended per slot; linear
+//! states stacked per slot and read per row.
 
 use candle_core::Tensor;
 
@@ -84,6 +84,10 @@ pub(crate) enum LayerPast {
     /// row count and rows are slot-major: row `b` continues slot `b / (B / S)`. `S == 1`: one
     /// shared prefix.
     Attention { k: Tensor, v: Tensor },
+    /// Several slots, each its own K/V `(Hkv, 1, P_s, hd)` at its own length (no padding); rows
+    /// are slot-major, `B / S` per slot. Each slot's rows attend to it exactly as a call scoring
+    /// that slot alone would ([`crate::candle::step::SlotSteps`]).
+    AttentionSlots(Vec<(Tensor, Tensor)>),
     /// conv `(S, Kc−1, C)` and recurrent `(S, Hv, dk, dv)` f32 of `S` retained states, and which
     /// of them each row of the call continues. Built from states of linear-attention layers
     /// (Qwen3.5); dense models never produce one.
@@ -167,10 +171,11 @@ impl PrefixState for CandleState {
 /// `slots[i]` is the index into `states` of slot `i` (distinct); `batch_slot[b]` is the slot of
 /// batch row `b`, slot-major (the rows of one slot are contiguous and every slot has the same
 /// number of rows). Returns the views and the merged past length `P` (the longest used prefix).
-/// One slot: every view is the state itself (leading dim 1). Several: attention K/V are stacked
-/// into `(S, Hkv, P, hd)`, each left-padded with zeros (hidden by the padding mask) — one copy
-/// per slot, never per row; linear states are stacked per slot too (`(S, ..)`) with each row's
-/// slot ([`StateRows::Slots`]): the fused CUDA kernels read a row's state through its slot, the
+/// One slot: every view is the state itself (leading dim 1). Several: attention K/V stay one
+/// view per slot at the slot's own length ([`LayerPast::AttentionSlots`], no copy, no padding:
+/// each slot's rows attend as they would alone, so a row's result does not depend on the other
+/// slots of the call); linear states are stacked per slot (`(S, ..)`) with each row's slot
+/// ([`StateRows::Slots`]): the fused CUDA kernels read a row's state through its slot, the
 /// candle path gathers it per row.
 pub(crate) fn merge_slots(
     states: &[&CandleState],
@@ -206,22 +211,15 @@ pub(crate) fn merge_slots(
         let per_slot: Vec<&LayerState> = slots.iter().map(|&s| &states[s].layers[layer]).collect();
         let view = match per_slot[0] {
             LayerState::Attention { .. } => {
-                let mut ks = Vec::with_capacity(per_slot.len());
-                let mut vs = Vec::with_capacity(per_slot.len());
+                let mut kv = Vec::with_capacity(per_slot.len());
                 for l in &per_slot {
                     let LayerState::Attention { k, v } = l else {
                         return Err(mismatch());
                     };
-                    // (1, Hkv, T, hd) -> (Hkv, 1, P, hd), zeros on the left
-                    let pad = p - k.dim(2).map_err(op)?;
-                    ks.push(head_major(k)?.pad_with_zeros(2, pad, 0).map_err(op)?);
-                    vs.push(head_major(v)?.pad_with_zeros(2, pad, 0).map_err(op)?);
+                    // (1, Hkv, T, hd) -> (Hkv, 1, T, hd): the same memory
+                    kv.push((head_major(k)?, head_major(v)?));
                 }
-                // S x (Hkv, 1, P, hd) -> (Hkv, S, P, hd)
-                LayerPast::Attention {
-                    k: Tensor::cat(&ks, 1).map_err(op)?,
-                    v: Tensor::cat(&vs, 1).map_err(op)?,
-                }
+                LayerPast::AttentionSlots(kv)
             }
             LayerState::Linear { .. } => {
                 let mut cs = Vec::with_capacity(per_slot.len());

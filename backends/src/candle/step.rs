@@ -35,6 +35,17 @@ pub(crate) struct Step {
     pub valid: Vec<usize>,
     /// `Some` for a packed prefill: the segments of the one row, each with its own geometry.
     pub packed: Option<Packing>,
+    /// `Some` when rows continue several slots attended one by one
+    /// ([`super::state::LayerPast::AttentionSlots`]).
+    pub slots: Option<SlotSteps>,
+}
+
+/// A call whose rows continue several slots: `rows_per_slot` consecutive rows per slot, and per
+/// slot the step a call of those rows alone would use (its masks), so each slot's attention is
+/// computed exactly as when it is scored alone.
+pub(crate) struct SlotSteps {
+    pub rows_per_slot: usize,
+    pub steps: Vec<Step>,
 }
 
 /// One independent prefix inside a packed row: tokens `start .. start + len`.
@@ -90,7 +101,41 @@ impl Step {
             past_start,
             valid: valid.to_vec(),
             packed: None,
+            slots: None,
         })
+    }
+
+    /// [`Step::new`] for rows continuing `slots` retained states one after another
+    /// (`rows_per_slot` rows each, slot-major), each slot attended on its own: the whole call's
+    /// RoPE tables, and per slot the step of its rows alone.
+    pub fn per_slot(
+        rope: &Rope,
+        past_lens: &[usize],
+        valid: &[usize],
+        len: usize,
+        rows_per_slot: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, CandleError> {
+        if rows_per_slot == 0 || past_lens.len() % rows_per_slot != 0 || valid.len() != past_lens.len() {
+            return Err(CandleError::InvalidRequest {
+                reason: format!(
+                    "{} rows cannot be split into slots of {rows_per_slot}",
+                    past_lens.len()
+                ),
+            });
+        }
+        let mut step = Step::new(rope, past_lens, valid, len, None, dtype, device)?;
+        let steps = past_lens
+            .chunks(rows_per_slot)
+            .zip(valid.chunks(rows_per_slot))
+            .map(|(p, v)| Step::new(rope, p, v, len, None, dtype, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        step.slots = Some(SlotSteps {
+            rows_per_slot,
+            steps,
+        });
+        Ok(step)
     }
 
     /// One row of `sum(lens)` tokens: the prefixes of `lens` back to back, each from position 0
@@ -127,6 +172,7 @@ impl Step {
             past_start: None,
             valid: vec![total],
             packed: Some(Packing { segments, steps }),
+            slots: None,
         })
     }
 
@@ -163,6 +209,7 @@ impl Step {
             past_start: None,
             valid: vec![len],
             packed: None,
+            slots: None,
         })
     }
 

@@ -125,7 +125,7 @@ impl LinearAttention {
                 };
                 Ok((state, slots))
             }
-            LayerPast::Attention { .. } => Err(CandleError::InvalidRequest {
+            LayerPast::Attention { .. } | LayerPast::AttentionSlots(_) => Err(CandleError::InvalidRequest {
                 reason: "linear-attention layer given an attention K/V state".into(),
             }),
         }

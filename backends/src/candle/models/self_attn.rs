@@ -159,8 +159,15 @@ impl Mixer for SelfAttention {
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
         let dev = x.device();
         let (q, k, v, gate) = profile::region("attention.project", dev, || self.project(x, step))?;
+        if let LayerPast::AttentionSlots(slots) = past {
+            let o = profile::region("attention.core", dev, || {
+                attend_slots(&q, &k, &v, slots, step)
+            })?; // (B, L, H*hd)
+            return self.output(o, gate, dev, k, v);
+        }
         let past_kv = match past {
             LayerPast::Empty => None,
+            LayerPast::AttentionSlots(_) => None,
             LayerPast::Attention { k, v } => Some(PastKv { k, v }),
             LayerPast::Linear { .. } => {
                 return Err(CandleError::InvalidRequest {
@@ -173,19 +180,11 @@ impl Mixer for SelfAttention {
                 reason: "a packed prefill starts from no retained state".into(),
             });
         }
-        let mut o = profile::region("attention.core", dev, || match &step.packed {
+        let o = profile::region("attention.core", dev, || match &step.packed {
             None => attend(&q, &k, &v, past_kv, &step.masks()),
             Some(packing) => attend_segments(&q, &k, &v, packing),
         })?; // (B, L, H*hd)
-        if let Some(gate) = gate {
-            o = candle_nn::ops::sigmoid(&gate)
-                .and_then(|g| o * g)
-                .map_err(op("output gate"))?;
-        }
-        let out = profile::region("attention.o_proj", dev, || {
-            apply(&self.o_proj, &o, "o_proj")
-        })?; // (B, L, D)
-        Ok((out, LayerUpdate::Attention { k, v }))
+        self.output(o, gate, dev, k, v)
     }
 
     /// K and V alone: no queries, no attention, no `o_proj` (the stacked q|k|v product, one
@@ -213,6 +212,59 @@ impl Mixer for SelfAttention {
 }
 
 type Projected = (Tensor, Tensor, Tensor, Option<Tensor>);
+
+impl SelfAttention {
+    /// The attention output `o (B, L, H*hd)` through the output gate (when the layer has one)
+    /// and `o_proj`, with the new K/V as the layer's update.
+    fn output(
+        &self,
+        mut o: Tensor,
+        gate: Option<Tensor>,
+        dev: &candle_core::Device,
+        k: Tensor,
+        v: Tensor,
+    ) -> Result<(Tensor, LayerUpdate), CandleError> {
+        if let Some(gate) = gate {
+            o = candle_nn::ops::sigmoid(&gate)
+                .and_then(|g| o * g)
+                .map_err(op("output gate"))?;
+        }
+        let out = profile::region("attention.o_proj", dev, || {
+            apply(&self.o_proj, &o, "o_proj")
+        })?; // (B, L, D)
+        Ok((out, LayerUpdate::Attention { k, v }))
+    }
+}
+
+/// Attention of rows continuing several slots, one slot at a time: q `(B, H, L, hd)`, the new
+/// k / v `(B, Hkv, L, hd)` with `B / S` consecutive rows per slot, each slot's own past K/V
+/// `(Hkv, 1, P_s, hd)` -> `(B, L, H*hd)`. Each slot's rows are attended under the step they
+/// would have alone, so a row's output never depends on the other slots of the call.
+fn attend_slots(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    slots: &[(Tensor, Tensor)],
+    step: &Step,
+) -> Result<Tensor, CandleError> {
+    let Some(per_slot) = step.slots.as_ref().filter(|s| s.steps.len() == slots.len()) else {
+        return Err(CandleError::InvalidRequest {
+            reason: format!("{} slot pasts without a per-slot step", slots.len()),
+        });
+    };
+    let r = per_slot.rows_per_slot;
+    let rows = |t: &Tensor, i: usize| t.narrow(0, i * r, r).map_err(op("slot rows"));
+    let outs = slots
+        .iter()
+        .zip(&per_slot.steps)
+        .enumerate()
+        .map(|(i, ((pk, pv), alone))| {
+            let past = PastKv { k: pk, v: pv };
+            attend(&rows(q, i)?, &rows(k, i)?, &rows(v, i)?, Some(past), &alone.masks())
+        })
+        .collect::<Result<Vec<_>, _>>()?; // each (R, L, H*hd)
+    Tensor::cat(&outs, 0).map_err(op("slot attention"))
+}
 
 /// Attention of a packed prefill: q `(1, H, T, hd)`, k / v `(1, Hkv, T, hd)` -> `(1, T, H*hd)`,
 /// each segment attending only to itself under its own causal mask, exactly as its solo prefill
