@@ -79,7 +79,11 @@ fn check(name: &str, backend: &CandleBackend) {
     let policy = backend.prefill_batch(&refs);
     for (i, (p, s)) in policy.into_iter().zip(&single).enumerate() {
         let p = p.expect("prefill_batch");
-        BATCH_VS_SINGLE.assert_close(&format!("{name} prefill_batch prefix {i}"), &flat(&p), &flat(s));
+        BATCH_VS_SINGLE.assert_close(
+            &format!("{name} prefill_batch prefix {i}"),
+            &flat(&p),
+            &flat(s),
+        );
     }
 }
 

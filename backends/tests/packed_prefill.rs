@@ -114,14 +114,22 @@ fn a_packed_prefix_is_bit_identical_whatever_it_is_packed_with() {
         for (i, p) in refs.iter().enumerate() {
             let alone = solo(backend, p);
             assert_eq!(together[i].len(), p.len(), "{name} prefix {i} length");
-            assert_eq!(flat(&together[i]), flat(&alone), "{name} prefix {i}: packed vs alone");
+            assert_eq!(
+                flat(&together[i]),
+                flat(&alone),
+                "{name} prefix {i}: packed vs alone"
+            );
             assert_eq!(
                 flat(&back[refs.len() - 1 - i]),
                 flat(&alone),
                 "{name} prefix {i}: reversed packing"
             );
             if i % 2 == 0 {
-                assert_eq!(flat(&part[i / 2]), flat(&alone), "{name} prefix {i}: subset");
+                assert_eq!(
+                    flat(&part[i / 2]),
+                    flat(&alone),
+                    "{name} prefix {i}: subset"
+                );
             }
         }
     }
@@ -148,9 +156,17 @@ fn packed_prefill_equals_the_plain_prefill_and_scores_alike() {
                 state: 0,
                 suffix: &suffix,
             }];
-            let lp = backend.score_rows(&[s], &row, &cands).expect("score packed");
-            let lq = backend.score_rows(&[&plain], &row, &cands).expect("score plain");
-            PACKED_VS_PLAIN.assert_close(&format!("{name} prefix {i} logits"), lp.row(0), lq.row(0));
+            let lp = backend
+                .score_rows(&[s], &row, &cands)
+                .expect("score packed");
+            let lq = backend
+                .score_rows(&[&plain], &row, &cands)
+                .expect("score plain");
+            PACKED_VS_PLAIN.assert_close(
+                &format!("{name} prefix {i} logits"),
+                lp.row(0),
+                lq.row(0),
+            );
         }
     }
 }
@@ -179,7 +195,12 @@ fn the_batch_policy_packs_short_prefixes_and_runs_long_ones_alone() {
             } else {
                 solo(&backend, p)
             };
-            assert_eq!(flat(&s), flat(&expected), "{name} prefix {i} ({} tokens)", p.len());
+            assert_eq!(
+                flat(&s),
+                flat(&expected),
+                "{name} prefix {i} ({} tokens)",
+                p.len()
+            );
         }
     }
 }
@@ -216,6 +237,74 @@ proptest! {
         let packed = backend.prefill_packed(&refs).expect("packed");
         for (i, p) in refs.iter().enumerate() {
             prop_assert_eq!(flat(&packed[i]), flat(&solo(backend, p)), "{} prefix {}", name, i);
+        }
+    }
+}
+
+/// The scoring pass over several retained states (slots) gives each row exactly the logits of a
+/// call scoring its own state's rows alone: each slot is attended on its own, and the row-wise
+/// products give a row the same result at any row count.
+fn merged_scoring_is_invariant(model: usize, rows_per_state: usize, lens: &[usize], seed: u64) {
+    let (name, backend) = &all()[model];
+    let ps = prefixes(seed, lens);
+    let refs: Vec<&[u32]> = ps.iter().map(Vec::as_slice).collect();
+    let states: Vec<CandleState> = backend
+        .prefill_batch(&refs)
+        .into_iter()
+        .map(|s| s.expect("prefill"))
+        .collect();
+    let state_refs: Vec<&CandleState> = states.iter().collect();
+    // the same suffixes for every state (one schema), of lengths 1..=3
+    let suffixes: Vec<Vec<u32>> = (0..rows_per_state)
+        .map(|r| ids(seed ^ (r as u64 + 91), 1 + r % 5, VOCAB))
+        .collect();
+    // a candidate union as wide as a 28-field schema's
+    let mut cands = candidates();
+    cands.extend(ids(seed + 5, 90, VOCAB));
+    cands.sort_unstable();
+    cands.dedup();
+    let rows: Vec<ScoreRow<'_>> = (0..states.len())
+        .flat_map(|s| {
+            suffixes.iter().map(move |x| ScoreRow {
+                state: s,
+                suffix: x,
+            })
+        })
+        .collect();
+    let merged = backend
+        .score_rows(&state_refs, &rows, &cands)
+        .expect("merged");
+    for s in 0..states.len() {
+        let own: Vec<ScoreRow<'_>> = suffixes
+            .iter()
+            .map(|x| ScoreRow {
+                state: 0,
+                suffix: x,
+            })
+            .collect();
+        let alone = backend
+            .score_rows(&[&states[s]], &own, &cands)
+            .expect("alone");
+        for r in 0..rows_per_state {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(merged.row(s * rows_per_state + r)),
+                bits(alone.row(r)),
+                "{name}: state {s} row {r} of {rows_per_state}, prefixes {lens:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn merged_scoring_equals_each_state_alone_bit_for_bit() {
+    for model in 0..all().len() {
+        for rows in [1, 3, 8, 28] {
+            merged_scoring_is_invariant(model, rows, &[30, 7, 19], 40 + rows as u64);
+        }
+        // prefixes longer than the prefill chunk (chunked alone) beside a short one
+        for rows in [8, 28] {
+            merged_scoring_is_invariant(model, rows, &[900, 40, 700], 80 + rows as u64);
         }
     }
 }

@@ -280,9 +280,8 @@ fn tiny_engine(dir: &std::path::Path) -> Engine<CandleBackend> {
     .expect("engine")
 }
 
-/// CPU f32 real models: grouped, slot-merged (left-padded to the longest prefix) scoring gives
-/// the separate calls' values exactly and probabilities within CPU_F32_STRICT (the preset for
-/// slot-merged vs alone). The tiny models' head spreads logits to |logit| ~ 50, so one f32 ulp
+/// CPU f32 real models: grouped decisions (packed prefill, slot-merged scoring attended per
+/// slot) give the separate calls' logits bit for bit, hence the same values and probabilities. The tiny models' head spreads logits to |logit| ~ 50, so one f32 ulp
 /// of a logit (~4e-6) can move a probability by ~1e-6; the measured figures are printed.
 #[test]
 fn decide_many_equals_separate_calls_on_tiny_real_models() {
@@ -355,6 +354,12 @@ fn decide_many_equals_separate_calls_on_tiny_real_models() {
                 eprintln!(
                     "{arch} {schema} rows<={}: decide_many vs score max |dp| = {worst:e}, max |dlogit| = {worst_logit:e}; parallel vs cached-serial max |dp| = {base:e}",
                     budget.max_rows
+                );
+                // batch invariance: the packed prefill and the per-slot scoring pass compute a
+                // context exactly as alone, so its logits are the same bits
+                assert_eq!(
+                    worst_logit, 0.0,
+                    "{arch} {schema}: grouped logits differ from alone by {worst_logit:e}"
                 );
                 assert!(
                     worst <= f64::from(tol.abs),

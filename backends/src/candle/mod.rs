@@ -58,8 +58,8 @@ mod linear;
 pub mod mask;
 pub mod mlp;
 mod models;
-mod packing;
 mod norm;
+mod packing;
 pub mod residual_norm;
 mod rope;
 mod shards;
@@ -107,7 +107,6 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 /// Default prefill chunk on GPUs: a whole long prefix in one pass (fewer, larger GEMMs and one
 /// launch of each fused kernel per layer), activations still in the hundreds of MiB.
 pub const GPU_PREFILL_CHUNK: usize = 4096;
-
 
 /// How to load a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

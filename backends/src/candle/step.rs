@@ -41,8 +41,8 @@ pub(crate) struct Step {
 }
 
 /// A call whose rows continue several slots: `rows_per_slot` consecutive rows per slot, and per
-/// slot the step a call of those rows alone would use (its masks), so each slot's attention is
-/// computed exactly as when it is scored alone.
+/// slot the step a call of those rows alone would use (its masks, and its length: the slot's
+/// longest row), so each slot's attention is computed exactly as when it is scored alone.
 pub(crate) struct SlotSteps {
     pub rows_per_slot: usize,
     pub steps: Vec<Step>,
@@ -117,7 +117,10 @@ impl Step {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, CandleError> {
-        if rows_per_slot == 0 || past_lens.len() % rows_per_slot != 0 || valid.len() != past_lens.len() {
+        if rows_per_slot == 0
+            || past_lens.len() % rows_per_slot != 0
+            || valid.len() != past_lens.len()
+        {
             return Err(CandleError::InvalidRequest {
                 reason: format!(
                     "{} rows cannot be split into slots of {rows_per_slot}",
@@ -129,7 +132,11 @@ impl Step {
         let steps = past_lens
             .chunks(rows_per_slot)
             .zip(valid.chunks(rows_per_slot))
-            .map(|(p, v)| Step::new(rope, p, v, len, None, dtype, device))
+            .map(|(p, v)| {
+                // the slot's own longest row: the length a call of its rows alone has
+                let own = v.iter().copied().max().unwrap_or(len).min(len);
+                Step::new(rope, p, v, own, None, dtype, device)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         step.slots = Some(SlotSteps {
             rows_per_slot,

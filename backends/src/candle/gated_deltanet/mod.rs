@@ -453,7 +453,9 @@ impl GdnLayer {
         let end = segments.iter().map(|&(s, n)| s + n).max().unwrap_or(0);
         if b != 1 || segments.is_empty() || end > l || segments.iter().any(|&(_, n)| n == 0) {
             return Err(CandleError::InvalidRequest {
-                reason: format!("packed GDN call: segments {segments:?} over an input of ({b}, {l})"),
+                reason: format!(
+                    "packed GDN call: segments {segments:?} over an input of ({b}, {l})"
+                ),
             });
         }
         self.run_packed(x, segments)
@@ -567,13 +569,7 @@ impl GdnLayer {
         let (beta, g) = profile::region("gdn.gates", dev, || {
             if rule == DeltaRule::Fused {
                 let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
-                return fused_pointwise::gates(
-                    b_logits,
-                    a_in,
-                    &self.a_log,
-                    &self.dt_bias,
-                    lengths,
-                );
+                return fused_pointwise::gates(b_logits, a_in, &self.a_log, &self.dt_bias, lengths);
             }
             let mut beta = gates::beta(b_logits)?;
             let mut g = gates::log_decay(a_in, &self.a_log, &self.dt_bias)?;

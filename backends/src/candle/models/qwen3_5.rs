@@ -125,9 +125,11 @@ impl LinearAttention {
                 };
                 Ok((state, slots))
             }
-            LayerPast::Attention { .. } | LayerPast::AttentionSlots(_) => Err(CandleError::InvalidRequest {
-                reason: "linear-attention layer given an attention K/V state".into(),
-            }),
+            LayerPast::Attention { .. } | LayerPast::AttentionSlots(_) => {
+                Err(CandleError::InvalidRequest {
+                    reason: "linear-attention layer given an attention K/V state".into(),
+                })
+            }
         }
     }
 }

@@ -253,14 +253,30 @@ fn attend_slots(
         });
     };
     let r = per_slot.rows_per_slot;
-    let rows = |t: &Tensor, i: usize| t.narrow(0, i * r, r).map_err(op("slot rows"));
+    let l = step.len;
+    // a slot's rows, cut to the slot's own longest row (the length its call alone would have)
+    let rows = |t: &Tensor, i: usize, len: usize| {
+        t.narrow(0, i * r, r)
+            .and_then(|t| t.narrow(2, 0, len))
+            .and_then(|t| t.contiguous())
+            .map_err(op("slot rows"))
+    };
     let outs = slots
         .iter()
         .zip(&per_slot.steps)
         .enumerate()
         .map(|(i, ((pk, pv), alone))| {
+            let n = alone.len;
             let past = PastKv { k: pk, v: pv };
-            attend(&rows(q, i)?, &rows(k, i)?, &rows(v, i)?, Some(past), &alone.masks())
+            let o = attend(
+                &rows(q, i, n)?,
+                &rows(k, i, n)?,
+                &rows(v, i, n)?,
+                Some(past),
+                &alone.masks(),
+            )?; // (R, n, H*hd)
+                // positions past the slot's longest row are padding nobody reads: zeros
+            o.pad_with_zeros(1, 0, l - n).map_err(op("slot padding"))
         })
         .collect::<Result<Vec<_>, _>>()?; // each (R, L, H*hd)
     Tensor::cat(&outs, 0).map_err(op("slot attention"))
@@ -284,7 +300,15 @@ fn attend_segments(
         .segments
         .iter()
         .zip(&packing.steps)
-        .map(|(seg, solo)| attend(&cut(q, seg)?, &cut(k, seg)?, &cut(v, seg)?, None, &solo.masks()))
+        .map(|(seg, solo)| {
+            attend(
+                &cut(q, seg)?,
+                &cut(k, seg)?,
+                &cut(v, seg)?,
+                None,
+                &solo.masks(),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?; // each (1, len, H*hd)
     match outs.as_slice() {
         [one] => Ok(one.clone()),
