@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the H200: forkscore batch grouped (decide_many) vs direct on a bench-size seeded model.
+# On a GPU machine: forkscore batch grouped (decide_many) vs direct on a bench-size seeded model.
 set -uo pipefail
 C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 exec > >(tee "$OUT/batch.log") 2>&1

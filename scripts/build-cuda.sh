@@ -9,7 +9,7 @@
 #      CUDA_COMPUTE_CAP (default 90 = H100/H200), NICE (default 10).
 # Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests}.xz, run.sh, gpu-device-run.sh,
 #      parallel_schema.json
-#      run.sh sets LD_LIBRARY_PATH for the lent H200 (driver libcuda.so.1 in
+#      run.sh sets LD_LIBRARY_PATH for the GPU machine (driver libcuda.so.1 in
 #      /usr/local/nvidia/lib64, cuBLAS/cuRAND/cudart 13 in the torch venv).
 # All three targets are built by ONE cargo invocation in the release profile: separate
 # `cargo build -p …` / `cargo bench` / `cargo test --release` runs resolve features for
@@ -60,7 +60,7 @@ stage "$(pick test gpu)" gpu-tests
 
 cat > "$CARRY_DIR/run.sh" <<'WRAP'
 #!/usr/bin/env bash
-# Runs a carried CUDA binary on the lent H200: run.sh <binary> [args...]
+# Runs a carried CUDA binary on the GPU machine: run.sh <binary> [args...]
 # (no RUNPATH in the binaries, so the CUDA user-space libraries come from here).
 export LD_LIBRARY_PATH="/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 exec "$@"

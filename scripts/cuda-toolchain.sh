@@ -6,7 +6,7 @@
 # cudarc's driver symbol list. Idempotent: re-running only fills what is missing.
 #
 # Env: CUDA_VENV (default /work/cuda-venv). Prints the CUDA_HOME path last.
-# Pins: CUDA 13.0 (the lent H200 driver is 580.x = CUDA 13.0; PTX from a newer
+# Pins: CUDA 13.0 (the GPU machine's driver is 580.x = CUDA 13.0; PTX from a newer
 # nvcc may not load there). See docs/GPU.md.
 set -euo pipefail
 

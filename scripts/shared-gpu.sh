@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the H200: GPU conformance tests with the current code, then batch shared (one context
+# On a GPU machine: GPU conformance tests with the current code, then batch shared (one context
 # prefilled once, extended per question) vs direct on a bench-size seeded model.
 set -uo pipefail
 C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

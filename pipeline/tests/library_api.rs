@@ -1,4 +1,4 @@
-//! The library API exactly as README.md shows it, on a tiny checkpoint (keeps the README true).
+//! The library API exactly as docs/cli.md shows it, on a tiny checkpoint (keeps that page true).
 
 use forkscore_backends::candle::{CandleBackend, LoadOptions, ResolvedCheckpoint};
 use forkscore_backends::Backend;

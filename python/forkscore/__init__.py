@@ -9,7 +9,7 @@
 ``score`` returns exactly the JSON object ``forkscore score`` prints (as a dict);
 ``decide_many`` returns one such dict per context, or the exception instance of a context
 that failed (returned, not raised). Every error is a ``forkscore.Error``. Scoring releases the
-GIL, so other Python threads run meanwhile. See the README's "Python" section; the Ray Data
+GIL, so other Python threads run meanwhile. See docs/python.md in the repository; the Ray Data
 recipe is ``forkscore.ray``.
 """
 

@@ -303,8 +303,8 @@ impl Scorer {
 
 #[pymethods]
 impl Scorer {
-    /// Load a model exactly as `forkscore score --model ... --revision ...` does (see the
-    /// README's "Python" section).
+    /// Load a model exactly as `forkscore score --model ... --revision ...` does (see
+    /// docs/python.md).
     #[staticmethod]
     #[pyo3(signature = (model, revision=None, device="cpu", dtype=None, *, prefill_chunk=None, quantize=None, calibration_file=None, context_special_tokens=false))]
     #[allow(clippy::too_many_arguments)]

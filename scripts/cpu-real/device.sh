@@ -19,7 +19,7 @@
 # (FORKSCORE_CPU_ISA=avx2); transformers' prefill and prefix-batched scoring of the same token ids
 # on the same cores. With carry/cpu/modes-base.xz present, `run` is an A/B instead of the AVX2-capped
 # runs: f32 and q8_0 of the base and the new binary in ABBA order (base-1, new-1, new-2, base-2),
-# so a drift of the lent machine during the run falls on both. Env: CORES (taskset list, default
+# so a drift of the remote machine during the run falls on both. Env: CORES (taskset list, default
 # 0,1), REPEATS (3), PYTHON (python3), CAPPED (1; 0 skips the AVX2-capped runs), SCHEMES (the
 # quantized runs after f32, default q8_0; e.g. "bf16 q8_0 bf16-dot q8_0-amx": bf16-dot =
 # --quantize bf16 on the AVX-512 BF16 kernel even where AMX runs, q8_0-amx = q8_0 on the AMX

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One binary, two settings, alternating processes on the same cores (A, B, A, B, …): an A/B of a
 # FORKSCORE_* switch end to end (the modes bench, parallel mode) on a CPU without a Rust
-# toolchain, e.g. the lent machine's Xeon, so a drift of its speed falls on both sides.
+# toolchain, e.g. a remote Xeon, so a drift of its speed falls on both sides.
 #
 #   here:  bash scripts/cpu-real/env_ab.sh pack              # modes + cpu_linear into carry/ab/
 #   there: bash scripts/cpu-real/env_ab.sh run OUTDIR "A_ENV" "B_ENV"

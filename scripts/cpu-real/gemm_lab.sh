@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The f32 kernel-structure lab (gemm_lab.c) on a lent CPU, with the product's own kernel (the
+# The f32 kernel-structure lab (gemm_lab.c) on a remote CPU, with the product's own kernel (the
 # cpu_linear bench, from `device.sh pack`), torch's linear and the peak rates in the same call:
 #   bash scripts/cpu-real/gemm_lab.sh OUTDIR [ROWS]
 # Also asks whether the two cores the bench pins share anything: the lab on one core, on cores

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device-side checks that go with scripts/gpu-real/run.sh (one call, ~6 minutes on the H200):
+# Device-side checks that go with scripts/gpu-real/run.sh (one call, ~6 minutes on one GPU):
 #   1. the GPU conformance tests (CUDA f32/bf16 vs CPU f32 on tiny models of every architecture,
 #      and the fused Gated DeltaNet kernels vs the candle forms);
 #   2. start-up on a fresh machine: `forkscore score` on the seeded Qwen3.5-4B folder with an

@@ -60,7 +60,7 @@ impl Tolerance {
         abs: 1e-4,
     };
     /// GPU f32 (CUDA, cuBLAS in full f32, no TF32) vs CPU f32, on the tiny models' raw logits
-    /// (|x| up to ~50): different kernels and summation orders. Measured on an H200 (Qwen2.5,
+    /// (|x| up to ~50): different kernels and summation orders. Measured on a GPU (Qwen2.5,
     /// Qwen3, Qwen3.5 tiny; forward_full, prefill+score, chunked): at most 3.05e-5 (~8 ulps at
     /// 50); the preset leaves ~3x headroom. See docs/GPU.md.
     pub const GPU_F32_LOGITS: Tolerance = Tolerance {
@@ -75,7 +75,7 @@ impl Tolerance {
     /// GPU bf16 vs CPU f32 (and GPU bf16 fork vs full) on the tiny models' raw logits, which
     /// spread to |x| ~ 50 on purpose: bf16 keeps 8 mantissa bits (one ulp at 32-64 is 0.25), so
     /// a logit near 50 is off by ~0.1-0.5 from rounding the weights, activations and K/V alone.
-    /// Measured on an H200: at most 0.77 (Qwen3 forward_full), no argmax changed; the same as
+    /// Measured: at most 0.77 (Qwen3 forward_full), no argmax changed; the same as
     /// CPU bf16 vs CPU f32 (0.78). See docs/GPU.md.
     pub const GPU_BF16_TINY_LOGITS: Tolerance = Tolerance {
         name: "gpu-bf16-tiny-logits",
@@ -92,7 +92,7 @@ impl Tolerance {
     };
     /// CUDA chunked delta rule on the tensor cores (`gdn_chunked.cu`: TF32 products, 10 mantissa
     /// bits, f32 accumulation and state) vs the f32 candle forms, layer by layer on the GPU
-    /// test's random layers (outputs of |x| up to ~10). Measured on an H200: at most 1.07e-3
+    /// test's random layers (outputs of |x| up to ~10). Measured: at most 1.07e-3
     /// (outputs; states 1.5e-4); the harness measured ≤ 4.8e-4 relative to float64. The preset
     /// leaves ~5x headroom.
     pub const GPU_TF32_DELTA_RULE: Tolerance = Tolerance {

@@ -13,19 +13,19 @@
 //! activation rows is one A tile, each panel block of the AVX-512 layout of
 //! [`super::cpu_qgemm`] one B tile as packed, `tdpbssd` gives the block's exact i32 sums for a
 //! 32 × 32 output block, and AVX-512 then adds them scaled, block after block, exactly as the
-//! VNNI kernel and `product_reference` do: equal to them bit for bit (tested on a lent Xeon).
-//! Opt-in because it measured slower end to end there than the VNNI kernel (1,274 against
-//! 1,059 ms at 8 fields, 3,416 against 2,984 at 28, one call): every 32-value block's four C
+//! VNNI kernel and `product_reference` do: equal to them bit for bit (tested on an AMX CPU).
+//! Opt-in because it measured slower end to end than the VNNI kernel (15–20 % more time per
+//! decision at 8 and 28 fields): every 32-value block's four C
 //! tiles go through memory and an AVX-512 pass of 64 scaled additions, which costs more than
 //! the tile products save.
 //!
 //! Why: on a Xeon with AMX (Sapphire Rapids and later) one core runs bf16 tile products at
-//! ~13× its AVX-512 f32 FMA rate (measured on a lent Xeon with `scripts/cpu-real/peak.c`:
-//! 2,218 against 167 GFLOP/s), so six bf16 products could cost less than half of one f32
+//! ~13× its AVX-512 f32 FMA rate (`scripts/cpu-real/peak.c`: 2,218 against 167 GFLOP/s per
+//! core), so six bf16 products could cost less than half of one f32
 //! product.
 //!
-//! **Opt-in, and not faster yet** (`FORKSCORE_CPU_GEMM=amx`). Measured on three lent Xeons
-//! (2 cores): with the tiles' operands in L1 (the `hot=1` probe of the `cpu_linear` bench) the
+//! **Opt-in, and not faster yet** (`FORKSCORE_CPU_GEMM=amx`). Measured on 2-core slices of
+//! AMX Xeons: with the tiles' operands in L1 (the `hot=1` probe of the `cpu_linear` bench) the
 //! tile loop reaches ~80 % of the AMX peak, but the split weight is 6 bytes per value against
 //! f32's 4 and the operands come from L2 and memory: one layer's products at 512 rows ran
 //! 0.8–1.0× the time of the AVX-512 f32 kernel depending on the machine and blocking, and a

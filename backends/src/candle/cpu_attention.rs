@@ -24,10 +24,10 @@
 //! - **key-major** ([`super::cpu_key_major`]), where the CPU has AVX-512 and the head dim is a
 //!   multiple of 16 (16-lane registers), or for prefills where it has AVX2 + FMA and the head
 //!   dim is a multiple of 8 (8-lane ones): scores held keys × queries in full registers, a softmax taken
-//!   online over blocks of keys, keys packed once per call. At 16 lanes 1.5–2.0× the products
-//!   form's speed in the `cpu_attention` bench on the Zen 5 build machine (e.g. a 964-token
-//!   prefill's layer 5.3 ms against 9.6, 28 scoring rows over it 1.6 against 2.7), 1.4–1.7× on a
-//!   lent Xeon;
+//!   online over blocks of keys, keys packed once per call. At 16 lanes 1.4–2.0× the products
+//!   form's speed in the `cpu_attention` bench on AVX-512 CPUs (e.g. a 964-token prefill's
+//!   layer 5.3 ms against 9.6, 28 scoring rows over it 1.6 against 2.7), the gain varying with
+//!   the CPU;
 //! - **products**, on every CPU, and the reference the key-major form is tested against: the
 //!   products through the `gemm` crate (the kernel candle's own CPU matmul uses). (Products
 //!   through the packed kernel of [`super::cpu_gemm`], with keys and values packed per tile,
@@ -78,7 +78,7 @@ pub(crate) struct TileSizes {
 }
 
 /// 32-query blocks and 168-key softmax blocks: the fastest of the `cpu_attention` bench's
-/// sweep on the Zen 5 build machine (round-robin against 64 / 84 and 16–336: 3–10 % less time
+/// sweep (round-robin against 64 / 84 and 16–336: 3–10 % less time
 /// for the prefill and scoring cases; the products form was no slower at 32 than at 64).
 impl Default for TileSizes {
     fn default() -> Self {
@@ -526,8 +526,8 @@ enum KeyMajor {
 /// Which key-major width tiles take, if any: asked for (`form`), the CPU's level, a head dim
 /// that is a multiple of the width's lanes (its registers of output columns) and, for the
 /// 8-lane width under `Auto`, a long call (`long`: a prefill's query blocks). The 8-lane form
-/// measured 6–7 % faster than the products form on a prefill layer on a Xeon capped at AVX2
-/// and level on the Zen 5, but 5–11 % slower on the scoring shapes there (the `cpu_attention`
+/// measured 0–7 % faster than the products form on a prefill layer on CPUs capped at AVX2,
+/// but 5–11 % slower on the scoring shapes there (the `cpu_attention`
 /// bench), so short calls keep the products form.
 #[cfg(target_arch = "x86_64")]
 fn key_major(form: TileForm, hd: usize, long: bool) -> Option<KeyMajor> {

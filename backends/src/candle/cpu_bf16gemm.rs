@@ -7,7 +7,7 @@
 //!
 //! Why: on CPUs where `vdpbf16ps` runs at the f32 FMA's instruction rate (AMD Zen 4 and Zen 5:
 //! measured with `scripts/cpu-real/peak.c`, ~2× the f32 FMA's flops) a product does half the
-//! instructions of the f32 kernel and reads half its weight bytes. (On the Xeons measured, the
+//! instructions of the f32 kernel and reads half its weight bytes. (On Intel Xeons the
 //! instruction runs at half the f32 FMA's rate, so there this kernel is not faster than f32.)
 //!
 //! Layout: the weight, per panel of [`NR`] columns, as `⌈k/2⌉` units of 16 columns × a pair of
@@ -18,7 +18,7 @@
 //! ([`super::cpu_gemm::x86::product_with`]); only the packing and the microkernel differ.
 //!
 //! Which kernel an f32 model's bf16 weights take on the CPU ([`kernel`]): the AMX tiles of
-//! [`super::cpu_amx`] with one part where AMX runs (on the Xeons measured `vdpbf16ps` runs at
+//! [`super::cpu_amx`] with one part where AMX runs (on Intel Xeons `vdpbf16ps` runs at
 //! half the f32 FMA's rate, AMX at ~13× it), else this kernel where the CPU has AVX-512 BF16,
 //! else (and on GPUs) a bf16 tensor through candle's bf16 matmul (`Linear::Bf16` in
 //! `linear.rs`). `FORKSCORE_CPU_BF16=amx|dot|candle` picks one, for A/B runs. [`product_reference`] computes the same sums in plain Rust

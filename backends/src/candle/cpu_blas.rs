@@ -1,9 +1,9 @@
 //! f32 linear layers on the CPU through the system OpenBLAS (`--features openblas` and
 //! `FORKSCORE_CPU_GEMM=openblas`, or by default on a CPU without AVX2 + FMA, where the packed
 //! kernel of `super::cpu_gemm` does not run; Debian / Ubuntu `libopenblas-dev`): `y = x Wᵀ` as
-//! one `cblas_sgemm` on the untouched row-major weight. Measured on the 2-core bench machine at
-//! a 306-token prefill's shapes: OpenBLAS 127–144 GFLOP/s against 80–110 for candle's own GEMM
-//! (`benches/results/cpu-2026-12-01-run3/`). candle's matmul stays the reference (the
+//! one `cblas_sgemm` on the untouched row-major weight. At a 306-token prefill's shapes on two
+//! AVX2 cores, OpenBLAS ran at 127–144 GFLOP/s against 80–110 for candle's own GEMM.
+//! candle's matmul stays the reference (the
 //! equivalence test below); `FORKSCORE_CPU_GEMM=candle` switches to it at run time.
 
 use std::sync::OnceLock;

@@ -4,8 +4,8 @@
 //!
 //! Why: a linear layer through candle's matmul (the `gemm` crate) packs both operands on every
 //! call, and so does OpenBLAS through `cblas_sgemm`. Scoring passes multiply a few dozen rows
-//! by each weight, where packing the weight costs about as much as the product (measured on the
-//! 2-core bench machine, one thread, Qwen2.5-0.5B shapes: 32 × 896 → 4,864 ran at 43–52 GFLOP/s
+//! by each weight, where packing the weight costs about as much as the product (measured on an
+//! AVX2 core, one thread, Qwen2.5-0.5B shapes: 32 × 896 → 4,864 ran at 43–52 GFLOP/s
 //! here against OpenBLAS's 30–38; a 480-row prefill product at 64–80 against 62–77).
 //!
 //! Per call ([`Blocking`] holds the sizes): the activations `x (m, k)` are packed once into
@@ -66,13 +66,13 @@ impl Blocking {
     ///   block and a 6 KiB row group in L1), 72-row blocks (72 KiB of packed rows in L2).
     /// - AVX-512: 14-row tiles (28 of the 32 registers accumulate: 16 loads per 28 FMAs
     ///   instead of 8 per 12), 384-`k` blocks, 84-row blocks. Chosen with the `cpu_linear`
-    ///   bench's sweep of 21 blockings: the fastest on three lent Xeons (7–9 % less time for a
-    ///   layer's products at 512 rows than 6-row tiles, the old default) and, end to end, 4–12 %
-    ///   faster there and on the Zen 4 build machine (ABBA runs, `benches/results/`).
-    ///   Each `k` step prefetches its panels' weights 16 steps ahead: on a lent Xeon one
-    ///   layer's products ran 6–7 % faster at 512 rows and 17 % at 40 (the `cpu_linear` bench,
-    ///   round-robin in one process), and decisions on the Zen 5 build machine ~1 % faster
-    ///   (alternating processes; `benches/results/cpu-xeon-2026-12-03-prefetch/`).
+    ///   bench's sweep of 21 blockings: the fastest on every AVX-512 CPU tried (7–9 % less time
+    ///   for a layer's products at 512 rows than 6-row tiles, the old default) and, end to end,
+    ///   4–12 % faster decisions (ABBA runs of the modes bench).
+    ///   Each `k` step prefetches its panels' weights 16 steps ahead: one layer's products ran
+    ///   6–7 % faster at 512 rows and 17 % at 40 on some CPUs (the `cpu_linear` bench,
+    ///   round-robin in one process), and decisions were ~1 % faster where the products gained
+    ///   least (alternating processes).
     /// - Both: 8 panels (128 columns) per block, `k` innermost up to 1,536.
     pub fn default_for(isa: Isa) -> Self {
         let (mr, kc, mc, pf) = match isa {
@@ -180,8 +180,8 @@ pub(crate) fn choice() -> CpuGemm {
 
 /// Whether f32 dense layers run through the AMX bf16 × 6 kernel of [`super::cpu_amx`]: only
 /// when asked (`FORKSCORE_CPU_GEMM=amx`) and the CPU and OS run AMX tiles; elsewhere, or
-/// unasked, this module's kernel. Opt-in because on the lent Xeons it measured slower end to
-/// end than the AVX-512 kernel (see `cpu_amx`).
+/// unasked, this module's kernel. Opt-in because on the AMX CPUs tried it measured slower end
+/// to end than the AVX-512 kernel (see `cpu_amx`).
 pub(crate) fn amx() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();

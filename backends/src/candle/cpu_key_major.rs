@@ -13,7 +13,7 @@
 //! Why: the products of the other form run through the `gemm` crate, which packs both
 //! operands on every call (and takes its AVX2 kernel on AVX-512 CPUs), and its `(M, P + N)`
 //! score matrix (1.7 MB for a 64-query block at a 964-token prefix) does not stay in L2 across
-//! its three passes. On the 2-core Zen 5 build machine that form ran at 120–170 GFLOP/s against
+//! its three passes. On two AVX-512 cores that form ran at 120–170 GFLOP/s against
 //! ~430 for the linear layers, and attention was 28 % of a 28-field q8_0 decision.
 //!
 //! Layouts, in f32:

@@ -61,10 +61,9 @@ const MC: usize = 48;
 static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
 /// The distance a level prefetches at unless set: 4 blocks (2 KiB of a panel's weights) under
-/// AVX-512, none under AVX-VNNI. Measured on a lent Xeon (`cpu_linear`, one process): one
+/// AVX-512, none under AVX-VNNI. Measured with the `cpu_linear` bench (one process): one
 /// layer's products 1.6 % faster at 512 rows and 11 % at 40 under AVX-512; under AVX-VNNI 3–5 %
-/// slower at 512 rows and within ±4 % at 40 at every distance tried
-/// (`benches/results/cpu-xeon-2026-12-03-prefetch/`).
+/// slower at 512 rows and within ±4 % at 40 at every distance tried.
 pub(crate) fn default_prefetch(isa: Isa) -> usize {
     match isa {
         Isa::Avx512 => 4,

@@ -107,7 +107,7 @@ pub(crate) enum Linear {
 ///   by side).
 /// - GPUs: candle's matrix-vector kernels serve up to 8 rows; above that candle itself
 ///   dequantizes to f32 and runs an f32 GEMM, while dequantizing to the compute dtype (bf16)
-///   lets the tensor-core GEMM run: measured on an H200, Qwen3.5-4B q8_0 prefill took 2.5× the
+///   lets the tensor-core GEMM run: measured on a Hopper GPU, Qwen3.5-4B q8_0 prefill took 2.5× the
 ///   bf16 time through candle's own path.
 fn kernel_max_rows(device: &Device, ggml: GgmlDType) -> usize {
     match (device, ggml) {

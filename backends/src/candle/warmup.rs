@@ -1,6 +1,6 @@
 //! Start-up on NVIDIA GPUs: candle ships its element-wise, reduction, indexing, … kernels as PTX,
 //! which the driver compiles to machine code the first time each module is loaded — seconds per
-//! module, ~19 s in all on a fresh H200 machine, paid inside the first forward pass. Later
+//! module, ~15–20 s in all on a fresh machine, paid inside the first forward pass. Later
 //! processes load the machine code from the driver's compute cache on disk.
 //!
 //! [`compile_candle_kernels`] starts that compilation at load time, one thread per module in
@@ -11,7 +11,7 @@
 //! a thread that fails only leaves the compilation to candle, as before.
 //!
 //! Opt-in (`FORKSCORE_KERNEL_WARMUP=1`), and skipped when the driver's cache is disabled
-//! (`CUDA_CACHE_DISABLE=1`: the work would be thrown away). Measured on a fresh H200 machine
+//! (`CUDA_CACHE_DISABLE=1`: the work would be thrown away). Measured on a fresh machine
 //! (seeded Qwen3.5-4B, bf16): without it the first process spent 14.5 s of JIT inside its first
 //! prefill and 22.3 s in all; with it the prefill took 0.22 s but the process 28.9 s, because the
 //! parallel JIT slowed the weight upload more than it saved. So it stays off by default; a

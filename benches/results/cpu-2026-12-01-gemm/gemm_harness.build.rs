@@ -1,1 +1,0 @@
-fn main(){ println!("cargo:rustc-link-lib=openblas"); }
