@@ -417,13 +417,6 @@ pub fn merge_with(
             pending[i] = Some(next);
         }
     }
-    if written != facts.records {
-        bail!(
-            "the shards hold {written} records but their input has {} non-blank lines: {} lines have no record",
-            facts.records,
-            facts.records.saturating_sub(written)
-        );
-    }
     if let Some(c) = cursor {
         let path = c.path.clone();
         let end = c
@@ -436,6 +429,13 @@ pub fn merge_with(
                 path.display()
             );
         }
+    }
+    if written != facts.records {
+        bail!(
+            "the shards hold {written} records but their input has {} non-blank lines: {} lines have no record",
+            facts.records,
+            facts.records.saturating_sub(written)
+        );
     }
     out.flush()?;
     drop(out);
