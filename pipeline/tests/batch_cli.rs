@@ -420,7 +420,10 @@ fn merge_refuses_killed_shards_until_they_are_resumed() {
     let early = dir.path().join("early.jsonl");
     let running = kill_when(shard_job(2, &early, &[]), limit, || early.exists());
     assert!(running && early.exists() && !marker_of(&early).exists());
-    refused(&[shards[0].clone(), shards[1].clone(), early.clone()], &early);
+    refused(
+        &[shards[0].clone(), shards[1].clone(), early.clone()],
+        &early,
+    );
 
     // a finished shard killed while --force rewrites it: its marker went first
     let s0 = &shards[0];
@@ -441,7 +444,10 @@ fn merge_refuses_killed_shards_until_they_are_resumed() {
     let o = merge_cmd(&merged, &shards, &["--input", &input_s]);
     let e = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "{e}");
-    assert!(e.contains(&format!("{n} records from 3 shard outputs")), "{e}");
+    assert!(
+        e.contains(&format!("{n} records from 3 shard outputs")),
+        "{e}"
+    );
     let got = records(&merged);
     let lines: Vec<u64> = got.iter().map(|r| r["line"].as_u64().unwrap()).collect();
     assert_eq!(lines, (1..=n as u64).collect::<Vec<_>>());
@@ -485,7 +491,10 @@ fn merge_refuses_killed_shards_until_they_are_resumed() {
     let o = merge_cmd(&merged2, &shards, &[]);
     let e = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "{e}");
-    assert!(e.contains("removed") && e.contains(&left[0].display().to_string()), "{e}");
+    assert!(
+        e.contains("removed") && e.contains(&left[0].display().to_string()),
+        "{e}"
+    );
     assert!(temps().is_empty());
     assert_eq!(records(&merged2).len(), n);
 }

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{essence, examples, job, records, run};
+use forkscore_pipeline::batch::done;
 use forkscore_pipeline::batch::resume::OutputPolicy;
 use forkscore_pipeline::batch::shard::Shard;
 use forkscore_pipeline::batch::{BatchMode, Job};
-use forkscore_pipeline::batch::done;
 use forkscore_pipeline::merge::{merge, merge_with};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -159,8 +159,8 @@ fn a_finished_job_writes_its_marker_and_a_resume_keeps_it_valid() {
     let input = examples().join("decisions.jsonl");
     let shards = sharded(&input, dir.path(), 2);
     let bytes = std::fs::read(&input).unwrap();
-    let physical = bytes.iter().filter(|&&b| b == b'\n').count() as u64
-        + u64::from(!bytes.ends_with(b"\n"));
+    let physical =
+        bytes.iter().filter(|&&b| b == b'\n').count() as u64 + u64::from(!bytes.ends_with(b"\n"));
     for (i, s) in shards.iter().enumerate() {
         let m = marker(s);
         assert_eq!(m["format"], done::FORMAT);
@@ -221,14 +221,20 @@ fn merge_refuses_unfinished_or_changed_shards_until_resumed() {
     let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
     std::fs::write(&shards[2], &cut).unwrap();
     let e = err(&shards);
-    assert!(e.contains(&name) && e.contains("bytes but its completion marker"), "{e}");
+    assert!(
+        e.contains(&name) && e.contains("bytes but its completion marker"),
+        "{e}"
+    );
     // same size, fewer records (a record replaced by blank padding): the count differs
     let mut padded = cut.clone();
     padded.push_str(&" ".repeat(text.len() - cut.len() - 1));
     padded.push('\n');
     std::fs::write(&shards[2], &padded).unwrap();
     let e = err(&shards);
-    assert!(e.contains(&name) && e.contains("records but its completion marker says"), "{e}");
+    assert!(
+        e.contains(&name) && e.contains("records but its completion marker says"),
+        "{e}"
+    );
 
     // --force on a finished output removes its marker first; a job stopped by --fail-fast
     // writes none
@@ -292,7 +298,10 @@ fn a_resume_over_an_output_with_a_hole_writes_no_marker() {
     )
     .unwrap_err();
     let err = format!("{err:#}");
-    assert!(err.contains("owns 35 input lines but the output holds 34 records"), "{err}");
+    assert!(
+        err.contains("owns 35 input lines but the output holds 34 records"),
+        "{err}"
+    );
     assert!(!done::marker_path(&out).exists());
 }
 
@@ -304,12 +313,8 @@ fn tampered_markers_and_another_input_are_refused() {
     let input = examples().join("decisions.jsonl");
     let shards = sharded(&input, dir.path(), 3);
     let out = dir.path().join("merged.jsonl");
-    let err = |input: Option<&Path>| {
-        format!(
-            "{:#}",
-            merge_with(&shards, &out, true, input).unwrap_err()
-        )
-    };
+    let err =
+        |input: Option<&Path>| format!("{:#}", merge_with(&shards, &out, true, input).unwrap_err());
     let pristine: Vec<Value> = shards.iter().map(|s| marker(s)).collect();
     let restore = || {
         for (s, m) in shards.iter().zip(&pristine) {
@@ -320,7 +325,10 @@ fn tampered_markers_and_another_input_are_refused() {
     // one marker's input line count edited
     write_marker(&shards[1], |m| m["input"]["lines"] = 37.into());
     let e = err(None);
-    assert!(e.contains("different inputs") && e.contains("37 lines"), "{e}");
+    assert!(
+        e.contains("different inputs") && e.contains("37 lines"),
+        "{e}"
+    );
     restore();
     // one marker's record count edited
     write_marker(&shards[0], |m| {
@@ -334,7 +342,10 @@ fn tampered_markers_and_another_input_are_refused() {
         write_marker(s, |m| m["input"]["records"] = 36.into());
     }
     let e = err(None);
-    assert!(e.contains("35 records but their input has 36 non-blank lines"), "{e}");
+    assert!(
+        e.contains("35 records but their input has 36 non-blank lines"),
+        "{e}"
+    );
     // ... and every marker claims another line count: --input knows better
     for s in &shards {
         write_marker(s, |m| m["input"]["lines"] = 40.into());
@@ -355,9 +366,17 @@ fn tampered_markers_and_another_input_are_refused() {
     std::fs::write(&other, &text).unwrap();
     let e = err(Some(&other));
     assert!(e.contains("is not the input the shards read"), "{e}");
-    assert!(merge_temps(dir.path()).is_empty(), "refused merges leave no temporary file");
+    assert!(
+        merge_temps(dir.path()).is_empty(),
+        "refused merges leave no temporary file"
+    );
     assert!(!out.exists());
-    assert_eq!(merge_with(&shards, &out, true, Some(&input)).unwrap().records, 35);
+    assert_eq!(
+        merge_with(&shards, &out, true, Some(&input))
+            .unwrap()
+            .records,
+        35
+    );
 }
 
 /// The temporary file a killed merge left (pattern name, lock free) is removed by the next
@@ -378,6 +397,9 @@ fn the_next_merge_removes_a_killed_merges_temporary_file() {
     let summary = merge_with(&shards, &out, false, None).unwrap();
     assert_eq!(summary.stale_removed, vec![stale.clone()]);
     assert!(!stale.exists() && held_path.exists() && not_ours.exists());
-    assert_eq!(merge_temps(dir.path()), vec![".other.jsonl.forkscore-merge.runnin.tmp"]);
+    assert_eq!(
+        merge_temps(dir.path()),
+        vec![".other.jsonl.forkscore-merge.runnin.tmp"]
+    );
     drop(held);
 }

@@ -279,7 +279,10 @@ mod tests {
         let path = write(&out, &sample()).unwrap();
         assert_eq!(path, dir.path().join("out.jsonl.done.json"));
         assert_eq!(read(&out).unwrap(), sample());
-        assert!(!temp_path(&path).exists(), "the temporary name is renamed away");
+        assert!(
+            !temp_path(&path).exists(),
+            "the temporary name is renamed away"
+        );
         std::fs::write(temp_path(&path), b"half").unwrap();
         invalidate(&out).unwrap();
         assert!(!path.exists() && !temp_path(&path).exists());

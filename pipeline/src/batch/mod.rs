@@ -68,7 +68,9 @@ pub struct BatchArgs {
     /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output JSONL (append-only; refused if it exists, unless --resume or --force).
+    /// Output JSONL (append-only; refused if it exists, unless --resume or --force). A job that
+    /// finishes cleanly writes its completion marker OUTPUT.done.json next to it (what
+    /// `forkscore merge` requires of each shard).
     #[arg(long)]
     pub output: PathBuf,
     /// The default schema for lines without one.
@@ -261,15 +263,17 @@ pub fn run_job<B: Backend>(
             )?;
             Ok::<_, std::io::Error>((end, input.into_inner().finish().0))
         });
-        let prepare = s.spawn(move || -> Result<(Option<ResumeCheck>, u64), resume::StageError> {
-            for chunk in raw_rx {
-                let items = preparer.prepare_chunk(chunk)?;
-                if !items.is_empty() && item_tx.send(items).is_err() {
-                    break;
+        let prepare = s.spawn(
+            move || -> Result<(Option<ResumeCheck>, u64), resume::StageError> {
+                for chunk in raw_rx {
+                    let items = preparer.prepare_chunk(chunk)?;
+                    if !items.is_empty() && item_tx.send(items).is_err() {
+                        break;
+                    }
                 }
-            }
-            Ok((preparer.resume, preparer.owned))
-        });
+                Ok((preparer.resume, preparer.owned))
+            },
+        );
         let write = s.spawn(move || {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, out_file);
             let written = writer::write_all(&out_rx, &mut out, &bar)?;
