@@ -315,3 +315,186 @@ fn a_killed_job_resumes_without_duplicates_or_gaps() {
         "the job finished before most kills ({uninterrupted:?} uninterrupted)"
     );
 }
+
+fn newlines(path: &Path) -> usize {
+    std::fs::read(path)
+        .map(|b| b.iter().filter(|&&c| c == b'\n').count())
+        .unwrap_or(0)
+}
+
+fn marker_of(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".done.json");
+    PathBuf::from(s)
+}
+
+/// Spawn `cmd`, SIGKILL it as soon as `ready()` holds (or it exits, or after `limit`), and
+/// say whether it was still running when killed.
+fn kill_when(mut cmd: Command, limit: Duration, ready: impl Fn() -> bool) -> bool {
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + limit;
+    let mut running = true;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            running = false;
+            break;
+        }
+        if ready() || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().ok(); // SIGKILL
+    child.wait().unwrap();
+    running
+}
+
+fn merge_cmd(output: &Path, shards: &[PathBuf], extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_forkscore"))
+        .arg("merge")
+        .arg("--output")
+        .arg(output)
+        .args(extra)
+        .args(shards)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// `merge` takes a shard only with the completion marker its job writes on a clean finish: a
+/// shard SIGKILLed mid-run, one killed right after creating its output and a finished one
+/// killed while `--force` rewrites it are refused by name; `--resume` finishes them and the
+/// merge then covers every input line exactly once (also checked against `--input`). A merge
+/// SIGKILLed mid-write leaves its temporary file, which the next merge removes.
+#[test]
+fn merge_refuses_killed_shards_until_they_are_resumed() {
+    let model = ensure_tiny_model(&TinySpec::qwen25());
+    let dir = tempfile::tempdir().unwrap();
+    let n = 120;
+    let input = big_input(dir.path(), n);
+    let shard_job = |i: u32, out: &Path, extra: &[&str]| {
+        let spec = format!("{i}/3");
+        let mut args = vec![
+            "--group-max-rows",
+            "8",
+            "--window",
+            "6",
+            "--shard",
+            spec.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        forkscore(&model, &input, out, &args)
+    };
+    let shards: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("shard-{i}.jsonl")))
+        .collect();
+    let t = Instant::now();
+    for i in 0..2 {
+        let o = shard_job(i, &shards[i as usize], &[]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(marker_of(&shards[i as usize]).exists());
+    }
+    let limit = t.elapsed() * 20 + Duration::from_secs(30);
+    let merged = dir.path().join("merged.jsonl");
+    let refused = |files: &[PathBuf], named: &Path| {
+        let o = merge_cmd(&merged, files, &[]);
+        let e = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(
+            e.contains(&named.display().to_string()) && e.contains("no completion marker"),
+            "{e}"
+        );
+        assert!(!merged.exists(), "a refused merge writes nothing");
+    };
+
+    // killed mid-run: the file ends on a complete record, but the job did not finish
+    let s2 = &shards[2];
+    let running = kill_when(shard_job(2, s2, &[]), limit, || newlines(s2) >= 3);
+    assert!(running, "shard 2 finished before the kill ({limit:?})");
+    let at_kill = newlines(s2);
+    assert!(at_kill >= 3 && !marker_of(s2).exists(), "{at_kill}");
+    refused(&shards, s2);
+
+    // killed right after creating its output
+    let early = dir.path().join("early.jsonl");
+    let running = kill_when(shard_job(2, &early, &[]), limit, || early.exists());
+    assert!(running && early.exists() && !marker_of(&early).exists());
+    refused(
+        &[shards[0].clone(), shards[1].clone(), early.clone()],
+        &early,
+    );
+
+    // a finished shard killed while --force rewrites it: its marker went first
+    let s0 = &shards[0];
+    let m0 = marker_of(s0);
+    let running = kill_when(shard_job(0, s0, &["--force"]), limit, || {
+        !m0.exists() && newlines(s0) >= 2
+    });
+    assert!(running, "the --force run finished before the kill");
+    refused(&shards, s0);
+
+    // --resume finishes both; the merge covers every line exactly once
+    for (i, s) in [(0u32, s0), (2, s2)] {
+        let o = shard_job(i, s, &["--resume"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(marker_of(s).exists());
+    }
+    let input_s = input.display().to_string();
+    let o = merge_cmd(&merged, &shards, &["--input", &input_s]);
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains(&format!("{n} records from 3 shard outputs")),
+        "{e}"
+    );
+    let got = records(&merged);
+    let lines: Vec<u64> = got.iter().map(|r| r["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, (1..=n as u64).collect::<Vec<_>>());
+
+    // a merge killed mid-write (blocked on an --input FIFO that never delivers) leaves its
+    // locked temporary file; the next merge into that folder removes it
+    let fifo = dir.path().join("in.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // held open for writing so the merge's open does not block and its reads wait
+    let _writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let merged2 = dir.path().join("merged2.jsonl");
+    let temps = || -> Vec<PathBuf> {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(".merged2.jsonl.forkscore-merge.")
+            })
+            .collect()
+    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkscore"));
+    cmd.arg("merge")
+        .arg("--output")
+        .arg(&merged2)
+        .arg("--input")
+        .arg(&fifo)
+        .args(&shards)
+        .stderr(Stdio::null());
+    let running = kill_when(cmd, Duration::from_secs(30), || !temps().is_empty());
+    assert!(running, "the blocked merge exited");
+    let left = temps();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let o = merge_cmd(&merged2, &shards, &[]);
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("removed") && e.contains(&left[0].display().to_string()),
+        "{e}"
+    );
+    assert!(temps().is_empty());
+    assert_eq!(records(&merged2).len(), n);
+}

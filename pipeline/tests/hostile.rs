@@ -709,3 +709,30 @@ fn resume_refuses_another_run_unless_told() {
     let ids: Vec<&str> = rs.iter().map(|r| r["id"].as_str().unwrap_or("")).collect();
     assert_eq!(ids, ["r0", "r1", "r2", "r3"]);
 }
+
+/// An output that is not a regular file (here a link to /dev/null) gets no completion marker
+/// next to it, and the job says so: nothing can vouch for what a device or pipe received.
+#[test]
+fn a_non_file_output_gets_no_completion_marker() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let model = ensure_tiny_model(&TinySpec::qwen25()).display().to_string();
+    let input = input_file(tmp.path(), 3);
+    let out = tmp.path().join("out.jsonl");
+    std::os::unix::fs::symlink("/dev/null", &out).expect("symlink");
+    let schema = schema();
+    let mut args = batch_args(
+        &model,
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        &schema,
+    );
+    args.retain(|a| *a != "--quiet");
+    let o = run(&args, None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not a regular file, so no completion marker"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!tmp.path().join("out.jsonl.done.json").exists());
+}

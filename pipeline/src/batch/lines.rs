@@ -103,6 +103,7 @@ pub fn score_lines<B: Backend>(
         seen_ids: HashSet::new(),
         resume: None,
         shard: None,
+        owned: 0,
     };
     let items = preparer.prepare_chunk(raw)?;
     let mut scorer = Scorer::new(

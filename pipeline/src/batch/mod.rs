@@ -15,8 +15,9 @@
 //! Module map, by job: [`records`] (line formats), [`reader`], [`schema_cache`] (each distinct
 //! schema compiled once), [`prepare`] (the CPU stage), [`score`] (the accelerator stage),
 //! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
-//! (output side and input side of `--resume`).
+//! (output side and input side of `--resume`), [`done`] (the completion marker `merge` needs).
 
+pub mod done;
 pub mod lines;
 pub mod lock;
 pub mod prepare;
@@ -67,7 +68,9 @@ pub struct BatchArgs {
     /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output JSONL (append-only; refused if it exists, unless --resume or --force).
+    /// Output JSONL (append-only; refused if it exists, unless --resume or --force). A job that
+    /// finishes cleanly writes its completion marker OUTPUT.done.json next to it (what
+    /// `forkscore merge` requires of each shard).
     #[arg(long)]
     pub output: PathBuf,
     /// The default schema for lines without one.
@@ -135,6 +138,9 @@ pub struct JobSummary {
     /// True when --fail-fast stopped the job at an error record.
     pub stopped_at_error: bool,
     pub seconds: f64,
+    /// The completion marker written ([`done`]); `None` when the job stopped at an error
+    /// record or the output is not a regular file (a pipe, `/dev/stdout`).
+    pub marker: Option<PathBuf>,
 }
 
 /// True when both paths name the same existing file (also through links or `..`).
@@ -179,6 +185,14 @@ pub fn run_job<B: Backend>(
         .with_context(|| format!("cannot open input {}", job.input.display()))?;
     // held until the job returns: a second job on this output is refused
     let _lock = lock::OutputLock::acquire(&job.output)?;
+    // the lock created the output if it was missing: only a pipe or a device is not a file
+    let regular = std::fs::metadata(&job.output).is_ok_and(|m| m.is_file());
+    if regular && job.policy == OutputPolicy::Force {
+        // --force truncates the output in open_output: its marker goes first
+        done::invalidate(&job.output)?;
+    }
+    // Fresh: refuses a non-empty output and changes nothing; Resume: may cut a torn last line,
+    // which a marker still present would not cover (its recorded size no longer matches)
     let (out_file, resumed) = open_output(&job.output, job.policy)?;
     // a shard's share of the lines is known only as they are read: no total then
     let total = crate::input_bounds::progress_total(
@@ -199,6 +213,10 @@ pub fn run_job<B: Backend>(
     if resumed.is_some() && !job.resume_any_provenance {
         provenance_check::check_resume(&job.output, provenance.base())?;
     }
+    if regular {
+        // before anything is appended: a job interrupted from here on leaves no marker
+        done::invalidate(&job.output)?;
+    }
 
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
     let schemas = SchemaCache::new(engine, job.default_schema.as_ref(), &base_dir);
@@ -215,6 +233,7 @@ pub fn run_job<B: Backend>(
             seen: false,
         }),
         shard: job.shard,
+        owned: 0,
     };
     let mut scorer = Scorer::new(
         engine,
@@ -233,26 +252,37 @@ pub fn run_job<B: Backend>(
 
     let (read, prepared, written) = std::thread::scope(|s| {
         let read = s.spawn(move || {
-            reader::read_lines_bounded(
-                BufReader::with_capacity(1 << 20, input),
+            // every byte the job reads is hashed: the marker names the input it finished
+            let mut input = BufReader::with_capacity(1 << 20, done::HashingReader::new(input));
+            let end = reader::read_input(
+                &mut input,
                 job.window,
                 done_through,
                 crate::input_bounds::max_line_bytes(job.options.max_input_tokens),
                 &raw_tx,
-            )
+            )?;
+            Ok::<_, std::io::Error>((end, input.into_inner().finish().0))
         });
-        let prepare = s.spawn(move || -> Result<Option<ResumeCheck>, resume::StageError> {
-            for chunk in raw_rx {
-                let items = preparer.prepare_chunk(chunk)?;
-                if !items.is_empty() && item_tx.send(items).is_err() {
-                    break;
+        let prepare = s.spawn(
+            move || -> Result<(Option<ResumeCheck>, u64), resume::StageError> {
+                for chunk in raw_rx {
+                    let items = preparer.prepare_chunk(chunk)?;
+                    if !items.is_empty() && item_tx.send(items).is_err() {
+                        break;
+                    }
                 }
-            }
-            Ok(preparer.resume)
-        });
+                Ok((preparer.resume, preparer.owned))
+            },
+        );
         let write = s.spawn(move || {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, out_file);
-            writer::write_all(&out_rx, &mut out, &bar)
+            let written = writer::write_all(&out_rx, &mut out, &bar)?;
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            if regular {
+                // the records reach the disk before a marker can vouch for them
+                file.sync_data()?;
+            }
+            Ok::<_, std::io::Error>(written)
         });
         let stopped = &stopped;
         let mut emit = |mut lines: Vec<OutLine>| -> bool {
@@ -277,18 +307,101 @@ pub fn run_job<B: Backend>(
     let written = written
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?
         .with_context(|| format!("cannot write {}", job.output.display()))?;
-    let check = prepared.map_err(|_| anyhow::anyhow!("the prepare thread panicked"))??;
-    read.map_err(|_| anyhow::anyhow!("the reader thread panicked"))?
+    let (check, owned) = prepared.map_err(|_| anyhow::anyhow!("the prepare thread panicked"))??;
+    let (end, input_sha256) = read
+        .map_err(|_| anyhow::anyhow!("the reader thread panicked"))?
         .with_context(|| format!("cannot read {}", job.input.display()))?;
     if let Some(c) = check.filter(|c| !c.seen) {
         bail!("--resume: the output ends at input line {} but the input has no such line; the output belongs to another input", c.last_line);
     }
+    let stopped_at_error = stopped.load(Ordering::SeqCst);
+    let marker = if stopped_at_error {
+        None
+    } else {
+        let finished = Finished {
+            end,
+            input_sha256,
+            owned,
+            records: resumed.as_ref().map_or(0, |r| r.records) + written.lines,
+        };
+        finished.check(job)?;
+        if regular {
+            Some(finished.write_marker(job, provenance.base())?)
+        } else {
+            None
+        }
+    };
     Ok(JobSummary {
         written,
         resumed,
-        stopped_at_error: stopped.load(Ordering::SeqCst),
+        stopped_at_error,
         seconds: start.elapsed().as_secs_f64(),
+        marker,
     })
+}
+
+/// What a job that ran to its end read and wrote.
+struct Finished {
+    end: reader::ReadEnd,
+    input_sha256: String,
+    /// Input lines the job owns (done ones included).
+    owned: u64,
+    /// Records in the output (kept ones included).
+    records: u64,
+}
+
+impl Finished {
+    /// The input was read to its end and the output holds one record per owned line.
+    fn check(&self, job: &Job) -> Result<()> {
+        if !self.end.complete {
+            bail!(
+                "the job stopped before the end of {} (line {}); no completion marker was written",
+                job.input.display(),
+                self.end.lines
+            );
+        }
+        if self.owned != self.records {
+            bail!(
+                "--output {}: the job owns {} input lines but the output holds {} records, so it is not this input's complete output; no completion marker was written (start it again with --force)",
+                job.output.display(),
+                self.owned,
+                self.records
+            );
+        }
+        Ok(())
+    }
+
+    /// Write the output's completion marker.
+    fn write_marker(
+        &self,
+        job: &Job,
+        base: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<PathBuf> {
+        let output_bytes = std::fs::metadata(&job.output)
+            .with_context(|| format!("cannot read {}", job.output.display()))?
+            .len();
+        let mut provenance = base.clone();
+        provenance.remove("shard");
+        let marker = done::DoneMarker {
+            format: done::FORMAT.into(),
+            output: job
+                .output
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            output_bytes,
+            records: self.records,
+            shard: job.shard,
+            input: done::InputFacts {
+                path: job.input.display().to_string(),
+                sha256: self.input_sha256.clone(),
+                lines: self.end.lines,
+                records: self.end.records,
+            },
+            provenance,
+        };
+        Ok(done::write(&job.output, &marker)?)
+    }
 }
 
 /// Total memory of a CUDA device from nvidia-smi (None when unavailable or not CUDA). The
@@ -421,6 +534,12 @@ pub fn run(args: &BatchArgs) -> Result<()> {
                 m.fields, m.min, m.median
             );
         }
+    }
+    if summary.marker.is_none() && !summary.stopped_at_error {
+        eprintln!(
+            "forkscore batch: --output {} is not a regular file, so no completion marker was written next to it (`forkscore merge` accepts only shard outputs that are files with their marker)",
+            args.output.display()
+        );
     }
     if summary.stopped_at_error {
         bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");

@@ -64,6 +64,9 @@ pub struct Preparer<'a, B: Backend> {
     pub resume: Option<ResumeCheck>,
     /// `--shard`: lines other shards own are skipped (after the resume check).
     pub shard: Option<Shard>,
+    /// Lines this job owns so far (all non-blank lines without `--shard`), already done ones
+    /// included: a finished job's output must hold exactly this many records.
+    pub owned: u64,
 }
 
 fn context_hash(text: &str) -> u64 {
@@ -102,6 +105,7 @@ impl<B: Backend> Preparer<'_, B> {
             if self.shard.is_some_and(|s| !s.owns(line, id)) {
                 continue;
             }
+            self.owned += 1;
             let fresh = id.is_none_or(|id| self.seen_ids.insert(id_key(id)));
             if done {
                 continue;

@@ -37,14 +37,38 @@ pub fn read_lines(
 /// [`read_lines`] storing at most `max_line_bytes` of any line: a longer line is passed on as
 /// `too_long` with only its first `LEADING_BYTES` (its rest is skipped, not stored).
 pub fn read_lines_bounded(
-    mut input: impl BufRead,
+    input: impl BufRead,
     chunk_lines: usize,
     done_through: u64,
     max_line_bytes: u64,
     out: &Sender<Vec<RawLine>>,
 ) -> std::io::Result<u64> {
+    read_input(input, chunk_lines, done_through, max_line_bytes, out).map(|end| end.lines)
+}
+
+/// Where reading stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadEnd {
+    /// Physical lines read.
+    pub lines: u64,
+    /// Non-blank lines among them (each becomes a record when its shard owns it).
+    pub records: u64,
+    /// True when the input was read to its end (false: the receiver hung up first).
+    pub complete: bool,
+}
+
+/// [`read_lines_bounded`], also saying how many lines were non-blank and whether the input was
+/// read to its end (what a batch job's completion marker records).
+pub fn read_input(
+    mut input: impl BufRead,
+    chunk_lines: usize,
+    done_through: u64,
+    max_line_bytes: u64,
+    out: &Sender<Vec<RawLine>>,
+) -> std::io::Result<ReadEnd> {
     use crate::input_bounds::{read_line_bounded, LineRead, MAX_SKIP_BYTES};
     let mut line = 0u64;
+    let mut records = 0u64;
     // never pre-allocate from the caller's number
     let mut chunk = Vec::new();
     let mut bytes = Vec::new();
@@ -69,6 +93,7 @@ pub fn read_lines_bounded(
         if too_long.is_none() && bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        records += 1;
         chunk.push(RawLine {
             line,
             bytes: std::mem::take(&mut bytes),
@@ -76,13 +101,19 @@ pub fn read_lines_bounded(
             too_long,
         });
         if chunk.len() >= chunk_lines && out.send(std::mem::take(&mut chunk)).is_err() {
-            return Ok(line);
+            return Ok(ReadEnd {
+                lines: line,
+                records,
+                complete: false,
+            });
         }
     }
-    if !chunk.is_empty() {
-        let _ = out.send(chunk);
-    }
-    Ok(line)
+    let complete = chunk.is_empty() || out.send(chunk).is_ok();
+    Ok(ReadEnd {
+        lines: line,
+        records,
+        complete,
+    })
 }
 
 #[cfg(test)]
@@ -93,7 +124,15 @@ mod tests {
     fn chunks_keep_line_numbers_and_skip_blank_lines() {
         let (tx, rx) = crossbeam_channel::bounded(8);
         let input = b"a\r\n\n  \nb\nc\xff\nd" as &[u8];
-        assert_eq!(read_lines(input, 2, 4, &tx).unwrap(), 6);
+        let end = read_input(input, 2, 4, u64::MAX, &tx).unwrap();
+        assert_eq!(
+            end,
+            ReadEnd {
+                lines: 6,
+                records: 4,
+                complete: true
+            }
+        );
         drop(tx);
         let lines: Vec<RawLine> = rx.iter().flatten().collect();
         let got: Vec<(u64, &[u8], bool)> = lines
