@@ -21,6 +21,7 @@ pub mod queue;
 pub mod request;
 pub mod result;
 pub mod routes;
+pub mod scheduler;
 pub mod schemas;
 
 pub use config::ServeConfig;

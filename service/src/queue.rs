@@ -1,13 +1,14 @@
 //! The bounded job queue and the one model thread behind it.
 //!
 //! Handlers [`Queue::submit`] a [`Job`] (contexts + a compiled schema + options) and await its
-//! reply. The model thread blocks on the queue; when a job arrives it also takes every job
-//! already waiting (up to `max_merged_contexts` contexts), buckets them by (schema hash,
-//! options), and decides each bucket with ONE `Engine::decide_many` call over all its contexts:
-//! the engine plans the context groups under the configured `GroupBudget` (the batch budget),
-//! prefills each group's contexts and scores all their rows in one slot-merged pass. Results are
-//! split back per job in order. Merging only changes batching, never rows or prompts, so a
-//! merged decision equals the single-request one (`tests/api.rs`).
+//! reply. The model thread runs the continuous-batching [`Scheduler`]: between two forward
+//! passes it admits every request already queued (up to `max_merged_contexts` waiting
+//! contexts), and each pass decides the next context group of the oldest waiting context's
+//! bucket (schema hash + options) under the configured `GroupBudget` — one packed prefill and
+//! one slot-merged scoring pass — so a request joins the next pass with room rather than waiting
+//! for a whole merged call. Results go back per job in order. Batching never changes rows or
+//! prompts, and a context's result does not depend on its group (batch invariance), so a merged
+//! decision equals the single-request one (`tests/api.rs`).
 //!
 //! A generation job (`/v1/generate`: the autoregressive baseline beside forkscore's decision) runs
 //! alone, in its arrival order: it is one context decoded token by token, nothing to merge.
@@ -18,6 +19,7 @@
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::scheduler::Scheduler;
 use axum::http::StatusCode;
 use forkscore_engine::{
     Baseline, CompiledSchema, Decision, Engine, EngineError, GenerateError, GenerateOptions,
@@ -106,12 +108,15 @@ fn run<B: Backend>(
     budget: &GroupBudget,
     metrics: &Metrics,
 ) {
-    // a generation met while merging decisions waits here for its turn
-    let mut held: Option<Task> = None;
-    while let Some(first) = held.take().or_else(|| rx.blocking_recv()) {
-        metrics.queue_add(-1);
-        let first = match first {
-            Task::Generate(job) => {
+    let mut scheduler = Scheduler::new(engine, budget.clone());
+    // a generation waits here until every context admitted before it is decided; nothing is
+    // admitted meanwhile, so arrival order holds across both kinds of work
+    let mut held: Option<GenerateJob> = None;
+    let mut open = true;
+    loop {
+        if scheduler.is_idle() {
+            if let Some(job) = held.take() {
+                metrics.queue_add(-1);
                 if !job.reply.is_closed() {
                     let result = engine.generate_baseline(
                         &job.context,
@@ -123,72 +128,42 @@ fn run<B: Backend>(
                 }
                 continue;
             }
-            Task::Decide(job) => job,
-        };
-        let mut taken = first.contexts.len();
-        let mut jobs = vec![first];
-        while taken < max_merged {
-            match rx.try_recv() {
-                Ok(Task::Decide(job)) => {
-                    metrics.queue_add(-1);
-                    taken += job.contexts.len();
-                    jobs.push(job);
-                }
-                Ok(task) => {
-                    // counted off the queue when its turn comes
-                    held = Some(task);
-                    break;
-                }
-                Err(_) => break,
+            if !open {
+                return;
+            }
+            // nothing to do: wait for the next request
+            match rx.blocking_recv() {
+                Some(task) => admit(&mut scheduler, &mut held, task, metrics),
+                None => return,
             }
         }
-        jobs.retain(|j| !j.reply.is_closed());
-        for bucket in buckets(jobs) {
-            decide_bucket(engine, bucket, budget, metrics);
+        // every request already queued joins now, up to `max_merged` waiting contexts
+        while open && held.is_none() && scheduler.pending_contexts() < max_merged {
+            match rx.try_recv() {
+                Ok(task) => admit(&mut scheduler, &mut held, task, metrics),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+            }
         }
+        scheduler.step(metrics);
     }
 }
 
-/// Jobs with the same compiled schema and options, in arrival order.
-pub fn buckets(jobs: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut out: Vec<Vec<Job>> = Vec::new();
-    for job in jobs {
-        match out.iter_mut().find(|b| {
-            b[0].compiled.schema_hash() == job.compiled.schema_hash() && b[0].options == job.options
-        }) {
-            Some(b) => b.push(job),
-            None => out.push(vec![job]),
-        }
-    }
-    out
-}
-
-fn decide_bucket<B: Backend>(
-    engine: &Engine<B>,
-    jobs: Vec<Job>,
-    budget: &GroupBudget,
+/// A decision request joins the scheduler; a generation is held for its turn (counted off the
+/// queue when it runs).
+fn admit<B: Backend>(
+    scheduler: &mut Scheduler<'_, B>,
+    held: &mut Option<GenerateJob>,
+    task: Task,
     metrics: &Metrics,
 ) {
-    let contexts: Vec<&str> = jobs
-        .iter()
-        .flat_map(|j| j.contexts.iter().map(String::as_str))
-        .collect();
-    metrics.merged_call(contexts.len());
-    let mut results = engine
-        .decide_many(&contexts, &jobs[0].compiled, &jobs[0].options, budget)
-        .into_iter();
-    for d in results.as_slice().iter().flatten() {
-        let opens_group = d
-            .telemetry
-            .group
-            .as_ref()
-            .filter(|g| g.slot == 0)
-            .map(|g| g.size);
-        metrics.decision(d.telemetry.prefix_tokens, d.telemetry.rows, opens_group);
-    }
-    for job in jobs {
-        let mine: Vec<_> = results.by_ref().take(job.contexts.len()).collect();
-        // the requester may have timed out meanwhile; its result is then dropped
-        let _ = job.reply.send(mine);
+    match task {
+        Task::Decide(job) => {
+            metrics.queue_add(-1);
+            if !job.reply.is_closed() {
+                scheduler.admit(job);
+            }
+        }
+        Task::Generate(job) => *held = Some(job),
     }
 }

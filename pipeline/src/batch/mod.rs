@@ -1,5 +1,5 @@
 //! `forkscore batch`: a JSONL file of decisions in, a JSONL file of results out (one line per
-//! input line, same id, input order). See README.md ("Batch jobs") for the formats.
+//! input line, same id, input order). See docs/batch.md for the formats.
 //!
 //! The job is a pipeline of threads on bounded crossbeam channels, so memory stays bounded for
 //! any input size and the accelerator never waits on the CPU:
