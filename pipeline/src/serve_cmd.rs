@@ -177,20 +177,21 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
-        eprintln!("forkscore serving on http://{addr}/ (Ctrl-C to stop)");
-        match &nofile {
-            Ok(n) => eprintln!(
-                "forkscore serve: open-file limit {n}; at most {max_connections} connections{}",
+        // one line: the address first (scripts and tests read it from here), then the limits
+        let limits = match &nofile {
+            Ok(n) => format!(
+                "open-file limit {n}, at most {max_connections} connections{}",
                 if max_connections < args.max_connections {
                     format!(" (--max-connections {} lowered to fit)", args.max_connections)
                 } else {
                     String::new()
                 }
             ),
-            Err(e) => eprintln!(
-                "forkscore serve: cannot read the open-file limit ({e}); at most {max_connections} connections"
+            Err(e) => format!(
+                "open-file limit unknown ({e}), at most {max_connections} connections"
             ),
-        }
+        };
+        eprintln!("forkscore serving on http://{addr}/ (Ctrl-C to stop; {limits})");
         let stop_at = stop_at.clone();
         let stop = async move {
             shutdown_signal().await;

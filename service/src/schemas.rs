@@ -131,7 +131,7 @@ mod tests {
     use super::*;
     use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity};
     use forkscore_testkit::fake::FakeBackend;
-    use forkscore_testkit::tokenizers::Family;
+    use forkscore_testkit::tokenizers::{Family, Fixture};
     use serde_json::json;
     use std::time::Instant as StdInstant;
 
