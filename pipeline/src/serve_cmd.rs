@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 /// the runtime's own.
 const FD_RESERVE: u64 = 64;
 
+/// How long an idle model thread may take to see the closed queue and end, past the deadline.
+const MODEL_THREAD_GRACE: Duration = Duration::from_millis(250);
+
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -128,9 +131,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("--allow-host / --allow-origin: {e}"))?;
     let nofile = raise_open_file_limit();
     let max_connections = match nofile {
-        Ok(n) => args
-            .max_connections
-            .min(n.saturating_sub(FD_RESERVE).max(1).try_into().unwrap_or(usize::MAX)),
+        Ok(n) => args.max_connections.min(
+            n.saturating_sub(FD_RESERVE)
+                .max(1)
+                .try_into()
+                .unwrap_or(usize::MAX),
+        ),
         Err(_) => args.max_connections,
     };
     let loaded = load::open(&args.model)?;
@@ -182,14 +188,17 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             Ok(n) => format!(
                 "open-file limit {n}, at most {max_connections} connections{}",
                 if max_connections < args.max_connections {
-                    format!(" (--max-connections {} lowered to fit)", args.max_connections)
+                    format!(
+                        " (--max-connections {} lowered to fit)",
+                        args.max_connections
+                    )
                 } else {
                     String::new()
                 }
             ),
-            Err(e) => format!(
-                "open-file limit unknown ({e}), at most {max_connections} connections"
-            ),
+            Err(e) => {
+                format!("open-file limit unknown ({e}), at most {max_connections} connections")
+            }
         };
         eprintln!("forkscore serving on http://{addr}/ (Ctrl-C to stop; {limits})");
         let stop_at = stop_at.clone();
@@ -204,9 +213,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // a schema compile still running on a blocking thread is abandoned, not waited for
     runtime.shutdown_background();
     served?;
-    // the model thread ends once it has answered its current call; past the deadline the
-    // process exits without it (the call's requester is gone)
-    let until = stop_at.get().copied().unwrap_or_else(Instant::now) + shutdown_deadline;
+    // the model thread ends once it has answered its current call and seen the queue closed;
+    // past the deadline (plus a moment for an idle thread to wake) the process exits without it
+    // (the call's requester is gone)
+    let until = (stop_at.get().copied().unwrap_or_else(Instant::now) + shutdown_deadline)
+        .max(Instant::now() + MODEL_THREAD_GRACE);
     while !model_thread.is_finished() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -245,6 +256,7 @@ fn raise_open_file_limit() -> std::io::Result<u64> {
         }
         // refused (macOS refuses an unlimited hard limit): the soft limit stays in force
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every unix
     Ok(limit.rlim_cur as u64)
 }
 

@@ -197,9 +197,18 @@ fn serve_refuses_bad_flags_before_loading() {
         (vec!["--request-timeout-s", "0"], "--request-timeout-s"),
         (vec!["--max-input-tokens", "0"], "--max-input-tokens"),
         (vec!["--max-connections", "0"], "--max-connections"),
-        (vec!["--header-read-timeout-s", "0"], "--header-read-timeout-s"),
-        (vec!["--body-read-timeout-s", "nan"], "--body-read-timeout-s"),
-        (vec!["--shutdown-deadline-s", "100000"], "--shutdown-deadline-s"),
+        (
+            vec!["--header-read-timeout-s", "0"],
+            "--header-read-timeout-s",
+        ),
+        (
+            vec!["--body-read-timeout-s", "nan"],
+            "--body-read-timeout-s",
+        ),
+        (
+            vec!["--shutdown-deadline-s", "100000"],
+            "--shutdown-deadline-s",
+        ),
         (vec!["--allow-origin", "evil.example"], "--allow-origin"),
         (vec!["--allow-host", "http://x"], "--allow-host"),
     ] {
@@ -260,7 +269,9 @@ fn sigterm_with_slow_clients_connected_exits_0_within_the_deadline() {
     )
     .unwrap();
     let mut head_dripper = TcpStream::connect(&addr).unwrap();
-    head_dripper.write_all(b"GET /health HTTP/1.1\r\nho").unwrap();
+    head_dripper
+        .write_all(b"GET /health HTTP/1.1\r\nho")
+        .unwrap();
     let dripping = std::thread::spawn(move || {
         for _ in 0..60 {
             if body_dripper.write_all(b" ").is_err() || head_dripper.write_all(b"s").is_err() {

@@ -146,7 +146,10 @@ impl RequestGuard {
             return Ok(None);
         };
         if values.next().is_some() {
-            return Err(forbidden("forbidden_host", "more than one Host header".into()));
+            return Err(forbidden(
+                "forbidden_host",
+                "more than one Host header".into(),
+            ));
         }
         let text = String::from_utf8_lossy(value.as_bytes());
         let Some((name, port)) = split_authority(&text) else {
@@ -316,20 +319,25 @@ mod tests {
         for ok in ["10.1.2.3", "[fe80::1]:80", "localhost"] {
             assert_eq!(kind(&all, &[("host", ok)]), None, "{ok}");
         }
-        assert_eq!(kind(&all, &[("host", "rebind.example")]), Some("forbidden_host"));
+        assert_eq!(
+            kind(&all, &[("host", "rebind.example")]),
+            Some("forbidden_host")
+        );
     }
 
     #[test]
     fn allowed_hosts_extend_the_names() {
         let g = guard("127.0.0.1:8080", &["scorer.internal"], &[]);
         assert_eq!(kind(&g, &[("host", "Scorer.Internal:443")]), None);
-        assert_eq!(kind(&g, &[("host", "other.internal")]), Some("forbidden_host"));
+        assert_eq!(
+            kind(&g, &[("host", "other.internal")]),
+            Some("forbidden_host")
+        );
         let any = guard("127.0.0.1:8080", &["*"], &[]);
         assert_eq!(kind(&any, &[("host", "whatever.example")]), None);
         for bad in ["http://x", "x:80", "x/y", ""] {
             assert!(
-                RequestGuard::new("127.0.0.1:1".parse().unwrap(), &[bad.to_string()], &[])
-                    .is_err(),
+                RequestGuard::new("127.0.0.1:1".parse().unwrap(), &[bad.to_string()], &[]).is_err(),
                 "{bad}"
             );
         }
@@ -338,9 +346,15 @@ mod tests {
     #[test]
     fn origin_must_be_the_servers_own() {
         let g = guard("127.0.0.1:8080", &[], &[]);
-        let same = [("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")];
+        let same = [
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:8080"),
+        ];
         assert_eq!(kind(&g, &same), None);
-        let local = [("host", "localhost:8080"), ("origin", "http://localhost:8080")];
+        let local = [
+            ("host", "localhost:8080"),
+            ("origin", "http://localhost:8080"),
+        ];
         assert_eq!(kind(&g, &local), None);
         for bad in [
             "http://evil.example",
@@ -361,12 +375,18 @@ mod tests {
         // default ports
         let p80 = guard("127.0.0.1:80", &[], &[]);
         assert_eq!(
-            kind(&p80, &[("host", "localhost"), ("origin", "http://localhost:80")]),
+            kind(
+                &p80,
+                &[("host", "localhost"), ("origin", "http://localhost:80")]
+            ),
             None
         );
         let v6 = guard("[::1]:8080", &[], &[]);
         assert_eq!(
-            kind(&v6, &[("host", "[::1]:8080"), ("origin", "http://[::1]:8080")]),
+            kind(
+                &v6,
+                &[("host", "[::1]:8080"), ("origin", "http://[::1]:8080")]
+            ),
             None
         );
     }
@@ -381,8 +401,7 @@ mod tests {
         assert_eq!(kind(&any, &h("http://evil.example")), None);
         for bad in ["app.example", "ftp://x", "http://x/path", "http://"] {
             assert!(
-                RequestGuard::new("127.0.0.1:1".parse().unwrap(), &[], &[bad.to_string()])
-                    .is_err(),
+                RequestGuard::new("127.0.0.1:1".parse().unwrap(), &[], &[bad.to_string()]).is_err(),
                 "{bad}"
             );
         }

@@ -189,7 +189,11 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// The whole body, at most `limit` bytes (413), arriving within `within` (408).
-async fn read_body(body: Body, limit: usize, within: Duration) -> Result<axum::body::Bytes, ApiError> {
+async fn read_body(
+    body: Body,
+    limit: usize,
+    within: Duration,
+) -> Result<axum::body::Bytes, ApiError> {
     match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(_)) => Err(ApiError::bad(

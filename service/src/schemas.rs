@@ -100,8 +100,10 @@ impl SchemaCache {
         match timeout_at(deadline, task).await {
             Ok(Ok(Ok(compiled))) => Ok(compiled),
             Ok(Ok(Err(e))) => Err(ApiError::from_engine(&e, "schema")),
-            Ok(Err(_)) => Err(ApiError::bad("compile", "schema", "the schema compile failed")
-                .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
+            Ok(Err(_)) => Err(
+                ApiError::bad("compile", "schema", "the schema compile failed")
+                    .with_status(StatusCode::INTERNAL_SERVER_ERROR),
+            ),
             Err(_) => Err(late()),
         }
     }
@@ -184,16 +186,28 @@ mod tests {
             (err.status, err.kind, err.path.as_str()),
             (StatusCode::GATEWAY_TIMEOUT, "timeout", "schema")
         );
-        assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(1000),
+            "{:?}",
+            started.elapsed()
+        );
         // a second compile waits for the only slot, within its own deadline
         let err = cache
-            .get_with(schema(), Instant::now() + timeout, timeout, |_| unreachable!())
+            .get_with(
+                schema(),
+                Instant::now() + timeout,
+                timeout,
+                |_| unreachable!(),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.status, StatusCode::GATEWAY_TIMEOUT);
         // the abandoned compile ends and is cached: a later request gets it without compiling
         while cache.is_empty() {
-            assert!(started.elapsed() < Duration::from_secs(20), "compile never cached");
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "compile never cached"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let far = Instant::now() + Duration::from_secs(5);
@@ -201,7 +215,10 @@ mod tests {
             .get_with(schema(), far, timeout, |_| unreachable!("cached"))
             .await
             .unwrap();
-        assert_eq!(got.schema_hash(), e.compile(&schema()).unwrap().schema_hash());
+        assert_eq!(
+            got.schema_hash(),
+            e.compile(&schema()).unwrap().schema_hash()
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -215,11 +232,20 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert_eq!(got, ApiError::from_engine(&EngineError::ZeroFieldBatch, "schema"));
+        assert_eq!(
+            got,
+            ApiError::from_engine(&EngineError::ZeroFieldBatch, "schema")
+        );
         assert!(cache.is_empty(), "a failed compile is not cached");
-        let ok = cache.get(&e, schema(), far, Duration::from_secs(30)).await.unwrap();
+        let ok = cache
+            .get(&e, schema(), far, Duration::from_secs(30))
+            .await
+            .unwrap();
         assert_eq!(cache.len(), 1);
-        let again = cache.get(&e, schema(), far, Duration::from_secs(30)).await.unwrap();
+        let again = cache
+            .get(&e, schema(), far, Duration::from_secs(30))
+            .await
+            .unwrap();
         assert!(Arc::ptr_eq(&ok, &again), "one compile shared");
     }
 }

@@ -777,7 +777,11 @@ async fn post_bodies_must_be_declared_json() {
         )
         .unwrap();
         assert_eq!(
-            (status, v["error"]["kind"].as_str(), v["error"]["path"].as_str()),
+            (
+                status,
+                v["error"]["kind"].as_str(),
+                v["error"]["path"].as_str()
+            ),
             (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 Some("unsupported_media_type"),

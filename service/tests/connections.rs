@@ -97,11 +97,7 @@ async fn closed_within(conn: &mut tokio::net::tcp::OwnedReadHalf, limit: Duratio
 }
 
 /// Write `bytes` one at a time, `every` apart, until the server closes the connection.
-fn drip(
-    mut w: tokio::net::tcp::OwnedWriteHalf,
-    bytes: Vec<u8>,
-    every: Duration,
-) -> JoinHandle<()> {
+fn drip(mut w: tokio::net::tcp::OwnedWriteHalf, bytes: Vec<u8>, every: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         for b in bytes {
             if w.write_all(&[b]).await.is_err() {
@@ -186,8 +182,14 @@ async fn a_dripped_body_is_a_408_at_the_body_timeout() {
     let text = String::from_utf8_lossy(&response);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("\"body_timeout\""), "{text}");
-    assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     dripper.abort();
     let _ = server.stop.send(());
     server.handle.await.unwrap().unwrap();
@@ -218,7 +220,11 @@ async fn half_open_connections_past_the_cap_cannot_keep_health_out() {
     )
     .await;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     let metrics = server.state.metrics.render();
     let evicted: u64 = metrics
         .lines()
@@ -274,7 +280,11 @@ async fn at_the_cap_with_every_connection_busy_a_newcomer_gets_a_503() {
         (503, Some("connections_full"))
     );
     for b in busy {
-        assert_eq!(b.await.unwrap().0, 200, "requests in flight are never evicted");
+        assert_eq!(
+            b.await.unwrap().0,
+            200,
+            "requests in flight are never evicted"
+        );
     }
     assert!(server
         .state
@@ -306,7 +316,11 @@ async fn slow_clients_cannot_hold_shutdown_past_its_deadline() {
     let (_r1, w1) = body_dripper.into_split();
     let d1 = drip(w1, vec![b' '; 999], Duration::from_millis(200));
     let (_r2, w2) = TcpStream::connect(server.addr).await.unwrap().into_split();
-    let d2 = drip(w2, b"GET /health HTTP/1.1\r\n".to_vec(), Duration::from_millis(200));
+    let d2 = drip(
+        w2,
+        b"GET /health HTTP/1.1\r\n".to_vec(),
+        Duration::from_millis(200),
+    );
     let _idle = TcpStream::connect(server.addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -322,7 +336,10 @@ async fn slow_clients_cannot_hold_shutdown_past_its_deadline() {
         took >= Duration::from_millis(900),
         "the request in flight had its deadline to finish: {took:?}"
     );
-    assert!(TcpStream::connect(server.addr).await.is_err(), "listener closed");
+    assert!(
+        TcpStream::connect(server.addr).await.is_err(),
+        "listener closed"
+    );
     d1.abort();
     d2.abort();
 }
