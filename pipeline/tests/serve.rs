@@ -72,6 +72,9 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 /// One HTTP/1.1 request with `host` as its Host header; (status, body).
 fn http_as(addr: &str, host: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut conn = TcpStream::connect(addr).unwrap();
+    // a server that never answers fails the test instead of hanging it
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
     write!(
         conn,
         "{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -293,4 +296,57 @@ fn sigterm_with_slow_clients_connected_exits_0_within_the_deadline() {
     stderr.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("stopped"), "{rest}");
     let _ = dripping.join();
+}
+
+#[test]
+fn a_half_open_flood_under_a_low_open_file_limit_cannot_keep_health_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("demo");
+    demo_model(&model);
+    // soft and hard limit 256: more half-open clients than the server has file descriptors
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -n 256 && exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_forkscore"),
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--revision",
+            "demo",
+            "--port",
+            "0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("open-file limit 256"), "{line}");
+    assert!(line.contains("at most 192 connections"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let idlers: Vec<TcpStream> = (0..400)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"GET /health HTTP/1.1\r\nho").unwrap();
+            c
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let (status, body) = http(&addr, "GET", "/health", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idlers);
+    assert!(sigterm(&mut child).success());
 }
