@@ -49,7 +49,7 @@ async fn one(addr: SocketAddr, body: &str) -> anyhow::Result<(u16, f64)> {
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
     conn.set_nodelay(true)?;
     let head = format!(
-        "POST /v1/score HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "POST /v1/score HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );
     conn.write_all(head.as_bytes()).await?;
@@ -63,7 +63,7 @@ async fn one(addr: SocketAddr, body: &str) -> anyhow::Result<(u16, f64)> {
 async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
     conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
     )
     .await?;
     let mut response = String::new();

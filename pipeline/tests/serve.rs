@@ -1,6 +1,7 @@
 //! `forkscore serve` end to end on the demo model: binds loopback by default, answers
 //! `/v1/score` with exactly the decision `forkscore score` prints, refuses bad flags before
-//! loading, and stops cleanly (exit 0) on SIGTERM.
+//! loading, stops cleanly (exit 0) on SIGTERM — within its shutdown deadline even with slow
+//! clients connected — and refuses foreign `Host` names unless allowed.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -31,6 +32,12 @@ fn demo_model(dir: &std::path::Path) {
 
 /// Start `forkscore serve --port 0 …`; returns the child and the printed `host:port`.
 fn serve(model: &std::path::Path, extra: &[&str]) -> (Child, String) {
+    let (child, addr, _) = serve_logged(model, extra);
+    (child, addr)
+}
+
+/// [`serve`], also returning its start-up line.
+fn serve_logged(model: &std::path::Path, extra: &[&str]) -> (Child, String, String) {
     let mut child = bin()
         .args([
             "serve",
@@ -54,15 +61,23 @@ fn serve(model: &std::path::Path, extra: &[&str]) -> (Child, String) {
         .and_then(|r| r.split('/').next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    (child, addr)
+    (child, addr, line)
 }
 
 /// One HTTP/1.1 request; (status, body).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_as(addr, addr, method, path, body)
+}
+
+/// One HTTP/1.1 request with `host` as its Host header; (status, body).
+fn http_as(addr: &str, host: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut conn = TcpStream::connect(addr).unwrap();
+    // a server that never answers fails the test instead of hanging it
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
     write!(
         conn,
-        "{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -184,6 +199,21 @@ fn serve_refuses_bad_flags_before_loading() {
         (vec!["--queue-capacity", "0"], "--queue-capacity"),
         (vec!["--request-timeout-s", "0"], "--request-timeout-s"),
         (vec!["--max-input-tokens", "0"], "--max-input-tokens"),
+        (vec!["--max-connections", "0"], "--max-connections"),
+        (
+            vec!["--header-read-timeout-s", "0"],
+            "--header-read-timeout-s",
+        ),
+        (
+            vec!["--body-read-timeout-s", "nan"],
+            "--body-read-timeout-s",
+        ),
+        (
+            vec!["--shutdown-deadline-s", "100000"],
+            "--shutdown-deadline-s",
+        ),
+        (vec!["--allow-origin", "evil.example"], "--allow-origin"),
+        (vec!["--allow-host", "http://x"], "--allow-host"),
     ] {
         let out = bin()
             .args([
@@ -200,4 +230,123 @@ fn serve_refuses_bad_flags_before_loading() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{flags:?}: {err}");
     }
+}
+
+#[test]
+fn sigterm_with_slow_clients_connected_exits_0_within_the_deadline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("demo");
+    demo_model(&model);
+    // read timeouts far past the deadline: only the deadline can end the slow clients
+    let (mut child, addr, log) = serve_logged(
+        &model,
+        &[
+            "--shutdown-deadline-s",
+            "2",
+            "--header-read-timeout-s",
+            "60",
+            "--body-read-timeout-s",
+            "60",
+            "--allow-host",
+            "scorer.internal",
+        ],
+    );
+    let mut stderr = child.stderr.take().unwrap();
+    // the start-up line names the open-file limit in force
+    assert!(log.contains("open-file limit"), "{log}");
+    // Host: the bound address, localhost, the allowed name; nothing else
+    let port = addr.rsplit(':').next().unwrap();
+    for (host, want) in [
+        (format!("localhost:{port}"), 200),
+        ("scorer.internal".to_string(), 200),
+        (format!("rebind.example:{port}"), 403),
+    ] {
+        let (status, body) = http_as(&addr, &host, "GET", "/health", "");
+        assert_eq!(status, want, "{host}: {body}");
+    }
+    // a body dripped byte by byte (a request in flight) and half a head
+    let mut body_dripper = TcpStream::connect(&addr).unwrap();
+    write!(
+        body_dripper,
+        "POST /v1/score HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{"
+    )
+    .unwrap();
+    let mut head_dripper = TcpStream::connect(&addr).unwrap();
+    head_dripper
+        .write_all(b"GET /health HTTP/1.1\r\nho")
+        .unwrap();
+    let dripping = std::thread::spawn(move || {
+        for _ in 0..60 {
+            if body_dripper.write_all(b" ").is_err() || head_dripper.write_all(b"s").is_err() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    let exit = sigterm(&mut child);
+    let took = started.elapsed();
+    assert!(exit.success(), "SIGTERM is a clean stop: {exit:?}");
+    assert!(
+        took < std::time::Duration::from_secs(6),
+        "stopped {took:?} after SIGTERM, past the 2 s deadline"
+    );
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("stopped"), "{rest}");
+    let _ = dripping.join();
+}
+
+#[test]
+fn a_half_open_flood_under_a_low_open_file_limit_cannot_keep_health_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("demo");
+    demo_model(&model);
+    // soft and hard limit 256: more half-open clients than the server has file descriptors
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -n 256 && exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_forkscore"),
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--revision",
+            "demo",
+            "--port",
+            "0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("open-file limit 256"), "{line}");
+    assert!(line.contains("at most 192 connections"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let idlers: Vec<TcpStream> = (0..400)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"GET /health HTTP/1.1\r\nho").unwrap();
+            c
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let (status, body) = http(&addr, "GET", "/health", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idlers);
+    assert!(sigterm(&mut child).success());
 }

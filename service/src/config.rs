@@ -25,6 +25,25 @@ pub struct ServeConfig {
     /// them from the checkpoint's `generation_config.json` / `config.json`, as `forkscore
     /// generate` does).
     pub eos_ids: Vec<u32>,
+    /// Open connections at most. A connection past the cap evicts the one that has gone longest
+    /// without a request in flight; when every open connection has one, it is refused (503).
+    pub max_connections: usize,
+    /// A request head must arrive complete within this of the connection opening or of the
+    /// previous response; otherwise the connection is closed (slow heads, idle keep-alive and
+    /// half-open connections alike).
+    pub header_read_timeout: Duration,
+    /// A request body must arrive complete within this of its head (then 408, connection closed).
+    pub body_read_timeout: Duration,
+    /// After the stop signal: requests in flight may finish for this long; then every remaining
+    /// connection is dropped and [`crate::serve`] returns.
+    pub shutdown_deadline: Duration,
+    /// Schema compiles running at once (each on a blocking thread, off the async workers);
+    /// a request waiting for a slot waits within its `request_timeout`.
+    pub max_concurrent_compiles: usize,
+    /// `Host` names accepted besides the bound address's own (see [`crate::guard`]); `*`: any.
+    pub allowed_hosts: Vec<String>,
+    /// `Origin`s accepted besides the server's own (see [`crate::guard`]); `*`: any.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServeConfig {
@@ -39,6 +58,13 @@ impl Default for ServeConfig {
             budget: GroupBudget::default(),
             schema_cache: 64,
             eos_ids: Vec::new(),
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            shutdown_deadline: Duration::from_secs(10),
+            max_concurrent_compiles: 2,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }

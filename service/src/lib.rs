@@ -4,7 +4,9 @@
 //! thread owning the model, while the HTTP side must hold many slow clients, time them out and
 //! shut down gracefully. tokio gives the async side (timeouts, signals, bounded channels that a
 //! blocking thread can read), and axum is the thinnest typed router on hyper for it (no macros,
-//! handlers are plain async functions, `with_graceful_shutdown` finishes in-flight requests).
+//! handlers are plain async functions). Under the router, [`server`] runs each connection on
+//! hyper itself (header/body/idle timeouts, a connection cap, a shutdown deadline) and
+//! [`guard`] refuses requests whose `Host` or `Origin` is not this server's.
 //!
 //! Flow: request body (bounded bytes) → [`request`] (strict JSON, one validated type per
 //! endpoint; bad input is a 4xx [`error::ApiError`] naming the JSON path and the rule) →
@@ -15,6 +17,7 @@
 
 pub mod config;
 pub mod error;
+pub mod guard;
 pub mod metrics;
 pub mod presets;
 pub mod queue;
@@ -23,6 +26,8 @@ pub mod result;
 pub mod routes;
 pub mod scheduler;
 pub mod schemas;
+pub mod server;
 
 pub use config::ServeConfig;
-pub use routes::{router, serve, AppState};
+pub use routes::{router, AppState};
+pub use server::serve;

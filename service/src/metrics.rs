@@ -8,10 +8,14 @@
 //! - `forkscore_prefix_tokens_total`, `forkscore_rows_total`, `forkscore_decisions_total`
 //! - `forkscore_group_size` (histogram: contexts per scored context group)
 //! - `forkscore_merged_contexts` (histogram: contexts per merged `decide_many` call)
+//! - `forkscore_open_connections` (gauge), `forkscore_connections_evicted_total` (idle connections
+//!   closed to admit a new one at the connection cap)
+//! - `forkscore_refused_total{reason}`: requests or connections refused before any route —
+//!   `connections_full` (at the cap with no idle connection to evict), `host`, `origin`
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -70,12 +74,15 @@ struct Inner {
     decisions: u64,
     group_size: Histogram,
     merged: Histogram,
+    refused: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
     queue_depth: AtomicI64,
+    open_connections: AtomicI64,
+    evicted: AtomicU64,
 }
 
 impl Metrics {
@@ -95,6 +102,21 @@ impl Metrics {
     }
     pub fn queue_depth(&self) -> i64 {
         self.queue_depth.load(Ordering::Relaxed)
+    }
+    /// A connection opened (+1) or closed (-1).
+    pub fn connections_add(&self, n: i64) {
+        self.open_connections.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn open_connections(&self) -> i64 {
+        self.open_connections.load(Ordering::Relaxed)
+    }
+    /// An idle connection closed to admit a new one at the cap.
+    pub fn connection_evicted(&self) {
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A request or connection refused before any route, for `reason`.
+    pub fn refused(&self, reason: &'static str) {
+        *self.lock().refused.entry(reason).or_default() += 1;
     }
     /// One merged `decide_many` call of `contexts` contexts.
     pub fn merged_call(&self, contexts: usize) {
@@ -152,6 +174,20 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP forkscore_open_connections Open client connections.\n# TYPE forkscore_open_connections gauge\nforkscore_open_connections {}",
+            self.open_connections()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP forkscore_connections_evicted_total Idle connections closed to admit a new one at the connection cap.\n# TYPE forkscore_connections_evicted_total counter\nforkscore_connections_evicted_total {}",
+            self.evicted.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP forkscore_refused_total Requests or connections refused before any route, by reason.\n# TYPE forkscore_refused_total counter\n");
+        for (reason, n) in &m.refused {
+            let _ = writeln!(out, "forkscore_refused_total{{reason=\"{reason}\"}} {n}");
         }
         out.push_str("# HELP forkscore_group_size Contexts per scored context group.\n# TYPE forkscore_group_size histogram\n");
         m.group_size

@@ -1,4 +1,10 @@
-//! The HTTP surface: routes, handlers, and [`serve`] (graceful shutdown).
+//! The HTTP surface: routes and handlers (the connection layer under them is [`crate::server`]).
+//!
+//! Every POST body must be sent as `Content-Type: application/json` (415 otherwise: a browser
+//! page of another origin cannot send that without a CORS preflight, which this server never
+//! grants) and must arrive whole within `body_read_timeout` (408, connection closed). The schema
+//! compile (on a blocking thread), the queue wait and the scoring share one deadline,
+//! `request_timeout` from the body's arrival (504 after it).
 //!
 //! | route | does |
 //! | --- | --- |
@@ -21,16 +27,15 @@ use crate::result::{generate_json, result_json};
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use forkscore_engine::{Engine, GenerateOptions};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Every route (method, path); `openapi.json` describes exactly these (tested).
@@ -81,7 +86,7 @@ impl<B: Backend + 'static> AppState<B> {
         )?;
         let state = AppState {
             engine,
-            schemas: SchemaCache::new(config.schema_cache),
+            schemas: SchemaCache::new(config.schema_cache, config.max_concurrent_compiles),
             config,
             model,
             metrics,
@@ -105,42 +110,52 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         .with_state(state)
 }
 
-/// Serve until `shutdown` resolves; requests in flight then still finish.
-pub async fn serve<B: Backend + 'static>(
-    listener: tokio::net::TcpListener,
-    state: Arc<AppState<B>>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-async fn score<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
-    handle(s, Endpoint::Score, "/v1/score", body).await
+async fn score<B: Backend + 'static>(
+    State(s): State<Arc<AppState<B>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(s, Endpoint::Score, "/v1/score", &headers, body).await
 }
 async fn decide_many<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(s, Endpoint::DecideMany, "/v1/decide_many", body).await
+    handle(s, Endpoint::DecideMany, "/v1/decide_many", &headers, body).await
 }
-async fn ask<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
-    handle(s, Endpoint::Ask, "/v1/ask", body).await
+async fn ask<B: Backend + 'static>(
+    State(s): State<Arc<AppState<B>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(s, Endpoint::Ask, "/v1/ask", &headers, body).await
 }
-async fn generate<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>, body: Body) -> Response {
-    handle(s, Endpoint::Generate, "/v1/generate", body).await
+async fn generate<B: Backend + 'static>(
+    State(s): State<Arc<AppState<B>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(s, Endpoint::Generate, "/v1/generate", &headers, body).await
 }
 
 async fn handle<B: Backend + 'static>(
     s: Arc<AppState<B>>,
     endpoint: Endpoint,
     route: &str,
+    headers: &HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let response = match decide(&s, endpoint, body).await {
+    let response = match decide(&s, endpoint, headers, body).await {
         Ok(v) => Json(v).into_response(),
+        Err(e) if e.status == StatusCode::REQUEST_TIMEOUT => {
+            // the rest of the body is never read: the connection cannot carry another request
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            r
+        }
         Err(e) => e.into_response(),
     };
     s.metrics.request(
@@ -151,25 +166,67 @@ async fn handle<B: Backend + 'static>(
     response
 }
 
-async fn decide<B: Backend + 'static>(
-    s: &AppState<B>,
-    endpoint: Endpoint,
+/// Ok when the request declares a JSON body (`application/json`, parameters allowed), else 415.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let essence = declared
+        .as_deref()
+        .map(|c| c.split(';').next().unwrap_or("").trim());
+    match essence {
+        Some(e) if e.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(ApiError::bad(
+            "unsupported_media_type",
+            "<root>",
+            format!(
+                "request bodies must be sent with Content-Type: application/json (got {})",
+                declared.map_or("none".to_string(), |c| format!("{c:?}"))
+            ),
+        )
+        .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)),
+    }
+}
+
+/// The whole body, at most `limit` bytes (413), arriving within `within` (408).
+async fn read_body(
     body: Body,
-) -> Result<Value, ApiError> {
-    let limit = s.config.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::bad(
+    limit: usize,
+    within: Duration,
+) -> Result<axum::body::Bytes, ApiError> {
+    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::bad(
             "request_too_large",
             "<root>",
             format!("body over this server's limit of {limit} bytes"),
         )
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-    })?;
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)),
+        Err(_) => Err(ApiError::bad(
+            "body_timeout",
+            "<root>",
+            format!("the request body did not arrive within {within:?}"),
+        )
+        .with_status(StatusCode::REQUEST_TIMEOUT)),
+    }
+}
+
+async fn decide<B: Backend + 'static>(
+    s: &AppState<B>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
+    require_json(headers)?;
+    let bytes = read_body(body, s.config.max_body_bytes, s.config.body_read_timeout).await?;
     let req = request::parse(endpoint, &bytes, &s.config)?;
+    // compile, queue wait and scoring: one deadline
+    let timeout = s.config.request_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     let compiled = s
         .schemas
-        .get(&s.engine, &req.schema)
-        .map_err(|e| ApiError::from_engine(&e, "schema"))?;
+        .get(&s.engine, req.schema, deadline, timeout)
+        .await?;
     if endpoint == Endpoint::Generate {
         let temperature = s
             .engine
@@ -189,7 +246,7 @@ async fn decide<B: Backend + 'static>(
             },
             reply,
         })?;
-        let baseline = wait(rx, s.config.request_timeout)
+        let baseline = wait(rx, deadline, timeout)
             .await?
             .map_err(|e| ApiError::from_generate(&e))?;
         return Ok(generate_json(
@@ -207,7 +264,7 @@ async fn decide<B: Backend + 'static>(
         options: req.options.clone(),
         reply,
     })?;
-    let results = wait(rx, s.config.request_timeout).await?;
+    let results = wait(rx, deadline, timeout).await?;
     let one = |d: &forkscore_engine::Decision| result_json(d, &compiled, &req.options, &s.model);
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
@@ -230,9 +287,14 @@ async fn decide<B: Backend + 'static>(
     }
 }
 
-/// The model thread's reply, or 504 once `timeout` has passed (the job is then dropped unrun).
-async fn wait<T>(rx: oneshot::Receiver<T>, timeout: std::time::Duration) -> Result<T, ApiError> {
-    match tokio::time::timeout(timeout, rx).await {
+/// The model thread's reply, or 504 once `deadline` (the request's `timeout` after its body
+/// arrived) has passed (the job is then dropped unrun).
+async fn wait<T>(
+    rx: oneshot::Receiver<T>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout_at(deadline, rx).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(_)) => Err(
             ApiError::bad("backend", "<root>", "the model thread stopped")

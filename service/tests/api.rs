@@ -688,7 +688,7 @@ async fn graceful_shutdown_finishes_the_request_in_flight() {
     let body = json!({"contexts": CONTEXTS, "schema": schema()}).to_string();
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     conn.write_all(
-        format!("POST /v1/decide_many HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).as_bytes(),
+        format!("POST /v1/decide_many HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).as_bytes(),
     )
     .await
     .unwrap();
@@ -746,6 +746,54 @@ async fn the_page_and_its_presets_are_served_self_contained() {
             .unwrap_or_else(|err| panic!("{}: {err}", p["name"]));
     }
     assert!(presets.iter().any(|p| p["name"] == "parallel_schema"));
+}
+
+#[tokio::test]
+async fn post_bodies_must_be_declared_json() {
+    let app = router(state(ServeConfig::default()));
+    let body = serde_json::to_vec(&json!({"context": CONTEXTS[0], "schema": schema()})).unwrap();
+    let with_type = |ctype: Option<&str>| {
+        let mut req = Request::builder().method("POST").uri("/v1/score");
+        if let Some(t) = ctype {
+            req = req.header("content-type", t);
+        }
+        req.body(Body::from(body.clone())).unwrap()
+    };
+    // what a cross-origin page can send without a preflight, and no type at all
+    for ctype in [
+        Some("text/plain"),
+        Some("text/plain;charset=UTF-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application/jsonx"),
+        None,
+    ] {
+        let resp = app.clone().oneshot(with_type(ctype)).await.unwrap();
+        let status = resp.status();
+        let v: Value = serde_json::from_slice(
+            &axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                status,
+                v["error"]["kind"].as_str(),
+                v["error"]["path"].as_str()
+            ),
+            (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some("unsupported_media_type"),
+                Some("<root>")
+            ),
+            "{ctype:?}"
+        );
+    }
+    for ctype in ["application/json", "Application/JSON; charset=utf-8"] {
+        let resp = app.clone().oneshot(with_type(Some(ctype))).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{ctype}");
+    }
 }
 
 #[tokio::test]

@@ -91,6 +91,7 @@ fn status_of(path: &str, body: Vec<u8>) -> (u16, Value) {
         let req = Request::builder()
             .method("POST")
             .uri(path)
+            .header("content-type", "application/json")
             .body(Body::from(body))
             .unwrap();
         let resp = app.clone().oneshot(req).await.unwrap();
