@@ -32,7 +32,10 @@ pub mod tokenizer;
 
 pub use allowed_mass::{AllowedMass, TopToken};
 pub use assemble::{Decision, FieldResult};
-pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, TemperatureSource};
+pub use calibration::{
+    CalibrationRegistry, CheckpointIdentity, FieldCalibration, Temperature, TemperatureSource,
+};
+pub use literal::assemble::LiteralValue;
 pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use error::EngineError;
 pub use fork::{Mode, SharedPrefix};
