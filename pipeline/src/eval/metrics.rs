@@ -371,13 +371,13 @@ mod tests {
 
     #[test]
     fn perfectly_calibrated_data_has_a_small_ece() {
-        // Deterministic: for each confidence level c (0.55 … 0.95), 1000 items of which exactly
-        // round(1000·c) are right.
+        // Deterministic: for each confidence level c = 0.05, 0.15, …, 0.95, 500 items of which
+        // exactly 500·c are right; each level fills one equal-width and one equal-mass bin.
         let mut items = Vec::new();
-        for step in 0..5 {
-            let c = 0.55 + 0.1 * step as f64;
-            let right = (1000.0 * c).round() as usize;
-            for i in 0..1000 {
+        for step in 0..10 {
+            let c = 0.05 + 0.1 * step as f64;
+            let right = (500.0 * c).round() as usize;
+            for i in 0..500 {
                 let truth = if i < right { 0 } else { 1 };
                 items.push(item(truth, 0, c));
             }
