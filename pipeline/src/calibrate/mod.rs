@@ -66,6 +66,8 @@ pub struct CalibrateArgs {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FieldOutcome {
+    /// False for a field without a training item (T = 1, not written to the file).
+    pub fitted: bool,
     pub temperature: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content_free: Option<IndexMap<String, f64>>,
@@ -240,6 +242,7 @@ pub fn run_calibrate<B: Backend>(
         outcomes.insert(
             name.clone(),
             FieldOutcome {
+                fitted: !tr.is_empty(),
                 temperature: t,
                 content_free: content_free.clone(),
                 train: tr.len(),
