@@ -257,3 +257,25 @@ fn contextual_calibration_records_content_free_probabilities() {
     let k = got.iter().position(|&p| p == best).unwrap();
     assert_eq!(v["fields"]["topic"]["value"], v["fields"]["topic"]["choices"][k]);
 }
+
+/// A relative --input path: its relative schema files are still found although the derived
+/// batch input lives beside the predictions, in another folder.
+#[test]
+fn a_relative_input_path_resolves_its_schema_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = demo(tmp.path());
+    let preds = tmp.path().join("p.jsonl");
+    let report = tmp.path().join("r.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_forkscore"))
+        .current_dir(format!("{}/..", env!("CARGO_MANIFEST_DIR")))
+        .args([
+            "eval", "--model", &model, "--revision", "demo", "--input",
+            "fixtures/examples/labelled_tiny.jsonl", "--predictions", s(&preds), "--report",
+            s(&report), "--quiet",
+        ])
+        .output()
+        .unwrap();
+    ok(&out);
+    let r = read_json(&report);
+    assert_eq!(r["counts"]["decided"], 17, "{}", r["counts"]);
+}

@@ -106,7 +106,7 @@ fn content_free<B: Backend>(
     scored: &eval::Scored,
 ) -> Result<IndexMap<String, IndexMap<String, f64>>> {
     let default_schema = args.schema.load()?;
-    let base = args.input.parent().map(PathBuf::from).unwrap_or_default();
+    let base = args.base_dir()?;
     let schemas = SchemaCache::new(engine, default_schema.as_ref(), &base);
     let lines: Vec<&str> = scored.labelled.batch_input.lines().collect();
     let mut seen = HashSet::new();
@@ -327,7 +327,7 @@ pub fn summary(report: &Value) -> String {
                 "{:<20} {:>8.4} {:>6} {:>8.4}→{:<8.4} {:>8.4}→{:<8.4} {:>8.4}→{:<8.4}\n",
                 name,
                 f["temperature"].as_f64().unwrap_or(f64::NAN),
-                f["held_out"],
+                f["held_out"].as_u64().unwrap_or(0),
                 g("before", "accuracy"),
                 g("after", "accuracy"),
                 g("before", "ece_equal_width"),

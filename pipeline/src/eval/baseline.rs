@@ -18,7 +18,6 @@ use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
 pub struct Settings {
@@ -71,7 +70,7 @@ pub fn run<B: Backend>(
     settings: Settings,
 ) -> Result<BaselineReport> {
     let default_schema = args.schema.load()?;
-    let base = args.input.parent().map(PathBuf::from).unwrap_or_default();
+    let base = args.base_dir()?;
     let schemas = SchemaCache::new(engine, default_schema.as_ref(), &base);
     let lines: Vec<&str> = scored.labelled.batch_input.lines().collect();
     // forkscore's value per (id, field)

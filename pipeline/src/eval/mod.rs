@@ -116,8 +116,7 @@ impl LabelledJobArgs {
     pub fn read_labels(&self) -> Result<labels::Labelled> {
         let text = std::fs::read_to_string(&self.input)
             .with_context(|| format!("cannot read labelled input {}", self.input.display()))?;
-        let base = self.input.parent().map(PathBuf::from).unwrap_or_default();
-        let labelled = labels::split(&text, &base);
+        let labelled = labels::split(&text, &self.base_dir()?);
         if labelled.labels.is_empty() {
             bail!(
                 "{}: no labelled line (each line needs \"expected\": {{\"field\": value}}); {} problem(s), first: {}",
@@ -139,6 +138,19 @@ impl LabelledJobArgs {
             );
         }
         Ok(labelled)
+    }
+
+    /// The labelled file's folder as an absolute path (relative schema files are resolved
+    /// against it, and the derived batch input lives elsewhere).
+    pub fn base_dir(&self) -> Result<PathBuf> {
+        let parent = self.input.parent().map(PathBuf::from).unwrap_or_default();
+        let parent = if parent.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            parent
+        };
+        std::path::absolute(&parent)
+            .with_context(|| format!("cannot resolve the folder of {}", self.input.display()))
     }
 
     fn batch_args(&self, input: PathBuf) -> BatchArgs {
@@ -365,7 +377,7 @@ pub fn summary(report: &Value) -> String {
             s.push_str(&format!(
                 "{:<20} {:>6} {:>8.4} {:>8.4} {:>8.4} {:>8.4} {:>9.4} {:>9.4}\n",
                 name,
-                f["n"],
+                f["n"].as_u64().unwrap_or(0),
                 f["accuracy"].as_f64().unwrap_or(f64::NAN),
                 f["macro_f1"].as_f64().unwrap_or(f64::NAN),
                 f["brier"].as_f64().unwrap_or(f64::NAN),
