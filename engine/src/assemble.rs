@@ -190,9 +190,11 @@ pub fn assemble_literal_field(
             field: field.name.clone(),
         });
     };
-    let s = literal_scores(lit, scores, temperature, rule).map_err(|source| AssembleError::Literal {
-        field: field.name.clone(),
-        source,
+    let s = literal_scores(lit, scores, temperature, rule).map_err(|source| {
+        AssembleError::Literal {
+            field: field.name.clone(),
+            source,
+        }
     })?;
     let keys: Vec<String> = field.choices.iter().map(|c| c.key()).collect();
     Ok(FieldResult {
@@ -250,7 +252,11 @@ pub fn assemble_fields(
     for (i, (f, logits)) in compiled.fields().iter().zip(rows).enumerate() {
         let own = temperature.fields.get(&f.name);
         // a field with its own calibration starts from its log-scores at T = 1
-        let t = if own.is_some() { 1.0 } else { temperature.value };
+        let t = if own.is_some() {
+            1.0
+        } else {
+            temperature.value
+        };
         let mut r = match (&f.literal, literal.get(i).and_then(Option::as_ref)) {
             (None, None) => assemble_field(f, logits, t),
             (Some(_), Some(scores)) => assemble_literal_field(f, scores, t, rule)?,

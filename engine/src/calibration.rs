@@ -234,18 +234,16 @@ impl CalibrationRegistry {
     fn lookup_entry(&self, id: &CheckpointIdentity) -> Option<Temperature> {
         self.entries.iter().find_map(|e| {
             let calibrated = |how: String| {
-                Some(
-                    Temperature {
-                        value: e.temperature,
-                        source: TemperatureSource::Calibrated {
-                            model_id: e.model_id.clone(),
-                            matched_by: how,
-                            file: e.origin.clone(),
-                            fields: e.fields.keys().cloned().collect(),
-                        },
-                        fields: e.fields.clone(),
+                Some(Temperature {
+                    value: e.temperature,
+                    source: TemperatureSource::Calibrated {
+                        model_id: e.model_id.clone(),
+                        matched_by: how,
+                        file: e.origin.clone(),
+                        fields: e.fields.keys().cloned().collect(),
                     },
-                )
+                    fields: e.fields.clone(),
+                })
             };
             if let Some(a) = &id.adapter_sha256 {
                 if e.adapter_sha256.iter().any(|x| x.eq_ignore_ascii_case(a)) {

@@ -291,15 +291,13 @@ fn the_value_is_the_argmax_of_the_scores_unless_greedy_is_asked() {
     let mut differ = 0;
     for i in 0..40 {
         let context = format!("Incident report number {i}: the service degraded for some users.");
-        let d = engine.decide(&context, &compiled, &ScoreOptions::default()).unwrap();
+        let d = engine
+            .decide(&context, &compiled, &ScoreOptions::default())
+            .unwrap();
         let g = engine.decide(&context, &compiled, &greedy_opts).unwrap();
         let (f, fg) = (&d.fields["risk"], &g.fields["risk"]);
         assert_eq!(f.scores, fg.scores, "the rule never changes probabilities");
-        let best = f
-            .scores
-            .values()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
+        let best = f.scores.values().copied().fold(f64::NEG_INFINITY, f64::max);
         let first_best = f.scores.iter().find(|(_, &p)| p == best).unwrap().0;
         assert_eq!(f.value.as_str(), Some(first_best.as_str()), "context {i}");
         if fg.value != f.value {

@@ -2,7 +2,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, calibrate, demo, eval, generate_cmd, logprobs_cmd, merge, score_cmd, serve_cmd};
+use forkscore_pipeline::{
+    batch, calibrate, demo, eval, generate_cmd, logprobs_cmd, merge, score_cmd, serve_cmd,
+};
 
 #[derive(Parser)]
 #[command(

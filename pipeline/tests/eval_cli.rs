@@ -50,8 +50,18 @@ fn eval_reports_metrics_diagrams_and_counted_failures_and_resumes() {
     let input = example("labelled_tiny.jsonl");
     let args = |extra: &[&str]| {
         let mut a: Vec<String> = [
-            "eval", "--model", &model, "--revision", "demo", "--input", &input, "--predictions",
-            s(&preds), "--report", s(&report), "--quiet",
+            "eval",
+            "--model",
+            &model,
+            "--revision",
+            "demo",
+            "--input",
+            &input,
+            "--predictions",
+            s(&preds),
+            "--report",
+            s(&report),
+            "--quiet",
         ]
         .iter()
         .map(|x| x.to_string())
@@ -73,20 +83,39 @@ fn eval_reports_metrics_diagrams_and_counted_failures_and_resumes() {
     assert_eq!(r["counts"]["failures_by_kind"]["label_not_a_choice"], 1);
     let topic = &r["fields"]["topic"];
     assert_eq!(topic["n"], 15);
-    assert_eq!(topic["classes"], serde_json::json!(["business", "sport", "tech"]));
+    assert_eq!(
+        topic["classes"],
+        serde_json::json!(["business", "sport", "tech"])
+    );
     let confusion: Vec<Vec<u64>> = serde_json::from_value(topic["confusion"].clone()).unwrap();
     assert_eq!(confusion.iter().flatten().sum::<u64>(), 15);
-    assert_eq!(confusion.iter().map(|r| r.iter().sum::<u64>()).collect::<Vec<_>>(), [5, 5, 5]);
+    assert_eq!(
+        confusion
+            .iter()
+            .map(|r| r.iter().sum::<u64>())
+            .collect::<Vec<_>>(),
+        [5, 5, 5]
+    );
     let diag: u64 = (0..3).map(|k| confusion[k][k]).sum();
     assert!((topic["accuracy"].as_f64().unwrap() - diag as f64 / 15.0).abs() < 1e-12);
-    for key in ["ece_equal_width", "ece_equal_mass", "brier", "log_loss", "macro_f1"] {
+    for key in [
+        "ece_equal_width",
+        "ece_equal_mass",
+        "brier",
+        "log_loss",
+        "macro_f1",
+    ] {
         assert!(topic[key].as_f64().unwrap().is_finite(), "{key}");
     }
     assert_eq!(topic["bins"], 10);
-    assert_eq!(r["fields"]["urgent"]["n"], 15, "the bad-label line labels the topic only");
+    assert_eq!(
+        r["fields"]["urgent"]["n"], 15,
+        "the bad-label line labels the topic only"
+    );
     assert_eq!(r["fields"]["answer"]["n"], 1);
     // a reliability diagram per field, beside the report
-    let svg = std::fs::read_to_string(report.parent().unwrap().join("topic.reliability.svg")).unwrap();
+    let svg =
+        std::fs::read_to_string(report.parent().unwrap().join("topic.reliability.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("Reliability of field “topic” (N = 15)"));
     assert!(svg.contains("equal-width, 10 bins") && svg.contains("perfect calibration"));
     // the predictions are the batch job's records; a rerun needs --resume and scores nothing
@@ -107,9 +136,22 @@ fn the_generation_baseline_runs_on_the_same_items() {
     let report = tmp.path().join("r.json");
     let input = example("labelled_tiny.jsonl");
     ok(&forkscore(&[
-        "eval", "--model", &model, "--revision", "demo", "--input", &input, "--predictions",
-        s(&preds), "--report", s(&report), "--quiet", "--baseline", "generate",
-        "--max-new-tokens", "8",
+        "eval",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--input",
+        &input,
+        "--predictions",
+        s(&preds),
+        "--report",
+        s(&report),
+        "--quiet",
+        "--baseline",
+        "generate",
+        "--max-new-tokens",
+        "8",
     ]));
     let b = &read_json(&report)["baseline"];
     assert_eq!(b["kind"], "generate");
@@ -117,10 +159,14 @@ fn the_generation_baseline_runs_on_the_same_items() {
     let v = b["validity_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&v));
     assert_eq!(b["fields"]["topic"]["n"], 16, "15 + the bad-label line");
-    assert_eq!(b["fields"]["topic"]["compared"], 16, "forkscore decided every line");
+    assert_eq!(
+        b["fields"]["topic"]["compared"], 16,
+        "forkscore decided every line"
+    );
     assert!(b["items_per_s"].as_f64().unwrap() > 0.0);
     let ratio = b["speed_ratio"].as_f64().unwrap();
-    let want = b["forkscore_decisions_per_s"].as_f64().unwrap() / b["items_per_s"].as_f64().unwrap();
+    let want =
+        b["forkscore_decisions_per_s"].as_f64().unwrap() / b["items_per_s"].as_f64().unwrap();
     assert!((ratio - want).abs() < 1e-9 * want);
 }
 
@@ -142,9 +188,22 @@ fn calibrate_writes_a_file_that_score_applies_per_field() {
     let report = tmp.path().join("cal-report.json");
     let input = example("labelled_tiny.jsonl");
     let stdout = ok(&forkscore(&[
-        "calibrate", "--model", &model, "--revision", "demo", "--input", &input,
-        "--predictions", s(&preds), "--output", s(&cal), "--report", s(&report), "--quiet",
-        "--seed", "7",
+        "calibrate",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--input",
+        &input,
+        "--predictions",
+        s(&preds),
+        "--output",
+        s(&cal),
+        "--report",
+        s(&report),
+        "--quiet",
+        "--seed",
+        "7",
     ]));
     assert!(stdout.contains("held-out"), "{stdout}");
     let file = read_json(&cal);
@@ -154,14 +213,27 @@ fn calibrate_writes_a_file_that_score_applies_per_field() {
     let t_topic = entry["fields"]["topic"]["temperature"].as_f64().unwrap();
     assert!((0.05..=20.0).contains(&t_topic));
     let r = read_json(&report);
-    assert_eq!(r["items"]["train"].as_u64().unwrap() + r["items"]["held_out"].as_u64().unwrap(), 17);
+    assert_eq!(
+        r["items"]["train"].as_u64().unwrap() + r["items"]["held_out"].as_u64().unwrap(),
+        17
+    );
     for side in ["before", "after"] {
-        assert!(r["fields"]["topic"][side]["ece_equal_width"].as_f64().unwrap() <= 1.0);
+        assert!(
+            r["fields"]["topic"][side]["ece_equal_width"]
+                .as_f64()
+                .unwrap()
+                <= 1.0
+        );
     }
     // the file round-trips through --calibration-file: score applies T_topic to topic only
     let score = |extra: &[&str]| {
         let mut a = vec![
-            "score", "--model", &model, "--revision", "demo", "--schema-file",
+            "score",
+            "--model",
+            &model,
+            "--revision",
+            "demo",
+            "--schema-file",
         ];
         let schema = example("labelled_tiny_schema.json");
         a.push(&schema);
@@ -189,22 +261,42 @@ fn calibrate_writes_a_file_that_score_applies_per_field() {
     if (t_topic - 1.0).abs() > 1e-3 {
         assert_ne!(got, field_probs(&raw, "topic"));
     }
-    assert_eq!(calibrated["fields"]["topic"]["logits"], raw["fields"]["topic"]["logits"]);
+    assert_eq!(
+        calibrated["fields"]["topic"]["logits"],
+        raw["fields"]["topic"]["logits"]
+    );
     let src = &calibrated["provenance"]["temperature_source"];
     assert_eq!(src["kind"], "calibrated");
     assert_eq!(src["file"]["file"], s(&cal));
     assert_eq!(src["file"]["sha256"].as_str().unwrap().len(), 64);
     let listed: Vec<&String> = entry["fields"].as_object().unwrap().keys().collect();
     assert_eq!(src["fields"], serde_json::json!(listed));
-    assert!(listed.len() >= 2, "topic and urgent have training items: {listed:?}");
+    assert!(
+        listed.len() >= 2,
+        "topic and urgent have training items: {listed:?}"
+    );
     // a field without a training item (the one-line question, here held out) is not written
     let answer = &r["fields"]["answer"];
     assert_eq!(answer["fitted"], answer["train"].as_u64().unwrap() > 0);
-    assert_eq!(entry["fields"].get("answer").is_some(), answer["fitted"] == true);
+    assert_eq!(
+        entry["fields"].get("answer").is_some(),
+        answer["fitted"] == true
+    );
     // --output is never overwritten silently
     let again = forkscore(&[
-        "calibrate", "--model", &model, "--revision", "demo", "--input", &input,
-        "--predictions", s(&preds), "--resume", "--output", s(&cal), "--quiet",
+        "calibrate",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--input",
+        &input,
+        "--predictions",
+        s(&preds),
+        "--resume",
+        "--output",
+        s(&cal),
+        "--quiet",
     ]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("--replace-output"));
@@ -218,8 +310,19 @@ fn contextual_calibration_records_content_free_probabilities() {
     let cal = tmp.path().join("cal.json");
     let input = example("labelled_tiny.jsonl");
     ok(&forkscore(&[
-        "calibrate", "--model", &model, "--revision", "demo", "--input", &input,
-        "--predictions", s(&preds), "--output", s(&cal), "--quiet", "--contextual",
+        "calibrate",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--input",
+        &input,
+        "--predictions",
+        s(&preds),
+        "--output",
+        s(&cal),
+        "--quiet",
+        "--contextual",
     ]));
     let f = &read_json(&cal)["entries"][0]["fields"]["topic"];
     let cf: Vec<f64> = f["content_free"]
@@ -233,8 +336,17 @@ fn contextual_calibration_records_content_free_probabilities() {
     // score applies it: probabilities ∝ softmax(logits / T) / p_cf
     let schema = example("labelled_tiny_schema.json");
     let out = forkscore(&[
-        "score", "--model", &model, "--revision", "demo", "--schema-file", &schema, "--context",
-        "Shares fell.", "--calibration-file", s(&cal),
+        "score",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--schema-file",
+        &schema,
+        "--context",
+        "Shares fell.",
+        "--calibration-file",
+        s(&cal),
     ]);
     let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
     let t = f["temperature"].as_f64().unwrap();
@@ -244,7 +356,11 @@ fn contextual_calibration_records_content_free_probabilities() {
         .values()
         .map(|x| x.as_f64().unwrap())
         .collect();
-    let z: Vec<f64> = logits.iter().zip(&cf).map(|(l, p)| l / t - p.ln()).collect();
+    let z: Vec<f64> = logits
+        .iter()
+        .zip(&cf)
+        .map(|(l, p)| l / t - p.ln())
+        .collect();
     let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = z.iter().map(|x| (x - max).exp()).collect();
     let sum: f64 = e.iter().sum();
@@ -255,7 +371,10 @@ fn contextual_calibration_records_content_free_probabilities() {
     // the value is the argmax of the calibrated probabilities
     let best = got.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let k = got.iter().position(|&p| p == best).unwrap();
-    assert_eq!(v["fields"]["topic"]["value"], v["fields"]["topic"]["choices"][k]);
+    assert_eq!(
+        v["fields"]["topic"]["value"],
+        v["fields"]["topic"]["choices"][k]
+    );
 }
 
 /// A relative --input path: its relative schema files are still found although the derived
@@ -269,9 +388,18 @@ fn a_relative_input_path_resolves_its_schema_files() {
     let out = Command::new(env!("CARGO_BIN_EXE_forkscore"))
         .current_dir(format!("{}/..", env!("CARGO_MANIFEST_DIR")))
         .args([
-            "eval", "--model", &model, "--revision", "demo", "--input",
-            "fixtures/examples/labelled_tiny.jsonl", "--predictions", s(&preds), "--report",
-            s(&report), "--quiet",
+            "eval",
+            "--model",
+            &model,
+            "--revision",
+            "demo",
+            "--input",
+            "fixtures/examples/labelled_tiny.jsonl",
+            "--predictions",
+            s(&preds),
+            "--report",
+            s(&report),
+            "--quiet",
         ])
         .output()
         .unwrap();

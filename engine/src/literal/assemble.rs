@@ -218,7 +218,13 @@ mod tests {
         assert_eq!(s.log_scores, [-0.75, -5.0, -1.125]);
         assert_eq!(s.value, 0);
         assert!((s.probabilities.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        let m = literal_scores(&field(LiteralMethod::MeanLoglik), &scores, 1.0, LiteralValue::Argmax).unwrap();
+        let m = literal_scores(
+            &field(LiteralMethod::MeanLoglik),
+            &scores,
+            1.0,
+            LiteralValue::Argmax,
+        )
+        .unwrap();
         assert_eq!(m.log_scores, [-0.25, -5.0 / 3.0, -0.5625]);
         let missing = NodeScores {
             logits,

@@ -77,8 +77,10 @@ impl SplitMix {
 }
 
 /// Split item indices `0..strata.len()` into (train, held-out): within each stratum (items with
-/// equal keys, in first-seen order) a seeded Fisher–Yates shuffle, then round(fraction × size)
-/// items held out. Both lists come back sorted.
+/// equal keys, in first-seen order) a seeded Fisher–Yates shuffle, then the first items held out
+/// — round(fraction × items seen so far) − held out so far, so the held-out total is
+/// round(fraction × N) however small the strata (singletons alternate instead of all rounding
+/// the same way). Both lists come back sorted.
 pub fn stratified_split(strata: &[String], fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
     let mut groups: indexmap::IndexMap<&str, Vec<usize>> = indexmap::IndexMap::new();
     for (i, k) in strata.iter().enumerate() {
@@ -86,12 +88,15 @@ pub fn stratified_split(strata: &[String], fraction: f64, seed: u64) -> (Vec<usi
     }
     let mut rng = SplitMix(seed);
     let (mut train, mut held) = (Vec::new(), Vec::new());
+    let mut seen = 0usize;
     for (_, mut g) in groups {
         for i in (1..g.len()).rev() {
             let j = (rng.next() % (i as u64 + 1)) as usize;
             g.swap(i, j);
         }
-        let h = (fraction * g.len() as f64).round() as usize;
+        seen += g.len();
+        let target = (fraction * seen as f64).round() as usize;
+        let h = target.saturating_sub(held.len()).min(g.len());
         held.extend_from_slice(&g[..h]);
         train.extend_from_slice(&g[h..]);
     }
@@ -125,7 +130,8 @@ mod tests {
                     .unwrap_or(3);
                 data.push((z, y));
             }
-            let items: Vec<(&[f32], usize)> = data.iter().map(|(z, y)| (z.as_slice(), *y)).collect();
+            let items: Vec<(&[f32], usize)> =
+                data.iter().map(|(z, y)| (z.as_slice(), *y)).collect();
             let t = fit_temperature(&items, None);
             assert!((t / t_true - 1.0).abs() < 0.05, "fitted {t} for {t_true}");
             assert!(nll(&items, t, None) <= nll(&items, t_true, None) + 1e-12);
@@ -138,7 +144,10 @@ mod tests {
         let shift = [0.8f64.ln(), 0.2f64.ln()];
         let p = probabilities(&s, 1.0, Some(&shift));
         // (0.5 / 0.8, 0.5 / 0.2) renormalised = (0.2, 0.8)
-        assert!((p[0] - 0.2).abs() < 1e-12 && (p[1] - 0.8).abs() < 1e-12, "{p:?}");
+        assert!(
+            (p[0] - 0.2).abs() < 1e-12 && (p[1] - 0.8).abs() < 1e-12,
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -151,7 +160,14 @@ mod tests {
             let n = held.iter().filter(|&&i| i % 4 == k).count();
             assert_eq!(n, 5, "stratum {k}");
         }
-        assert_eq!(stratified_split(&strata, 0.5, 3), (train.clone(), held.clone()));
+        assert_eq!(
+            stratified_split(&strata, 0.5, 3),
+            (train.clone(), held.clone())
+        );
         assert_ne!(stratified_split(&strata, 0.5, 4).1, held);
+        // all-singleton strata still split in half, not all one way
+        let unique: Vec<String> = (0..17).map(|i| format!("u{i}")).collect();
+        let (train, held) = stratified_split(&unique, 0.5, 0);
+        assert_eq!((train.len(), held.len()), (8, 9));
     }
 }

@@ -225,7 +225,8 @@ pub fn run_calibrate<B: Backend>(
                 tr.push(i)
             }
         }
-        let content_free = cf.get(name).map(|m| {
+        let fitted = !tr.is_empty();
+        let content_free = cf.get(name).filter(|_| fitted).map(|m| {
             f.classes
                 .iter()
                 .map(|k| (k.clone(), m.get(k).copied().unwrap_or(1.0)))
@@ -242,7 +243,7 @@ pub fn run_calibrate<B: Backend>(
         outcomes.insert(
             name.clone(),
             FieldOutcome {
-                fitted: !tr.is_empty(),
+                fitted,
                 temperature: t,
                 content_free: content_free.clone(),
                 train: tr.len(),
@@ -251,7 +252,7 @@ pub fn run_calibrate<B: Backend>(
                 after: metrics_at(f, &ho, t, shift.as_deref(), args.bins)?,
             },
         );
-        if !tr.is_empty() {
+        if fitted {
             fields.insert(
                 name.clone(),
                 FieldCalibration {
@@ -361,8 +362,11 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
     )
     .with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {
-        std::fs::write(path, format!("{}\n", serde_json::to_string_pretty(&report)?))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(
+            path,
+            format!("{}\n", serde_json::to_string_pretty(&report)?),
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
     }
     print!("{}", summary(&report));
     Ok(())

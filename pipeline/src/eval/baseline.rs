@@ -83,7 +83,9 @@ pub fn run<B: Backend>(
     for r in &scored.records {
         if let (Some(id), Some(out)) = (r.get("id"), r.get("output").and_then(Value::as_object)) {
             for (k, v) in out {
-                forkscore.entry((id.to_string(), k.clone())).or_insert(v.clone());
+                forkscore
+                    .entry((id.to_string(), k.clone()))
+                    .or_insert(v.clone());
             }
         }
     }

@@ -90,9 +90,7 @@ pub fn join(records: &[Value], labels: &[Label]) -> Joined {
                 continue;
             };
             match field_item(f, want, &label.id) {
-                Err(message) => out
-                    .failures
-                    .push(fail(Some(name), "bad_record", message)),
+                Err(message) => out.failures.push(fail(Some(name), "bad_record", message)),
                 Ok((classes, choices, item)) => {
                     let entry = out.fields.entry(name.clone()).or_default();
                     if entry.classes.is_empty() {
@@ -145,12 +143,19 @@ fn field_item(f: &Value, want: &Value, id: &Value) -> Result<FieldRow, String> {
     }
     let probabilities: Vec<f64> = classes
         .iter()
-        .map(|k| scores[k].as_f64().ok_or(format!("score of {k:?} is not a number")))
+        .map(|k| {
+            scores[k]
+                .as_f64()
+                .ok_or(format!("score of {k:?} is not a number"))
+        })
         .collect::<Result<_, _>>()?;
     let log_scores: Vec<f32> = classes
         .iter()
         .map(|k| match logits.get(k) {
-            Some(v) => v.as_f64().map(|x| x as f32).ok_or(format!("logit of {k:?} is not a number")),
+            Some(v) => v
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or(format!("logit of {k:?} is not a number")),
             // a -inf log-score is written as null by serde_json
             None => Err(format!("no logit for {k:?}")),
         })

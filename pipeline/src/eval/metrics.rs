@@ -65,7 +65,11 @@ pub fn check(items: &[Scored], classes: usize) -> Result<(), MetricsError> {
                 it.truth, it.predicted
             ));
         }
-        if it.probabilities.iter().any(|p| !(p.is_finite() && *p >= 0.0)) {
+        if it
+            .probabilities
+            .iter()
+            .any(|p| !(p.is_finite() && *p >= 0.0))
+        {
             return bad("a probability is negative or not finite".into());
         }
     }
@@ -330,9 +334,13 @@ mod tests {
             close(m.log_loss, "log_loss");
             close(m.brier, "brier_multiclass");
             if let Some(b) = case.get("brier_binary_sklearn") {
-                assert!((m.brier - 2.0 * b.as_f64().unwrap()).abs() < 1e-12, "{name}");
+                assert!(
+                    (m.brier - 2.0 * b.as_f64().unwrap()).abs() < 1e-12,
+                    "{name}"
+                );
             }
-            let want: Vec<Vec<u64>> = serde_json::from_value(case["confusion_matrix"].clone()).unwrap();
+            let want: Vec<Vec<u64>> =
+                serde_json::from_value(case["confusion_matrix"].clone()).unwrap();
             assert_eq!(m.confusion, want, "{name}");
         }
     }
@@ -353,7 +361,12 @@ mod tests {
         // conf 0.9 right, 0.9 wrong, 0.6 right, 0.7 right. Equal width, 10 bins: bin 9 {0.9, 0.9}
         // acc 0.5 conf 0.9; bin 6 {0.6} acc 1 conf 0.6; bin 7 {0.7} acc 1 conf 0.7.
         // ECE = 0.5·0.4 + 0.25·0.4 + 0.25·0.3 = 0.375.
-        let items = [item(0, 0, 0.9), item(1, 0, 0.9), item(1, 1, 0.6), item(0, 0, 0.7)];
+        let items = [
+            item(0, 0, 0.9),
+            item(1, 0, 0.9),
+            item(1, 1, 0.6),
+            item(0, 0, 0.7),
+        ];
         let w = reliability(&items, 10, Binning::EqualWidth).unwrap();
         assert!((w.ece - 0.375).abs() < 1e-12, "{w:?}");
         assert_eq!(w.bins.iter().map(|b| b.count).sum::<usize>(), 4);
@@ -366,7 +379,10 @@ mod tests {
         let one = reliability(&[item(0, 0, 1.0)], 10, Binning::EqualWidth).unwrap();
         assert_eq!(one.bins[9].count, 1);
         assert_eq!(one.ece, 0.0);
-        assert_eq!(reliability(&items, 0, Binning::EqualMass), Err(MetricsError::ZeroBins));
+        assert_eq!(
+            reliability(&items, 0, Binning::EqualMass),
+            Err(MetricsError::ZeroBins)
+        );
     }
 
     #[test]
@@ -387,10 +403,7 @@ mod tests {
             assert!(r.ece < 1e-9, "{binning:?}: {}", r.ece);
         }
         // and an over-confident model is caught: same outcomes, confidence 0.99
-        let over: Vec<Scored> = items
-            .iter()
-            .map(|i| item(i.truth, 0, 0.99))
-            .collect();
+        let over: Vec<Scored> = items.iter().map(|i| item(i.truth, 0, 0.99)).collect();
         assert!(reliability(&over, 10, Binning::EqualWidth).unwrap().ece > 0.2);
     }
 

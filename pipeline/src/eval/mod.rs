@@ -199,7 +199,11 @@ pub fn score_labelled<B: Backend>(
         .enumerate()
         .map(|(i, l)| {
             serde_json::from_str(l).with_context(|| {
-                format!("{} record {} is not JSON", args.predictions.display(), i + 1)
+                format!(
+                    "{} record {} is not JSON",
+                    args.predictions.display(),
+                    i + 1
+                )
             })
         })
         .collect::<Result<Vec<Value>>>()?;
@@ -246,10 +250,7 @@ pub struct FieldReport {
 }
 
 /// The metrics of every field with at least one item.
-pub fn field_reports(
-    joined: &join::Joined,
-    bins: usize,
-) -> Result<IndexMap<String, FieldReport>> {
+pub fn field_reports(joined: &join::Joined, bins: usize) -> Result<IndexMap<String, FieldReport>> {
     let mut out = IndexMap::new();
     for (name, f) in &joined.fields {
         if f.items.is_empty() {
@@ -273,7 +274,13 @@ pub fn field_reports(
 fn svg_file_name(field: &str) -> String {
     let safe: String = field
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("{safe}.reliability.svg")
 }
@@ -292,13 +299,13 @@ pub fn run_eval<B: Backend>(
     let scored = score_labelled(engine, model, &args.job, labelled)?;
     let joined = join::join(&scored.records, &scored.labelled.labels);
     let mut fields = field_reports(&joined, args.bins)?;
-    let svg_dir = args
-        .svg_dir
-        .clone()
-        .or_else(|| args.report.as_ref().map(|r| r.parent().map(PathBuf::from).unwrap_or_default()));
+    let svg_dir = args.svg_dir.clone().or_else(|| {
+        args.report
+            .as_ref()
+            .map(|r| r.parent().map(PathBuf::from).unwrap_or_default())
+    });
     if let Some(dir) = &svg_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let label = format!(
             "{} @ {} · {} · input {}",
             model.model_id,
@@ -394,13 +401,15 @@ pub fn summary(report: &Value) -> String {
     let b = &report["baseline"];
     if !b.is_null() {
         s.push_str(&format!(
-            "baseline generate: {} items, validity {:.4}, accuracy {}, agreement with forkscore {}, {:.3} items/s; speed ratio (forkscore decisions/s ÷ generate items/s) {}\n",
+            "baseline generate: {} items, validity {:.4}, accuracy {:.4}, agreement with forkscore {:.4}, {:.3} items/s; speed ratio (forkscore decisions/s ÷ generate items/s) {}\n",
             b["items"],
             b["validity_rate"].as_f64().unwrap_or(f64::NAN),
-            b["accuracy"],
-            b["agreement"],
+            b["accuracy"].as_f64().unwrap_or(f64::NAN),
+            b["agreement"].as_f64().unwrap_or(f64::NAN),
             b["items_per_s"].as_f64().unwrap_or(f64::NAN),
             b["speed_ratio"]
+                .as_f64()
+                .map_or("n/a (forkscore scored nothing in this run)".into(), |r| format!("{r:.2}"))
         ));
     }
     s
@@ -418,8 +427,11 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let eos = forkscore_engine::generate::eos_ids_from_folder(&engine.backend().checkpoint().dir);
     let report = run_eval(&engine, &loaded.provenance, args, eos)?;
     if let Some(path) = &args.report {
-        std::fs::write(path, format!("{}\n", serde_json::to_string_pretty(&report)?))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(
+            path,
+            format!("{}\n", serde_json::to_string_pretty(&report)?),
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
     }
     print!("{}", summary(&report));
     Ok(())
