@@ -3,14 +3,18 @@
 //! prompt exactly as the model was fed. softmax(logits / T) over the field's codes only, in f64;
 //! argmax on the raw logits with a deterministic tie-break (the first choice wins), so the
 //! temperature never changes the selection. One row of logits per field, or an error.
+//! A field with its own calibration (`Temperature::fields`, from a calibration file) gets
+//! softmax(s / T_field − ln p_cf) over its T = 1 log-scores instead, and the argmax of that as
+//! its value (a content-free shift can move it; a temperature alone cannot).
 //! With `ScoreOptions::allowed_mass`, each field also carries its [`AllowedMass`] (the
 //! full-vocabulary view at its decision position, see `allowed_mass`); it never changes a
 //! value, a score or a logit.
 //!
 //! A literal-scored field is assembled from its token tree's child logits instead
 //! (`literal::assemble`): same output shape (`value`, `choices`, `scores`, `logits` — per choice
-//! its method's log-score), no codes, plus `scoring` naming the method. The allowed mass is
-//! reported for code fields only.
+//! its method's log-score), no codes, plus `scoring` naming the method. Its value is the argmax
+//! of its reported probabilities unless `ScoreOptions::literal_value` asks for the constrained
+//! greedy choice. The allowed mass is reported for code fields only.
 
 use crate::allowed_mass::{allowed_mass, AllowedMass};
 use crate::calibration::Temperature;
