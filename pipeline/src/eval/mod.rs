@@ -310,7 +310,7 @@ pub fn run_eval<B: Backend>(
             "{} @ {} · {} · input {}",
             model.model_id,
             model.revision,
-            format!("{:?}", args.job.scoring.mode),
+            format!("mode {:?}", args.job.scoring.mode).to_lowercase(),
             args.job.input.display()
         );
         for (name, f) in fields.iter_mut() {

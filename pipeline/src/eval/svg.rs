@@ -7,9 +7,9 @@
 use super::metrics::FieldMetrics;
 use std::fmt::Write;
 
-const W: f64 = 620.0;
+const W: f64 = 600.0;
 const H: f64 = 520.0;
-const LEFT: f64 = 70.0;
+const LEFT: f64 = 100.0;
 const TOP: f64 = 70.0;
 const PLOT: f64 = 400.0;
 
@@ -135,7 +135,7 @@ pub fn reliability_svg(field: &str, m: &FieldMetrics, label: &str) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">accuracy in the bin</text>"#,
+        r#"<text x="50" y="{:.1}" text-anchor="middle" transform="rotate(-90 50 {:.1})">accuracy in the bin</text>"#,
         y(0.5),
         y(0.5)
     );
@@ -151,19 +151,19 @@ pub fn reliability_svg(field: &str, m: &FieldMetrics, label: &str) -> String {
     let _ = writeln!(
         s,
         r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#e45756"/><text x="{:.1}" y="{:.1}">mean confidence in the bin</text>"##,
-        LEFT + 206.0,
+        LEFT + 190.0,
         ly - 4.0,
-        LEFT + 214.0,
+        LEFT + 198.0,
         ly
     );
     let _ = writeln!(
         s,
         r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}">perfect calibration</text>"##,
-        LEFT + 380.0,
+        LEFT + 350.0,
         ly - 4.0,
-        LEFT + 400.0,
+        LEFT + 370.0,
         ly - 4.0,
-        LEFT + 404.0,
+        LEFT + 374.0,
         ly
     );
     s.push_str("</svg>\n");
