@@ -407,3 +407,43 @@ fn a_relative_input_path_resolves_its_schema_files() {
     let r = read_json(&report);
     assert_eq!(r["counts"]["decided"], 17, "{}", r["counts"]);
 }
+
+/// Lines that fail to score are counted by their batch error kind, never dropped.
+#[test]
+fn failed_lines_are_counted_by_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = demo(tmp.path());
+    let schema = example("labelled_tiny_schema.json");
+    let input = tmp.path().join("labelled.jsonl");
+    let lines = [
+        serde_json::json!({"id": 1, "context": "Shares fell.", "schema_file": schema, "expected": {"topic": "business"}}),
+        serde_json::json!({"id": 2, "context": "Goal!", "schema_file": "missing.json", "expected": {"topic": "sport"}}),
+        serde_json::json!({"id": 3, "context": "   ", "schema_file": schema, "expected": {"topic": "tech"}}),
+        serde_json::json!({"id": 4, "context": "New chip.", "schema_file": schema, "expected": {"colour": "red"}}),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let preds = tmp.path().join("p.jsonl");
+    let report = tmp.path().join("r.json");
+    ok(&forkscore(&[
+        "eval",
+        "--model",
+        &model,
+        "--revision",
+        "demo",
+        "--input",
+        s(&input),
+        "--predictions",
+        s(&preds),
+        "--report",
+        s(&report),
+        "--quiet",
+    ]));
+    let c = &read_json(&report)["counts"];
+    assert_eq!(c["lines_labelled"], 4);
+    assert_eq!(c["decided"], 2);
+    assert_eq!(c["failures_by_kind"]["schema_file"], 1, "{c}");
+    assert_eq!(c["failures_by_kind"]["empty_context"], 1, "{c}");
+    assert_eq!(c["failures_by_kind"]["field_not_in_schema"], 1, "{c}");
+    assert_eq!(read_json(&report)["fields"]["topic"]["n"], 1);
+}
