@@ -69,6 +69,9 @@ pub struct FieldOutcome {
     /// False for a field without a training item (T = 1, not written to the file).
     pub fitted: bool,
     pub temperature: f64,
+    /// The fit stopped at a bound of [0.05, 20] (T → 20: the scores carry almost no signal on
+    /// the training items; T → 0.05: they are far too flat or the training set is tiny).
+    pub at_bound: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content_free: Option<IndexMap<String, f64>>,
     pub train: usize,
@@ -245,6 +248,8 @@ pub fn run_calibrate<B: Backend>(
             FieldOutcome {
                 fitted,
                 temperature: t,
+                at_bound: fitted
+                    && ((t / fit::T_MIN).ln().abs() < 1e-6 || (t / fit::T_MAX).ln().abs() < 1e-6),
                 content_free: content_free.clone(),
                 train: tr.len(),
                 held_out: ho.len(),
@@ -323,18 +328,22 @@ pub fn summary(report: &Value) -> String {
     );
     if let Some(fields) = report["fields"].as_object() {
         for (name, f) in fields {
-            let g = |side: &str, key: &str| f[side][key].as_f64().unwrap_or(f64::NAN);
+            let pair = |key: &str| match (f["before"][key].as_f64(), f["after"][key].as_f64()) {
+                (Some(b), Some(a)) => format!("{b:>8.4}→{a:<8.4}"),
+                _ => format!("{:>17}", "no held-out item"),
+            };
             s.push_str(&format!(
-                "{:<20} {:>8.4} {:>6} {:>8.4}→{:<8.4} {:>8.4}→{:<8.4} {:>8.4}→{:<8.4}\n",
+                "{:<20} {:>8} {:>6} {} {} {}\n",
                 name,
-                f["temperature"].as_f64().unwrap_or(f64::NAN),
+                if f["fitted"] == true {
+                    format!("{:.4}", f["temperature"].as_f64().unwrap_or(f64::NAN))
+                } else {
+                    "unfitted".into()
+                },
                 f["held_out"].as_u64().unwrap_or(0),
-                g("before", "accuracy"),
-                g("after", "accuracy"),
-                g("before", "ece_equal_width"),
-                g("after", "ece_equal_width"),
-                g("before", "ece_equal_mass"),
-                g("after", "ece_equal_mass"),
+                pair("accuracy"),
+                pair("ece_equal_width"),
+                pair("ece_equal_mass"),
             ));
         }
     }
