@@ -3,20 +3,24 @@
 //! prompt exactly as the model was fed. softmax(logits / T) over the field's codes only, in f64;
 //! argmax on the raw logits with a deterministic tie-break (the first choice wins), so the
 //! temperature never changes the selection. One row of logits per field, or an error.
+//! A field with its own calibration (`Temperature::fields`, from a calibration file) gets
+//! softmax(s / T_field − ln p_cf) over its T = 1 log-scores instead, and the argmax of that as
+//! its value (a content-free shift can move it; a temperature alone cannot).
 //! With `ScoreOptions::allowed_mass`, each field also carries its [`AllowedMass`] (the
 //! full-vocabulary view at its decision position, see `allowed_mass`); it never changes a
 //! value, a score or a logit.
 //!
 //! A literal-scored field is assembled from its token tree's child logits instead
 //! (`literal::assemble`): same output shape (`value`, `choices`, `scores`, `logits` — per choice
-//! its method's log-score), no codes, plus `scoring` naming the method. The allowed mass is
-//! reported for code fields only.
+//! its method's log-score), no codes, plus `scoring` naming the method. Its value is the argmax
+//! of its reported probabilities unless `ScoreOptions::literal_value` asks for the constrained
+//! greedy choice. The allowed mass is reported for code fields only.
 
 use crate::allowed_mass::{allowed_mass, AllowedMass};
 use crate::calibration::Temperature;
 use crate::engine::ScoreOptions;
 use crate::fork::{Mode, RunStats};
-use crate::literal::assemble::{literal_scores, LiteralScoreError};
+use crate::literal::assemble::{argmax_f64_first, literal_scores, LiteralScoreError, LiteralValue};
 use crate::literal::tree::NodeScores;
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
@@ -183,15 +187,18 @@ pub fn assemble_literal_field(
     field: &CompiledField,
     scores: &NodeScores,
     temperature: f64,
+    rule: LiteralValue,
 ) -> Result<FieldResult, AssembleError> {
     let Some(lit) = &field.literal else {
         return Err(AssembleError::NotLiteral {
             field: field.name.clone(),
         });
     };
-    let s = literal_scores(lit, scores, temperature).map_err(|source| AssembleError::Literal {
-        field: field.name.clone(),
-        source,
+    let s = literal_scores(lit, scores, temperature, rule).map_err(|source| {
+        AssembleError::Literal {
+            field: field.name.clone(),
+            source,
+        }
     })?;
     let keys: Vec<String> = field.choices.iter().map(|c| c.key()).collect();
     Ok(FieldResult {
@@ -228,12 +235,15 @@ pub type AssembledFields = (IndexMap<String, Value>, IndexMap<String, FieldResul
 
 /// Assemble all fields of one context: `rows[i]` are the logits of code field `i`,
 /// `literal[i]` the tree logits of literal field `i` (None for a code field; an empty slice when
-/// the schema has no literal field).
+/// the schema has no literal field). A field with its own calibration in `temperature.fields`
+/// gets that calibration's probabilities (see `calibration`) and their argmax as its value
+/// (a literal field under [`LiteralValue::Greedy`] keeps its greedy value).
 pub fn assemble_fields(
     compiled: &CompiledSchema,
     rows: &[Vec<f32>],
     literal: &[Option<NodeScores>],
-    temperature: f64,
+    temperature: &Temperature,
+    rule: LiteralValue,
 ) -> Result<AssembledFields, AssembleError> {
     if rows.len() != compiled.fields().len() {
         return Err(AssembleError::RowCount {
@@ -244,15 +254,32 @@ pub fn assemble_fields(
     let mut output = IndexMap::new();
     let mut fields = IndexMap::new();
     for (i, (f, logits)) in compiled.fields().iter().zip(rows).enumerate() {
-        let r = match (&f.literal, literal.get(i).and_then(Option::as_ref)) {
-            (None, None) => assemble_field(f, logits, temperature),
-            (Some(_), Some(scores)) => assemble_literal_field(f, scores, temperature)?,
+        let own = temperature.fields.get(&f.name);
+        // a field with its own calibration starts from its log-scores at T = 1
+        let t = if own.is_some() {
+            1.0
+        } else {
+            temperature.value
+        };
+        let mut r = match (&f.literal, literal.get(i).and_then(Option::as_ref)) {
+            (None, None) => assemble_field(f, logits, t),
+            (Some(_), Some(scores)) => assemble_literal_field(f, scores, t, rule)?,
             _ => {
                 return Err(AssembleError::NotLiteral {
                     field: f.name.clone(),
                 })
             }
         };
+        if let Some(cal) = own {
+            let keys: Vec<String> = r.scores.keys().cloned().collect();
+            let s: Vec<f32> = r.logits.values().copied().collect();
+            let p = cal.probabilities(&keys, &s);
+            let greedy = f.literal.is_some() && rule == LiteralValue::Greedy;
+            if !greedy {
+                r.value = r.choices[argmax_f64_first(&p)].clone();
+            }
+            r.scores = keys.into_iter().zip(p).collect();
+        }
         output.insert(f.name.clone(), r.value.clone());
         fields.insert(f.name.clone(), r);
     }
@@ -287,7 +314,8 @@ impl Assembly<'_> {
             self.compiled,
             &self.rows,
             &self.literal,
-            self.temperature.value,
+            &self.temperature,
+            self.opts.literal_value,
         )?;
         if self.opts.allowed_mass.is_some() {
             let code_fields = self

@@ -6,8 +6,18 @@
 //! or an adapter SHA-256 recorded in a local merge's READY.json. A short hash never matches.
 //! An explicit T = 1 on a calibrated checkpoint is refused unless the caller allows it.
 //! Temperature scales candidate logits once, before softmax; raw logits and argmax never change.
+//!
+//! An entry may also carry per-field calibrations (`fields`, written by `forkscore calibrate`):
+//! for a field listed there, its probabilities are softmax(s / T_field − ln p_cf) over its
+//! choices, where `s` are the field's log-scores at T = 1 (a code field's raw logits, a literal
+//! field's method log-scores) and `p_cf` the optional content-free probabilities of contextual
+//! calibration (Zhao et al. 2021); the field's value is then the argmax of those probabilities.
+//! Fields not listed use the entry's `temperature`. An explicit request temperature replaces all
+//! of it. Entries read from a file carry the file's path and SHA-256, which provenance names.
 
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::path::Path;
 
 const BUILT_IN: &str = include_str!("../data/calibration.json");
@@ -23,8 +33,57 @@ pub struct CalibrationEntry {
     #[serde(default)]
     pub adapter_sha256: Vec<String>,
     pub temperature: f64,
+    /// Per-field calibrations by field name (absent in older files: every field uses
+    /// `temperature`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub fields: IndexMap<String, FieldCalibration>,
     #[serde(default)]
     pub note: Option<String>,
+    /// The file this entry was read from (None for the built-in registry).
+    #[serde(skip)]
+    pub origin: Option<CalibrationOrigin>,
+}
+
+/// One field's calibration: its temperature and, optionally, the content-free probabilities of
+/// contextual calibration per choice key.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldCalibration {
+    pub temperature: f64,
+    /// Choice key → mean probability of that choice on content-free inputs; the calibrated
+    /// probabilities are divided by it and renormalised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_free: Option<IndexMap<String, f64>>,
+}
+
+impl FieldCalibration {
+    /// Calibrated probabilities from the field's log-scores at T = 1 (`keys[i]` names `s[i]`):
+    /// softmax(s / T − ln p_cf) in f64. A key without a content-free probability gets no shift.
+    pub fn probabilities(&self, keys: &[String], s: &[f32]) -> Vec<f64> {
+        let shifted: Vec<f64> = keys
+            .iter()
+            .zip(s)
+            .map(|(k, &v)| {
+                let bias = self
+                    .content_free
+                    .as_ref()
+                    .and_then(|cf| cf.get(k))
+                    .map_or(0.0, |p| p.ln());
+                f64::from(v) / self.temperature - bias
+            })
+            .collect();
+        let max = shifted.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = shifted.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        e.into_iter().map(|v| v / sum).collect()
+    }
+}
+
+/// Where a calibration entry came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CalibrationOrigin {
+    pub file: String,
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -51,6 +110,12 @@ pub enum TemperatureSource {
     Calibrated {
         model_id: String,
         matched_by: String,
+        /// The calibration file and its SHA-256 (absent for the built-in registry).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        file: Option<CalibrationOrigin>,
+        /// The fields with their own calibration (absent when none).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        fields: Vec<String>,
     },
     /// No calibration known: T = 1.
     Default,
@@ -60,6 +125,21 @@ pub enum TemperatureSource {
 pub struct Temperature {
     pub value: f64,
     pub source: TemperatureSource,
+    /// Per-field calibrations that replace `value` for their fields (empty unless a calibrated
+    /// entry has some and no explicit temperature was asked).
+    #[serde(skip_serializing_if = "IndexMap::is_empty")]
+    pub fields: IndexMap<String, FieldCalibration>,
+}
+
+impl Temperature {
+    /// A plain temperature for every field.
+    pub fn uniform(value: f64, source: TemperatureSource) -> Temperature {
+        Temperature {
+            value,
+            source,
+            fields: IndexMap::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -91,14 +171,38 @@ impl CalibrationRegistry {
             reason,
         };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let extra: CalibrationRegistry =
+        let mut extra: CalibrationRegistry =
             serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        for e in &extra.entries {
+        let origin = CalibrationOrigin {
+            file: path.display().to_string(),
+            sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        };
+        for e in &mut extra.entries {
+            e.origin = Some(origin.clone());
             if !(e.temperature.is_finite() && e.temperature > 0.0) {
                 return Err(bad(format!(
                     "entry {} has temperature {}",
                     e.model_id, e.temperature
                 )));
+            }
+            for (name, f) in &e.fields {
+                if !(f.temperature.is_finite() && f.temperature > 0.0) {
+                    return Err(bad(format!(
+                        "entry {} field {name:?} has temperature {}",
+                        e.model_id, f.temperature
+                    )));
+                }
+                if let Some((key, p)) = f
+                    .content_free
+                    .iter()
+                    .flatten()
+                    .find(|(_, p)| !(p.is_finite() && **p > 0.0 && **p <= 1.0))
+                {
+                    return Err(bad(format!(
+                        "entry {} field {name:?} has content-free probability {p} for {key:?} (must be in (0, 1])",
+                        e.model_id
+                    )));
+                }
             }
             if let Some(r) = &e.revision {
                 if !is_hex(r, 40) {
@@ -121,17 +225,25 @@ impl CalibrationRegistry {
         Ok(())
     }
 
-    /// The calibrated default for `id`, with what matched.
+    /// The calibrated default for `id` (the entry's temperature, its per-field calibrations),
+    /// with what matched.
     pub fn lookup(&self, id: &CheckpointIdentity) -> Option<(f64, TemperatureSource)> {
+        self.lookup_entry(id).map(|t| (t.value, t.source))
+    }
+
+    fn lookup_entry(&self, id: &CheckpointIdentity) -> Option<Temperature> {
         self.entries.iter().find_map(|e| {
             let calibrated = |how: String| {
-                Some((
-                    e.temperature,
-                    TemperatureSource::Calibrated {
+                Some(Temperature {
+                    value: e.temperature,
+                    source: TemperatureSource::Calibrated {
                         model_id: e.model_id.clone(),
                         matched_by: how,
+                        file: e.origin.clone(),
+                        fields: e.fields.keys().cloned().collect(),
                     },
-                ))
+                    fields: e.fields.clone(),
+                })
             };
             if let Some(a) = &id.adapter_sha256 {
                 if e.adapter_sha256.iter().any(|x| x.eq_ignore_ascii_case(a)) {
@@ -158,33 +270,27 @@ impl CalibrationRegistry {
         allow_uncalibrated: bool,
         id: &CheckpointIdentity,
     ) -> Result<Temperature, CalibrationError> {
-        let calibrated = self.lookup(id);
+        let calibrated = self.lookup_entry(id);
         match requested {
             None => Ok(match calibrated {
-                Some((value, source)) => Temperature { value, source },
-                None => Temperature {
-                    value: 1.0,
-                    source: TemperatureSource::Default,
-                },
+                Some(t) => t,
+                None => Temperature::uniform(1.0, TemperatureSource::Default),
             }),
             Some(value) if !(value.is_finite() && value > 0.0) => {
                 Err(CalibrationError::NotPositive { value })
             }
             Some(value) => {
-                if let (Some((cal, TemperatureSource::Calibrated { model_id, .. })), false) =
-                    (&calibrated, allow_uncalibrated)
-                {
-                    if value == 1.0 {
+                if let (Some(cal), false) = (&calibrated, allow_uncalibrated) {
+                    if let (TemperatureSource::Calibrated { model_id, .. }, true) =
+                        (&cal.source, value == 1.0)
+                    {
                         return Err(CalibrationError::UncalibratedRefused {
                             model_id: model_id.clone(),
-                            calibrated: *cal,
+                            calibrated: cal.value,
                         });
                     }
                 }
-                Ok(Temperature {
-                    value,
-                    source: TemperatureSource::Explicit,
-                })
+                Ok(Temperature::uniform(value, TemperatureSource::Explicit))
             }
         }
     }

@@ -12,6 +12,7 @@ use crate::assemble::{Assembly, Decision};
 use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
 use crate::fork::{score_group, GroupLogits, GroupScores, Mode, SharedPrefix};
+use crate::literal::assemble::LiteralValue;
 use crate::literal::tree::TreePlan;
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
@@ -38,6 +39,9 @@ pub struct ScoreOptions {
     /// decision position and the top K unconstrained tokens there (K ≤ `MAX_TOP_K` and the
     /// vocabulary; 0 gives the mass alone). Never changes a decision.
     pub allowed_mass: Option<usize>,
+    /// How a literal field's value is selected: the most probable choice (default) or the
+    /// constrained greedy decoder's choice.
+    pub literal_value: LiteralValue,
 }
 
 impl Default for ScoreOptions {
@@ -50,6 +54,7 @@ impl Default for ScoreOptions {
             max_input_tokens: DEFAULT_MAX_INPUT_TOKENS,
             include_prompt: false,
             allowed_mass: None,
+            literal_value: LiteralValue::Argmax,
         }
     }
 }

@@ -32,12 +32,15 @@ pub mod tokenizer;
 
 pub use allowed_mass::{AllowedMass, TopToken};
 pub use assemble::{Decision, FieldResult};
-pub use calibration::{CalibrationRegistry, CheckpointIdentity, Temperature, TemperatureSource};
+pub use calibration::{
+    CalibrationRegistry, CheckpointIdentity, FieldCalibration, Temperature, TemperatureSource,
+};
 pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use error::EngineError;
 pub use fork::{Mode, SharedPrefix};
 pub use generate::{Baseline, GenerateError, GenerateOptions, Generation, StopReason};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
+pub use literal::assemble::LiteralValue;
 pub use logprobs::{LogprobOptions, TextLogprobs};
 pub use prepare::PreparedContext;
 pub use rows::CompiledSchema;

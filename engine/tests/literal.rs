@@ -267,3 +267,43 @@ fn literal_decisions_snapshot() {
         });
     }
 }
+
+/// The value of a literal field is the argmax of its reported probabilities by default; with
+/// `LiteralValue::Greedy` it is the constrained greedy choice, which on the fake backend's
+/// logits differs from the argmax for at least one of these contexts (the test looks for one
+/// and fails if none exists, so it cannot pass vacuously).
+#[test]
+fn the_value_is_the_argmax_of_the_scores_unless_greedy_is_asked() {
+    use forkscore_engine::LiteralValue;
+    let schema = Schema::from_json_str(
+        &json!({"risk": {"type": "enum", "scoring": "literal",
+            "choices": ["alpha one", "alpha two", "alpha three", "alpha four", "alpha five",
+                "alpha six", "beta one", "beta two", "beta three", "beta four", "gamma"]}})
+        .to_string(),
+    )
+    .unwrap();
+    let engine = support::fake_engine(Family::Qwen2);
+    let compiled = engine.compile(&schema).unwrap();
+    let greedy_opts = ScoreOptions {
+        literal_value: LiteralValue::Greedy,
+        ..ScoreOptions::default()
+    };
+    let mut differ = 0;
+    for i in 0..40 {
+        let context = format!("Incident report number {i}: the service degraded for some users.");
+        let d = engine
+            .decide(&context, &compiled, &ScoreOptions::default())
+            .unwrap();
+        let g = engine.decide(&context, &compiled, &greedy_opts).unwrap();
+        let (f, fg) = (&d.fields["risk"], &g.fields["risk"]);
+        assert_eq!(f.scores, fg.scores, "the rule never changes probabilities");
+        let best = f.scores.values().copied().fold(f64::NEG_INFINITY, f64::max);
+        let first_best = f.scores.iter().find(|(_, &p)| p == best).unwrap().0;
+        assert_eq!(f.value.as_str(), Some(first_best.as_str()), "context {i}");
+        if fg.value != f.value {
+            differ += 1;
+            assert!(f.scores[fg.value.as_str().unwrap()] < best);
+        }
+    }
+    assert!(differ > 0, "no context where greedy and argmax differ");
+}

@@ -187,3 +187,190 @@ fn bad_calibration_files_are_rejected_with_the_reason() {
         assert!(err.to_string().contains(needle), "{err}");
     }
 }
+
+/// softmax(x / t − shift) in f64.
+fn calibrated(logits: &[f32], t: f64, shift: &[f64]) -> Vec<f64> {
+    let z: Vec<f64> = logits
+        .iter()
+        .zip(shift)
+        .map(|(&l, b)| f64::from(l) / t - b)
+        .collect();
+    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z.iter().map(|v| (v - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / sum).collect()
+}
+
+#[test]
+fn per_field_calibrations_apply_to_their_fields_and_are_named_in_provenance() {
+    use forkscore_engine::Engine;
+    let schema = Schema::from_json_str(&support::example("parallel_schema.json")).unwrap();
+    let plain = support::fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 3);
+    let compiled = plain.compile(&schema).unwrap();
+    let ctx = "The payment service is down for all customers.";
+    let raw = plain
+        .decide(ctx, &compiled, &ScoreOptions::default())
+        .unwrap();
+    let review_keys: Vec<String> = raw.fields["requires_review"]
+        .scores
+        .keys()
+        .cloned()
+        .collect();
+    // a content-free bias strong enough to move the argmax of requires_review
+    let raw_review: Vec<f32> = raw.fields["requires_review"]
+        .logits
+        .values()
+        .copied()
+        .collect();
+    let raw_best = if raw_review[0] >= raw_review[1] { 0 } else { 1 };
+    let mut cf = [0.5, 0.5];
+    cf[raw_best] = 0.999_999;
+    cf[1 - raw_best] = 0.000_001;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cal.json");
+    let text = serde_json::json!({"entries": [{
+        "model_id": "/models/local", "revision": null, "temperature": 0.5,
+        "fields": {
+            "risk_level": {"temperature": 3.0},
+            "requires_review": {"temperature": 1.0, "content_free": {
+                review_keys[0].clone(): cf[0], review_keys[1].clone(): cf[1]}}
+        }
+    }]})
+    .to_string();
+    std::fs::write(&file, &text).unwrap();
+    let mut reg = CalibrationRegistry::built_in();
+    reg.extend_from_file(&file).unwrap();
+    let local = CheckpointIdentity {
+        model_id: Some("/models/local".into()),
+        revision: Some("label".into()),
+        adapter_sha256: None,
+    };
+    let engine = Engine::new(
+        forkscore_testkit::fake::FakeBackend::new(3),
+        support::chat_tokenizer(Family::Qwen2),
+        local,
+        reg,
+    )
+    .unwrap();
+    let d = engine
+        .decide(
+            ctx,
+            &compiled_for(&engine, &schema),
+            &ScoreOptions::default(),
+        )
+        .unwrap();
+    let probs = |name: &str| {
+        d.fields[name]
+            .scores
+            .values()
+            .copied()
+            .collect::<Vec<f64>>()
+    };
+    let logits = |name: &str| {
+        raw.fields[name]
+            .logits
+            .values()
+            .copied()
+            .collect::<Vec<f32>>()
+    };
+    let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+    let zero3 = vec![0.0; logits("risk_level").len()];
+    assert!(close(
+        &probs("risk_level"),
+        &calibrated(&logits("risk_level"), 3.0, &zero3)
+    ));
+    let shift: Vec<f64> = cf.iter().map(|p: &f64| p.ln()).collect();
+    let want = calibrated(&raw_review, 1.0, &shift);
+    assert!(
+        close(&probs("requires_review"), &want),
+        "{:?} vs {want:?}",
+        probs("requires_review")
+    );
+    // the bias moved the value: it is the argmax of the calibrated probabilities
+    let best = if want[0] >= want[1] { 0 } else { 1 };
+    assert_ne!(best, raw_best);
+    assert_eq!(
+        d.fields["requires_review"].value,
+        d.fields["requires_review"].choices[best]
+    );
+    // a field without its own calibration uses the entry's temperature
+    let zero_i = vec![0.0; logits("impact_scope").len()];
+    assert!(close(
+        &probs("impact_scope"),
+        &calibrated(&logits("impact_scope"), 0.5, &zero_i)
+    ));
+    // logits never change
+    assert_eq!(
+        d.fields["risk_level"].logits,
+        raw.fields["risk_level"].logits
+    );
+    match &d.temperature.source {
+        TemperatureSource::Calibrated { file, fields, .. } => {
+            let origin = file.as_ref().expect("the file is named");
+            use sha2::Digest;
+            assert_eq!(
+                origin.sha256,
+                hex::encode(sha2::Sha256::digest(text.as_bytes()))
+            );
+            assert_eq!(fields, &["risk_level", "requires_review"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // an explicit temperature replaces the whole calibration
+    let explicit = engine
+        .decide(
+            ctx,
+            &compiled_for(&engine, &schema),
+            &ScoreOptions {
+                temperature: Some(2.0),
+                ..ScoreOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(explicit.temperature.fields.is_empty());
+    assert!(close(
+        &explicit.fields["risk_level"]
+            .scores
+            .values()
+            .copied()
+            .collect::<Vec<_>>(),
+        &calibrated(&logits("risk_level"), 2.0, &zero3)
+    ));
+}
+
+fn compiled_for<B: forkscore_seam::Backend>(
+    e: &forkscore_engine::Engine<B>,
+    s: &Schema,
+) -> forkscore_engine::CompiledSchema {
+    e.compile(s).unwrap()
+}
+
+#[test]
+fn bad_per_field_calibrations_are_refused_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (fields, needle) in [
+        (
+            serde_json::json!({"topic": {"temperature": 0.0}}),
+            "field \"topic\" has temperature 0",
+        ),
+        (
+            serde_json::json!({"topic": {"temperature": 1.0, "content_free": {"a": 0.0}}}),
+            "content-free probability 0",
+        ),
+        (
+            serde_json::json!({"topic": {"temperature": 1.0, "bias": 1}}),
+            "unknown field",
+        ),
+    ] {
+        let file = dir.path().join("bad.json");
+        std::fs::write(
+            &file,
+            serde_json::json!({"entries": [{"model_id": "m", "temperature": 1.0, "fields": fields}]}).to_string(),
+        )
+        .unwrap();
+        let err = CalibrationRegistry::built_in()
+            .extend_from_file(&file)
+            .unwrap_err();
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+}

@@ -2,7 +2,9 @@
 //! run batch JSONL jobs, merge sharded batch outputs) and the provenance every result carries.
 
 pub mod batch;
+pub mod calibrate;
 pub mod demo;
+pub mod eval;
 pub mod generate_cmd;
 pub mod group_args;
 pub mod input_bounds;

@@ -2,7 +2,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use forkscore_pipeline::{batch, demo, generate_cmd, logprobs_cmd, merge, score_cmd, serve_cmd};
+use forkscore_pipeline::{
+    batch, calibrate, demo, eval, generate_cmd, logprobs_cmd, merge, score_cmd, serve_cmd,
+};
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +32,12 @@ enum Command {
     /// The autoregressive baseline: the model WRITES the JSON answer (greedy, KV cache), which
     /// is validated and compared with forkscore's decision on the same context and schema.
     Generate(generate_cmd::GenerateArgs),
+    /// Evaluate on a labelled JSONL file: accuracy, macro-F1, confusion, Brier, log-loss, ECE,
+    /// reliability diagrams (SVG), optionally against the generation baseline (resumable).
+    Eval(eval::EvalArgs),
+    /// Fit a temperature per field on a train split of a labelled JSONL file (optionally
+    /// contextual calibration), write a calibration file, report held-out ECE before / after.
+    Calibrate(calibrate::CalibrateArgs),
     /// Serve scoring over HTTP (loopback by default): /v1/score, /v1/decide_many, /v1/ask, /health, /metrics, /openapi.json.
     Serve(serve_cmd::ServeArgs),
 }
@@ -51,5 +59,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Logprobs(args) => logprobs_cmd::run(&args),
         Command::Generate(args) => generate_cmd::run(&args),
         Command::Serve(args) => serve_cmd::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Calibrate(args) => calibrate::run(&args),
     }
 }

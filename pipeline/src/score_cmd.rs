@@ -6,7 +6,7 @@ use crate::provenance::Provenance;
 use anyhow::{bail, Context, Result};
 use forkscore_engine::schema::Scoring;
 use forkscore_engine::{
-    CompiledSchema, Decision, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
+    CompiledSchema, Decision, LiteralValue, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
 };
 use std::path::PathBuf;
 
@@ -104,6 +104,11 @@ pub struct ScoringArgs {
     /// With --allowed-mass: how many unconstrained tokens to list per field (0 to 1024).
     #[arg(long, default_value_t = 5, requires = "allowed_mass")]
     pub top_k: usize,
+    /// How a literal-scored field's value is selected: argmax (default: the choice with the
+    /// largest reported probability) or greedy (the constrained greedy decoder's choice, for
+    /// `literal` and `literal-first-token`).
+    #[arg(long, default_value = "argmax")]
+    pub literal_value: LiteralValue,
 }
 
 impl ScoringArgs {
@@ -116,6 +121,7 @@ impl ScoringArgs {
             max_input_tokens: self.max_input_tokens,
             include_prompt: self.include_prompt,
             allowed_mass: self.allowed_mass.then_some(self.top_k),
+            literal_value: self.literal_value,
         }
     }
 }

@@ -241,6 +241,7 @@ fn options(
             max_input_tokens,
             include_prompt,
             allowed_mass: allowed_mass.then_some(top_k),
+            literal_value: forkscore_engine::LiteralValue::Argmax,
         },
         scoring: parse::<Scoring>(py, "scoring", scoring)?,
     })

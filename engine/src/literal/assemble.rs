@@ -2,20 +2,72 @@
 //! log-score and the selected choice out.
 //!
 //! - `"literal"`: the exact constrained probability (product over the path's branching
-//!   positions of softmax(logits / T) over the children); value = the constrained greedy
-//!   choice; log-score = ln of that probability at T = 1.
+//!   positions of softmax(logits / T) over the children); log-score = ln of that probability
+//!   at T = 1.
 //! - `"literal-first-token"`: softmax(logits / T) over the distinct first tokens, shared by the
-//!   choices that start with the same token; value = the constrained greedy choice; log-score =
-//!   ln of that probability at T = 1.
+//!   choices that start with the same token; log-score = ln of that probability at T = 1.
 //! - `"literal-sum-loglik"` / `"literal-mean-loglik"`: log-score = Σ over the path of the
 //!   token's unconstrained log-probability, `logit − logsumexp` of the full vocabulary at its
 //!   position (divided by the path's length for the mean); probabilities = softmax(log-score / T)
-//!   over the choices; value = the largest log-score (the first choice wins ties).
+//!   over the choices.
+//!
+//! The value of every method is, by default ([`LiteralValue::Argmax`]), the choice with the
+//! largest reported probability (the first choice wins ties), so a value never has a lower
+//! probability than another choice. [`LiteralValue::Greedy`] selects instead what a constrained
+//! greedy decoder emits (at each branching position the child with the largest raw logit) for
+//! `"literal"` and `"literal-first-token"`; that choice can have a lower product probability
+//! than another one. The log-likelihood methods' argmax is their largest log-score under either
+//! rule (softmax is monotone).
 
 use super::compile::LiteralField;
 use super::tree::NodeScores;
 use crate::assemble::argmax_first;
 use crate::schema::LiteralMethod;
+
+/// How a literal field's value is selected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LiteralValue {
+    /// The choice with the largest reported probability (the first choice wins ties).
+    #[default]
+    Argmax,
+    /// The constrained greedy decoder's choice (`"literal"` and `"literal-first-token"`; the
+    /// log-likelihood methods keep their argmax).
+    Greedy,
+}
+
+impl LiteralValue {
+    pub fn name(self) -> &'static str {
+        match self {
+            LiteralValue::Argmax => "argmax",
+            LiteralValue::Greedy => "greedy",
+        }
+    }
+}
+
+impl std::str::FromStr for LiteralValue {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "argmax" => Ok(LiteralValue::Argmax),
+            "greedy" => Ok(LiteralValue::Greedy),
+            other => Err(format!(
+                "unknown literal value rule {other:?} (expected argmax or greedy)"
+            )),
+        }
+    }
+}
+
+/// Index of the largest probability; the first wins ties (NaN never wins).
+pub fn argmax_f64_first(values: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] || (values[best].is_nan() && !v.is_nan()) {
+            best = i;
+        }
+    }
+    best
+}
 
 /// A literal field's scores.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,11 +91,12 @@ pub enum LiteralScoreError {
     Unprojected { choice: usize, position: usize },
 }
 
-/// Score `field` from its node logits at temperature `t`.
+/// Score `field` from its node logits at temperature `t`, selecting the value by `rule`.
 pub fn literal_scores(
     field: &LiteralField,
     scores: &NodeScores,
     t: f64,
+    rule: LiteralValue,
 ) -> Result<LiteralScores, LiteralScoreError> {
     if scores.logits.len() != field.positions.len() {
         return Err(LiteralScoreError::Positions {
@@ -54,16 +107,22 @@ pub fn literal_scores(
     let trie = &field.trie;
     let ln = |p: Vec<f64>| p.into_iter().map(|p| p.ln() as f32).collect::<Vec<f32>>();
     match field.method {
-        LiteralMethod::Exact => Ok(LiteralScores {
-            value: trie.greedy_choice(&scores.logits),
-            probabilities: trie.exact_probabilities(&scores.logits, t),
-            log_scores: ln(trie.exact_probabilities(&scores.logits, 1.0)),
-        }),
-        LiteralMethod::FirstToken => Ok(LiteralScores {
-            value: trie.greedy_choice(&scores.logits),
-            probabilities: trie.first_token_probabilities(&scores.logits, t),
-            log_scores: ln(trie.first_token_probabilities(&scores.logits, 1.0)),
-        }),
+        LiteralMethod::Exact | LiteralMethod::FirstToken => {
+            let at = |t| match field.method {
+                LiteralMethod::Exact => trie.exact_probabilities(&scores.logits, t),
+                _ => trie.first_token_probabilities(&scores.logits, t),
+            };
+            let probabilities = at(t);
+            let value = match rule {
+                LiteralValue::Argmax => argmax_f64_first(&probabilities),
+                LiteralValue::Greedy => trie.greedy_choice(&scores.logits),
+            };
+            Ok(LiteralScores {
+                value,
+                probabilities,
+                log_scores: ln(at(1.0)),
+            })
+        }
         LiteralMethod::SumLoglik | LiteralMethod::MeanLoglik => {
             let lse = scores
                 .logsumexp
@@ -155,18 +214,24 @@ mod tests {
             logits: logits.clone(),
             logsumexp: Some(vec![0.0; 5]),
         };
-        let s = literal_scores(&f, &scores, 1.0).unwrap();
+        let s = literal_scores(&f, &scores, 1.0, LiteralValue::Argmax).unwrap();
         assert_eq!(s.log_scores, [-0.75, -5.0, -1.125]);
         assert_eq!(s.value, 0);
         assert!((s.probabilities.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        let m = literal_scores(&field(LiteralMethod::MeanLoglik), &scores, 1.0).unwrap();
+        let m = literal_scores(
+            &field(LiteralMethod::MeanLoglik),
+            &scores,
+            1.0,
+            LiteralValue::Argmax,
+        )
+        .unwrap();
         assert_eq!(m.log_scores, [-0.25, -5.0 / 3.0, -0.5625]);
         let missing = NodeScores {
             logits,
             logsumexp: None,
         };
         assert_eq!(
-            literal_scores(&f, &missing, 1.0),
+            literal_scores(&f, &missing, 1.0, LiteralValue::Argmax),
             Err(LiteralScoreError::MissingLogsumexp)
         );
     }
@@ -179,11 +244,36 @@ mod tests {
             logits: vec![vec![0.0, 0.0], vec![3f32.ln(), 0.0]],
             logsumexp: None,
         };
-        let s = literal_scores(&f, &scores, 1.0).unwrap();
+        let s = literal_scores(&f, &scores, 1.0, LiteralValue::Argmax).unwrap();
         let want = [0.375, 0.125, 0.5];
         for (a, b) in s.probabilities.iter().zip(want) {
             assert!((a - b).abs() < 1e-7, "{:?}", s.probabilities);
         }
-        assert_eq!(s.value, 0);
+        // "d" (0.5) is the most probable; a greedy decoder ties at the selector, takes the first
+        // child (token 1) and then "b": "ab" (0.375)
+        assert_eq!(s.value, 2);
+        let greedy = literal_scores(&f, &scores, 1.0, LiteralValue::Greedy).unwrap();
+        assert_eq!(greedy.value, 0);
+    }
+
+    #[test]
+    fn the_value_is_the_most_probable_choice_unless_greedy_is_asked() {
+        // "ab" = [1, 2, 9], "ac" = [1, 3, 9], "d" = [4, 9]. Selector: token 1 (0.6) over 4
+        // (0.4), so greedy walks into "a…"; after 1: "b" and "c" split 0.5 / 0.5, so "ab" and
+        // "ac" have 0.3 each while "d" has 0.4, the largest product.
+        let f = field(LiteralMethod::Exact);
+        let scores = NodeScores {
+            logits: vec![vec![0.6f32.ln(), 0.4f32.ln()], vec![0.0, 0.0]],
+            logsumexp: None,
+        };
+        let argmax = literal_scores(&f, &scores, 1.0, LiteralValue::Argmax).unwrap();
+        assert!((argmax.probabilities[2] - 0.4).abs() < 1e-6, "{argmax:?}");
+        assert!(argmax.probabilities[0] < argmax.probabilities[2]);
+        assert_eq!(argmax.value, 2);
+        let greedy = literal_scores(&f, &scores, 1.0, LiteralValue::Greedy).unwrap();
+        assert_eq!(greedy.value, 0);
+        assert_eq!(greedy.probabilities, argmax.probabilities);
+        // equal probabilities: the first choice wins
+        assert_eq!(argmax_f64_first(&[0.25, 0.5, 0.5]), 1);
     }
 }
