@@ -10,6 +10,8 @@
 # Env (defaults): MODELS (qwen35-4b,qwen25-1.5b), BATCH_MODELS (qwen35-4b), BATCH_CONTEXTS (512),
 #   CLIENTS (1,16,64), RATES (empty), LOAD_S (15 per level), WORDS (150:250), PEAK_TFLOPS (790),
 #   SKIP_BATCH, SKIP_SERVE (=1 skips), EXTRA_SERVE_FLAGS, COMMIT.
+# CPU smoke test of the script (tiny dimensions, real vocabularies, local binary):
+#   DEVICE=cpu DTYPE=f32 TINY=1 BIN=target/debug/forkscore BATCH_CONTEXTS=8 CLIENTS=1,4 LOAD_S=3
 # Output ($OUT): run.log, batch-<model>.json, load-<model>.json.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,8 +28,15 @@ S="$REPO/scripts/gpu-real"
 MODELS="${MODELS:-qwen35-4b,qwen25-1.5b}"
 say() { echo "== [$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$W/ckpt" "$B"
+DEVICE="${DEVICE:-cuda}"
+DTYPE="${DTYPE:-bf16}"
+case "$DTYPE" in bf16) PT_DTYPE=bfloat16 ;; f16) PT_DTYPE=float16 ;; *) PT_DTYPE=float32 ;; esac
+TINY_FLAG=""; [[ "${TINY:-0}" == 1 ]] && TINY_FLAG=--tiny
 
 say "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) commit ${COMMIT:-unknown}"
+if [[ -n "${BIN:-}" ]]; then
+  UNPACK=""
+else
 (
   cp -f "$CARRY/run.sh" "$B/"
   "$PY" -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
@@ -35,18 +44,19 @@ say "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   chmod +x "$B/forkscore"
 ) &
 UNPACK=$!
+fi
 say "write checkpoints: $MODELS"
-timeout 150 "$PY" "$S/write_checkpoints.py" "$W/ckpt" --models "$MODELS" --device cuda --dtype bfloat16 \
-  || echo "write_checkpoints FAILED"
-wait "$UNPACK" || echo "unpack FAILED"
-RUN="$B/run.sh $B/forkscore"
+timeout 150 "$PY" "$S/write_checkpoints.py" "$W/ckpt" --models "$MODELS" --device "$DEVICE" \
+  --dtype "$PT_DTYPE" $TINY_FLAG || echo "write_checkpoints FAILED"
+[[ -z "$UNPACK" ]] || wait "$UNPACK" || echo "unpack FAILED"
+RUN="${BIN:-$B/run.sh $B/forkscore}"
 
 if [[ "${SKIP_BATCH:-0}" != 1 ]]; then
   IFS=, read -ra BL <<<"${BATCH_MODELS:-qwen35-4b}"
   for m in "${BL[@]}"; do
     say "batch $m: ${BATCH_CONTEXTS:-512} contexts, grouped vs direct"
     timeout 300 "$PY" "$S/batch_case.py" --forkscore "$RUN" --model "$W/ckpt/$m" \
-      --out "$OUT/batch-$m.json" --contexts "${BATCH_CONTEXTS:-512}" --fields 8 --tokens 830 \
+      --device "$DEVICE" --dtype "$DTYPE" --out "$OUT/batch-$m.json" --contexts "${BATCH_CONTEXTS:-512}" --fields 8 --tokens 830 \
       --timeout-s 140 --work "$W/batch-$m"
     echo "batch exit $?"
   done
@@ -58,7 +68,7 @@ if [[ "${SKIP_SERVE:-0}" != 1 ]]; then
   for m in "${ML[@]}"; do
     port=$((port + 1))
     say "serve $m on :$port"
-    $RUN serve --model "$W/ckpt/$m" --revision bench --device cuda --dtype bf16 --port "$port" \
+    $RUN serve --model "$W/ckpt/$m" --revision bench --device "$DEVICE" --dtype "$DTYPE" --port "$port" \
       --queue-capacity 4096 ${EXTRA_SERVE_FLAGS:-} > "$W/serve-$m.log" 2>&1 &
     SPID=$!
     timeout 240 "$PY" "$S/serve_load.py" --url "http://127.0.0.1:$port" --model "$W/ckpt/$m" \
