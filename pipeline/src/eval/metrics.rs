@@ -1,5 +1,5 @@
 //! Classification metrics of one field, as pure functions of (true label, predicted label,
-//! per-class probabilities) per item. Definitions (the same as `docs/notes/eval36.md`):
+//! per-class probabilities) per item. Definitions (the same as `docs/evaluation.md`):
 //!
 //! - accuracy: the fraction of items whose predicted class is the true class;
 //! - confusion matrix: `m[true][predicted]` counts (rows: true class, scikit-learn's layout);
