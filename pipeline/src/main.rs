@@ -51,6 +51,33 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let result = run_command(cli);
+    report_profile();
+    result
+}
+
+/// With `FORKSCORE_PROFILE=1`, where the forward passes of the whole command spent their time,
+/// by region (device-synchronised; see the backends' `profile` module), on stderr.
+fn report_profile() {
+    use forkscore_backends::candle::profile;
+    if !profile::enabled() {
+        return;
+    }
+    let regions = profile::take();
+    if regions.is_empty() {
+        return;
+    }
+    eprintln!("profile (device-synchronised regions):");
+    for (name, t) in regions {
+        eprintln!(
+            "  {name:<28} {:>8} calls {:>11.1} ms",
+            t.calls,
+            t.total.as_secs_f64() * 1e3
+        );
+    }
+}
+
+fn run_command(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Score(args) => score_cmd::run(&args),
         Command::DemoModel(args) => demo::run(&args),

@@ -499,7 +499,9 @@ impl CandleBackend {
         self.check_ids(&ids)?;
         let step = Step::packed(&b.rope, &lens, b.dtype, &b.device)?;
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
-        let updates = b.forward_state(&ids, &pasts, &step)?;
+        let updates = profile::region("prefill.packed_forward", &b.device, || {
+            b.forward_state(&ids, &pasts, &step)
+        })?;
         let op = |e: candle_core::Error| CandleError::tensor("split packed prefill")(e);
         let mut per_prefix: Vec<Vec<LayerState>> = prefixes
             .iter()
