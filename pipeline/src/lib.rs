@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod demo;
 pub mod generate_cmd;
+pub mod gguf_tokenizer;
 pub mod group_args;
 pub mod input_bounds;
 pub mod load;
