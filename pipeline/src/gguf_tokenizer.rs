@@ -110,7 +110,9 @@ pub fn tokenizer_json(t: &GgufTokenizer) -> Result<Value, String> {
         .iter()
         .map(|m| match m.split(' ').collect::<Vec<_>>().as_slice() {
             [a, b] if !a.is_empty() && !b.is_empty() => Ok(json!([a, b])),
-            _ => Err(format!("merge `{m}` is not two tokens separated by one space")),
+            _ => Err(format!(
+                "merge `{m}` is not two tokens separated by one space"
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let byte_level = json!({
@@ -195,17 +197,23 @@ pub fn chat_tokenizer(
         let t = ChatTokenizer::from_parts(&json_bytes, config.as_deref(), None, family_name, dir)?;
         return Ok((t, tokenizer_source, TextSource::BuiltIn));
     };
-    let tokenizer = tokenizers::Tokenizer::from_bytes(&json_bytes).map_err(|e| TokenizerError::Invalid {
-        path: dir.join("tokenizer.json"),
-        reason: e.to_string(),
-    })?;
+    let tokenizer =
+        tokenizers::Tokenizer::from_bytes(&json_bytes).map_err(|e| TokenizerError::Invalid {
+            path: dir.join("tokenizer.json"),
+            reason: e.to_string(),
+        })?;
     let token = |id: Option<u32>| id.and_then(|i| meta.tokens.get(i as usize).cloned());
     // `bos_token` is given to the template only where llama.cpp would add it
     let bos = match meta.add_bos_token {
         Some(true) => token(meta.bos_token_id),
         _ => None,
     };
-    let template = ChatTemplate::new(source, TemplateOrigin::Custom, bos, token(meta.eos_token_id))?;
+    let template = ChatTemplate::new(
+        source,
+        TemplateOrigin::Custom,
+        bos,
+        token(meta.eos_token_id),
+    )?;
     Ok((
         ChatTokenizer::new(tokenizer, template),
         tokenizer_source,

@@ -3,9 +3,9 @@
 //! and chat template, and pair them in an engine with the calibration registry.
 
 use crate::provenance::{GgufProvenance, ModelProvenance, GIT_COMMIT, VERSION};
-use forkscore_backends::candle::gguf::GgufTokenizer;
 use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
+use forkscore_backends::candle::gguf::GgufTokenizer;
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::{Backend, CandleError, Quantization};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};

@@ -369,12 +369,12 @@ impl Linear {
                         bias: bias.clone(),
                     })
                 }
-                _ => PackedQ4::from_blocks(ggml, bytes, out, in_dim, isa).map(|w| {
-                    Linear::PackedQ4 {
+                _ => {
+                    PackedQ4::from_blocks(ggml, bytes, out, in_dim, isa).map(|w| Linear::PackedQ4 {
                         weight: Arc::new(w),
                         bias: bias.clone(),
-                    }
-                }),
+                    })
+                }
             };
             if let Some(packed) = packed {
                 return Ok(packed);

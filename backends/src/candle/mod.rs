@@ -65,6 +65,7 @@ mod rope;
 mod shards;
 mod step;
 mod swiglu;
+mod table;
 mod tree;
 mod vocab;
 pub mod vocab_topk;
@@ -95,8 +96,8 @@ use forkscore_seam::{
     PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest,
     VocabRequest, VocabRow,
 };
-use models::Backbone;
 use gguf::GgufTensors;
+use models::Backbone;
 use shards::{ShardSet, WeightFiles};
 use state::{merge_slots, LayerPast};
 use step::Step;
@@ -254,9 +255,9 @@ impl CandleBackend {
         }
         let store = match &checkpoint.gguf {
             Some(file) => LoadedStore::Gguf(GgufTensors::open(file)?),
-            None => LoadedStore::Safetensors(ShardSet::open(&WeightFiles::discover(
-                &checkpoint.dir,
-            )?)?),
+            None => {
+                LoadedStore::Safetensors(ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?)
+            }
         };
         let config = match &store {
             LoadedStore::Gguf(g) => g.config()?,

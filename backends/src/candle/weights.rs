@@ -15,6 +15,7 @@ use safetensors::Dtype;
 use super::gguf::GgufTensors;
 use super::linear::Linear;
 use super::shards::ShardSet;
+use super::table::Table;
 use crate::error::CandleError;
 
 /// Where a checkpoint's tensors are stored.
@@ -142,13 +143,36 @@ impl<'a> Weights<'a> {
     pub fn stored_identical(&self, a: &str, b: &str) -> Result<bool, CandleError> {
         let shards = match self.store {
             Store::Safetensors(s) => s,
-            Store::Gguf(g) => {
-                return Ok(g.stored_identical(&self.full_name(a), &self.full_name(b)))
-            }
+            Store::Gguf(g) => return Ok(g.stored_identical(&self.full_name(a), &self.full_name(b))),
         };
         let a = shards.get(&self.full_name(a))?;
         let b = shards.get(&self.full_name(b))?;
         Ok(a.dtype == b.dtype && a.shape == b.shape && a.data == b.data)
+    }
+
+    /// The `(V, D)` token table `prefix + name` (embedding or output head): a GGUF tensor
+    /// stored in a block format stays in it on the CPU ([`Table::Blocks`]); anything else is
+    /// [`Weights::get`] ([`Table::Dense`]).
+    pub fn table(&self, name: &str, shape: &[usize]) -> Result<Table, CandleError> {
+        if let Store::Gguf(g) = self.store {
+            let full = self.full_name(name);
+            let (_, info) = g.info(&full, shape)?;
+            if !info.dtype.is_float() && self.device.is_cpu() {
+                let op = |e: candle_core::Error| CandleError::Quantize {
+                    name: full.clone(),
+                    reason: format!("stored blocks: {e}"),
+                };
+                let blocks = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    info.dtype.0,
+                    g.bytes(info),
+                    shape.to_vec(),
+                    self.device,
+                )
+                .map_err(op)?;
+                return Table::blocks(blocks, self.dtype).map_err(op);
+            }
+        }
+        Ok(Table::Dense(self.get(name, shape)?))
     }
 
     /// Tensor `prefix + name` with exactly `shape`, in the compute dtype.

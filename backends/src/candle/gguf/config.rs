@@ -25,7 +25,8 @@ use crate::candle::config::ModelConfig;
 use crate::error::CandleError;
 
 /// `general.architecture` values read, and the `config.json` class each stands for.
-const ARCHITECTURES: &[(&str, &str)] = &[("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")];
+const ARCHITECTURES: &[(&str, &str)] =
+    &[("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")];
 
 /// The configuration of the model stored in a GGUF file at `path`.
 pub fn model_config(
@@ -115,7 +116,10 @@ pub fn model_config(
     text.insert("model_type".into(), json!(arch));
     text.insert("num_hidden_layers".into(), json!(layers));
     text.insert("hidden_size".into(), json!(hidden));
-    text.insert("intermediate_size".into(), json!(required("feed_forward_length")?));
+    text.insert(
+        "intermediate_size".into(),
+        json!(required("feed_forward_length")?),
+    );
     text.insert("num_attention_heads".into(), json!(heads));
     text.insert("num_key_value_heads".into(), json!(kv_heads));
     text.insert("rms_norm_eps".into(), json!(eps));
@@ -157,10 +161,7 @@ pub fn model_config(
             }
         }
     }
-    let head_dim = text
-        .get("head_dim")
-        .and_then(Value::as_u64)
-        .or(derived);
+    let head_dim = text.get("head_dim").and_then(Value::as_u64).or(derived);
     for k in ["attention.value_length", "rope.dimension_count"] {
         if let (Some(v), Some(d)) = (uint(k)?, head_dim) {
             if v != d {

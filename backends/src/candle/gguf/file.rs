@@ -315,7 +315,9 @@ pub struct Parsed {
 /// file).
 pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     let mut r = Reader { bytes, pos: 0 };
-    let magic = r.u32().map_err(|_| "shorter than the 4-byte magic".to_string())?;
+    let magic = r
+        .u32()
+        .map_err(|_| "shorter than the 4-byte magic".to_string())?;
     if magic != MAGIC {
         return Err(format!(
             "the file does not start with the magic `GGUF` (found {:02x?})",
@@ -395,7 +397,9 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .filter(|&n| n > 0)
-            .ok_or_else(|| format!("tensor `{name}` has dimensions {dims:?}: empty or too large"))?;
+            .ok_or_else(|| {
+                format!("tensor `{name}` has dimensions {dims:?}: empty or too large")
+            })?;
         let len = dtype.byte_len(elements).ok_or_else(|| {
             format!(
                 "tensor `{name}`: {elements} values do not fill whole {} blocks of {}",

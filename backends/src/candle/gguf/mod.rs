@@ -103,7 +103,11 @@ impl GgufTensors {
     }
 
     /// The stored tensor under its Hugging Face name `hf`, checked against `shape`.
-    pub(crate) fn info(&self, hf: &str, shape: &[usize]) -> Result<(String, &TensorInfo), CandleError> {
+    pub(crate) fn info(
+        &self,
+        hf: &str,
+        shape: &[usize],
+    ) -> Result<(String, &TensorInfo), CandleError> {
         let name = names::gguf_name(hf).ok_or_else(|| CandleError::MissingTensor {
             name: format!("{hf} (no GGUF name for it in the Qwen2 / Qwen3 layout)"),
             path: self.file.path.clone(),
@@ -284,7 +288,9 @@ impl GgufTokenizer {
                         .map(|t| t.as_i64().and_then(|t| i32::try_from(t).ok()))
                         .collect::<Option<Vec<_>>>()
                 })
-                .ok_or_else(|| invalid("`tokenizer.ggml.token_type` is not an array of integers".into()))?,
+                .ok_or_else(|| {
+                    invalid("`tokenizer.ggml.token_type` is not an array of integers".into())
+                })?,
         };
         if !token_types.is_empty() && token_types.len() != tokens.len() {
             return Err(invalid(format!(

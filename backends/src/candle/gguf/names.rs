@@ -66,7 +66,10 @@ mod tests {
             ("lm_head.weight", "output.weight"),
             ("model.norm.weight", "output_norm.weight"),
             ("model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias"),
-            ("model.layers.27.mlp.down_proj.weight", "blk.27.ffn_down.weight"),
+            (
+                "model.layers.27.mlp.down_proj.weight",
+                "blk.27.ffn_down.weight",
+            ),
             (
                 "model.layers.3.self_attn.k_norm.weight",
                 "blk.3.attn_k_norm.weight",
