@@ -336,7 +336,8 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     // least 8 + 4 + 4 + 8 bytes: counts beyond that cannot be honest
     if kv_count > r.left() as u64 / 13 {
         return Err(format!(
-            "the header declares {kv_count} metadata entries, more than the file can hold"
+            "the header declares {kv_count} metadata entries, more than the {} bytes left can hold: truncated or corrupt",
+            r.left()
         ));
     }
     let mut metadata = BTreeMap::new();
@@ -352,7 +353,8 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     }
     if tensor_count > r.left() as u64 / 24 {
         return Err(format!(
-            "the header declares {tensor_count} tensors, more than the file can hold"
+            "the header declares {tensor_count} tensors, more than the {} bytes left can hold: truncated or corrupt",
+            r.left()
         ));
     }
     let mut infos = Vec::with_capacity(tensor_count as usize);
