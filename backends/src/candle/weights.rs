@@ -80,7 +80,7 @@ impl<'a> Weights<'a> {
             let full = self.full_name(&weight_name);
             let (_, info) = g.info(&full, &[out_dim, in_dim])?;
             if !info.dtype.is_float() {
-                return Linear::from_blocks(
+                let layer = Linear::from_blocks(
                     &full,
                     info.dtype.0,
                     g.bytes(info),
@@ -89,6 +89,9 @@ impl<'a> Weights<'a> {
                     self.dtype,
                     self.device,
                 );
+                // packed or copied into candle's blocks: the mapped pages are not read again
+                g.release(info);
+                return layer;
             }
         }
         match self.quantization {
@@ -169,6 +172,7 @@ impl<'a> Weights<'a> {
                     self.device,
                 )
                 .map_err(op)?;
+                g.release(info);
                 return Table::blocks(blocks, self.dtype).map_err(op);
             }
         }

@@ -138,6 +138,11 @@ impl GgufTensors {
         self.file.bytes(info)
     }
 
+    /// The tensor's bytes were copied: drop its mapped pages ([`GgufFile::release`]).
+    pub(crate) fn release(&self, info: &TensorInfo) {
+        self.file.release(info)
+    }
+
     /// Whether the tensors `a` and `b` (Hugging Face names) are stored with the same type,
     /// shape and bytes.
     pub fn stored_identical(&self, a: &str, b: &str) -> bool {
@@ -189,6 +194,8 @@ impl GgufTensors {
             }
         }
         .map_err(corrupt)?;
+        // `from_raw_buffer` and the dequantization copied the bytes
+        self.file.release(info);
         host.to_dtype(dtype)
             .and_then(|t| t.to_device(device))
             .map_err(CandleError::tensor("load weight"))
