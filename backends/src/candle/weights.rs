@@ -6,7 +6,8 @@
 //! Qwen2/Qwen3; Qwen3.5 multimodal checkpoints keep the text model under
 //! `model.language_model.`). Out: candle tensors. Only tensors that are asked for are read.
 //! Accepted stored dtypes: F32, BF16, F16; from a GGUF file also the ggml block formats (linear
-//! weights kept in them, other tensors dequantized: see [`super::gguf`]).
+//! weights and, on the CPU, the embedding / head tables kept in them; norms and biases
+//! dequantized: see [`super::gguf`]).
 
 use candle_core::{DType, Device, Tensor};
 use forkscore_seam::Quantization;

@@ -10,9 +10,12 @@
 //! ([`super::linear::Linear::from_blocks`]: packed for the integer CPU kernels where they run —
 //! `Q8_0`, `Q4_0`, `Q4_K` of an f32 model on x86 — else candle's quantized matmul); a linear
 //! weight stored as F32 / F16 / BF16 is read like a safetensors weight (and `--quantize`
-//! applies to it). Everything the backend holds dense — the embedding, the output head, norms,
-//! biases — is dequantized at load into the compute dtype when stored in a block format;
-//! [`GgufTensors::dequantized`] counts those by type for provenance.
+//! applies to it). The embedding and output head stay in their block format on the CPU
+//! ([`super::table::Table`], rows dequantized when read); everything else the backend holds
+//! dense — norms, biases, and on GPUs the embedding and head — is dequantized at load into the
+//! compute dtype when stored in a block format, and [`GgufTensors::dequantized`] counts those by
+//! type for provenance. Each tensor's mapped pages are released once it is copied
+//! ([`file::GgufFile::release`]).
 
 pub mod config;
 pub mod file;
