@@ -888,6 +888,67 @@ mod tests {
         Ok(())
     }
 
+    /// A weight stored in a block format (a GGUF tensor) keeps that format: Q8_0 / Q4_0 /
+    /// Q4_K take the integer kernels where they run, the others candle's blocks; its output is
+    /// the dequantized weight's product within the activation rounding. A pair format with an
+    /// odd block count per row is dequantized (dense); bytes that do not match the shape are a
+    /// typed error.
+    #[test]
+    fn stored_blocks_keep_their_format() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let err = |e: CandleError| candle_core::Error::Msg(e.to_string());
+        for (ggml, in_dim, kept) in [
+            (GgmlDType::Q8_0, 64, true),
+            (GgmlDType::Q4_0, 64, true),
+            (GgmlDType::Q4K, 256, true),
+            (GgmlDType::Q6K, 256, true),
+            (GgmlDType::Q5_0, 64, true),
+            (GgmlDType::Q5_0, 96, false),
+        ] {
+            let w = Tensor::randn(0f32, 0.2, (24, in_dim), &dev)?;
+            let q = QTensor::quantize(&w, ggml)?;
+            let dense = q.dequantize(&dev)?;
+            let bytes = q.data()?.into_owned();
+            let b = Tensor::randn(0f32, 1.0, 24, &dev)?;
+            let layer = Linear::from_blocks(
+                "w",
+                ggml,
+                &bytes,
+                (24, in_dim),
+                Some(b.clone()),
+                DType::F32,
+                &dev,
+            )
+            .map_err(err)?;
+            assert_eq!(layer.ggml(), kept.then_some(ggml), "{ggml:?} in {in_dim}");
+            for rows in [2usize, 9] {
+                let x = Tensor::randn(0f32, 1.0, (rows, in_dim), &dev)?;
+                let want = x.matmul(&dense.t()?)?.broadcast_add(&b)?;
+                let got = layer.forward(&x)?;
+                let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+                let diff = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert!(
+                    diff <= 0.02 * scale,
+                    "{ggml:?} in {in_dim}, {rows} rows: {diff} vs scale {scale}"
+                );
+            }
+            let short = Linear::from_blocks(
+                "w",
+                ggml,
+                &bytes[..bytes.len() - 2],
+                (24, in_dim),
+                None,
+                DType::F32,
+                &dev,
+            );
+            assert!(
+                matches!(short, Err(CandleError::Quantize { .. })),
+                "{ggml:?}: short bytes accepted"
+            );
+        }
+        Ok(())
+    }
+
     #[test]
     fn ggml_types_follow_the_input_width() {
         assert_eq!(ggml_type(Quantization::Q8_0, 896), Some(GgmlDType::Q8_0));
