@@ -220,3 +220,58 @@ pub fn chat_tokenizer(
         TextSource::GgufMetadata,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> GgufTokenizer {
+        GgufTokenizer {
+            model: "gpt2".into(),
+            pre: Some("qwen2".into()),
+            tokens: ["a", "b", "ab", "<|x|>", "<y>", "[PAD5]"]
+                .map(String::from)
+                .to_vec(),
+            token_types: vec![NORMAL, NORMAL, NORMAL, CONTROL, USER_DEFINED, UNUSED],
+            merges: vec!["a b".into()],
+            bos_token_id: None,
+            eos_token_id: Some(3),
+            padding_token_id: None,
+            add_bos_token: Some(false),
+            chat_template: None,
+        }
+    }
+
+    #[test]
+    fn metadata_becomes_a_byte_level_bpe_tokenizer() {
+        let json = tokenizer_json(&tiny()).unwrap();
+        let t = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
+        let ids = t
+            .encode_fast("ab<|x|><y>", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        assert_eq!(ids, [2, 3, 4]);
+        let added = t.get_added_tokens_decoder();
+        assert!(added[&3].special && !added[&4].special);
+        assert_eq!(t.token_to_id("[PAD5]"), None, "unused fillers are left out");
+    }
+
+    #[test]
+    fn metadata_it_cannot_rebuild_is_refused_by_name() {
+        let cases: [(fn(&mut GgufTokenizer), &str); 6] = [
+            (|t| t.model = "llama".into(), "`llama`"),
+            (|t| t.pre = Some("llama-bpe".into()), "llama-bpe"),
+            (|t| t.pre = None, "tokenizer.ggml.pre is None"),
+            (|t| t.token_types.truncate(2), "token_type"),
+            (|t| t.merges = vec!["ab".into()], "merge `ab`"),
+            (|t| t.token_types[1] = 6, "has type 6"),
+        ];
+        for (break_it, says) in cases {
+            let mut t = tiny();
+            break_it(&mut t);
+            let e = tokenizer_json(&t).unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+}

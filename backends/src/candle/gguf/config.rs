@@ -174,3 +174,110 @@ pub fn model_config(
     }
     ModelConfig::from_json(path, &Value::Object(text))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::candle::gguf::file::TensorType;
+
+    fn meta(pairs: &[(&str, MetaValue)]) -> BTreeMap<String, MetaValue> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    fn qwen2() -> BTreeMap<String, MetaValue> {
+        meta(&[
+            ("general.architecture", MetaValue::String("qwen2".into())),
+            ("qwen2.block_count", MetaValue::U32(2)),
+            ("qwen2.embedding_length", MetaValue::U32(32)),
+            ("qwen2.feed_forward_length", MetaValue::U32(64)),
+            ("qwen2.attention.head_count", MetaValue::U32(4)),
+            ("qwen2.attention.head_count_kv", MetaValue::U32(2)),
+            (
+                "qwen2.attention.layer_norm_rms_epsilon",
+                MetaValue::F32(1e-6),
+            ),
+            ("qwen2.rope.freq_base", MetaValue::F32(1e6)),
+            ("qwen2.context_length", MetaValue::U32(4096)),
+        ])
+    }
+
+    fn tensors() -> BTreeMap<String, TensorInfo> {
+        let info = TensorInfo {
+            shape: vec![100, 32],
+            dtype: TensorType::from_id(0).unwrap(),
+            start: 0,
+            end: 0,
+        };
+        [("token_embd.weight".to_string(), info)].into()
+    }
+
+    #[test]
+    fn qwen2_metadata_gives_the_config() {
+        let c = model_config(Path::new("m.gguf"), &qwen2(), &tensors()).unwrap();
+        assert_eq!(c.architecture, crate::candle::config::Architecture::Qwen2);
+        let t = &c.text;
+        assert_eq!(
+            (
+                t.num_layers,
+                t.hidden_size,
+                t.num_heads,
+                t.num_kv_heads,
+                t.head_dim
+            ),
+            (2, 32, 4, 2, 8)
+        );
+        assert_eq!((t.vocab_size, t.max_positions), (100, Some(4096)));
+        assert_eq!(t.rope.theta, 1e6);
+        assert_eq!(c.tie_word_embeddings, Some(true), "no output.weight: tied");
+    }
+
+    #[test]
+    fn unusable_metadata_is_refused_by_name() {
+        let cases: [(&str, Option<MetaValue>, &str); 6] = [
+            (
+                "general.architecture",
+                Some(MetaValue::String("llama".into())),
+                "llama",
+            ),
+            ("qwen2.block_count", None, "qwen2.block_count"),
+            (
+                "qwen2.embedding_length",
+                Some(MetaValue::String("x".into())),
+                "is a string",
+            ),
+            (
+                "qwen2.rope.scaling.type",
+                Some(MetaValue::String("yarn".into())),
+                "rope scaling",
+            ),
+            (
+                "qwen2.attention.key_length",
+                Some(MetaValue::U32(16)),
+                "key_length",
+            ),
+            (
+                "qwen2.rope.dimension_count",
+                Some(MetaValue::U32(4)),
+                "full RoPE",
+            ),
+        ];
+        for (key, value, says) in cases {
+            let mut m = qwen2();
+            match value {
+                Some(v) => m.insert(key.to_string(), v),
+                None => m.remove(key),
+            };
+            let e = model_config(Path::new("m.gguf"), &m, &tensors())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{key}: {e}");
+        }
+        let e = model_config(Path::new("m.gguf"), &qwen2(), &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("token_embd.weight"), "{e}");
+    }
+}
