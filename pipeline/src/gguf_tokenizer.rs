@@ -259,7 +259,8 @@ mod tests {
 
     #[test]
     fn metadata_it_cannot_rebuild_is_refused_by_name() {
-        let cases: [(fn(&mut GgufTokenizer), &str); 6] = [
+        type Break = fn(&mut GgufTokenizer);
+        let cases: [(Break, &str); 6] = [
             (|t| t.model = "llama".into(), "`llama`"),
             (|t| t.pre = Some("llama-bpe".into()), "llama-bpe"),
             (|t| t.pre = None, "tokenizer.ggml.pre is None"),
