@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod demo;
 pub mod eval;
 pub mod generate_cmd;
+pub mod gguf_tokenizer;
 pub mod group_args;
 pub mod input_bounds;
 pub mod load;

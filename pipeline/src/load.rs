@@ -1,10 +1,11 @@
-//! Opening a model for scoring: resolve the checkpoint (local folder or offline Hugging Face
-//! cache snapshot), load the candle backend on the requested device/dtype, load the tokenizer
+//! Opening a model for scoring: resolve the checkpoint (local folder, offline Hugging Face
+//! cache snapshot, or a GGUF file — see [`crate::gguf_tokenizer`] for its text side), load the candle backend on the requested device/dtype, load the tokenizer
 //! and chat template, and pair them in an engine with the calibration registry.
 
-use crate::provenance::{ModelProvenance, GIT_COMMIT, VERSION};
+use crate::provenance::{GgufProvenance, ModelProvenance, GIT_COMMIT, VERSION};
 use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
+use forkscore_backends::candle::gguf::GgufTokenizer;
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::{Backend, CandleError, Quantization};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
@@ -17,7 +18,9 @@ use std::path::PathBuf;
 /// How to find and load a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// A local Hugging Face checkpoint folder, or ORG/NAME resolved offline in the HF cache.
+    /// A local Hugging Face checkpoint folder, a GGUF file (Qwen2 / Qwen2.5 / Qwen3; or a
+    /// folder holding exactly one .gguf and no config.json), or ORG/NAME resolved offline in
+    /// the HF cache.
     #[arg(long)]
     pub model: String,
     /// For ORG/NAME: the exact 40-hex commit. For a folder: a free-text label recorded in provenance.
@@ -76,7 +79,22 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         quantization: args.quantize,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
-    let tokenizer = ChatTokenizer::for_model(&checkpoint.dir, backend.facts().family)?;
+    let family = backend.facts().family;
+    let (tokenizer, gguf) = match (&checkpoint.gguf, backend.gguf_summary()) {
+        (Some(file), Some(summary)) => {
+            let meta = GgufTokenizer::read(file)?;
+            let (tokenizer, tokenizer_source, template_source) =
+                crate::gguf_tokenizer::chat_tokenizer(file, &meta, family)?;
+            let gguf = GgufProvenance {
+                tokenizer: tokenizer_source,
+                chat_template: template_source,
+                stored_types: summary.stored_types.clone(),
+                dequantized_at_load: summary.dequantized.clone(),
+            };
+            (tokenizer, Some(gguf))
+        }
+        _ => (ChatTokenizer::for_model(&checkpoint.dir, family)?, None),
+    };
     let mut registry = CalibrationRegistry::built_in();
     if let Some(path) = &args.calibration_file {
         registry.extend_from_file(path)?;
@@ -98,6 +116,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         source: match checkpoint.source {
             CheckpointSource::Folder => "folder".into(),
             CheckpointSource::HfCache => "hf_cache".into(),
+            CheckpointSource::Gguf => "gguf".into(),
         },
         fingerprint: checkpoint.fingerprint.clone(),
         architecture: facts.architecture,
@@ -106,6 +125,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         quantization: facts.quantization,
         chat_template,
         adapter_sha256,
+        gguf,
     };
     Ok(LoadedModel { engine, provenance })
 }

@@ -16,9 +16,11 @@ pub struct ModelProvenance {
     pub forkscore_commit: &'static str,
     pub model_id: String,
     pub revision: String,
-    /// `folder` or `hf_cache`.
+    /// `folder`, `hf_cache` or `gguf`.
     pub source: String,
-    /// Hash of config, weight index/headers and tokenizer (local folders and snapshots alike).
+    /// Hash of config, weight index/headers and tokenizer (local folders and snapshots alike);
+    /// for a GGUF file, of its header and tensor infos, its size, and the tokenizer files
+    /// beside it.
     pub fingerprint: String,
     pub architecture: Architecture,
     pub dtype: DType,
@@ -29,6 +31,23 @@ pub struct ModelProvenance {
     pub chat_template: TemplateOrigin,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_sha256: Option<String>,
+    /// GGUF checkpoints only: where the text side came from and what the load converted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gguf: Option<GgufProvenance>,
+}
+
+/// What provenance records about a GGUF checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct GgufProvenance {
+    /// `gguf_metadata` or `tokenizer_json` (a tokenizer.json beside the file wins).
+    pub tokenizer: crate::gguf_tokenizer::TextSource,
+    /// `beside_file`, `gguf_metadata` or `built_in`.
+    pub chat_template: crate::gguf_tokenizer::TextSource,
+    /// Stored tensors per ggml type.
+    pub stored_types: std::collections::BTreeMap<String, usize>,
+    /// Tensors stored in a block format and held dense in the compute dtype (embedding, output
+    /// head, …), per stored type; the linear weights of a block format stay in it.
+    pub dequantized_at_load: std::collections::BTreeMap<String, usize>,
 }
 
 /// Per-result provenance: the model side plus the request side.

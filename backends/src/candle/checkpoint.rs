@@ -5,6 +5,13 @@
 //! (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout
 //! `models--ORG--NAME/snapshots/REV/`). Out: a [`ResolvedCheckpoint`].
 //!
+//! A GGUF checkpoint is a `.gguf` file named by path, or a folder holding exactly one `.gguf`
+//! file and no `config.json`; its revision is a free-text label like a folder's. Its
+//! fingerprint is sha256 over the GGUF header and tensor infos (all metadata, including the
+//! tokenizer and chat template, and every tensor's name, shape, type and offset) and the file
+//! size, plus `tokenizer.json`, `tokenizer_config.json` and `chat_template.jinja` when they sit
+//! beside the file (they then decide the prompt tokens).
+//!
 //! Branch names and short hashes are rejected: they name different weights over time, so a
 //! result stamped with them is not reproducible. The fingerprint is sha256 over, in order:
 //! `config.json`; the weight index (when sharded); each safetensors file's header and byte size
@@ -25,6 +32,8 @@ pub enum CheckpointSource {
     Folder,
     /// A snapshot in the Hugging Face cache named by id and commit.
     HfCache,
+    /// A GGUF file named by path (or the one `.gguf` of a folder without `config.json`).
+    Gguf,
 }
 
 /// A checkpoint folder ready to load, with its provenance.
@@ -39,6 +48,8 @@ pub struct ResolvedCheckpoint {
     /// `sha256:<hex>` over config, index / safetensors headers and sizes, tokenizer.json.
     pub fingerprint: String,
     pub source: CheckpointSource,
+    /// The GGUF file, for a GGUF checkpoint (`dir` is then its folder).
+    pub gguf: Option<PathBuf>,
 }
 
 impl ResolvedCheckpoint {
@@ -62,7 +73,80 @@ impl ResolvedCheckpoint {
             revision: revision_label.trim().to_string(),
             fingerprint: fingerprint(dir)?,
             source: CheckpointSource::Folder,
+            gguf: None,
         })
+    }
+
+    /// A GGUF file. `revision_label` is free text recorded in provenance; it must not be empty.
+    pub fn from_gguf(file: &Path, revision_label: &str) -> Result<Self, CandleError> {
+        if revision_label.trim().is_empty() {
+            return Err(CandleError::InvalidModelRef {
+                reason: "a GGUF checkpoint needs a non-empty revision label".into(),
+            });
+        }
+        let parsed = super::gguf::file::GgufFile::open(file)?;
+        let dir = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut h = Sha256::new();
+        h.update(super::gguf::fingerprint(&parsed).as_bytes());
+        for name in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            let f = dir.join(name);
+            if f.is_file() {
+                let bytes =
+                    std::fs::read(&f).map_err(|source| CandleError::Io { path: f, source })?;
+                h.update((name.len() as u64).to_le_bytes());
+                h.update(name.as_bytes());
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(&bytes);
+            }
+        }
+        Ok(ResolvedCheckpoint {
+            dir,
+            model_id: file.display().to_string(),
+            revision: revision_label.trim().to_string(),
+            fingerprint: format!("sha256:{}", hex::encode(h.finalize())),
+            source: CheckpointSource::Gguf,
+            gguf: Some(file.to_path_buf()),
+        })
+    }
+
+    /// The one `.gguf` file of `dir` when it has no `config.json`: `Ok(None)` when it has a
+    /// `config.json` or no `.gguf` file, an error when it has several.
+    pub fn single_gguf(dir: &Path) -> Result<Option<PathBuf>, CandleError> {
+        if dir.join("config.json").exists() {
+            return Ok(None);
+        }
+        let entries = std::fs::read_dir(dir).map_err(|source| CandleError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| is_gguf_name(p) && p.is_file())
+            .collect();
+        found.sort();
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop()),
+            n => Err(CandleError::InvalidModelRef {
+                reason: format!(
+                    "{} holds {n} .gguf files and no config.json: name the file to load ({})",
+                    dir.display(),
+                    found
+                        .iter()
+                        .filter_map(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
     }
 
     /// A snapshot `ORG/NAME` at a 40-hex `revision` in the Hugging Face cache under
@@ -98,6 +182,7 @@ impl ResolvedCheckpoint {
             model_id: format!("{org}/{name}"),
             revision: revision.to_string(),
             source: CheckpointSource::HfCache,
+            gguf: None,
         })
     }
 
@@ -106,7 +191,12 @@ impl ResolvedCheckpoint {
     pub fn resolve(reference: &str, revision: &str) -> Result<Self, CandleError> {
         let path = Path::new(reference);
         if path.is_dir() {
-            Self::from_folder(path, revision)
+            match Self::single_gguf(path)? {
+                Some(file) => Self::from_gguf(&file, revision),
+                None => Self::from_folder(path, revision),
+            }
+        } else if is_gguf_name(path) {
+            Self::from_gguf(path, revision)
         } else {
             Self::from_hf_cache(reference, revision, None).map_err(|e| CandleError::InvalidModelRef {
                 reason: format!(
@@ -115,6 +205,13 @@ impl ResolvedCheckpoint {
             })
         }
     }
+}
+
+/// Whether `path` names a `.gguf` file (extension compared case-insensitively).
+fn is_gguf_name(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 /// The Hugging Face hub cache directory from the environment: `HF_HUB_CACHE`, else

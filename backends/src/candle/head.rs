@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::table::Table;
 use crate::error::CandleError;
 
 /// Head rows converted to f32 and multiplied at once by [`CandidateHead::project_all`]
@@ -17,12 +18,12 @@ pub(crate) const HEAD_SLICE_ROWS: usize = 32_768;
 
 pub(crate) struct CandidateHead {
     /// `(V, D)` in the compute dtype; shares storage with the embedding when tied.
-    weight: Tensor,
+    weight: Table,
     tied: bool,
 }
 
 impl CandidateHead {
-    pub fn new(weight: Tensor, tied: bool) -> Self {
+    pub fn new(weight: Table, tied: bool) -> Self {
         CandidateHead { weight, tied }
     }
 
@@ -40,11 +41,7 @@ impl CandidateHead {
         let op = CandleError::tensor("candidate head");
         let ids = Tensor::new(candidates, device).map_err(CandleError::tensor("candidate ids"))?;
         // (V, D) -> (C, D) -> f32
-        let rows = self
-            .weight
-            .index_select(&ids, 0)
-            .and_then(|w| w.to_dtype(DType::F32))
-            .map_err(op)?;
+        let rows = self.weight.rows_f32(&ids).map_err(op)?;
         if device.is_cpu() {
             return row_invariant_product(hidden, &rows)
                 .map_err(CandleError::tensor("candidate projection"));
@@ -59,19 +56,26 @@ impl CandidateHead {
     /// `(N, D) -> (N, V)` f32 logits over the whole vocabulary, the head taken in slices of
     /// [`HEAD_SLICE_ROWS`] rows (each converted to f32 like the candidate rows of
     /// [`CandidateHead::project`], so a candidate's logit is computed the same way up to the
-    /// matmul's summation order).
+    /// matmul's summation order). A GGUF block head projects a few rows through candle's
+    /// quantized matmul instead ([`Table::project_quantized`]).
     pub fn project_all(&self, hidden: &Tensor) -> Result<Tensor, CandleError> {
         let op = CandleError::tensor("full-vocabulary projection");
-        let vocab = self.weight.dims().first().copied().unwrap_or(0);
+        let vocab = self.weight.dims().0;
         let h = hidden.to_dtype(DType::F32).map_err(op)?;
+        if let Some(all) = self
+            .weight
+            .project_quantized(&h)
+            .map_err(CandleError::tensor("quantized full-vocabulary projection"))?
+        {
+            return Ok(all);
+        }
         let mut parts = Vec::with_capacity(vocab.div_ceil(HEAD_SLICE_ROWS));
         for start in (0..vocab).step_by(HEAD_SLICE_ROWS) {
             let len = HEAD_SLICE_ROWS.min(vocab - start);
             // (V, D) -> (len, D) f32; (N, D) x (D, len) -> (N, len)
             let part = self
                 .weight
-                .narrow(0, start, len)
-                .and_then(|w| w.to_dtype(DType::F32))
+                .slice_f32(start, len)
                 .and_then(|w| h.matmul(&w.t()?))
                 .map_err(CandleError::tensor("full-vocabulary projection"))?;
             parts.push(part);

@@ -323,6 +323,91 @@ impl Linear {
         })
     }
 
+    /// A layer whose weight `(out, in)` is stored already quantized, as the ggml blocks
+    /// `bytes` of type `ggml` (a GGUF tensor; blocks run along `in`, rows one after another):
+    /// kept in that format. Where an integer kernel runs (an f32 model on an x86 CPU, `Q8_0` /
+    /// `Q4_0` / `Q4_K`) the blocks are packed for it, as `--quantize` packs its own; any other
+    /// block format becomes candle's blocks on `device` behind [`QMatMul`] (its kernels, or the
+    /// per-call dequantization of [`Linear::forward_dequantized`] above [`kernel_max_rows`]).
+    /// `bias` is cast to `dtype` on `device`; `name` labels errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_blocks(
+        name: &str,
+        ggml: GgmlDType,
+        bytes: &[u8],
+        (out, in_dim): (usize, usize),
+        bias: Option<Tensor>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, CandleError> {
+        let op = |what: &'static str| {
+            move |e: candle_core::Error| CandleError::Quantize {
+                name: name.to_string(),
+                reason: format!("{what}: {e}"),
+            }
+        };
+        let block = ggml.block_size();
+        let want = (in_dim / block.max(1)) * ggml.type_size() * out;
+        if !in_dim.is_multiple_of(block) || bytes.len() != want {
+            return Err(CandleError::Quantize {
+                name: name.to_string(),
+                reason: format!(
+                    "{ggml:?} weight ({out}, {in_dim}): rows are not whole blocks of {block}, or {} bytes stored for {want}",
+                    bytes.len()
+                ),
+            });
+        }
+        let bias = bias
+            .map(|b| b.to_dtype(dtype).and_then(|b| b.to_device(device)))
+            .transpose()
+            .map_err(op("bias"))?;
+        if let Some(isa) = integer_kernel(ggml, dtype, device) {
+            let packed = match ggml {
+                GgmlDType::Q8_0 => {
+                    PackedQ8::from_blocks(bytes, out, in_dim, isa).map(|w| Linear::PackedQ8 {
+                        weight: Arc::new(w),
+                        bias: bias.clone(),
+                    })
+                }
+                _ => {
+                    PackedQ4::from_blocks(ggml, bytes, out, in_dim, isa).map(|w| Linear::PackedQ4 {
+                        weight: Arc::new(w),
+                        bias: bias.clone(),
+                    })
+                }
+            };
+            if let Some(packed) = packed {
+                return Ok(packed);
+            }
+        }
+        let blocks = Arc::new(
+            candle_core::quantized::ggml_file::qtensor_from_ggml(
+                ggml,
+                bytes,
+                vec![out, in_dim],
+                device,
+            )
+            .map_err(op("stored blocks"))?,
+        );
+        // candle's CPU dot products of these formats take blocks in pairs (a debug assertion
+        // on an odd count): such a weight is dequantized to `dtype` here instead
+        let pairs = matches!(ggml, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1);
+        if pairs && (in_dim / block) % 2 == 1 && device.is_cpu() {
+            let w = blocks
+                .dequantize(device)
+                .and_then(|w| w.to_dtype(dtype))
+                .map_err(op("dequantize"))?;
+            return Ok(Linear::dense(w, bias));
+        }
+        let weight = QMatMul::from_arc(blocks.clone()).map_err(op("quantized matmul"))?;
+        Ok(Linear::Quantized {
+            weight,
+            blocks,
+            bias,
+            ggml,
+        })
+    }
+
     /// `weight (out, in)` rounded to bf16 ([`Quantization::Bf16`]): for an f32 model on the
     /// CPU, packed for the kernel [`cpu_bf16gemm::kernel`] picks (AMX tiles with one part, or
     /// AVX-512 BF16); otherwise, or where it picks candle's matmul, a bf16 tensor on `device`.
@@ -800,6 +885,67 @@ mod tests {
             stacked.forward(&x)?.to_vec2::<f32>()?,
             parts.to_vec2::<f32>()?
         );
+        Ok(())
+    }
+
+    /// A weight stored in a block format (a GGUF tensor) keeps that format: Q8_0 / Q4_0 /
+    /// Q4_K take the integer kernels where they run, the others candle's blocks; its output is
+    /// the dequantized weight's product within the activation rounding. A pair format with an
+    /// odd block count per row is dequantized (dense); bytes that do not match the shape are a
+    /// typed error.
+    #[test]
+    fn stored_blocks_keep_their_format() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let err = |e: CandleError| candle_core::Error::Msg(e.to_string());
+        for (ggml, in_dim, kept) in [
+            (GgmlDType::Q8_0, 64, true),
+            (GgmlDType::Q4_0, 64, true),
+            (GgmlDType::Q4K, 256, true),
+            (GgmlDType::Q6K, 256, true),
+            (GgmlDType::Q5_0, 64, true),
+            (GgmlDType::Q5_0, 96, false),
+        ] {
+            let w = Tensor::randn(0f32, 0.2, (24, in_dim), &dev)?;
+            let q = QTensor::quantize(&w, ggml)?;
+            let dense = q.dequantize(&dev)?;
+            let bytes = q.data()?.into_owned();
+            let b = Tensor::randn(0f32, 1.0, 24, &dev)?;
+            let layer = Linear::from_blocks(
+                "w",
+                ggml,
+                &bytes,
+                (24, in_dim),
+                Some(b.clone()),
+                DType::F32,
+                &dev,
+            )
+            .map_err(err)?;
+            assert_eq!(layer.ggml(), kept.then_some(ggml), "{ggml:?} in {in_dim}");
+            for rows in [2usize, 9] {
+                let x = Tensor::randn(0f32, 1.0, (rows, in_dim), &dev)?;
+                let want = x.matmul(&dense.t()?)?.broadcast_add(&b)?;
+                let got = layer.forward(&x)?;
+                let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+                let diff = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert!(
+                    diff <= 0.02 * scale,
+                    "{ggml:?} in {in_dim}, {rows} rows: {diff} vs scale {scale}"
+                );
+            }
+            let short = Linear::from_blocks(
+                "w",
+                ggml,
+                &bytes[..bytes.len() - 2],
+                (24, in_dim),
+                None,
+                DType::F32,
+                &dev,
+            );
+            assert!(
+                matches!(short, Err(CandleError::Quantize { .. })),
+                "{ggml:?}: short bytes accepted"
+            );
+        }
         Ok(())
     }
 

@@ -24,6 +24,7 @@ pub mod config;
 pub mod device;
 pub mod fusion;
 pub mod gated_deltanet;
+pub mod gguf;
 pub mod limits;
 pub mod profile;
 pub mod state;
@@ -65,6 +66,7 @@ mod rope;
 mod shards;
 mod step;
 mod swiglu;
+mod table;
 mod tree;
 mod vocab;
 pub mod vocab_topk;
@@ -95,6 +97,7 @@ use forkscore_seam::{
     PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest,
     VocabRequest, VocabRow,
 };
+use gguf::GgufTensors;
 use models::Backbone;
 use shards::{ShardSet, WeightFiles};
 use state::{merge_slots, LayerPast};
@@ -158,9 +161,29 @@ pub struct CandleBackend {
     prefill_chunk: usize,
     /// Names of the checkpoint tensors read at load, sorted (vision / MTP tensors never are).
     tensors_read: Vec<String>,
+    /// For a GGUF checkpoint: its tensor types and what was dequantized at load.
+    gguf: Option<GgufSummary>,
     /// What the scoring calls since the last [`CandleBackend::take_branch_footprint`] allocated
     /// for their branches.
     footprint: std::sync::Mutex<BranchFootprint>,
+}
+
+/// The tensor files a load reads from, held until the model is built.
+enum LoadedStore {
+    Safetensors(ShardSet),
+    Gguf(GgufTensors),
+}
+
+/// What a GGUF checkpoint stored and what the load did with it (for provenance).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GgufSummary {
+    /// GGUF format version (2 or 3).
+    pub version: u32,
+    /// Every stored tensor, counted per ggml type (`Q4_K`, `F32`, …).
+    pub stored_types: std::collections::BTreeMap<String, usize>,
+    /// Tensors stored in a block format but held dense in the compute dtype (the embedding,
+    /// the output head, and any block weight a kernel cannot take), per stored type.
+    pub dequantized: std::collections::BTreeMap<String, usize>,
 }
 
 /// Branch memory of scoring calls (`score`, `score_tree`): what a call allocates for the tokens
@@ -226,12 +249,35 @@ impl CandleBackend {
         if matches!(options.device, DeviceSpec::Cpu) {
             cpu_switches::check_env().map_err(invalid)?;
         }
-        let config = ModelConfig::from_file(&checkpoint.dir.join("config.json"))?;
+        let store = match &checkpoint.gguf {
+            Some(file) => LoadedStore::Gguf(GgufTensors::open(file)?),
+            None => {
+                LoadedStore::Safetensors(ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?)
+            }
+        };
+        let config = match &store {
+            LoadedStore::Gguf(g) => g.config()?,
+            LoadedStore::Safetensors(_) => {
+                ModelConfig::from_file(&checkpoint.dir.join("config.json"))?
+            }
+        };
         let device = options.device.open()?;
         warmup::compile_candle_kernels(&device);
-        let shards = ShardSet::open(&WeightFiles::discover(&checkpoint.dir)?)?;
-        limits::check_against_tensors(&config, shards.shapes())?;
-        let weights = Weights::new(&shards, "", options.dtype.dtype(), &device)
+        let view = match &store {
+            LoadedStore::Safetensors(shards) => {
+                limits::check_against_tensors(&config, shards.shapes())?;
+                weights::Store::Safetensors(shards)
+            }
+            LoadedStore::Gguf(g) => {
+                let shapes = g.hf_shapes();
+                limits::check_against_tensors(
+                    &config,
+                    shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())),
+                )?;
+                weights::Store::Gguf(g)
+            }
+        };
+        let weights = Weights::new(view, "", options.dtype.dtype(), &device)
             .with_quantization(options.quantization);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
@@ -250,7 +296,18 @@ impl CandleBackend {
             quantization: options.quantization,
             max_positions: config.text.max_positions,
         };
-        let tensors_read = shards.names_read();
+        let (tensors_read, gguf) = match &store {
+            LoadedStore::Safetensors(shards) => (shards.names_read(), None),
+            LoadedStore::Gguf(g) => (
+                g.names_read(),
+                Some(GgufSummary {
+                    stored_types: g.stored_types(),
+                    dequantized: g.dequantized(),
+                    version: g.file().version,
+                }),
+            ),
+        };
+        drop(store);
         Ok(CandleBackend {
             backbone,
             facts,
@@ -258,8 +315,14 @@ impl CandleBackend {
             checkpoint: checkpoint.clone(),
             prefill_chunk: options.prefill_chunk,
             tensors_read,
+            gguf,
             footprint: std::sync::Mutex::new(BranchFootprint::default()),
         })
+    }
+
+    /// What a GGUF checkpoint held and what the load converted (`None` for safetensors).
+    pub fn gguf_summary(&self) -> Option<&GgufSummary> {
+        self.gguf.as_ref()
     }
 
     /// The branch memory of the scoring calls since the last take (and reset it).

@@ -1,22 +1,35 @@
 //! Typed access to checkpoint tensors: by name, with shape and dtype checks, converted to the
 //! compute dtype on the target device.
 //!
-//! In: a [`ShardSet`] and a name prefix (`model.` for Qwen2/Qwen3; Qwen3.5 multimodal
-//! checkpoints keep the text model under `model.language_model.`). Out: candle tensors.
-//! Only tensors that are asked for are read. Accepted stored dtypes: F32, BF16, F16.
+//! In: a [`Store`] — the safetensors files of a folder ([`ShardSet`]) or a GGUF file
+//! ([`GgufTensors`], asked by the same Hugging Face names) — and a name prefix (`model.` for
+//! Qwen2/Qwen3; Qwen3.5 multimodal checkpoints keep the text model under
+//! `model.language_model.`). Out: candle tensors. Only tensors that are asked for are read.
+//! Accepted stored dtypes: F32, BF16, F16; from a GGUF file also the ggml block formats (linear
+//! weights and, on the CPU, the embedding / head tables kept in them; norms and biases
+//! dequantized: see [`super::gguf`]).
 
 use candle_core::{DType, Device, Tensor};
 use forkscore_seam::Quantization;
 use safetensors::Dtype;
 
+use super::gguf::GgufTensors;
 use super::linear::Linear;
 use super::shards::ShardSet;
+use super::table::Table;
 use crate::error::CandleError;
+
+/// Where a checkpoint's tensors are stored.
+#[derive(Clone, Copy)]
+pub(crate) enum Store<'a> {
+    Safetensors(&'a ShardSet),
+    Gguf(&'a GgufTensors),
+}
 
 /// A view of the checkpoint under a name prefix.
 #[derive(Clone, Copy)]
 pub(crate) struct Weights<'a> {
-    shards: &'a ShardSet,
+    store: Store<'a>,
     prefix: &'a str,
     dtype: DType,
     device: &'a Device,
@@ -27,9 +40,9 @@ pub(crate) struct Weights<'a> {
 const ACCEPTED: &str = "F32, BF16, F16";
 
 impl<'a> Weights<'a> {
-    pub fn new(shards: &'a ShardSet, prefix: &'a str, dtype: DType, device: &'a Device) -> Self {
+    pub fn new(store: Store<'a>, prefix: &'a str, dtype: DType, device: &'a Device) -> Self {
         Weights {
-            shards,
+            store,
             prefix,
             dtype,
             device,
@@ -64,6 +77,24 @@ impl<'a> Weights<'a> {
             None
         };
         let weight_name = format!("{name}.weight");
+        if let Store::Gguf(g) = self.store {
+            let full = self.full_name(&weight_name);
+            let (_, info) = g.info(&full, &[out_dim, in_dim])?;
+            if !info.dtype.is_float() {
+                let layer = Linear::from_blocks(
+                    &full,
+                    info.dtype.0,
+                    g.bytes(info),
+                    (out_dim, in_dim),
+                    bias,
+                    self.dtype,
+                    self.device,
+                );
+                // packed or copied into candle's blocks: the mapped pages are not read again
+                g.release(info);
+                return layer;
+            }
+        }
         match self.quantization {
             None => Ok(Linear::dense(
                 self.get(&weight_name, &[out_dim, in_dim])?,
@@ -105,15 +136,48 @@ impl<'a> Weights<'a> {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.shards.contains(&self.full_name(name))
+        match self.store {
+            Store::Safetensors(s) => s.contains(&self.full_name(name)),
+            Store::Gguf(g) => g.contains(&self.full_name(name)),
+        }
     }
 
     /// Whether the stored tensors `prefix + a` and `prefix + b` hold the same dtype, shape and
     /// bytes (compared in the mapped files, nothing converted or copied).
     pub fn stored_identical(&self, a: &str, b: &str) -> Result<bool, CandleError> {
-        let a = self.shards.get(&self.full_name(a))?;
-        let b = self.shards.get(&self.full_name(b))?;
+        let shards = match self.store {
+            Store::Safetensors(s) => s,
+            Store::Gguf(g) => return Ok(g.stored_identical(&self.full_name(a), &self.full_name(b))),
+        };
+        let a = shards.get(&self.full_name(a))?;
+        let b = shards.get(&self.full_name(b))?;
         Ok(a.dtype == b.dtype && a.shape == b.shape && a.data == b.data)
+    }
+
+    /// The `(V, D)` token table `prefix + name` (embedding or output head): a GGUF tensor
+    /// stored in a block format stays in it on the CPU ([`Table::Blocks`]); anything else is
+    /// [`Weights::get`] ([`Table::Dense`]).
+    pub fn table(&self, name: &str, shape: &[usize]) -> Result<Table, CandleError> {
+        if let Store::Gguf(g) = self.store {
+            let full = self.full_name(name);
+            let (_, info) = g.info(&full, shape)?;
+            if !info.dtype.is_float() && self.device.is_cpu() {
+                let op = |e: candle_core::Error| CandleError::Quantize {
+                    name: full.clone(),
+                    reason: format!("stored blocks: {e}"),
+                };
+                let blocks = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    info.dtype.0,
+                    g.bytes(info),
+                    shape.to_vec(),
+                    self.device,
+                )
+                .map_err(op)?;
+                g.release(info);
+                return Table::blocks(blocks, self.dtype).map_err(op);
+            }
+        }
+        Ok(Table::Dense(self.get(name, shape)?))
     }
 
     /// Tensor `prefix + name` with exactly `shape`, in the compute dtype.
@@ -129,7 +193,11 @@ impl<'a> Weights<'a> {
 
     fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, CandleError> {
         let full = self.full_name(name);
-        let raw = self.shards.get(&full)?;
+        let shards = match self.store {
+            Store::Safetensors(s) => s,
+            Store::Gguf(g) => return g.dense(&full, shape, dtype, self.device),
+        };
+        let raw = shards.get(&full)?;
         if raw.shape != shape {
             return Err(CandleError::WrongShape {
                 name: full,

@@ -51,6 +51,7 @@ pub fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
             quantization: None,
             chat_template,
             adapter_sha256: None,
+            gguf: None,
         };
         (engine, prov)
     })

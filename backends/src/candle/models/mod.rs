@@ -27,6 +27,7 @@ use super::profile;
 use super::rope::Rope;
 use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
+use super::table::Table;
 use super::weights::Weights;
 use crate::error::CandleError;
 use self_attn::{SelfAttention, SelfAttentionSpec};
@@ -150,8 +151,8 @@ impl Residual {
 
 /// Embedding, decoder layers, final norm and candidate head of one loaded model.
 pub(crate) struct Backbone {
-    /// `(V, D)` in the compute dtype.
-    pub embed: Tensor,
+    /// `(V, D)`: in the compute dtype, or a GGUF block table read by rows.
+    pub embed: Table,
     pub layers: Vec<DecoderLayer>,
     pub final_norm: RmsNorm,
     pub head: CandidateHead,
@@ -162,11 +163,11 @@ pub(crate) struct Backbone {
 
 impl Backbone {
     pub fn vocab_size(&self) -> usize {
-        self.embed.dims().first().copied().unwrap_or(0)
+        self.embed.dims().0
     }
 
     pub fn hidden_size(&self) -> usize {
-        self.embed.dims().get(1).copied().unwrap_or(0)
+        self.embed.dims().1
     }
 
     /// What each linear weight of the decoder layers was loaded as.
@@ -234,7 +235,7 @@ impl Backbone {
         // (B*L,) -> (B*L, D) -> (B, L, D)
         profile::region("embed", &self.device, || {
             self.embed
-                .index_select(&ids, 0)
+                .rows(&ids)
                 .and_then(|x| x.reshape((step.rows, step.len, self.hidden_size())))
         })
         .map_err(CandleError::tensor("embed"))
@@ -284,7 +285,7 @@ fn run_layers(
 pub(crate) fn output_head(
     cfg: &ModelConfig,
     root: &Weights<'_>,
-    embed: &Tensor,
+    embed: &Table,
     embed_name: &str,
 ) -> Result<CandidateHead, CandleError> {
     const HEAD: &str = "lm_head.weight";
@@ -296,7 +297,7 @@ pub(crate) fn output_head(
     if tied {
         return Ok(CandidateHead::new(embed.clone(), true));
     }
-    let w = root.get(HEAD, &[cfg.text.vocab_size, cfg.text.hidden_size])?;
+    let w = root.table(HEAD, &[cfg.text.vocab_size, cfg.text.hidden_size])?;
     Ok(CandidateHead::new(w, false))
 }
 
@@ -330,7 +331,7 @@ pub(crate) fn dense_backbone(
             mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
         });
     }
-    let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+    let embed = w.table("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
     Ok(Backbone {
         head: output_head(cfg, root, &embed, &w.full_name("embed_tokens.weight"))?,
         embed,

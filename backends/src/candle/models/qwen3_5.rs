@@ -261,7 +261,7 @@ pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, Ca
             mlp: Mlp::load(&w, &format!("{p}.mlp"), t.hidden_size, t.intermediate_size)?,
         });
     }
-    let embed = w.get("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
+    let embed = w.table("embed_tokens.weight", &[t.vocab_size, t.hidden_size])?;
     Ok(Backbone {
         head: output_head(cfg, root, &embed, &w.full_name("embed_tokens.weight"))?,
         embed,
