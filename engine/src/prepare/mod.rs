@@ -8,6 +8,7 @@
 //! tokenizer; it remembers that schema (by hash) and the engine refuses to decide it with
 //! another; prompts over `max_input_tokens` are errors, never truncated.
 
+pub mod anchor;
 pub mod render;
 pub mod split;
 pub mod untrusted;
@@ -76,6 +77,7 @@ pub(crate) fn prepare(
         &prefix_text,
         span,
         context_special_tokens,
+        compiled.schema_fields(),
         &compiled.selectors(),
     )?;
     let split_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -85,6 +87,7 @@ pub(crate) fn prepare(
             suffix: split.longest_suffix(),
             total: split.input_tokens(),
             max: max_input_tokens,
+            schema_only: false,
         });
     }
     Ok(PreparedContext {
