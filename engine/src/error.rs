@@ -74,18 +74,27 @@ fn too_many_tokens(prefix: usize, suffix: usize, total: usize, max: usize, schem
     }
 }
 
+impl EngineError {
+    /// The schema's own part of the prompt, `tokens` long, is over the bound `max`.
+    pub fn schema_too_long(tokens: usize, max: usize) -> EngineError {
+        EngineError::TooManyTokens {
+            prefix: tokens,
+            suffix: 0,
+            total: tokens,
+            max,
+            schema_only: true,
+        }
+    }
+}
+
 impl From<CompileError> for EngineError {
     /// A schema over the token bound is the same failure as a prompt over it (one error kind,
     /// `too_many_tokens`, on every surface); every other compile failure stays a compile error.
     fn from(e: CompileError) -> EngineError {
         match e {
-            CompileError::TooManyTokens { tokens, max } => EngineError::TooManyTokens {
-                prefix: tokens,
-                suffix: 0,
-                total: tokens,
-                max,
-                schema_only: true,
-            },
+            CompileError::TooManyTokens { tokens, max } => {
+                EngineError::schema_too_long(tokens, max)
+            }
             e => EngineError::Compile(e),
         }
     }

@@ -23,7 +23,7 @@ use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
 
 /// Probe context used to compile rows (any text works: suffixes do not depend on it).
-const PROBE_CONTEXT: &str = "A short probe context used to compile rows.";
+pub const PROBE_CONTEXT: &str = "A short probe context used to compile rows.";
 
 /// One compiled field (one row per context).
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +58,9 @@ pub struct CompiledSchema {
     schema_hash: String,
     /// [`ChatTokenizer::identity`] of the tokenizer the rows were compiled with.
     tokenizer_identity: String,
+    /// Tokens every prompt of this schema has at least, whatever the context (see
+    /// [`CONTEXT_BOUNDARY_SLACK`]).
+    schema_tokens: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,8 +123,12 @@ impl CompiledSchema {
             .max_by_key(|s| s.len())
             .map_or("", String::as_str);
         let anchored = AnchoredPrompt::new(tok, &prefix_text, hits, probe)?;
-        if let Some(max) = max_input_tokens {
-            check_bound(tok, &anchored, max)?;
+        let schema_tokens = schema_tokens(tok, &anchored)?;
+        if let Some(max) = max_input_tokens.filter(|&max| schema_tokens > max) {
+            return Err(CompileError::TooManyTokens {
+                tokens: schema_tokens,
+                max,
+            });
         }
         let (split, tails) = anchored.split(&selectors)?;
         // every field's tokens after its selector, in parallel (each tokenization is short)
@@ -187,6 +194,7 @@ impl CompiledSchema {
             tree_candidates,
             schema_hash: schema.hash(),
             tokenizer_identity: tok.identity().to_string(),
+            schema_tokens,
         })
     }
 
@@ -218,6 +226,11 @@ impl CompiledSchema {
     pub fn selectors(&self) -> Vec<String> {
         self.fields.iter().map(|f| f.selector.clone()).collect()
     }
+    /// Tokens every prompt of this schema has at least, whatever the context: a bound below
+    /// it can never be met (stage 2 refuses such a context before tokenizing it).
+    pub fn schema_tokens(&self) -> usize {
+        self.schema_tokens
+    }
     pub fn tokenizer_identity(&self) -> &str {
         &self.tokenizer_identity
     }
@@ -238,20 +251,12 @@ impl CompiledSchema {
 /// context (stage 2).
 pub const CONTEXT_BOUNDARY_SLACK: usize = 8;
 
-/// Refuse a schema whose prompt is over `max` tokens whatever the context (see
-/// [`CONTEXT_BOUNDARY_SLACK`]).
-fn check_bound(
-    tok: &ChatTokenizer,
-    anchored: &AnchoredPrompt,
-    max: usize,
-) -> Result<(), CompileError> {
+/// Tokens of the probe prompt less the probe context's own and [`CONTEXT_BOUNDARY_SLACK`]: no
+/// prompt of this schema has fewer.
+fn schema_tokens(tok: &ChatTokenizer, anchored: &AnchoredPrompt) -> Result<usize, CompileError> {
     let prompt = anchored.prompt_len()?;
     let probe = tok.encode(PROBE_CONTEXT)?.len();
-    let tokens = prompt.saturating_sub(probe + CONTEXT_BOUNDARY_SLACK);
-    if tokens > max {
-        return Err(CompileError::TooManyTokens { tokens, max });
-    }
-    Ok(())
+    Ok(prompt.saturating_sub(probe + CONTEXT_BOUNDARY_SLACK))
 }
 
 /// What follows one field's selector: its code ids, or its choices' token paths.

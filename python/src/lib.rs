@@ -145,7 +145,8 @@ fn load_error(py: Python<'_>, e: &LoadError) -> PyErr {
         LoadError::Backend(_)
         | LoadError::Tokenizer(_)
         | LoadError::Engine(_)
-        | LoadError::Calibration(_) => {
+        | LoadError::Calibration(_)
+        | LoadError::NothingQuantized { .. } => {
             with_kind(py, ModelLoadError::new_err(e.to_string()), &"model_load")
         }
     }

@@ -67,6 +67,13 @@ pub(crate) fn prepare(
     if context.trim().is_empty() {
         return Err(EngineError::EmptyContext);
     }
+    if compiled.schema_tokens() > max_input_tokens {
+        // the schema alone is over the bound: no context could fit, none is tokenized
+        return Err(EngineError::schema_too_long(
+            compiled.schema_tokens(),
+            max_input_tokens,
+        ));
+    }
     let t = Instant::now();
     let prefix_text = render_prefix(tokenizer.template(), context, compiled.schema_fields())?;
     let render_ms = t.elapsed().as_secs_f64() * 1e3;
