@@ -187,6 +187,7 @@ fn ten_thousand_fields_are_refused_at_once() {
             }
             other => panic!("{fam:?}: expected the schema to be refused, got {other:?}"),
         }
+        eprintln!("{fam:?}: 10,000 fields refused in {:?}", t.elapsed());
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "{fam:?}: {:?}",
@@ -258,6 +259,7 @@ fn four_thousand_literal_choices_compile_linearly() {
         let engine = fake_engine(fam);
         let t = Instant::now();
         let compiled = engine.compile(&schema).expect("compile");
+        eprintln!("{fam:?}: 4,096 literal choices compiled in {:?}", t.elapsed());
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "{fam:?}: {:?}",

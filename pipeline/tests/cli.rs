@@ -785,10 +785,11 @@ fn generate_bad_inputs_fail_with_clear_messages() {
 /// Hostile schemas through `forkscore score` on the demo model: 10,000 boolean fields are
 /// refused as too many tokens right away (the bound is checked once the probe prompt is
 /// tokenized, before any per-field work; the time bound is generous: the refusal itself takes
-/// well under a second); a 4 MB schema file is refused by its size before it is parsed; the
-/// documented maximum of 4,096 literal choices is decided.
+/// well under a second); a 4 MB schema file is refused by its size before it is parsed. (The
+/// 4,096-choice literal maximum is compiled and checked in `engine/tests/schema_scale.rs`:
+/// scoring its 20,000-token prompt through a debug-built backend is too slow for this suite.)
 #[test]
-fn hostile_schemas_are_refused_or_decided_in_bounded_time() {
+fn hostile_schemas_are_refused_in_bounded_time() {
     use std::time::{Duration, Instant};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
@@ -843,24 +844,6 @@ fn hostile_schemas_are_refused_or_decided_in_bounded_time() {
     ));
     assert!(err.contains("longer than 1048576 bytes"), "{err}");
 
-    let choices: Vec<String> = (0..4096).map(|i| format!("category {i}")).collect();
-    let literal =
-        serde_json::json!({"label": {"type": "enum", "choices": choices, "scoring": "literal"}});
-    let literal = write("literal.json", &literal);
-    let v = ok_json(&forkscore(
-        &[
-            &base[..],
-            &["--schema-file", &literal, "--max-input-tokens", "65536"],
-        ]
-        .concat(),
-        &[],
-    ));
-    let label = v["output"]["label"].as_str().unwrap();
-    assert!(label.starts_with("category "), "{label}");
-    assert_eq!(
-        v["fields"]["label"]["scores"].as_object().unwrap().len(),
-        4096
-    );
 }
 
 /// `logprobs --text-file` names the text file (not a "context file") when it cannot be read or
