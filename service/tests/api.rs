@@ -332,9 +332,20 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
             "options",
             "options.max_input_tokens",
         ),
+        // the schema alone is over the bound: its fault, whatever the context
         (
             "/v1/score",
             json!({"context": "x", "schema": s, "options": {"max_input_tokens": 20}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_tokens",
+            "schema",
+        ),
+        // the schema fits, the context does not
+        (
+            "/v1/score",
+            json!({"context": "word ".repeat(3000), "schema": s, "options": {"max_input_tokens": 1000}})
                 .to_string()
                 .into_bytes(),
             StatusCode::PAYLOAD_TOO_LARGE,
