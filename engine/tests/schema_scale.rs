@@ -259,7 +259,10 @@ fn four_thousand_literal_choices_compile_linearly() {
         let engine = fake_engine(fam);
         let t = Instant::now();
         let compiled = engine.compile(&schema).expect("compile");
-        eprintln!("{fam:?}: 4,096 literal choices compiled in {:?}", t.elapsed());
+        eprintln!(
+            "{fam:?}: 4,096 literal choices compiled in {:?}",
+            t.elapsed()
+        );
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "{fam:?}: {:?}",

@@ -843,7 +843,6 @@ fn hostile_schemas_are_refused_in_bounded_time() {
         &[],
     ));
     assert!(err.contains("longer than 1048576 bytes"), "{err}");
-
 }
 
 /// `logprobs --text-file` names the text file (not a "context file") when it cannot be read or
