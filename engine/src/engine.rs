@@ -116,9 +116,30 @@ impl<B: Backend> Engine<B> {
         self.context_special_tokens
     }
 
-    /// Stage 1: compile rows (once per schema; reuse for every context).
+    /// Stage 1: compile rows (once per schema; reuse for every context). No token bound: see
+    /// [`Engine::compile_within`] for untrusted schemas.
     pub fn compile(&self, schema: &Schema) -> Result<CompiledSchema, EngineError> {
         Ok(CompiledSchema::compile(schema, &self.tokenizer)?)
+    }
+
+    /// Stage 1 under a token bound: a schema whose prompt exceeds `max_input_tokens` whatever
+    /// the context is refused ([`EngineError::TooManyTokens`] with `schema_only`) right after
+    /// the probe prompt is tokenized once, before any per-field work. The compiled schema is
+    /// the same as [`Engine::compile`]'s and serves any bound (each context is still checked
+    /// exactly against its own request's bound).
+    pub fn compile_within(
+        &self,
+        schema: &Schema,
+        max_input_tokens: usize,
+    ) -> Result<CompiledSchema, EngineError> {
+        if max_input_tokens == 0 {
+            return Err(EngineError::ZeroMaxInputTokens);
+        }
+        Ok(CompiledSchema::compile_within(
+            schema,
+            &self.tokenizer,
+            Some(max_input_tokens),
+        )?)
     }
 
     /// The temperature a request would use, and where it comes from.

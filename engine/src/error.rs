@@ -10,7 +10,7 @@ use forkscore_seam::BackendError;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
-    Compile(#[from] CompileError),
+    Compile(CompileError),
     #[error(transparent)]
     Template(#[from] TemplateError),
     #[error(transparent)]
@@ -23,12 +23,16 @@ pub enum EngineError {
     Assemble(#[from] AssembleError),
     #[error("the context is empty")]
     EmptyContext,
-    #[error("prompt is {total} tokens (prefix {prefix} + longest field suffix {suffix}), over max_input_tokens = {max}; forkscore never truncates — shorten the context or raise --max-input-tokens")]
+    /// A prompt over the token bound: a context's (`schema_only: false`), or the schema's own
+    /// part, refused at compile before any context (`schema_only: true`; `prefix` = `total` =
+    /// the schema's tokens, `suffix` = 0).
+    #[error("{}", too_many_tokens(*prefix, *suffix, *total, *max, *schema_only))]
     TooManyTokens {
         prefix: usize,
         suffix: usize,
         total: usize,
         max: usize,
+        schema_only: bool,
     },
     #[error("field_batch_size must be at least 1")]
     ZeroFieldBatch,
@@ -60,4 +64,38 @@ pub enum EngineError {
     /// A text longer than the model's own context limit (`max_position_embeddings`).
     #[error("the text is {tokens} tokens, over the model's context limit (max_position_embeddings = {max}); forkscore never truncates — shorten the text")]
     TextOverModelLimit { tokens: usize, max: usize },
+}
+
+fn too_many_tokens(prefix: usize, suffix: usize, total: usize, max: usize, schema: bool) -> String {
+    if schema {
+        CompileError::TooManyTokens { tokens: total, max }.to_string()
+    } else {
+        format!("prompt is {total} tokens (prefix {prefix} + longest field suffix {suffix}), over max_input_tokens = {max}; forkscore never truncates — shorten the context or raise --max-input-tokens")
+    }
+}
+
+impl EngineError {
+    /// The schema's own part of the prompt, `tokens` long, is over the bound `max`.
+    pub fn schema_too_long(tokens: usize, max: usize) -> EngineError {
+        EngineError::TooManyTokens {
+            prefix: tokens,
+            suffix: 0,
+            total: tokens,
+            max,
+            schema_only: true,
+        }
+    }
+}
+
+impl From<CompileError> for EngineError {
+    /// A schema over the token bound is the same failure as a prompt over it (one error kind,
+    /// `too_many_tokens`, on every surface); every other compile failure stays a compile error.
+    fn from(e: CompileError) -> EngineError {
+        match e {
+            CompileError::TooManyTokens { tokens, max } => {
+                EngineError::schema_too_long(tokens, max)
+            }
+            e => EngineError::Compile(e),
+        }
+    }
 }

@@ -168,6 +168,7 @@ fn over_long_prompts_are_rejected_with_counts_never_truncated() {
             suffix,
             total: t,
             max,
+            schema_only: false,
         }) => {
             assert_eq!((prefix + suffix, t, max), (total, total, total - 1));
         }

@@ -36,7 +36,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let engine = loaded
         .engine
         .with_context_special_tokens(s.scoring.context_special_tokens);
-    let compiled = engine.compile(&schema)?;
+    let compiled = engine.compile_within(&schema, score_opts.max_input_tokens)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         max_input_tokens: s.scoring.max_input_tokens,

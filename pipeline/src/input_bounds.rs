@@ -163,11 +163,21 @@ pub fn read_context(
 /// [`read_context`] from a path (`-` is stdin). Directories are refused; a FIFO, a pipe or a
 /// device is read up to the bound.
 pub fn read_context_file(path: &Path, max_input_tokens: usize) -> Result<String, BoundedReadError> {
-    let what = format!("context file {}", path.display());
+    read_text_file(path, "context", max_input_tokens)
+}
+
+/// [`read_context_file`] for any text under the same bound; `noun` names it in errors
+/// (`"context"`: "context file x.txt", "the context from stdin"; `"text"` for `logprobs`).
+pub fn read_text_file(
+    path: &Path,
+    noun: &str,
+    max_input_tokens: usize,
+) -> Result<String, BoundedReadError> {
+    let what = format!("{noun} file {}", path.display());
     if path.as_os_str() == "-" {
         return read_context(
             std::io::stdin().lock(),
-            "the context from stdin",
+            &format!("the {noun} from stdin"),
             max_input_tokens,
         );
     }
@@ -183,15 +193,65 @@ pub fn read_context_file(path: &Path, max_input_tokens: usize) -> Result<String,
 
 /// An inline `--context` over the bound is refused the same way.
 pub fn check_context_len(context: &str, max_input_tokens: usize) -> Result<(), BoundedReadError> {
+    check_text_len(context, "context", max_input_tokens)
+}
+
+/// [`check_context_len`] for any inline text; `noun` names it in errors.
+pub fn check_text_len(
+    text: &str,
+    noun: &str,
+    max_input_tokens: usize,
+) -> Result<(), BoundedReadError> {
     let max = max_context_bytes(max_input_tokens);
-    if context.len() as u64 > max {
+    if text.len() as u64 > max {
         return Err(BoundedReadError::TooLong {
-            what: "the context".into(),
+            what: format!("the {noun}"),
             max,
             tokens: max_input_tokens,
         });
     }
     Ok(())
+}
+
+/// Why a schema file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaFileError {
+    #[error("schema file {path} is longer than {max} bytes, the most a schema may have; it is refused before parsing or tokenizing anything", max = forkscore_engine::schema::MAX_SCHEMA_BYTES)]
+    TooLong { path: String },
+    #[error("schema file {path} is a directory")]
+    Directory { path: String },
+    #[error("cannot read schema file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("schema file {path} is not UTF-8 text")]
+    NotUtf8 { path: String },
+}
+
+/// Read a schema file, at most [`forkscore_engine::schema::MAX_SCHEMA_BYTES`] of it: a larger
+/// file (or an endless device) is refused after that many bytes plus one, so memory stays flat.
+pub fn read_schema_file(path: &Path) -> Result<String, SchemaFileError> {
+    let max = forkscore_engine::schema::MAX_SCHEMA_BYTES as u64;
+    let shown = path.display().to_string();
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(SchemaFileError::Directory { path: shown });
+    }
+    let io = |source| SchemaFileError::Io {
+        path: shown.clone(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > max {
+        return Err(SchemaFileError::TooLong { path: shown });
+    }
+    String::from_utf8(bytes).map_err(|_| SchemaFileError::NotUtf8 { path: shown })
 }
 
 /// One line read by [`read_line_bounded`].

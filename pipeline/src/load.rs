@@ -57,6 +57,28 @@ pub enum LoadError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Calibration(#[from] CalibrationError),
+    /// `--quantize` asked for a block scheme that fits none of the model's linear weights.
+    #[error("--quantize {scheme} would quantize none of this model's {weights} linear weights: each weight's input width must be a multiple of the scheme's block (32 for q8_0; 256 for q4k, or 32 for its q4_0 fallback), and none is, so the model would run unquantized while its provenance claimed {scheme}; drop --quantize, or use bf16 (which fits any width)")]
+    NothingQuantized {
+        scheme: Quantization,
+        weights: usize,
+    },
+}
+
+/// Refuse a `--quantize` that quantized nothing: what provenance records must be what was
+/// applied. `summary` counts the linear weights per type loaded (`"dense"`: left as they were).
+pub fn check_quantization_applied(
+    scheme: Option<Quantization>,
+    summary: &std::collections::BTreeMap<String, usize>,
+) -> Result<(), LoadError> {
+    let Some(scheme) = scheme else {
+        return Ok(());
+    };
+    let weights: usize = summary.values().sum();
+    if weights > 0 && summary.keys().all(|t| t == "dense") {
+        return Err(LoadError::NothingQuantized { scheme, weights });
+    }
+    Ok(())
 }
 
 /// A loaded model: the engine and what provenance records about it.
@@ -79,6 +101,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         quantization: args.quantize,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
+    check_quantization_applied(options.quantization, &backend.quant_summary().by_type)?;
     let family = backend.facts().family;
     let (tokenizer, gguf) = match (&checkpoint.gguf, backend.gguf_summary()) {
         (Some(file), Some(summary)) => {
@@ -128,4 +151,33 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         gguf,
     };
     Ok(LoadedModel { engine, provenance })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn summary(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+        pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn a_quantization_that_applied_to_nothing_is_refused() {
+        let dense = summary(&[("dense", 14)]);
+        match check_quantization_applied(Some(Quantization::Q8_0), &dense) {
+            Err(e @ LoadError::NothingQuantized { weights: 14, .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("q8_0") && msg.contains("none"), "{msg}");
+            }
+            other => panic!("expected NothingQuantized, got {other:?}"),
+        }
+        // partly quantized (some widths fit), fully quantized, or not asked: fine
+        let partly = summary(&[("dense", 2), ("q4_0", 12)]);
+        assert!(check_quantization_applied(Some(Quantization::Q4K), &partly).is_ok());
+        assert!(
+            check_quantization_applied(Some(Quantization::Q8_0), &summary(&[("q8_0", 14)])).is_ok()
+        );
+        assert!(check_quantization_applied(None, &dense).is_ok());
+    }
 }

@@ -1,7 +1,7 @@
 //! `forkscore logprobs`: the per-token log-probabilities of a text under a model, with the
 //! top-K alternatives at every position, as JSON on stdout (see `Engine::logprobs`).
 
-use crate::input_bounds::{check_context_len, check_flags, read_context_file};
+use crate::input_bounds::{check_flags, check_text_len, read_text_file};
 use crate::load::{self, ModelArgs};
 use anyhow::{bail, Context, Result};
 use forkscore_engine::{LogprobOptions, DEFAULT_MAX_INPUT_TOKENS};
@@ -44,10 +44,10 @@ pub fn run(args: &LogprobsArgs) -> Result<()> {
     }
     let text = match (&args.text, &args.text_file) {
         (Some(t), _) => {
-            check_context_len(t, args.max_input_tokens)?;
+            check_text_len(t, "text", args.max_input_tokens)?;
             t.clone()
         }
-        (None, Some(path)) => read_context_file(path, args.max_input_tokens)?,
+        (None, Some(path)) => read_text_file(path, "text", args.max_input_tokens)?,
         (None, None) => bail!("give a text with --text TEXT or --text-file FILE"),
     };
     if text.is_empty() {

@@ -31,8 +31,7 @@ impl SchemaArgs {
     pub fn load(&self) -> Result<Option<Schema>> {
         let (text, origin) = match (&self.schema_file, &self.schema) {
             (Some(path), _) => (
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read schema file {}", path.display()))?,
+                crate::input_bounds::read_schema_file(path)?,
                 path.display().to_string(),
             ),
             (None, Some(inline)) => (inline.clone(), "--schema".to_string()),
@@ -176,7 +175,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     let engine = loaded
         .engine
         .with_context_special_tokens(args.scoring.context_special_tokens);
-    let compiled = engine.compile(&schema)?;
+    let compiled = engine.compile_within(&schema, opts.max_input_tokens)?;
     let decision = engine.decide(&context, &compiled, &opts)?;
     let value = result_json(&decision, &compiled, opts.mode, &loaded.provenance)?;
     let text = serde_json::to_string_pretty(&value)?;

@@ -781,3 +781,154 @@ fn generate_bad_inputs_fail_with_clear_messages() {
     ));
     assert!(err.contains("give a schema"), "{err}");
 }
+
+/// Hostile schemas through `forkscore score` on the demo model: 10,000 boolean fields are
+/// refused as too many tokens right away (the bound is checked once the probe prompt is
+/// tokenized, before any per-field work; the time bound is generous: the refusal itself takes
+/// well under a second); a 4 MB schema file is refused by its size before it is parsed. (The
+/// 4,096-choice literal maximum is compiled and checked in `engine/tests/schema_scale.rs`:
+/// scoring its 20,000-token prompt through a debug-built backend is too slow for this suite.)
+#[test]
+fn hostile_schemas_are_refused_in_bounded_time() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let d = dir.to_str().unwrap();
+    let out = forkscore(&["demo-model", d], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base = [
+        "score",
+        "--model",
+        d,
+        "--revision",
+        "demo",
+        "--context",
+        CONTEXT,
+    ];
+    let write = |name: &str, value: &serde_json::Value| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, value.to_string()).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+
+    let many: serde_json::Map<String, serde_json::Value> = (0..10_000)
+        .map(|i| {
+            (
+                format!("field_{i:05}"),
+                serde_json::json!({"type": "boolean"}),
+            )
+        })
+        .collect();
+    let many = write("many.json", &serde_json::Value::Object(many));
+    let t = Instant::now();
+    let err = failure(&forkscore(
+        &[&base[..], &["--schema-file", &many]].concat(),
+        &[],
+    ));
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(
+        err.contains("schema's prompt is at least") && err.contains("max_input_tokens = 4096"),
+        "{err}"
+    );
+
+    let huge =
+        serde_json::json!({"risk": {"type": "boolean", "description": "risk ".repeat(800_000)}});
+    let huge = write("huge.json", &huge);
+    let err = failure(&forkscore(
+        &[&base[..], &["--schema-file", &huge]].concat(),
+        &[],
+    ));
+    assert!(err.contains("longer than 1048576 bytes"), "{err}");
+}
+
+/// `logprobs --text-file` names the text file (not a "context file") when it cannot be read or
+/// is too long; `--text` over the byte bound names the text.
+#[test]
+fn logprobs_text_file_errors_name_the_text_file() {
+    let dir = ensure_tiny_model(&TinySpec::qwen25());
+    let d = dir.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing.txt");
+    let long = tmp.path().join("long.txt");
+    std::fs::write(&long, "a".repeat(70_000)).unwrap();
+    let base = [
+        "logprobs",
+        "--model",
+        d,
+        "--revision",
+        "tiny",
+        "--max-input-tokens",
+        "16",
+    ];
+    let err = failure(&forkscore(
+        &[&base[..], &["--text-file", missing.to_str().unwrap()]].concat(),
+        &[],
+    ));
+    assert!(
+        err.contains("text file") && !err.contains("context"),
+        "{err}"
+    );
+    let err = failure(&forkscore(
+        &[&base[..], &["--text-file", long.to_str().unwrap()]].concat(),
+        &[],
+    ));
+    assert!(
+        err.contains("text file") && !err.contains("context"),
+        "{err}"
+    );
+    let text = "a".repeat(70_000);
+    let err = failure(&forkscore(&[&base[..], &["--text", &text]].concat(), &[]));
+    assert!(
+        err.contains("the text is longer") && !err.contains("context"),
+        "{err}"
+    );
+}
+
+/// `--quantize q8_0` / `q4k` on a model none of whose linear widths fits a block (hidden 40,
+/// intermediate 72: no multiple of 32) would quantize nothing: refused with the reason, instead
+/// of running dense while provenance claims the scheme. `bf16` fits any width and still loads.
+#[test]
+fn a_quantization_that_fits_no_weight_is_refused() {
+    let spec = TinySpec {
+        hidden: 40,
+        heads: 5,
+        kv_heads: 1,
+        head_dim: 8,
+        intermediate: 72,
+        seed: 40,
+        ..TinySpec::qwen25()
+    };
+    let dir = ensure_tiny_model(&spec);
+    let d = dir.to_str().unwrap();
+    let schema = example("parallel_schema.json");
+    let base = [
+        "score",
+        "--model",
+        d,
+        "--revision",
+        "r",
+        "--schema-file",
+        &schema,
+        "--context",
+        CONTEXT,
+    ];
+    for scheme in ["q8_0", "q4k"] {
+        let err = failure(&forkscore(
+            &[&base[..], &["--quantize", scheme]].concat(),
+            &[],
+        ));
+        assert!(
+            err.contains(&format!("--quantize {scheme} would quantize none")),
+            "{scheme}: {err}"
+        );
+    }
+    let v = ok_json(&forkscore(
+        &[&base[..], &["--quantize", "bf16"]].concat(),
+        &[],
+    ));
+    assert_eq!(v["provenance"]["quantization"], "bf16");
+}

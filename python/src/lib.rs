@@ -145,7 +145,8 @@ fn load_error(py: Python<'_>, e: &LoadError) -> PyErr {
         LoadError::Backend(_)
         | LoadError::Tokenizer(_)
         | LoadError::Engine(_)
-        | LoadError::Calibration(_) => {
+        | LoadError::Calibration(_)
+        | LoadError::NothingQuantized { .. } => {
             with_kind(py, ModelLoadError::new_err(e.to_string()), &"model_load")
         }
     }
@@ -292,8 +293,14 @@ struct Scorer {
 }
 
 impl Scorer {
-    fn compile(&self, py: Python<'_>, schema: &Schema) -> PyResult<CompiledSchema> {
-        py.detach(|| self.engine.compile(schema))
+    /// Compile `schema`, refused at once when it alone is over `max_input_tokens`.
+    fn compile(
+        &self,
+        py: Python<'_>,
+        schema: &Schema,
+        max_input_tokens: usize,
+    ) -> PyResult<CompiledSchema> {
+        py.detach(|| self.engine.compile_within(schema, max_input_tokens))
             .map_err(|e| engine_error(py, &e))
     }
 
@@ -397,7 +404,7 @@ impl Scorer {
         )?;
         let schema = parse_schema(py, schema, opts.scoring)?;
         check_context_len(&context, max_input_tokens).map_err(|e| bounded_error(py, &e))?;
-        let compiled = self.compile(py, &schema)?;
+        let compiled = self.compile(py, &schema, max_input_tokens)?;
         let decision = py
             .detach(|| self.engine.decide(&context, &compiled, &opts.score))
             .map_err(|e| engine_error(py, &e))?;
@@ -443,7 +450,7 @@ impl Scorer {
         self.engine
             .check_request(&opts.score)
             .map_err(|e| engine_error(py, &e))?;
-        let compiled = self.compile(py, &schema)?;
+        let compiled = self.compile(py, &schema, max_input_tokens)?;
         // contexts over the byte bound are refused before anything tokenizes them
         let bounded: Vec<Result<(), BoundedReadError>> = contexts
             .iter()

@@ -172,7 +172,10 @@ pub fn parse(
         ),
     };
     let schema = Schema::from_value(&schema_value).map_err(|e| {
-        let path = if e.path == "<root>" {
+        // /v1/ask builds its schema from the question: a problem with it is the question's
+        let path = if endpoint == Endpoint::Ask {
+            "question".to_string()
+        } else if e.path == "<root>" {
             "schema".to_string()
         } else {
             format!("schema.{}", e.path)

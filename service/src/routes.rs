@@ -31,7 +31,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use forkscore_engine::{Engine, GenerateOptions};
+use forkscore_engine::{Engine, EngineError, GenerateOptions};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -226,7 +226,14 @@ async fn decide<B: Backend + 'static>(
     let compiled = s
         .schemas
         .get(&s.engine, req.schema, deadline, timeout)
-        .await?;
+        .await
+        .map_err(|mut e| {
+            // `/v1/ask` builds its schema from the question
+            if e.path == "schema" {
+                e.path = schema_path(endpoint).to_string();
+            }
+            e
+        })?;
     if endpoint == Endpoint::Generate {
         let temperature = s
             .engine
@@ -269,7 +276,7 @@ async fn decide<B: Backend + 'static>(
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),
-            Some(Err(e)) => Err(ApiError::from_engine(e, "context")),
+            Some(Err(e)) => Err(ApiError::from_engine(e, error_path(e, endpoint, "context"))),
             None => Err(ApiError::bad("backend", "<root>", "no result")
                 .with_status(StatusCode::INTERNAL_SERVER_ERROR)),
         },
@@ -279,11 +286,33 @@ async fn decide<B: Backend + 'static>(
                 .enumerate()
                 .map(|(i, r)| match r {
                     Ok(d) => one(d),
-                    Err(e) => ApiError::from_engine(e, &format!("contexts[{i}]")).body(),
+                    Err(e) => {
+                        ApiError::from_engine(e, error_path(e, endpoint, &format!("contexts[{i}]")))
+                            .body()
+                    }
                 })
                 .collect();
             Ok(json!({ "results": list }))
         }
+    }
+}
+
+/// Where the schema is in a request body: `/v1/ask` builds its schema from the question.
+fn schema_path(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Ask => "question",
+        _ => "schema",
+    }
+}
+
+/// Where a context's engine error points: a schema too long for the token bound whatever the
+/// context is the schema's (or the question's), anything else the context's.
+fn error_path<'a>(e: &EngineError, endpoint: Endpoint, context_path: &'a str) -> &'a str {
+    match e {
+        EngineError::TooManyTokens {
+            schema_only: true, ..
+        } => schema_path(endpoint),
+        _ => context_path,
     }
 }
 

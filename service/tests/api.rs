@@ -332,9 +332,20 @@ async fn bad_input_is_a_4xx_naming_the_path_and_rule() {
             "options",
             "options.max_input_tokens",
         ),
+        // the schema alone is over the bound: its fault, whatever the context
         (
             "/v1/score",
             json!({"context": "x", "schema": s, "options": {"max_input_tokens": 20}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_tokens",
+            "schema",
+        ),
+        // the schema fits, the context does not
+        (
+            "/v1/score",
+            json!({"context": "word ".repeat(3000), "schema": s, "options": {"max_input_tokens": 1000}})
                 .to_string()
                 .into_bytes(),
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -837,4 +848,48 @@ async fn options_reach_the_engine() {
         (status, v["error"]["path"].as_str()),
         (StatusCode::BAD_REQUEST, Some("options.top_k"))
     );
+}
+
+/// A schema too long for the token bound whatever the context is reported at the schema (the
+/// question for /v1/ask), not at the context; a schema over the byte maximum is refused at the
+/// string that passes it (the question for /v1/ask) before anything is tokenized.
+#[tokio::test]
+async fn an_oversized_schema_or_question_is_reported_at_its_own_path() {
+    let app = router(state(ServeConfig::default()));
+    let long = "risk ".repeat(40_000); // about 40,000 tokens, under the byte maximum
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": CONTEXTS[0], "schema": {"risk": {"type": "boolean", "description": long}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert_eq!(v["error"]["kind"], "too_many_tokens", "{v}");
+    assert_eq!(v["error"]["path"], "schema", "{v}");
+    let (status, v) = post(
+        &app,
+        "/v1/ask",
+        json!({"context": CONTEXTS[0], "question": long}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert_eq!(v["error"]["path"], "question", "{v}");
+    let huge = "risk ".repeat(300_000); // 1.5 MB: over the schema byte maximum
+    let (status, v) = post(
+        &app,
+        "/v1/score",
+        json!({"context": CONTEXTS[0], "schema": {"risk": {"type": "boolean", "description": huge}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["kind"], "invalid_schema", "{v}");
+    assert_eq!(v["error"]["path"], "schema.risk.description", "{v}");
+    let (status, v) = post(
+        &app,
+        "/v1/ask",
+        json!({"context": CONTEXTS[0], "question": huge}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["path"], "question", "{v}");
 }

@@ -21,7 +21,7 @@ pub mod prompt;
 use crate::assemble::Decision;
 use crate::engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::error::EngineError;
-use crate::prepare::untrusted::{encode_guarded, read_checkpoint_text, special_hits};
+use crate::prepare::untrusted::{encode_guarded, read_checkpoint_text, schema_hits, special_hits};
 use crate::rows::CompiledSchema;
 use crate::schema::Field;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
@@ -327,11 +327,14 @@ impl<B: Backend> Engine<B> {
             None => text.find(context).ok_or(EngineError::ContextNotInPrompt)?,
         };
         let span = span..span + context.len();
-        let hits = if self.context_special_tokens() {
+        let mut hits = if self.context_special_tokens() {
             Vec::new()
         } else {
             special_hits(tok, &text, &span)
         };
+        // the schema's text is tokenized as text too, always (as in scoring)
+        let catalogue = prompt::catalogue(fields);
+        hits.extend(schema_hits(tok, &text, span.end, &catalogue).map_err(EngineError::from)?);
         let ids = encode_guarded(tok, &text, &hits)?;
         let n = ids.len();
         if n > opts.max_input_tokens {

@@ -21,9 +21,18 @@ pub const CONTEXT_HEAD: &str = "Context:\n";
 
 /// The user turn: the context, the fields with their allowed values, the keys to write.
 pub fn user_message(context: &str, fields: &[Field]) -> String {
-    let mut out = String::with_capacity(context.len() + 256 * fields.len());
+    let catalogue = catalogue(fields);
+    let mut out = String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
     out.push_str(CONTEXT_HEAD);
     out.push_str(context);
+    out.push_str(&catalogue);
+    out
+}
+
+/// What the user turn holds after the context: the fields (the schema's own text) and the
+/// closing line.
+pub fn catalogue(fields: &[Field]) -> String {
+    let mut out = String::with_capacity(256 * fields.len());
     out.push_str("\n\nFields:\n");
     for f in fields {
         out.push_str(&format!("\n- \"{}\"", f.name));

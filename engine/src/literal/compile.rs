@@ -7,7 +7,10 @@
 //! exact; when those ids are not a prefix of the whole tokenization (the choice's first
 //! characters merge with the selector) the choice is refused. Like the code rows, a path does
 //! not depend on the context (the selector starts after the template's last added token), so
-//! paths are compiled once on the probe context.
+//! paths are compiled once on the probe context. Only the prompt's tail after its last added
+//! token is tokenized per choice ([`crate::prepare::anchor::AnchoredPrompt`]): the same ids as
+//! the whole text, at the cost of a short tokenization, and special-token text in a choice is
+//! tokenized as text.
 //!
 //! Projected positions: for `"literal"` / `"literal-first-token"` only the branching positions
 //! (two or more children); for the log-likelihood methods every position on a path (the end of
@@ -15,8 +18,10 @@
 //! log-probability is needed.
 
 use super::{BranchAt, ChoiceTrie, TrieError};
+use crate::prepare::anchor::AnchoredPrompt;
 use crate::schema::{Field, LiteralMethod};
-use crate::tokenizer::{ChatTokenizer, TokenizerError};
+use crate::tokenizer::TokenizerError;
+use rayon::prelude::*;
 
 /// A position whose next-token logits are projected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,31 +67,46 @@ pub fn path_after<'a>(head: &[u32], whole: &'a [u32]) -> Option<&'a [u32]> {
     (whole.len() > head.len() && whole.starts_with(head)).then(|| &whole[head.len()..])
 }
 
+/// Each choice's token path after `selector`: the tail of the prompt's tokens with the
+/// selector and `" {choice}\n"` appended, after the selector's own tail tokens `selector_tail`
+/// (with the prompt's shared head before both, exactly the whole-prompt split: see
+/// [`crate::prepare::anchor`]). Choices are tokenized in parallel; each costs one short
+/// tokenization, so a field's compile is linear in its choices.
+pub fn literal_paths(
+    anchored: &AnchoredPrompt,
+    selector: &str,
+    selector_tail: &[u32],
+    field: &Field,
+) -> Result<Vec<Vec<u32>>, LiteralError> {
+    let paths: Vec<Result<Vec<u32>, LiteralError>> = field
+        .choices
+        .par_iter()
+        .map(|c| {
+            let name = c.key();
+            let whole = anchored.tail_ids(&format!("{selector}{}", choice_text(&name)))?;
+            path_after(selector_tail, &whole)
+                .map(<[u32]>::to_vec)
+                .ok_or_else(|| LiteralError::MergesWithSelector {
+                    choice: name,
+                    selector: selector.to_string(),
+                })
+        })
+        .collect();
+    // the first failing choice in the schema's order is the one reported
+    paths.into_iter().collect()
+}
+
 impl LiteralField {
-    /// Compile `field` (scored by `method`): `prefix_text ++ selector` tokenizes to
-    /// `selector_ids` (prefix ids then the selector's suffix ids). `candidates` is the schema's
-    /// tree candidate union, extended with this field's projected tokens.
-    pub fn compile(
-        tok: &ChatTokenizer,
-        prefix_text: &str,
-        selector: &str,
-        selector_ids: &[u32],
+    /// Build `field`'s trie and projected positions (scored by `method`) from its choices'
+    /// paths ([`literal_paths`]). `candidates` is the schema's tree candidate union, extended
+    /// with this field's projected tokens.
+    pub fn from_paths(
         field: &Field,
         method: LiteralMethod,
+        paths: Vec<Vec<u32>>,
         candidates: &mut Vec<u32>,
     ) -> Result<LiteralField, LiteralError> {
         let names: Vec<String> = field.choices.iter().map(|c| c.key()).collect();
-        let mut paths = Vec::with_capacity(names.len());
-        for name in &names {
-            let whole = tok.encode(&format!("{prefix_text}{selector}{}", choice_text(name)))?;
-            let path = path_after(selector_ids, &whole).ok_or_else(|| {
-                LiteralError::MergesWithSelector {
-                    choice: name.clone(),
-                    selector: selector.to_string(),
-                }
-            })?;
-            paths.push(path.to_vec());
-        }
         let trie = ChoiceTrie::new(&names, &paths)?;
         let positions = positions(&trie, method, candidates);
         Ok(LiteralField {

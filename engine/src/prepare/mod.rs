@@ -8,6 +8,7 @@
 //! tokenizer; it remembers that schema (by hash) and the engine refuses to decide it with
 //! another; prompts over `max_input_tokens` are errors, never truncated.
 
+pub mod anchor;
 pub mod render;
 pub mod split;
 pub mod untrusted;
@@ -66,6 +67,13 @@ pub(crate) fn prepare(
     if context.trim().is_empty() {
         return Err(EngineError::EmptyContext);
     }
+    if compiled.schema_tokens() > max_input_tokens {
+        // the schema alone is over the bound: no context could fit, none is tokenized
+        return Err(EngineError::schema_too_long(
+            compiled.schema_tokens(),
+            max_input_tokens,
+        ));
+    }
     let t = Instant::now();
     let prefix_text = render_prefix(tokenizer.template(), context, compiled.schema_fields())?;
     let render_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -76,6 +84,7 @@ pub(crate) fn prepare(
         &prefix_text,
         span,
         context_special_tokens,
+        compiled.schema_fields(),
         &compiled.selectors(),
     )?;
     let split_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -85,6 +94,7 @@ pub(crate) fn prepare(
             suffix: split.longest_suffix(),
             total: split.input_tokens(),
             max: max_input_tokens,
+            schema_only: false,
         });
     }
     Ok(PreparedContext {

@@ -52,25 +52,39 @@ pub fn selector(field: &Field) -> String {
 
 /// The user turn: the context, then the catalogue of all fields.
 pub fn user_message(context: &str, fields: &[Field]) -> String {
-    let mut out = String::with_capacity(context.len() + 256 * fields.len());
-    out.push_str("Context:\n");
+    let catalogue = catalogue(fields);
+    let mut out = String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
+    out.push_str(CONTEXT_HEAD);
     out.push_str(context);
+    out.push_str(&catalogue);
+    out
+}
+
+/// The head of the user turn, before the context.
+pub const CONTEXT_HEAD: &str = "Context:\n";
+
+/// What the user turn holds after the context: every field's name, description and choices
+/// (the schema's own text), then the closing line. Built once per rendering, linear in the
+/// schema's size.
+pub fn catalogue(fields: &[Field]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(64 * fields.len() + 128);
     out.push_str("\n\nFields:\n");
     for f in fields {
-        out.push_str(&format!("\n{}", f.name));
+        let _ = write!(out, "\n{}", f.name);
         if let Some(d) = &f.description {
-            out.push_str(&format!(": {d}"));
+            let _ = write!(out, ": {d}");
         }
         out.push('\n');
         let literal = f.scoring != Scoring::Code;
         for (i, (c, d)) in f.choices.iter().zip(&f.choice_descriptions).enumerate() {
             if literal {
-                out.push_str(&format!("  - {}", c.key()));
+                let _ = write!(out, "  - {}", c.key());
             } else {
-                out.push_str(&format!("  {} = {}", code(i), c.key()));
+                let _ = write!(out, "  {} = {}", code(i), c.key());
             }
             if let Some(d) = d {
-                out.push_str(&format!(" ({d})"));
+                let _ = write!(out, " ({d})");
             }
             out.push('\n');
         }

@@ -7,14 +7,17 @@
 //! text alone) is the shared prefix; each suffix keeps at least one token.
 //!
 //! [`split_exact`] tokenizes every full prompt whole: the plain reference path, R long
-//! tokenizations per context. [`split_anchored`] (what the engine uses) tokenizes the text up to
-//! the last added token of the prefix (e.g. the assistant header's `<|im_start|>`) once, and only
-//! the short tail after it once per row: tokenizers segment their input at added tokens before
-//! anything else, so `tokenize(head ++ tail) == tokenize(head) ++ tokenize(tail)`. That premise is
-//! checked on every context by tokenizing one full prompt whole (the row with the longest
-//! selector), concurrently with the head; a mismatch falls back to [`split_exact`]. Both give
-//! identical results (tested).
+//! tokenizations per context. [`split_anchored`] (what the engine uses, through
+//! [`super::anchor::AnchoredPrompt`]) tokenizes the text up to the last added token of the
+//! prefix (e.g. the assistant header's `<|im_start|>`) once, and only the short tail after it
+//! once per row: tokenizers segment their input at added tokens before anything else, so
+//! `tokenize(head ++ tail) == tokenize(head) ++ tokenize(tail)`. That premise is checked on every
+//! context by tokenizing one full prompt whole (the row with the longest selector), concurrently
+//! with the head; a mismatch drops the anchor and tokenizes every row whole, as [`split_exact`]
+//! does. Both give identical results (tested). The common prefix is found on the tails
+//! ([`split_from_tails`]), so no row's full token list is ever built.
 
+use super::anchor::AnchoredPrompt;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
 
@@ -50,6 +53,8 @@ pub enum SplitError {
     EmptySelector { index: usize },
     #[error("split check failed for row {row}: prefix ++ suffix does not reproduce the tokenized prompt")]
     Reconstruction { row: usize },
+    #[error("the schema's text contains the special token {token:?}, and the chat template rewrote the field catalogue, so it cannot be kept as plain text; remove it from the schema")]
+    UnguardedSchemaText { token: String },
 }
 
 fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
@@ -73,7 +78,8 @@ pub fn split_exact(
     split_from_tokenizations(prefix_text, prefix_only, fulls)
 }
 
-/// Same result as [`split_exact`], tokenizing the long head once (see the module docs).
+/// Same result as [`split_exact`], tokenizing the long head once (see the module docs and
+/// [`super::anchor`]).
 pub fn split_anchored(
     tok: &ChatTokenizer,
     prefix_text: &str,
@@ -82,33 +88,13 @@ pub fn split_anchored(
     if let Some(index) = selectors.iter().position(String::is_empty) {
         return Err(SplitError::EmptySelector { index });
     }
-    let Some(anchor) = tok.last_added_token_end(prefix_text) else {
-        return split_exact(tok, prefix_text, selectors);
-    };
-    let (head_text, tail_text) = prefix_text.split_at(anchor);
-    // The premise check (one full prompt tokenized whole) runs on another thread while the head
-    // and the tails are tokenized: a split costs one long tokenization of wall time, not two.
-    let probe = (0..selectors.len())
-        .max_by_key(|&i| selectors[i].len())
-        .unwrap_or(0);
-    let (split, whole) = rayon::join(
-        || -> Result<(Vec<u32>, Vec<Vec<u32>>), SplitError> {
-            let head = tok.encode(head_text)?;
-            let join = |tail: Vec<u32>| [head.as_slice(), tail.as_slice()].concat();
-            let prefix_only = join(tok.encode(tail_text)?);
-            let fulls: Vec<Vec<u32>> = selectors
-                .par_iter()
-                .map(|s| tok.encode(&format!("{tail_text}{s}")).map(join))
-                .collect::<Result<_, _>>()?;
-            Ok((prefix_only, fulls))
-        },
-        || tok.encode(&format!("{prefix_text}{}", selectors[probe])),
-    );
-    let (prefix_only, fulls) = split?;
-    if whole? != fulls[probe] {
-        return split_exact(tok, prefix_text, selectors);
-    }
-    split_from_tokenizations(prefix_text, prefix_only, fulls)
+    // The premise check runs on the row with the longest selector.
+    let probe = selectors
+        .iter()
+        .max_by_key(|s| s.len())
+        .map_or("", String::as_str);
+    let anchored = AnchoredPrompt::new(tok, prefix_text, Vec::new(), probe)?;
+    Ok(anchored.split(selectors)?.0)
 }
 
 /// The longest common token prefix of all rows (and of the prefix alone), each suffix ≥ 1 token.
@@ -117,19 +103,39 @@ pub(crate) fn split_from_tokenizations(
     prefix_only: Vec<u32>,
     fulls: Vec<Vec<u32>>,
 ) -> Result<SplitPrompt, SplitError> {
-    let mut common = prefix_only.len();
-    for f in &fulls {
-        common = common
-            .min(common_prefix_len(&prefix_only, f))
-            .min(f.len().saturating_sub(1));
+    split_from_tails(prefix_text, &[], &prefix_only, &fulls)
+}
+
+/// [`split_from_tokenizations`] where every tokenization starts with the same `head`: the
+/// prompt alone is `head ++ prefix_tail` and row `i` is `head ++ tails[i]`. Works on the tails
+/// only, so R rows cost R tails, not R copies of the head.
+pub(crate) fn split_from_tails(
+    prefix_text: &str,
+    head: &[u32],
+    prefix_tail: &[u32],
+    tails: &[Vec<u32>],
+) -> Result<SplitPrompt, SplitError> {
+    if !head.is_empty() && tails.iter().any(Vec::is_empty) {
+        // a row that adds no token after the head: its suffix would have to reach into the head
+        let join = |t: &[u32]| [head, t].concat();
+        let fulls: Vec<Vec<u32>> = tails.iter().map(|t| join(t)).collect();
+        return split_from_tails(prefix_text, &[], &join(prefix_tail), &fulls);
     }
-    let prefix_ids = prefix_only[..common].to_vec();
-    let mut suffix_ids = Vec::with_capacity(fulls.len());
-    for (row, f) in fulls.into_iter().enumerate() {
-        if f[..common] != prefix_ids[..] || f.len() <= common {
+    let mut common = prefix_tail.len();
+    for t in tails {
+        common = common
+            .min(common_prefix_len(prefix_tail, t))
+            .min(t.len().saturating_sub(1));
+    }
+    let mut prefix_ids = Vec::with_capacity(head.len() + common);
+    prefix_ids.extend_from_slice(head);
+    prefix_ids.extend_from_slice(&prefix_tail[..common]);
+    let mut suffix_ids = Vec::with_capacity(tails.len());
+    for (row, t) in tails.iter().enumerate() {
+        if t[..common] != prefix_tail[..common] || t.len() <= common {
             return Err(SplitError::Reconstruction { row });
         }
-        suffix_ids.push(f[common..].to_vec());
+        suffix_ids.push(t[common..].to_vec());
     }
     Ok(SplitPrompt {
         prefix_text: prefix_text.to_string(),

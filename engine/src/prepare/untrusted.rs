@@ -9,10 +9,14 @@
 //!   drops the user message would otherwise score every context identically.
 //! - The context is tokenized as text ([`split_context`]): a special token written inside it
 //!   (e.g. `<|im_end|>\n<|im_start|>assistant\n`) is encoded as the ordinary tokens of its
-//!   characters, so a context cannot forge chat turns. Everything outside the context (the
-//!   template's own markers, the catalogue, the selectors) is tokenized as before. A context
-//!   without special-token text tokenizes exactly as it always did (same ids, same split); the
-//!   opt-out is [`crate::Engine::with_context_special_tokens`].
+//!   characters, so a context cannot forge chat turns. A context without special-token text
+//!   tokenizes exactly as it always did (same ids, same split); the opt-out is
+//!   [`crate::Engine::with_context_special_tokens`].
+//! - The schema's text (field names, descriptions, choices, choice descriptions) is tokenized as
+//!   text too, always ([`schema_hits`], and the appended selector / code / choice text in
+//!   [`super::anchor`]): schemas come from request bodies and JSONL lines as contexts do. A
+//!   schema without special-token text tokenizes exactly as before. Only the template's own
+//!   markers are control tokens.
 //!
 //! Invariant: for every row, `prefix_ids ++ suffix_ids[i]` equals the guarded tokenization of
 //! `prefix_text ++ selector_i` (checked by the shared split routine, as for the plain split).
@@ -20,10 +24,9 @@
 use std::ops::Range;
 use std::path::Path;
 
-use rayon::prelude::*;
-
-use super::render::user_message;
-use super::split::{split_anchored, split_from_tokenizations, SplitError, SplitPrompt};
+use super::anchor::AnchoredPrompt;
+use super::render::{catalogue, user_message, CONTEXT_HEAD};
+use super::split::{SplitError, SplitPrompt};
 use crate::error::EngineError;
 use crate::schema::Field;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
@@ -62,7 +65,7 @@ pub fn context_span(
     context: &str,
     fields: &[Field],
 ) -> Result<Range<usize>, EngineError> {
-    const HEAD: &str = "Context:\n";
+    const HEAD: &str = CONTEXT_HEAD;
     let message = user_message(context, fields);
     if message.starts_with(HEAD) {
         if let Some(at) = prefix_text.find(&message) {
@@ -124,32 +127,71 @@ pub fn encode_guarded(
     Ok(ids)
 }
 
+/// Special-token text inside the schema's part of a rendered prompt: `catalogue` (the schema's
+/// fields as the user turn lists them, after the context), looked for from byte `from` on. The
+/// schema's text is never trusted: it comes from request bodies and JSONL lines like the
+/// context. A template that rewrites the catalogue cannot leave it out (every field's text is
+/// needed), so when the catalogue is not found verbatim and holds special-token text, that is
+/// an error rather than a control token.
+pub fn schema_hits(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    from: usize,
+    catalogue: &str,
+) -> Result<Vec<Range<usize>>, SplitError> {
+    let found = prefix_text
+        .get(from..)
+        .and_then(|rest| rest.find(catalogue))
+        .map(|at| from + at..from + at + catalogue.len());
+    match found {
+        Some(span) => Ok(special_hits(tok, prefix_text, &span)),
+        None => match special_hits(tok, catalogue, &(0..catalogue.len())).first() {
+            None => Ok(Vec::new()),
+            Some(h) => Err(SplitError::UnguardedSchemaText {
+                token: catalogue[h.clone()].to_string(),
+            }),
+        },
+    }
+}
+
+/// The ranges of a scoring prompt tokenized as text: special-token text inside the context at
+/// `span` (unless `trust_context` opts out) and inside the schema's catalogue (always).
+pub fn guarded_ranges(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    span: &Range<usize>,
+    trust_context: bool,
+    fields: &[Field],
+) -> Result<Vec<Range<usize>>, SplitError> {
+    let mut hits = if trust_context {
+        Vec::new()
+    } else {
+        special_hits(tok, prefix_text, span)
+    };
+    hits.extend(schema_hits(tok, prefix_text, span.end, &catalogue(fields))?);
+    Ok(hits)
+}
+
 /// Split the prompt `prefix_text ++ selectors[i]` with the context at `span` tokenized as
-/// text (unless `trust_special` opts out). Without special-token text in the context this is
-/// [`split_anchored`], unchanged.
+/// text (unless `trust_special` opts out) and the schema's text always tokenized as text.
+/// Without special-token text in either, this is [`super::split::split_anchored`], unchanged.
 pub fn split_context(
     tok: &ChatTokenizer,
     prefix_text: &str,
     span: Range<usize>,
     trust_special: bool,
+    fields: &[Field],
     selectors: &[String],
 ) -> Result<SplitPrompt, SplitError> {
-    let hits = if trust_special {
-        Vec::new()
-    } else {
-        special_hits(tok, prefix_text, &span)
-    };
-    if hits.is_empty() {
-        return split_anchored(tok, prefix_text, selectors);
-    }
     if let Some(index) = selectors.iter().position(String::is_empty) {
         return Err(SplitError::EmptySelector { index });
     }
-    // The selectors follow the prefix, so the hits (inside the prefix) hold for every row.
-    let prefix_only = encode_guarded(tok, prefix_text, &hits)?;
-    let fulls: Vec<Vec<u32>> = selectors
-        .par_iter()
-        .map(|s| encode_guarded(tok, &format!("{prefix_text}{s}"), &hits))
-        .collect::<Result<_, _>>()?;
-    split_from_tokenizations(prefix_text, prefix_only, fulls)
+    let hits = guarded_ranges(tok, prefix_text, &span, trust_special, fields)?;
+    // The selectors follow the prefix, so the ranges (inside the prefix) hold for every row.
+    let probe = selectors
+        .iter()
+        .max_by_key(|s| s.len())
+        .map_or("", String::as_str);
+    let anchored = AnchoredPrompt::new(tok, prefix_text, hits, probe)?;
+    Ok(anchored.split(selectors)?.0)
 }

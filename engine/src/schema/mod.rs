@@ -6,8 +6,9 @@
 //! root, or the caller's default: [`Schema::from_json_str_with`]); a boolean defaults to
 //! `[false, true]` and explicit `"choices": [true, false]` reverses that order; selected booleans
 //! stay JSON booleans while score keys are `"false"`/`"true"`; `choice_descriptions` keys must
-//! all be choices; field order is the schema's order. Every rejection names the JSON path of the
-//! offending value and the rule it breaks.
+//! all be choices; field order is the schema's order; a schema holds at most
+//! [`MAX_SCHEMA_BYTES`] (checked first, before anything else reads it). Every rejection names
+//! the JSON path of the offending value and the rule it breaks.
 
 mod fields;
 
@@ -22,6 +23,13 @@ pub const MAX_CHOICES: usize = 26;
 
 /// Most choices a literal-scored field may have (each choice's text is tokenized at compile).
 pub const MAX_LITERAL_CHOICES: usize = 4096;
+
+/// Most bytes a schema may have: its JSON text ([`Schema::from_json_str`]), or the text it holds
+/// (every key and string: field names, descriptions, choices, choice descriptions) when it
+/// arrives already parsed ([`Schema::from_value`]). Checked before anything else, so nothing of
+/// a larger schema is ever rendered or tokenized. 1 MiB is about 250,000 tokens of English, far
+/// over any prompt a model scores.
+pub const MAX_SCHEMA_BYTES: usize = 1 << 20;
 
 /// How a field's choices are scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -239,6 +247,10 @@ pub enum SchemaErrorKind {
         key: &'static str,
         expected: &'static str,
     },
+    #[error("the schema is {bytes} bytes, over the limit of {max} bytes; it is refused before anything is tokenized")]
+    TooLarge { bytes: usize, max: usize },
+    #[error("the schema's text passes the limit of {max} bytes here ({bytes} bytes of keys and strings up to and including this one); it is refused before anything is tokenized")]
+    TextTooLarge { bytes: usize, max: usize },
 }
 
 pub(crate) fn err(path: impl Into<String>, kind: SchemaErrorKind) -> SchemaError {
@@ -280,6 +292,15 @@ impl Schema {
     /// [`Schema::from_json_str`] with a request-level default scoring for every field that
     /// names none (a schema-root `"scoring"` overrides the default; a field's own overrides both).
     pub fn from_json_str_with(text: &str, default: Scoring) -> Result<Schema, SchemaError> {
+        if text.len() > MAX_SCHEMA_BYTES {
+            return Err(err(
+                "<root>",
+                SchemaErrorKind::TooLarge {
+                    bytes: text.len(),
+                    max: MAX_SCHEMA_BYTES,
+                },
+            ));
+        }
         let value = parse_strict(text).map_err(|e| {
             let path = match &e {
                 StrictJsonError::DuplicateKey { path, .. } => path.clone(),
@@ -297,6 +318,7 @@ impl Schema {
 
     /// [`Schema::from_value`] with a request-level default scoring (see [`Schema::from_json_str_with`]).
     pub fn from_value_with(value: &Value, default: Scoring) -> Result<Schema, SchemaError> {
+        check_text_bytes(value)?;
         let root = value.as_object().ok_or_else(|| {
             err(
                 "<root>",
@@ -367,6 +389,60 @@ impl Schema {
         let text = self.to_canonical_json().to_string();
         hex::encode(Sha256::digest(text.as_bytes()))
     }
+}
+
+/// Refuse a parsed schema holding more than [`MAX_SCHEMA_BYTES`] of keys and strings, naming the
+/// path of the string that passes the limit (a walk in document order, no copies).
+fn check_text_bytes(value: &Value) -> Result<(), SchemaError> {
+    fn walk(v: &Value, path: &mut String, total: &mut usize) -> Result<(), SchemaError> {
+        let over = |path: &str, total: usize| {
+            err(
+                if path.is_empty() { "<root>" } else { path },
+                SchemaErrorKind::TextTooLarge {
+                    bytes: total,
+                    max: MAX_SCHEMA_BYTES,
+                },
+            )
+        };
+        match v {
+            Value::String(s) => {
+                *total += s.len();
+                if *total > MAX_SCHEMA_BYTES {
+                    return Err(over(path, *total));
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    walk(item, path, total)?;
+                    path.truncate(len);
+                }
+            }
+            Value::Object(map) => {
+                for (k, item) in map {
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    // a key past any field name's length is named by its start only
+                    match k.char_indices().nth(128) {
+                        Some((end, _)) => path.push_str(&format!("{}…", &k[..end])),
+                        None => path.push_str(k),
+                    }
+                    *total += k.len();
+                    if *total > MAX_SCHEMA_BYTES {
+                        return Err(over(path, *total));
+                    }
+                    walk(item, path, total)?;
+                    path.truncate(len);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+        Ok(())
+    }
+    walk(value, &mut String::new(), &mut 0)
 }
 
 impl fmt::Display for Choice {
