@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--modes", default="grouped,direct")
     ap.add_argument("--timeout-s", type=float, default=150)
     ap.add_argument("--work", type=Path, default=Path("/tmp/fs-batch"))
+    ap.add_argument("--extra", default="", help="more forkscore batch flags, e.g. '--prefill-chunk 8192'")
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
@@ -92,7 +93,7 @@ def main() -> int:
         cmd = shlex.split(args.forkscore) + [
             "batch", "--model", str(args.model), "--revision", "bench", "--device", args.device,
             "--dtype", args.dtype, "--input", str(inp), "--output", str(out),
-            "--schema-file", str(schema_path), "--batch-mode", mode]
+            "--schema-file", str(schema_path), "--batch-mode", mode] + shlex.split(args.extra)
         t0 = time.time()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)

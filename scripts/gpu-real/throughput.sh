@@ -9,7 +9,7 @@
 # Needs carry/{forkscore.xz,run.sh} (scripts/build-cuda.sh), python3 with torch + transformers.
 # Env (defaults): MODELS (qwen35-4b,qwen25-1.5b), BATCH_MODELS (qwen35-4b), BATCH_CONTEXTS (512),
 #   CLIENTS (1,16,64), RATES (empty), LOAD_S (15 per level), WORDS (150:250), PEAK_TFLOPS (790),
-#   SKIP_BATCH, SKIP_SERVE (=1 skips), EXTRA_SERVE_FLAGS, COMMIT.
+#   SKIP_BATCH, SKIP_SERVE (=1 skips), EXTRA_SERVE_FLAGS, BATCH_EXTRA (more batch flags), COMMIT.
 # CPU smoke test of the script (tiny dimensions, real vocabularies, local binary):
 #   DEVICE=cpu DTYPE=f32 TINY=1 BIN=target/debug/forkscore BATCH_CONTEXTS=8 CLIENTS=1,4 LOAD_S=3
 # Output ($OUT): run.log, batch-<model>.json, load-<model>.json.
@@ -51,13 +51,23 @@ timeout 150 "$PY" "$S/write_checkpoints.py" "$W/ckpt" --models "$MODELS" --devic
 [[ -z "$UNPACK" ]] || wait "$UNPACK" || echo "unpack FAILED"
 RUN="${BIN:-$B/run.sh $B/forkscore}"
 
+# One untimed decision per model first: a fresh machine compiles the GPU kernels on first use
+# (cached for later processes), which must not fall on whichever mode is measured first.
+IFS=, read -ra ML <<<"$MODELS"
+for m in "${ML[@]}"; do
+  say "warm-up $m"
+  /usr/bin/time -f "first decision of a fresh process: %e s wall" $RUN score --model "$W/ckpt/$m" \
+    --revision bench --device "$DEVICE" --dtype "$DTYPE" \
+    --schema-file fixtures/examples/support_triage.json --context "warm-up" > /dev/null
+done
+
 if [[ "${SKIP_BATCH:-0}" != 1 ]]; then
   IFS=, read -ra BL <<<"${BATCH_MODELS:-qwen35-4b}"
   for m in "${BL[@]}"; do
     say "batch $m: ${BATCH_CONTEXTS:-512} contexts, grouped vs direct"
     timeout 300 "$PY" "$S/batch_case.py" --forkscore "$RUN" --model "$W/ckpt/$m" \
       --device "$DEVICE" --dtype "$DTYPE" --out "$OUT/batch-$m.json" --contexts "${BATCH_CONTEXTS:-512}" --fields 8 --tokens 830 \
-      --timeout-s 140 --work "$W/batch-$m"
+      --timeout-s 140 --work "$W/batch-$m" --extra "${BATCH_EXTRA:-}"
     echo "batch exit $?"
   done
 fi
