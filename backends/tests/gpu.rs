@@ -337,6 +337,53 @@ fn cuda_prefill_score_tracks_cpu_f32() {
     report.finish("prefill+score");
 }
 
+/// Packed prefill on the GPU (several prefixes in one pass; on Qwen3.5 the fused Gated DeltaNet
+/// kernels run the segments as one right-padded batch) scores like one CPU f32 prefill per prefix.
+#[test]
+fn cuda_packed_prefill_tracks_cpu_f32() {
+    let Some(trios) = trios() else { return };
+    let mut report = Report::default();
+    let cands = candidates();
+    for t in trios {
+        let prefixes = [
+            ids(60, 45, t.vocab),
+            ids(61, 3, t.vocab),
+            ids(62, 70, t.vocab),
+            ids(63, 19, t.vocab),
+        ];
+        let refs: Vec<&[u32]> = prefixes.iter().map(Vec::as_slice).collect();
+        let suffix = ids(64, 4, t.vocab);
+        let row = [ScoreRow {
+            state: 0,
+            suffix: &suffix,
+        }];
+        for (dtype, gpu) in [
+            (ComputeDType::F32, &t.gpu_f32),
+            (ComputeDType::Bf16, &t.gpu_bf16),
+        ] {
+            let packed = gpu.prefill_packed(&refs).expect("packed prefill");
+            for (i, p) in refs.iter().enumerate() {
+                let cpu_state = t.cpu.prefill(p).expect("cpu prefill");
+                let want = t
+                    .cpu
+                    .score_rows(&[&cpu_state], &row, &cands)
+                    .expect("cpu score");
+                let got = gpu
+                    .score_rows(&[&packed[i]], &row, &cands)
+                    .expect("gpu score");
+                report.check(
+                    gpu_tolerance(dtype),
+                    &format!("{} packed prefill cuda {dtype:?} vs cpu f32", t.name),
+                    &format!("prefix {i} ({} tokens)", p.len()),
+                    got.row(0),
+                    want.row(0),
+                );
+            }
+        }
+    }
+    report.finish("packed prefill");
+}
+
 /// On the GPU itself, in each dtype: forked scoring equals the full forward of the same prompt.
 #[test]
 fn cuda_score_equals_cuda_forward_full() {

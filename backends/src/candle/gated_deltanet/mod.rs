@@ -472,6 +472,9 @@ impl GdnLayer {
         // fused or not does not depend on the length, so every segment takes the same family
         let whole = self.rule_for(x);
         let proj = self.project(x, Self::in_dtype(whole, act))?;
+        if whole == DeltaRule::Fused && segments.len() > 1 {
+            return self.run_packed_fused(&proj, segments, act);
+        }
         let mut outs = Vec::with_capacity(segments.len());
         let mut convs = Vec::with_capacity(segments.len());
         let mut recurrents = Vec::with_capacity(segments.len());
@@ -497,6 +500,51 @@ impl GdnLayer {
                 recurrent: cat(&recurrents, 0)?, // (K, Hv, dk, dv)
             },
         ))
+    }
+
+    /// The fused kernels over a packed call: the segments' projections right-padded into one
+    /// `(K, Lmax, ..)` batch from zero state (pads have β = g = 0 and each row's conv state is
+    /// taken at its own last token), so one launch of each kernel runs every (segment, head)
+    /// pair in parallel instead of one launch sequence per segment; the outputs are cut back to
+    /// the packed row. (The per-segment loop stays for the candle forms: there it keeps each
+    /// segment bit-identical to its solo call.)
+    fn run_packed_fused(
+        &self,
+        proj: &Projections,
+        segments: &[(usize, usize)],
+        act: DType,
+    ) -> candle_core::Result<(Tensor, GdnState)> {
+        let dev = proj.p.device();
+        let lens: Vec<usize> = segments.iter().map(|&(_, n)| n).collect();
+        let lmax = lens.iter().copied().max().unwrap_or(0);
+        // (1, T, C) -> (K, Lmax, C), each segment's tokens first, zeros after
+        let batch = |t: &Tensor| -> candle_core::Result<Tensor> {
+            let rows = segments
+                .iter()
+                .map(|&(start, n)| t.narrow(1, start, n)?.pad_with_zeros(1, 0, lmax - n))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&rows, 0)
+        };
+        let padded = Projections {
+            p: batch(&proj.p)?,
+            z: proj.z.clone(), // not read by the mixing part
+            b_logits: batch(&proj.b_logits)?,
+            a_in: batch(&proj.a_in)?,
+        };
+        let padding = RightPadding::new(lens.clone(), lmax).ok_or_else(|| {
+            candle_core::Error::Msg("packed GDN: a segment over its batch".into())
+        })?;
+        let zero = GdnState::zeros(&self.dims, segments.len(), dev)?;
+        let (o, next) = self.mix(&padded, &zero, None, Some(&padding), DeltaRule::Fused, act)?;
+        // (K, Lmax, Hv, dv) -> (1, T, Hv, dv)
+        let rows = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| o.narrow(0, i, 1)?.narrow(1, 0, n))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let o = Tensor::cat(&rows, 1)?;
+        let out = self.finish(&o, &proj.z, DeltaRule::Fused, act)?;
+        Ok((out, next))
     }
 
     /// The dtype the projections are handed on in: the fused kernels read bf16 projections
