@@ -274,7 +274,7 @@ fn merged_scoring_is_invariant(model: usize, rows_per_state: usize, lens: &[usiz
     let merged = backend
         .score_rows(&state_refs, &rows, &cands)
         .expect("merged");
-    for s in 0..states.len() {
+    for (s, state) in states.iter().enumerate() {
         let own: Vec<ScoreRow<'_>> = suffixes
             .iter()
             .map(|x| ScoreRow {
@@ -282,9 +282,7 @@ fn merged_scoring_is_invariant(model: usize, rows_per_state: usize, lens: &[usiz
                 suffix: x,
             })
             .collect();
-        let alone = backend
-            .score_rows(&[&states[s]], &own, &cands)
-            .expect("alone");
+        let alone = backend.score_rows(&[state], &own, &cands).expect("alone");
         for r in 0..rows_per_state {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(

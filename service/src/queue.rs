@@ -108,7 +108,7 @@ fn run<B: Backend>(
     budget: &GroupBudget,
     metrics: &Metrics,
 ) {
-    let mut scheduler = Scheduler::new(engine, budget.clone());
+    let mut scheduler = Scheduler::new(engine, *budget);
     // a generation waits here until every context admitted before it is decided; nothing is
     // admitted meanwhile, so arrival order holds across both kinds of work
     let mut held: Option<GenerateJob> = None;

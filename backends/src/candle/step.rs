@@ -118,7 +118,7 @@ impl Step {
         device: &Device,
     ) -> Result<Self, CandleError> {
         if rows_per_slot == 0
-            || past_lens.len() % rows_per_slot != 0
+            || !past_lens.len().is_multiple_of(rows_per_slot)
             || valid.len() != past_lens.len()
         {
             return Err(CandleError::InvalidRequest {
