@@ -12,6 +12,7 @@ pub mod input_bounds;
 pub mod load;
 pub mod logprobs_cmd;
 pub mod merge;
+pub mod precision;
 pub mod provenance;
 pub mod score_cmd;
 pub mod serve_cmd;

@@ -29,7 +29,9 @@ pub struct ModelArgs {
     /// cpu, cuda[:N] or metal[:N] (parsed once, here, into the seam's typed device).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceSpec,
-    /// f32, bf16 or f16 (default: f32 on CPU, bf16 on GPUs).
+    /// f32, bf16 or f16 (default: f32 on CPU, bf16 on GPUs). On the CPU compute is always f32:
+    /// bf16 runs as --quantize bf16 (bf16 weights on AMX / AVX-512 BF16) and is refused on a CPU
+    /// with neither; f16 is refused.
     #[arg(long)]
     pub dtype: Option<ComputeDType>,
     /// Prefix tokens per prefill chunk (default: 512 on CPU, 4096 on GPUs).
@@ -47,6 +49,8 @@ pub struct ModelArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error(transparent)]
+    Precision(#[from] crate::precision::PrecisionError),
     #[error("--revision is required: for ORG/NAME give the exact 40-hex commit; for a local folder give a label (e.g. `--revision local-2026-11-29`) that provenance records")]
     MissingRevision,
     #[error(transparent)]
@@ -90,15 +94,22 @@ pub struct LoadedModel {
 pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
     let device = args.device;
-    let dtype = args.dtype.unwrap_or_else(|| device.default_dtype());
+    let bf16_kernel = match device {
+        DeviceSpec::Cpu => forkscore_backends::candle::cpu_kernels::bf16_kernel(),
+        _ => None,
+    };
+    let precision = crate::precision::resolve(device, args.dtype, args.quantize, bf16_kernel)?;
+    if let Some(note) = &precision.note {
+        eprintln!("note: {note}");
+    }
     let checkpoint = ResolvedCheckpoint::resolve(&args.model, revision)?;
     let options = LoadOptions {
         device,
-        dtype,
+        dtype: precision.dtype,
         prefill_chunk: args
             .prefill_chunk
             .unwrap_or_else(|| LoadOptions::for_device(device).prefill_chunk),
-        quantization: args.quantize,
+        quantization: precision.quantization,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     check_quantization_applied(options.quantization, &backend.quant_summary().by_type)?;

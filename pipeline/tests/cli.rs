@@ -414,6 +414,57 @@ fn a_misspelled_cpu_switch_is_refused_by_name() {
     ok_json(&forkscore(&args, &[("FORKSCORE_CPU_ISA", "avx2")]));
 }
 
+/// `--dtype bf16` on the CPU is never the slow bf16-tensor path: it runs as `--quantize bf16`
+/// where the CPU has a bf16 kernel (AMX or AVX-512 BF16), and is refused, naming the
+/// alternatives, where it has none (forced here with `FORKSCORE_CPU_BF16=candle`); f16 is refused.
+#[test]
+fn cpu_dtype_bf16_takes_the_fast_weights_or_is_refused() {
+    let model = ensure_tiny_model(&TinySpec::qwen25());
+    let m = model.to_str().unwrap();
+    let schema = example("parallel_schema.json");
+    let args = |dtype: &'static str| {
+        vec![
+            "score".to_string(),
+            "--model".into(),
+            m.to_string(),
+            "--revision".into(),
+            "r".into(),
+            "--schema-file".into(),
+            schema.clone(),
+            "--context".into(),
+            CONTEXT.into(),
+            "--dtype".into(),
+            dtype.into(),
+        ]
+    };
+    let run = |dtype: &'static str, env: &[(&str, &str)]| {
+        let a = args(dtype);
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        forkscore(&refs, env)
+    };
+    let out = run("bf16", &[]);
+    match forkscore_backends::candle::cpu_kernels::bf16_kernel() {
+        Some(_) => {
+            let v = ok_json(&out);
+            assert_eq!(v["provenance"]["dtype"], "f32", "{v}");
+            assert_eq!(v["provenance"]["quantization"], "bf16", "{v}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("runs as --quantize bf16"), "{stderr}");
+        }
+        None => {
+            let err = failure(&out);
+            assert!(err.contains("no fast kernel on this CPU"), "{err}");
+        }
+    }
+    let err = failure(&run("bf16", &[("FORKSCORE_CPU_BF16", "candle")]));
+    assert!(
+        err.contains("--dtype bf16 has no fast kernel") && err.contains("--quantize q8_0"),
+        "{err}"
+    );
+    let err = failure(&run("f16", &[]));
+    assert!(err.contains("--dtype f16 has no CPU kernels"), "{err}");
+}
+
 #[test]
 fn allowed_mass_and_logprobs_end_to_end() {
     let dir = ensure_tiny_model(&TinySpec::qwen25());

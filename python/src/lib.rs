@@ -142,6 +142,8 @@ fn load_error(py: Python<'_>, e: &LoadError) -> PyErr {
             ),
             &"model_load",
         ),
+        // a dtype this CPU cannot run fast: the caller's option, named with the alternatives
+        LoadError::Precision(_) => with_kind(py, OptionsError::new_err(e.to_string()), &"options"),
         LoadError::Backend(_)
         | LoadError::Tokenizer(_)
         | LoadError::Engine(_)
