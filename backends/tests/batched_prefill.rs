@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{candidates, ids, models};
-use forkscore_backends::candle::LayerState;
+use common::{candidates, ids, models, state_values};
 use forkscore_backends::{
     Backend, CandleBackend, CandleState, LoadOptions, PrefixState, ResolvedCheckpoint, ScoreRow,
 };
@@ -20,19 +19,7 @@ const BATCH_VS_SINGLE: Tolerance = Tolerance::CPU_F32_LOGITS;
 const VOCAB: usize = 151_643;
 
 fn flat(state: &CandleState) -> Vec<f32> {
-    state
-        .layers()
-        .iter()
-        .flat_map(|l| match l {
-            LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
-            LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
-        })
-        .flat_map(|t| {
-            t.flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .expect("state to host")
-        })
-        .collect()
+    state_values(state)
 }
 
 fn qwen35() -> CandleBackend {

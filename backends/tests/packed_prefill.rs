@@ -6,8 +6,7 @@
 
 mod common;
 
-use common::{candidates, ids, load, models};
-use forkscore_backends::candle::LayerState;
+use common::{candidates, ids, load, models, state_values};
 use forkscore_backends::{
     Backend, CandleBackend, CandleState, LoadOptions, PrefixState, ResolvedCheckpoint, ScoreRow,
 };
@@ -24,20 +23,7 @@ const PACKED_VS_PLAIN: Tolerance = Tolerance::CPU_F32_LOGITS;
 const VOCAB: usize = 151_643;
 
 fn flat(state: &CandleState) -> Vec<u32> {
-    state
-        .layers()
-        .iter()
-        .flat_map(|l| match l {
-            LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
-            LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
-        })
-        .flat_map(|t| {
-            t.flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .expect("state to host")
-        })
-        .map(f32::to_bits)
-        .collect()
+    state_values(state).into_iter().map(f32::to_bits).collect()
 }
 
 fn floats(state: &CandleState) -> Vec<f32> {

@@ -46,3 +46,21 @@ pub fn load_dir(dir: &std::path::Path) -> CandleBackend {
     let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-test").expect("resolve model");
     CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load model")
 }
+
+/// Every layer state's tensors (K, V or conv, recurrent) flattened to f32, layer order.
+pub fn state_values(state: &forkscore_backends::CandleState) -> Vec<f32> {
+    use forkscore_backends::candle::LayerState;
+    state
+        .layers()
+        .iter()
+        .flat_map(|l| match l {
+            LayerState::Attention { k, v } => vec![k.clone(), v.clone()],
+            LayerState::Linear { conv, recurrent } => vec![conv.clone(), recurrent.clone()],
+        })
+        .flat_map(|t| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("state to host")
+        })
+        .collect()
+}
