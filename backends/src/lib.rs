@@ -7,6 +7,7 @@
 
 pub mod candle;
 pub mod error;
+pub mod switches;
 
 pub use candle::{
     BranchFootprint, CandleBackend, CandleState, CheckpointSource, ComputeDType, DeviceSpec,

@@ -160,6 +160,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
         chat_template,
         adapter_sha256,
         gguf,
+        switches: forkscore_backends::switches::Switches::current().recorded(),
     };
     Ok(LoadedModel { engine, provenance })
 }

@@ -34,6 +34,10 @@ pub struct ModelProvenance {
     /// GGUF checkpoints only: where the text side came from and what the load converted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gguf: Option<GgufProvenance>,
+    /// The set `FORKSCORE_*` switches that can change a result (name → value; the switchboard's
+    /// compute-path and tuning switches); absent when none is set.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub switches: std::collections::BTreeMap<String, String>,
 }
 
 /// What provenance records about a GGUF checkpoint.

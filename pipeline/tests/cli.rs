@@ -382,10 +382,11 @@ fn bad_inputs_fail_with_clear_messages() {
     }
 }
 
-/// A misspelled value of a CPU kernel switch stops the load with its name and what it takes,
-/// instead of silently running the default.
+/// A misspelled value of any switchboard switch stops the load with its name and what it takes,
+/// instead of silently running the default; a set result-changing switch is recorded in the
+/// provenance, a diagnostic one and an unset one are not.
 #[test]
-fn a_misspelled_cpu_switch_is_refused_by_name() {
+fn a_misspelled_switch_is_refused_by_name() {
     let model = ensure_tiny_model(&TinySpec::qwen25());
     let m = model.to_str().unwrap();
     let schema = example("parallel_schema.json");
@@ -401,8 +402,10 @@ fn a_misspelled_cpu_switch_is_refused_by_name() {
         CONTEXT,
     ];
     for (var, value, says) in [
-        ("FORKSCORE_CPU_ISA", "avx3", "avx2, avxvnni, avx512"),
+        ("FORKSCORE_CPU_ISA", "avx3", "avx512, avxvnni, avx2"),
         ("FORKSCORE_CPU_QPREFETCH", "far", "not a count"),
+        ("FORKSCORE_ATTENTION", "flash", "fastest, candle"),
+        ("FORKSCORE_MLP", "fused", "tiles, stacked, separate"),
     ] {
         let err = failure(&forkscore(&args, &[(var, value)]));
         assert!(
@@ -410,8 +413,16 @@ fn a_misspelled_cpu_switch_is_refused_by_name() {
             "{var}: {err}"
         );
     }
-    // a right value runs
-    ok_json(&forkscore(&args, &[("FORKSCORE_CPU_ISA", "avx2")]));
+    // a right value runs, and the provenance records it
+    let out = ok_json(&forkscore(
+        &args,
+        &[("FORKSCORE_CPU_ISA", "avx2"), ("FORKSCORE_PROFILE", "0")],
+    ));
+    let switches = &out["provenance"]["switches"];
+    assert_eq!(switches["FORKSCORE_CPU_ISA"], "avx2", "{out}");
+    assert!(switches.get("FORKSCORE_PROFILE").is_none(), "{out}");
+    let plain = ok_json(&forkscore(&args, &[]));
+    assert!(plain["provenance"].get("switches").is_none(), "{plain}");
 }
 
 /// `--dtype bf16` on the CPU is never the slow bf16-tensor path: it runs as `--quantize bf16`

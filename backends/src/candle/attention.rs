@@ -86,9 +86,7 @@ fn kernel() -> AttentionKernel {
         _ => {
             static ENV: OnceLock<AttentionKernel> = OnceLock::new();
             *ENV.get_or_init(|| {
-                if std::env::var("FORKSCORE_ATTENTION")
-                    .is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
-                {
+                if crate::switches::is("FORKSCORE_ATTENTION", "candle") {
                     AttentionKernel::Candle
                 } else {
                     AttentionKernel::Fastest
@@ -203,7 +201,7 @@ pub(crate) fn attend_candle(
 /// compare or profile).
 fn blocks_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FORKSCORE_CAUSAL_BLOCKS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| !crate::switches::is("FORKSCORE_CAUSAL_BLOCKS", "0"))
 }
 
 /// Causal self-attention of `L` new tokens without a past, by blocks of [`CAUSAL_BLOCK`]

@@ -155,8 +155,8 @@ impl AmxBlocking {
     /// an invalid value is an error naming it).
     pub fn chosen() -> Result<Self> {
         use std::sync::OnceLock;
-        static SPEC: OnceLock<Option<String>> = OnceLock::new();
-        match SPEC.get_or_init(|| std::env::var("FORKSCORE_CPU_AMX").ok()) {
+        static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+        match SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_AMX")) {
             None => Ok(Self::DEFAULT),
             Some(s) => match Self::parse(s) {
                 Ok(b) if b.hot => candle_core::bail!(
@@ -385,7 +385,7 @@ pub(crate) fn q8_runs() -> Result<bool> {
     use std::sync::OnceLock;
     static ON: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
     ON.get_or_init(|| {
-        let asked = std::env::var("FORKSCORE_CPU_Q8").unwrap_or_default();
+        let asked = crate::switches::value("FORKSCORE_CPU_Q8").unwrap_or_default();
         match asked.trim().to_ascii_lowercase().as_str() {
             "amx" => Ok(q8_available()),
             "" | "vnni" => Ok(false),

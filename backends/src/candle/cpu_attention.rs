@@ -139,8 +139,8 @@ impl TileSizes {
     /// once; an invalid value is an error naming it).
     pub(crate) fn chosen() -> Result<Self, CandleError> {
         use std::sync::OnceLock;
-        static SPEC: OnceLock<Option<String>> = OnceLock::new();
-        match SPEC.get_or_init(|| std::env::var("FORKSCORE_CPU_ATTENTION").ok()) {
+        static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+        match SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_ATTENTION")) {
             None => Ok(TileSizes::default()),
             Some(s) => TileSizes::parse(s).map_err(|e| CandleError::InvalidRequest {
                 reason: format!("FORKSCORE_CPU_ATTENTION={s:?}: {e}"),

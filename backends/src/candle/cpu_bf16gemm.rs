@@ -77,7 +77,7 @@ pub(crate) fn kernel() -> Result<Bf16Kernel> {
     use std::sync::OnceLock;
     static K: OnceLock<std::result::Result<Bf16Kernel, String>> = OnceLock::new();
     let chosen = K.get_or_init(|| {
-        let asked = std::env::var("FORKSCORE_CPU_BF16").unwrap_or_default();
+        let asked = crate::switches::value("FORKSCORE_CPU_BF16").unwrap_or_default();
         let packed = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::Packed;
         Bf16Kernel::choose(
             asked.trim(),

@@ -143,8 +143,8 @@ impl Blocking {
     /// `FORKSCORE_CPU_GEMM_BLOCKING` over it (read once; an invalid value is an error naming it).
     pub fn chosen(isa: Isa) -> Result<Self> {
         use std::sync::OnceLock;
-        static SPEC: OnceLock<Option<String>> = OnceLock::new();
-        let spec = SPEC.get_or_init(|| std::env::var("FORKSCORE_CPU_GEMM_BLOCKING").ok());
+        static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+        let spec = SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_GEMM_BLOCKING"));
         match spec {
             None => Ok(Self::default_for(isa)),
             Some(s) => Self::parse(s, isa).map_err(|e| {
@@ -195,8 +195,9 @@ fn asked() -> &'static str {
     use std::sync::OnceLock;
     static ASKED: OnceLock<String> = OnceLock::new();
     ASKED.get_or_init(|| {
-        let v = std::env::var("FORKSCORE_CPU_GEMM").unwrap_or_default();
-        v.trim().to_string()
+        crate::switches::value("FORKSCORE_CPU_GEMM")
+            .unwrap_or_default()
+            .to_ascii_lowercase()
     })
 }
 

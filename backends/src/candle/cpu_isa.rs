@@ -63,9 +63,8 @@ impl Isa {
         use std::sync::OnceLock;
         static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let cap = std::env::var("FORKSCORE_CPU_ISA")
-                .ok()
-                .and_then(|s| Isa::from_name(s.trim()))
+            let cap = crate::switches::value("FORKSCORE_CPU_ISA")
+                .and_then(|s| Isa::from_name(&s.to_ascii_lowercase()))
                 .unwrap_or(Isa::Avx512);
             Isa::supported().iter().copied().filter(|&l| l <= cap).max()
         })

@@ -76,10 +76,7 @@ pub(crate) fn prefetch(isa: Isa) -> usize {
     use std::sync::atomic::Ordering;
     static FROM_ENV: std::sync::Once = std::sync::Once::new();
     FROM_ENV.call_once(|| {
-        if let Some(Ok(v)) = std::env::var("FORKSCORE_CPU_QPREFETCH")
-            .ok()
-            .map(|s| parse_prefetch(&s))
-        {
+        if let Some(Ok(v)) = crate::switches::value("FORKSCORE_CPU_QPREFETCH").map(parse_prefetch) {
             // only where nothing set it first
             let _ = PREFETCH.compare_exchange(usize::MAX, v, Ordering::Relaxed, Ordering::Relaxed);
         }

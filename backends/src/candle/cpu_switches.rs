@@ -1,50 +1,50 @@
-//! The CPU kernels' `FORKSCORE_*` switches whose values are read lazily, on a layer's first call,
-//! checked once when a CPU backend loads: a misspelled value is an error naming the variable
-//! and what it accepts, instead of silently running the default.
+//! The value parsers of the switchboard's specification switches ([`crate::switches::Accepts::Spec`]),
+//! for [`crate::switches::Switches::validate`] at load: each is checked by the parser of the
+//! kernel that reads it, so the load refuses exactly what the kernel would refuse on its first
+//! call.
 //!
-//! - `FORKSCORE_CPU_ISA`: a level name (`avx2`, `avxvnni`, `avx512`) or empty.
 //! - `FORKSCORE_CPU_QPREFETCH`: a count (blocks ahead; 0: none).
 //! - `FORKSCORE_CPU_GEMM_BLOCKING`: a blocking the f32 kernel of this CPU's level holds (checked
 //!   only where the kernels run: on a CPU without AVX2 + FMA the variable has no effect).
+//! - `FORKSCORE_CPU_AMX`: the AMX kernel's blocking (`hot`, a timing probe, is refused).
+//! - `FORKSCORE_CPU_ATTENTION`: the CPU attention kernel's tiles.
 
 use super::cpu_isa::Isa;
 
-/// The first switch of `get` (a variable's value, if set) whose value is wrong, as a message.
-pub(crate) fn check(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
-    if let Some(v) = get("FORKSCORE_CPU_ISA") {
-        let name = v.trim();
-        if !name.is_empty() && Isa::from_name(name).is_none() {
-            return Err(format!(
-                "FORKSCORE_CPU_ISA={v:?}: not an instruction level (avx2, avxvnni, avx512)"
-            ));
-        }
+/// Whether `value` is right for the specification switch `name`; the reason when it is not.
+pub(crate) fn check_spec(name: &'static str, value: &str) -> Result<(), String> {
+    match name {
+        "FORKSCORE_CPU_QPREFETCH" => super::cpu_qgemm::parse_prefetch(value).map(|_| ()),
+        "FORKSCORE_CPU_GEMM_BLOCKING" => match Isa::chosen() {
+            Some(isa) => super::cpu_gemm::Blocking::parse(value, isa.f32_level()).map(|_| ()),
+            None => Ok(()),
+        },
+        "FORKSCORE_CPU_AMX" => match super::cpu_amx::AmxBlocking::parse(value) {
+            Ok(b) if b.hot => Err("hot is a timing probe with wrong results".into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        },
+        "FORKSCORE_CPU_ATTENTION" => super::cpu_attention::TileSizes::parse(value)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        other => Err(format!("{other} has no parser")),
     }
-    if let Some(v) = get("FORKSCORE_CPU_QPREFETCH") {
-        super::cpu_qgemm::parse_prefetch(&v)?;
-    }
-    if let (Some(v), Some(isa)) = (get("FORKSCORE_CPU_GEMM_BLOCKING"), Isa::chosen()) {
-        super::cpu_gemm::Blocking::parse(&v, isa.f32_level())
-            .map_err(|e| format!("FORKSCORE_CPU_GEMM_BLOCKING={v:?}: {e}"))?;
-    }
-    Ok(())
-}
-
-/// [`check`] on this process's environment.
-pub(crate) fn check_env() -> Result<(), String> {
-    check(|name| std::env::var(name).ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::switches::Switches;
 
     fn with(pairs: &[(&str, &str)]) -> Result<(), String> {
-        check(|name| {
+        Switches::from_source(|name| {
             pairs
                 .iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         })
+        .validate(check_spec)
+        .map_err(|e| e.to_string())
     }
 
     /// Right values and unset variables pass; a wrong one is refused by name.
@@ -61,7 +61,7 @@ mod tests {
         assert_eq!(with(&[("FORKSCORE_CPU_ISA", " ")]), Ok(()));
         let e = with(&[("FORKSCORE_CPU_ISA", "avx3")]).expect_err("avx3");
         assert!(
-            e.contains("FORKSCORE_CPU_ISA=\"avx3\"") && e.contains("avx2, avxvnni, avx512"),
+            e.contains("FORKSCORE_CPU_ISA=\"avx3\"") && e.contains("avx512, avxvnni, avx2"),
             "{e}"
         );
         let e = with(&[("FORKSCORE_CPU_QPREFETCH", "far")]).expect_err("far");
@@ -70,6 +70,23 @@ mod tests {
             assert_eq!(with(&[("FORKSCORE_CPU_GEMM_BLOCKING", "pf=4")]), Ok(()));
             let e = with(&[("FORKSCORE_CPU_GEMM_BLOCKING", "pf=x")]).expect_err("pf=x");
             assert!(e.contains("FORKSCORE_CPU_GEMM_BLOCKING=\"pf=x\""), "{e}");
+        }
+        let e = with(&[("FORKSCORE_CPU_AMX", "hot=1")]).expect_err("hot");
+        assert!(e.contains("timing probe"), "{e}");
+    }
+
+    /// Every specification switch of the table has a parser here.
+    #[test]
+    fn every_spec_switch_has_a_parser() {
+        for s in crate::switches::TABLE {
+            if let crate::switches::Accepts::Spec(_) = s.accepts {
+                let r = check_spec(s.name, "");
+                assert!(
+                    !matches!(&r, Err(e) if e.contains("has no parser")),
+                    "{}",
+                    s.name
+                );
+            }
         }
     }
 }

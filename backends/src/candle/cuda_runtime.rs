@@ -30,9 +30,9 @@ pub enum RuntimeSettings {
 impl RuntimeSettings {
     /// From `FORKSCORE_CUDA_RUNTIME`; anything but `candle` is the tuned default.
     pub fn from_env() -> RuntimeSettings {
-        match std::env::var("FORKSCORE_CUDA_RUNTIME") {
-            Ok(v) if v.trim() == "candle" => RuntimeSettings::Candle,
-            _ => RuntimeSettings::Tuned,
+        match crate::switches::is("FORKSCORE_CUDA_RUNTIME", "candle") {
+            true => RuntimeSettings::Candle,
+            false => RuntimeSettings::Tuned,
         }
     }
 }

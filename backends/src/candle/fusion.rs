@@ -38,7 +38,7 @@ pub fn set_qkv(on: bool) {
 }
 
 fn env_separate(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v.trim() == "separate")
+    crate::switches::is(var, "separate")
 }
 
 /// Take the SwiGLU of packed gate | up weights inside the kernel's tiles (`true`, the
@@ -52,8 +52,7 @@ pub fn set_gate_up_in_tiles(on: bool) {
 /// only as its own pass after the stacked product ([`set_gate_up_in_tiles`], or
 /// `FORKSCORE_MLP=stacked` for A/B timings).
 pub(crate) fn gate_up_in_tiles() -> bool {
-    GATE_UP_IN_TILES.load(Ordering::Relaxed)
-        && !std::env::var("FORKSCORE_MLP").is_ok_and(|v| v.trim() == "stacked")
+    GATE_UP_IN_TILES.load(Ordering::Relaxed) && !crate::switches::is("FORKSCORE_MLP", "stacked")
 }
 
 /// Whether a model loading onto `device` stacks gate | up.

@@ -246,9 +246,9 @@ impl CandleBackend {
         if options.prefill_chunk == 0 {
             return Err(invalid("prefill_chunk must be positive"));
         }
-        if matches!(options.device, DeviceSpec::Cpu) {
-            cpu_switches::check_env().map_err(invalid)?;
-        }
+        crate::switches::Switches::current()
+            .validate(cpu_switches::check_spec)
+            .map_err(|e| invalid(e.to_string()))?;
         let store = match &checkpoint.gguf {
             Some(file) => LoadedStore::Gguf(GgufTensors::open(file)?),
             None => {

@@ -23,7 +23,7 @@ static STATE: AtomicU8 = AtomicU8::new(0);
 pub fn enabled() -> bool {
     match STATE.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("FORKSCORE_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+            let on = crate::switches::value("FORKSCORE_PROFILE").is_some_and(|v| v != "0");
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }

@@ -41,7 +41,7 @@ pub fn takes_device_path(logits: &Tensor, vocab: usize, k: usize) -> bool {
     logits.device().is_cuda()
         && k <= MAX_K
         && vocab <= MAX_VOCAB
-        && !std::env::var("FORKSCORE_VOCAB_TOPK").is_ok_and(|v| v.trim() == "host")
+        && !crate::switches::is("FORKSCORE_VOCAB_TOPK", "host")
 }
 
 /// Run the kernel over `logits (n, V)` (f32, on CUDA).

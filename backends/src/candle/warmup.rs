@@ -35,8 +35,8 @@ mod cuda {
 
     pub(super) fn start(device: &Device) {
         let Device::Cuda(dev) = device else { return };
-        let off = |var: &str, value: &str| std::env::var(var).is_ok_and(|v| v.trim() == value);
-        if !off("FORKSCORE_KERNEL_WARMUP", "1") || off("CUDA_CACHE_DISABLE", "1") {
+        let cache_off = std::env::var("CUDA_CACHE_DISABLE").is_ok_and(|v| v.trim() == "1");
+        if !crate::switches::is("FORKSCORE_KERNEL_WARMUP", "1") || cache_off {
             return;
         }
         let modules = [

@@ -3,7 +3,7 @@
 //! Every record carries its provenance. Before a resumed job appends anything, each existing
 //! record's provenance is compared with this run's on the keys that decide the results:
 //! [`RESUME_KEYS`] (model, revision, fingerprint, dtype, mode, temperature, the job's default
-//! schema hash, and its `--shard`, absent in unsharded jobs). A record that differs — or has no provenance — refuses the resume, naming the
+//! schema hash, its `--shard`, absent in unsharded jobs, and the set `FORKSCORE_*` switches). A record that differs — or has no provenance — refuses the resume, naming the
 //! record, the key and both values; `--resume-any-provenance` overrides (the file then mixes
 //! runs, which its records still say).
 
@@ -21,6 +21,7 @@ pub const RESUME_KEYS: &[&str] = &[
     "temperature",
     "default_schema_hash",
     "shard",
+    "switches",
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -52,6 +52,7 @@ pub fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
             chat_template,
             adapter_sha256: None,
             gguf: None,
+            switches: Default::default(),
         };
         (engine, prov)
     })

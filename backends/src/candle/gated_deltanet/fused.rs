@@ -58,12 +58,12 @@ pub fn prefill_form() -> PrefillForm {
         _ => {
             static ENV: std::sync::OnceLock<PrefillForm> = std::sync::OnceLock::new();
             *ENV.get_or_init(|| {
-                match std::env::var("FORKSCORE_GDN_PREFILL")
+                match crate::switches::value("FORKSCORE_GDN_PREFILL")
+                    .map(str::to_ascii_lowercase)
                     .as_deref()
-                    .map(str::trim)
                 {
-                    Ok("chunked") => PrefillForm::Chunked,
-                    Ok("recurrent") => PrefillForm::Recurrent,
+                    Some("chunked") => PrefillForm::Chunked,
+                    Some("recurrent") => PrefillForm::Recurrent,
                     _ => PrefillForm::Auto,
                 }
             })

@@ -203,9 +203,7 @@ impl DeltaRule {
 /// `FORKSCORE_GDN=candle` keeps the candle path on CUDA (to compare or profile), read once.
 fn candle_path_forced() -> bool {
     static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        std::env::var("FORKSCORE_GDN").is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
-    })
+    *FORCED.get_or_init(|| crate::switches::is("FORKSCORE_GDN", "candle"))
 }
 
 /// One Gated DeltaNet layer, ready to run.

@@ -1,0 +1,346 @@
+//! The switchboard: every `FORKSCORE_*` environment switch the library reads, in one table, read
+//! from the environment once per process into one [`Switches`] value.
+//!
+//! No other module reads these variables: each asks [`Switches::current`] (or [`value`]) for its
+//! switch's trimmed value. A backend load checks every set switch ([`Switches::validate`], with
+//! the value parsers of the modules that use them) and refuses a misspelled value with an error
+//! naming the variable and what it accepts, instead of silently running the default. Results
+//! record the set switches that can change a result ([`Switches::recorded`]) in their provenance.
+//! `docs/configuration.md` carries the same table for users; a test holds the two together.
+//!
+//! This module is a leaf: it imports nothing from the crate, so every module may use it.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// What setting a switch can change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Which kernel or formulation computes a layer: results can differ in the last bits.
+    ComputePath,
+    /// Blocking, tiling or prefetch of a kernel: the same kernel, possibly a different
+    /// summation order.
+    Tuning,
+    /// Timing or start-up behaviour only: results are unchanged.
+    Diagnostic,
+}
+
+/// What values a switch accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepts {
+    /// One of these words (ASCII case ignored); the first is the default.
+    OneOf(&'static [&'static str]),
+    /// A specification parsed by the module that uses it (checked at load).
+    Spec(&'static str),
+}
+
+/// One switch of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct Switch {
+    pub name: &'static str,
+    pub effect: Effect,
+    pub accepts: Accepts,
+    /// What it does, for the documentation table.
+    pub doc: &'static str,
+}
+
+use Accepts::{OneOf, Spec};
+use Effect::{ComputePath, Diagnostic, Tuning};
+
+/// Every switch the library reads.
+pub const TABLE: &[Switch] = &[
+    Switch {
+        name: "FORKSCORE_ATTENTION",
+        effect: ComputePath,
+        accepts: OneOf(&["fastest", "candle"]),
+        doc: "`candle`: attention through candle's matmul + softmax everywhere (the reference), instead of the flash / CPU kernels",
+    },
+    Switch {
+        name: "FORKSCORE_CAUSAL_BLOCKS",
+        effect: ComputePath,
+        accepts: OneOf(&["1", "0"]),
+        doc: "`0`: candle-path causal prefill attention over the full L × L scores instead of by query blocks",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_ISA",
+        effect: ComputePath,
+        accepts: OneOf(&["avx512", "avxvnni", "avx2"]),
+        doc: "caps the CPU kernels' instruction level (the highest the CPU has by default)",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_GEMM",
+        effect: ComputePath,
+        accepts: OneOf(&["packed", "candle", "openblas", "amx"]),
+        doc: "the f32 CPU GEMM: forkscore's packed kernel, candle's matmul, OpenBLAS (`--features openblas`) or the opt-in AMX bf16×6 kernel",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_BF16",
+        effect: ComputePath,
+        accepts: OneOf(&["amx", "dot", "candle"]),
+        doc: "the kernel for bf16 weights on the CPU: AMX tiles, AVX-512 BF16 dot products, or candle's matmul",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_Q8",
+        effect: ComputePath,
+        accepts: OneOf(&["vnni", "amx"]),
+        doc: "the kernel for q8_0 weights on the CPU: VNNI dot products or the opt-in AMX-INT8 tiles",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_GEMM_BLOCKING",
+        effect: Tuning,
+        accepts: Spec("`key=value,…` over the f32 kernel's blocking (`mr`, `nr`, `mc`, `kc`, `pf`)"),
+        doc: "the f32 CPU GEMM's blocking",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_AMX",
+        effect: Tuning,
+        accepts: Spec("`key=value,…` over the AMX kernel's blocking (`mc`, `pf`)"),
+        doc: "the AMX GEMM's blocking",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_ATTENTION",
+        effect: Tuning,
+        accepts: Spec("`key=value,…` over the CPU attention kernel's tile sizes and form"),
+        doc: "the CPU attention kernel's tiles",
+    },
+    Switch {
+        name: "FORKSCORE_CPU_QPREFETCH",
+        effect: Tuning,
+        accepts: Spec("a count of blocks to prefetch ahead (0: none)"),
+        doc: "the quantized CPU GEMM's prefetch distance",
+    },
+    Switch {
+        name: "FORKSCORE_MLP",
+        effect: ComputePath,
+        accepts: OneOf(&["tiles", "stacked", "separate"]),
+        doc: "MLP gate | up: one product with the SwiGLU inside the kernel's tiles, one stacked product then SwiGLU, or two products",
+    },
+    Switch {
+        name: "FORKSCORE_QKV",
+        effect: ComputePath,
+        accepts: OneOf(&["stacked", "separate"]),
+        doc: "attention q | k | v as one stacked product or three",
+    },
+    Switch {
+        name: "FORKSCORE_GDN",
+        effect: ComputePath,
+        accepts: OneOf(&["fused", "candle"]),
+        doc: "Gated DeltaNet layers through the fused CUDA kernels or candle's ops (the reference)",
+    },
+    Switch {
+        name: "FORKSCORE_GDN_PREFILL",
+        effect: ComputePath,
+        accepts: OneOf(&["auto", "chunked", "recurrent"]),
+        doc: "the fused Gated DeltaNet prefill form: chosen by length, chunked, or recurrent",
+    },
+    Switch {
+        name: "FORKSCORE_VOCAB_TOPK",
+        effect: ComputePath,
+        accepts: OneOf(&["device", "host"]),
+        doc: "whole-vocabulary top-K on the GPU or on the host",
+    },
+    Switch {
+        name: "FORKSCORE_CUDA_RUNTIME",
+        effect: Diagnostic,
+        accepts: OneOf(&["tuned", "candle"]),
+        doc: "`candle`: candle's default CUDA allocator and stream settings instead of stream-ordered allocation",
+    },
+    Switch {
+        name: "FORKSCORE_KERNEL_WARMUP",
+        effect: Diagnostic,
+        accepts: OneOf(&["0", "1"]),
+        doc: "`1`: compile candle's CUDA kernels in a background thread at load",
+    },
+    Switch {
+        name: "FORKSCORE_PROFILE",
+        effect: Diagnostic,
+        accepts: OneOf(&["0", "1"]),
+        doc: "`1`: time each layer kind (device-synchronised) and print the totals at exit",
+    },
+];
+
+/// The table entry of `name`, if it is a switch.
+pub fn switch(name: &str) -> Option<&'static Switch> {
+    TABLE.iter().find(|s| s.name == name)
+}
+
+/// The set switches of one process: each table variable's trimmed value when set and not empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Switches {
+    values: BTreeMap<&'static str, String>,
+}
+
+/// A switch set to a value it does not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?}: {reason}")]
+pub struct SwitchError {
+    pub name: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+impl Switches {
+    /// The table's switches as `get` gives them (a variable's value, if set).
+    pub fn from_source(get: impl Fn(&str) -> Option<String>) -> Switches {
+        let values = TABLE
+            .iter()
+            .filter_map(|s| {
+                let v = get(s.name)?;
+                let v = v.trim();
+                (!v.is_empty()).then(|| (s.name, v.to_string()))
+            })
+            .collect();
+        Switches { values }
+    }
+
+    /// This process's switches, read from the environment on first use.
+    pub fn current() -> &'static Switches {
+        static CURRENT: OnceLock<Switches> = OnceLock::new();
+        CURRENT.get_or_init(|| Switches::from_source(|name| std::env::var(name).ok()))
+    }
+
+    /// The trimmed value of switch `name`, when set.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        debug_assert!(switch(name).is_some(), "{name} is not in the switch table");
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Whether switch `name` is set to `word` (ASCII case ignored).
+    pub fn is(&self, name: &str, word: &str) -> bool {
+        self.get(name).is_some_and(|v| v.eq_ignore_ascii_case(word))
+    }
+
+    /// The first set switch whose value is wrong: a [`Accepts::OneOf`] word outside its list,
+    /// or a [`Accepts::Spec`] that `spec` (the owning module's parser, given the name and the
+    /// value) refuses.
+    pub fn validate(
+        &self,
+        spec: impl Fn(&'static str, &str) -> Result<(), String>,
+    ) -> Result<(), SwitchError> {
+        for (&name, value) in &self.values {
+            let Some(s) = switch(name) else { continue };
+            let wrong = |reason: String| SwitchError {
+                name,
+                value: value.clone(),
+                reason,
+            };
+            match s.accepts {
+                OneOf(words) => {
+                    if !words.iter().any(|w| w.eq_ignore_ascii_case(value)) {
+                        return Err(wrong(format!("expected one of {}", words.join(", "))));
+                    }
+                }
+                Spec(_) => spec(name, value).map_err(wrong)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The set switches that can change a result (every effect but [`Effect::Diagnostic`]),
+    /// name → value, for provenance. Empty when none is set.
+    pub fn recorded(&self) -> BTreeMap<String, String> {
+        self.values
+            .iter()
+            .filter(|(name, _)| switch(name).is_some_and(|s| s.effect != Diagnostic))
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+}
+
+/// The trimmed value of switch `name` in this process, when set.
+pub fn value(name: &str) -> Option<&'static str> {
+    Switches::current().get(name)
+}
+
+/// Whether switch `name` is set to `word` in this process (ASCII case ignored).
+pub fn is(name: &str, word: &str) -> bool {
+    Switches::current().is(name, word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Switches {
+        Switches::from_source(|name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    fn no_spec(_: &'static str, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let mut names: Vec<_> = TABLE.iter().map(|s| s.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), TABLE.len());
+        assert!(names.iter().all(|n| n.starts_with("FORKSCORE_")));
+    }
+
+    /// Unset and empty switches are absent; values are trimmed; other variables are ignored.
+    #[test]
+    fn only_table_switches_are_read() {
+        let s = with(&[
+            ("FORKSCORE_ATTENTION", " candle "),
+            ("FORKSCORE_GDN", "  "),
+            ("FORKSCORE_BENCH_MODEL", "x"),
+        ]);
+        assert_eq!(s.get("FORKSCORE_ATTENTION"), Some("candle"));
+        assert!(s.is("FORKSCORE_ATTENTION", "CANDLE"));
+        assert_eq!(s.get("FORKSCORE_GDN"), None);
+        assert_eq!(s.values.len(), 1);
+    }
+
+    /// A word outside the list is refused by name with the accepted words; the default word is
+    /// accepted; a spec goes to its parser.
+    #[test]
+    fn wrong_values_are_named() {
+        assert_eq!(with(&[]).validate(no_spec), Ok(()));
+        assert_eq!(
+            with(&[
+                ("FORKSCORE_GDN_PREFILL", "Auto"),
+                ("FORKSCORE_MLP", "tiles")
+            ])
+            .validate(no_spec),
+            Ok(())
+        );
+        let e = with(&[("FORKSCORE_ATTENTION", "flash")])
+            .validate(no_spec)
+            .expect_err("flash");
+        assert_eq!(e.name, "FORKSCORE_ATTENTION");
+        assert!(e.to_string().contains("\"flash\""), "{e}");
+        assert!(e.to_string().contains("fastest, candle"), "{e}");
+        let e = with(&[("FORKSCORE_CPU_QPREFETCH", "far")])
+            .validate(|name, v| Err(format!("{name} got {v}")))
+            .expect_err("far");
+        assert_eq!(e.reason, "FORKSCORE_CPU_QPREFETCH got far");
+    }
+
+    /// Provenance records result-changing switches only.
+    #[test]
+    fn diagnostics_are_not_recorded() {
+        let s = with(&[("FORKSCORE_PROFILE", "1"), ("FORKSCORE_QKV", "separate")]);
+        let r = s.recorded();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r["FORKSCORE_QKV"], "separate");
+    }
+
+    /// docs/configuration.md names every switch of the table.
+    #[test]
+    fn the_documentation_names_every_switch() {
+        let doc = include_str!("../../docs/configuration.md");
+        for s in TABLE {
+            assert!(
+                doc.contains(&format!("`{}`", s.name)),
+                "{} is not documented",
+                s.name
+            );
+        }
+    }
+}
