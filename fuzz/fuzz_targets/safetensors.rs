@@ -4,7 +4,7 @@
 //! length; every listed tensor's bytes are readable.
 #![no_main]
 
-use forkscore_backends::candle::limits::inspect_weights;
+use forkscore_backends::candle::inspect_weights;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,8 @@
 //! targets in `fuzz/fuzz_targets/`, so `cargo test --workspace` keeps them fixed without
 //! libFuzzer. See fuzz/README.md.
 
-use forkscore_backends::candle::limits::{inspect_weights, MAX_DIMS};
+use forkscore_backends::candle::inspect_weights;
+use forkscore_backends::candle::limits::MAX_DIMS;
 use forkscore_backends::candle::ModelConfig;
 use forkscore_engine::prepare::split::split_exact;
 use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema};

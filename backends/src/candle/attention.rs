@@ -27,13 +27,8 @@ use candle_core::{DType, Tensor, D};
 
 use super::cpu_attention;
 use super::flash_attention;
+pub use super::past_kv::PastKv;
 use crate::error::CandleError;
-
-/// The retained keys/values of `S` slots, each `(Hkv, S, P, hd)`.
-pub struct PastKv<'a> {
-    pub k: &'a Tensor,
-    pub v: &'a Tensor,
-}
 
 /// Masks for one call, see [`super::mask`].
 pub struct AttnMasks<'a> {

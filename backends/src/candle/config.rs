@@ -438,6 +438,58 @@ fn layer_kinds(
     }
 }
 
+/// The config agrees with the stored tensors: the stored layer indices cover exactly
+/// `0..num_hidden_layers`, and the text model's `embed_tokens.weight` has shape
+/// `[vocab_size, hidden_size]`. `tensors` are all stored tensor names with their shapes. Runs
+/// before the model is built, so a config that disagrees with its weights allocates nothing.
+pub(crate) fn check_against_tensors<'a>(
+    config: &ModelConfig,
+    tensors: impl Iterator<Item = (&'a str, &'a [usize])>,
+) -> Result<(), CandleError> {
+    let invalid = |reason: String| CandleError::InvalidConfig {
+        path: config.path.clone(),
+        reason,
+    };
+    let t = &config.text;
+    let mut max_layer: Option<u64> = None;
+    let mut embed: Option<&[usize]> = None;
+    for (name, shape) in tensors {
+        // vision towers and MTP heads have layers of their own; only the text model's count
+        if name.contains("visual") || name.starts_with("mtp") || name.contains(".mtp.") {
+            continue;
+        }
+        if let Some(i) = layer_index(name) {
+            max_layer = Some(max_layer.map_or(i, |m| m.max(i)));
+        }
+        if name.ends_with("embed_tokens.weight") {
+            embed = Some(shape);
+        }
+    }
+    let stored_layers = max_layer.map_or(0, |m| m + 1);
+    if stored_layers != t.num_layers as u64 {
+        return Err(invalid(format!(
+            "num_hidden_layers is {} but the checkpoint stores tensors for {stored_layers} layers",
+            t.num_layers
+        )));
+    }
+    if let Some(shape) = embed {
+        if shape != [t.vocab_size, t.hidden_size] {
+            return Err(invalid(format!(
+                "vocab_size {} x hidden_size {} does not match the stored embedding of shape {shape:?}",
+                t.vocab_size, t.hidden_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Layer indices `i` of tensor names containing `layers.{i}.`.
+fn layer_index(name: &str) -> Option<u64> {
+    let rest = &name[name.find("layers.")? + "layers.".len()..];
+    let digits = &rest[..rest.find('.')?];
+    digits.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,5 +572,13 @@ mod tests {
             c.map(|c| (c.architecture, c.text.head_dim, c.tie_word_embeddings)),
             Some((Architecture::Qwen3, 32, Some(false)))
         );
+    }
+
+    #[test]
+    fn layer_indices_are_read_from_names() {
+        assert_eq!(layer_index("model.layers.27.mlp.up_proj.weight"), Some(27));
+        assert_eq!(layer_index("model.language_model.layers.3.x"), Some(3));
+        assert_eq!(layer_index("model.norm.weight"), None);
+        assert_eq!(layer_index("model.layers.x.y"), None);
     }
 }

@@ -58,7 +58,7 @@
 use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
-use super::cpu_gemm::NR;
+use super::cpu_panel::NR;
 
 /// `k` per tile step: 32 bf16, one 64-byte tile row.
 const KSTEP: usize = 32;
@@ -345,37 +345,19 @@ fn product_reference(x: &[f32], m: usize, w: &AmxWeight) -> Vec<f64> {
     y
 }
 
-/// Whether the AMX kernel runs in this process: x86-64 Linux, CPUID AMX-TILE + AMX-BF16,
-/// the OS saving the tile state (XCR0 bits 17–18), and the kernel granting it to this process.
-/// Detected (and the permission asked for) once.
-pub(crate) fn available() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(detect)
-}
+pub(crate) use super::cpu_isa::amx_available as available;
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect() -> bool {
-    use std::arch::x86_64::{__cpuid_count, _xgetbv};
-    // SAFETY: cpuid is present on every x86-64 CPU; xgetbv(0) only after CPUID reports OSXSAVE
-    unsafe {
-        let l7 = __cpuid_count(7, 0);
-        let (amx_bf16, amx_tile) = (l7.edx & (1 << 22) != 0, l7.edx & (1 << 24) != 0);
-        let osxsave = __cpuid_count(1, 0).ecx & (1 << 27) != 0;
-        if !(amx_bf16 && amx_tile && osxsave) {
-            return false;
-        }
-        if _xgetbv(0) & (0b11 << 17) != (0b11 << 17) {
-            return false;
-        }
-        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA
-        libc::syscall(libc::SYS_arch_prctl, 0x1023, 18) == 0
+/// A `Q8_0` linear layer `x (.., k) · Wᵀ -> (.., n)`: with `FORKSCORE_CPU_Q8=amx` on a CPU with
+/// AMX-INT8 ([`q8_runs`]) a weight of the AVX-512 layout runs on the int8 tiles (the same sums
+/// as the VNNI kernel, bit for bit), every other weight on [`super::cpu_qgemm::linear`].
+pub(crate) fn q8_linear(x: &Tensor, w: &super::cpu_qgemm::PackedQ8) -> Result<Tensor> {
+    if w.isa() == super::cpu_isa::Isa::Avx512 && q8_runs()? {
+        let ready = || w.isa().require("q8_0 linear");
+        return super::cpu_host::try_apply_rows(x, w.dims(), "q8_0 linear", ready, |xd, m| {
+            q8_product(xd, m, w)
+        });
     }
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect() -> bool {
-    false
+    super::cpu_qgemm::linear(x, w)
 }
 
 /// Whether `Q8_0` weights run on the AMX int8 tiles in this process: only when
@@ -1238,9 +1220,7 @@ mod tests {
             );
             if q8_runs()? {
                 let xt = Tensor::from_vec(x.clone(), (m, k), &dev)?;
-                let y = cpu_qgemm::linear(&xt, &w)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
+                let y = q8_linear(&xt, &w)?.flatten_all()?.to_vec1::<f32>()?;
                 assert!(
                     y == want,
                     "({m}, {n}, {k}): linear did not take the tiles' sums"

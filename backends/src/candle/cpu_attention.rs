@@ -41,9 +41,9 @@
 use candle_core::{DType, Layout, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::attention::PastKv;
 use super::cpu_math;
 use super::mask::NewKeysMask;
+use super::past_kv::PastKv;
 use crate::error::CandleError;
 
 /// Which form computes a tile.

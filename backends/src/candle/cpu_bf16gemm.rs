@@ -28,8 +28,9 @@ use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
 use super::cpu_amx::{bf16_bits, bf16_value};
-use super::cpu_gemm::{Blocking, NR};
+use super::cpu_gemm::Blocking;
 use super::cpu_isa::Isa;
+use super::cpu_panel::NR;
 
 /// Whether the bf16 kernel runs in this process: the AVX-512 level of [`Isa`] is chosen
 /// (not capped by `FORKSCORE_CPU_ISA=avx2`) and the CPU has AVX-512 BF16. Detected once.
@@ -81,7 +82,7 @@ pub(crate) fn kernel() -> Result<Bf16Kernel> {
         let packed = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::Packed;
         Bf16Kernel::choose(
             asked.trim(),
-            packed && super::cpu_amx::available(),
+            packed && super::cpu_isa::amx_available(),
             packed && available(),
         )
         .map_err(|e| format!("FORKSCORE_CPU_BF16={asked:?}: {e}"))

@@ -32,8 +32,7 @@ use candle_core::{Device, Result, Tensor};
 use super::cpu_aligned::Aligned;
 use super::cpu_isa::Isa;
 
-/// Output columns per panel (two 8-lane vectors).
-pub(crate) const NR: usize = 16;
+pub(crate) use super::cpu_panel::NR;
 /// Rows per microkernel tile, at most (AVX2: 6 rows × 2 registers of accumulators; AVX-512:
 /// 14 rows × 2 registers, 28 of the 32).
 const MAX_MR_AVX2: usize = 6;
@@ -186,7 +185,7 @@ pub(crate) fn amx() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        asked() == "amx" && choice() == CpuGemm::Packed && super::cpu_amx::available()
+        asked() == "amx" && choice() == CpuGemm::Packed && super::cpu_isa::amx_available()
     })
 }
 

@@ -105,6 +105,39 @@ impl Isa {
     }
 }
 
+/// Whether the AMX kernel runs in this process: x86-64 Linux, CPUID AMX-TILE + AMX-BF16,
+/// the OS saving the tile state (XCR0 bits 17–18), and the kernel granting it to this process.
+/// Detected (and the permission asked for) once.
+pub(crate) fn amx_available() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(detect_amx)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect_amx() -> bool {
+    use std::arch::x86_64::{__cpuid_count, _xgetbv};
+    // SAFETY: cpuid is present on every x86-64 CPU; xgetbv(0) only after CPUID reports OSXSAVE
+    unsafe {
+        let l7 = __cpuid_count(7, 0);
+        let (amx_bf16, amx_tile) = (l7.edx & (1 << 22) != 0, l7.edx & (1 << 24) != 0);
+        let osxsave = __cpuid_count(1, 0).ecx & (1 << 27) != 0;
+        if !(amx_bf16 && amx_tile && osxsave) {
+            return false;
+        }
+        if _xgetbv(0) & (0b11 << 17) != (0b11 << 17) {
+            return false;
+        }
+        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA
+        libc::syscall(libc::SYS_arch_prctl, 0x1023, 18) == 0
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect_amx() -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 
-use super::attention::PastKv;
 use super::cpu_amx::{self, AmxWeight};
 use super::cpu_attention;
 use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
@@ -17,6 +16,7 @@ use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
 use super::cpu_qgemm::{self, PackedQ8};
 use super::mask::NewKeysMask;
+use super::past_kv::PastKv;
 use crate::error::CandleError;
 
 fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> CandleError {
@@ -212,7 +212,7 @@ pub fn set_q8_prefetch(blocks: usize) {
 
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
 pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
-    cpu_qgemm::linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
+    cpu_amx::q8_linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
 }
 
 /// A weight `(out, in)` rounded to bf16 and packed for the kernel `--quantize bf16` takes on

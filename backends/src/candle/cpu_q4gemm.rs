@@ -43,8 +43,8 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
-use super::cpu_gemm::NR;
 use super::cpu_isa::Isa;
+use super::cpu_panel::NR;
 use super::cpu_qgemm::quantize_block_scalar;
 
 /// `k` per block (of the activations, of `Q4_0`, of a `Q4_K` sub-block).

@@ -33,8 +33,8 @@
 use candle_core::{Result, Tensor};
 
 use super::cpu_aligned::Aligned;
-use super::cpu_gemm::NR;
 use super::cpu_isa::Isa;
+use super::cpu_panel::NR;
 use super::cpu_tile_store::Out;
 
 /// `k` per `Q8_0` block.
@@ -182,6 +182,11 @@ impl PackedQ8 {
         })
     }
 
+    /// The instruction level whose layout the weight is packed in.
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
+    }
+
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
@@ -274,16 +279,10 @@ pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
-///
-/// With `FORKSCORE_CPU_Q8=amx` on a CPU with AMX-INT8 ([`super::cpu_amx::q8_runs`]), a weight
-/// of the AVX-512 layout runs on the int8 tiles instead (the same sums, bit for bit).
+/// (The layer's dispatcher, [`super::cpu_amx::q8_linear`], sends AVX-512 weights to the AMX
+/// int8 tiles instead when `FORKSCORE_CPU_Q8=amx` asks for them.)
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || w.isa.require("q8_0 linear");
-    if w.isa == Isa::Avx512 && super::cpu_amx::q8_runs()? {
-        return super::cpu_host::try_apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
-            super::cpu_amx::q8_product(xd, m, w)
-        });
-    }
     super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {

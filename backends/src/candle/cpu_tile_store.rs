@@ -10,7 +10,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use super::cpu_aligned::{Aligned, Plain};
-use super::cpu_gemm::NR;
+use super::cpu_panel::NR;
 
 /// An integer kernel's output tile: up to 6 rows × two panels of [`NR`] columns.
 pub(crate) type Tile = [[f32; 2 * NR]; 6];

@@ -15,7 +15,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::attention::PastKv;
+use super::past_kv::PastKv;
 use crate::error::CandleError;
 
 /// Whether the flash kernel can compute this call.

@@ -10,14 +10,14 @@
 //!   is built from it;
 //! - [`check_header_len`]: a safetensors header length within the file and [`MAX_HEADER_BYTES`]
 //!   before it is read;
-//! - [`check_against_tensors`]: the config's layer count and embedding shape agree with the
-//!   tensors actually stored, before the model is built.
+//!
+//! Whether the config agrees with the tensors actually stored is
+//! [`super::config::ModelConfig::check_against_tensors`]'s question.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::config::ModelConfig;
 use crate::error::CandleError;
 pub use forkscore_seam::files::{file_kind, FileError, MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
 
@@ -121,13 +121,6 @@ pub fn check_header_len(path: &Path, declared: u64, file_len: u64) -> Result<(),
     Ok(())
 }
 
-/// Layer indices `i` of tensor names containing `layers.{i}.`.
-fn layer_index(name: &str) -> Option<u64> {
-    let rest = &name[name.find("layers.")? + "layers.".len()..];
-    let digits = &rest[..rest.find('.')?];
-    digits.parse().ok()
-}
-
 /// The first 8 bytes of a mapped safetensors file declare a plausible header length
 /// ([`check_header_len`]), checked before the header is parsed.
 pub fn check_mapped_header(path: &Path, bytes: &[u8]) -> Result<(), CandleError> {
@@ -141,67 +134,6 @@ pub fn check_mapped_header(path: &Path, bytes: &[u8]) -> Result<(), CandleError>
         });
     };
     check_header_len(path, u64::from_le_bytes(len), bytes.len() as u64)
-}
-
-/// The config agrees with the stored tensors: the stored layer indices cover exactly
-/// `0..num_hidden_layers`, and the text model's `embed_tokens.weight` has shape
-/// `[vocab_size, hidden_size]`. `tensors` are all stored tensor names with their shapes. Runs
-/// before the model is built, so a config that disagrees with its weights allocates nothing.
-pub fn check_against_tensors<'a>(
-    config: &ModelConfig,
-    tensors: impl Iterator<Item = (&'a str, &'a [usize])>,
-) -> Result<(), CandleError> {
-    let invalid = |reason: String| CandleError::InvalidConfig {
-        path: config.path.clone(),
-        reason,
-    };
-    let t = &config.text;
-    let mut max_layer: Option<u64> = None;
-    let mut embed: Option<&[usize]> = None;
-    for (name, shape) in tensors {
-        // vision towers and MTP heads have layers of their own; only the text model's count
-        if name.contains("visual") || name.starts_with("mtp") || name.contains(".mtp.") {
-            continue;
-        }
-        if let Some(i) = layer_index(name) {
-            max_layer = Some(max_layer.map_or(i, |m| m.max(i)));
-        }
-        if name.ends_with("embed_tokens.weight") {
-            embed = Some(shape);
-        }
-    }
-    let stored_layers = max_layer.map_or(0, |m| m + 1);
-    if stored_layers != t.num_layers as u64 {
-        return Err(invalid(format!(
-            "num_hidden_layers is {} but the checkpoint stores tensors for {stored_layers} layers",
-            t.num_layers
-        )));
-    }
-    if let Some(shape) = embed {
-        if shape != [t.vocab_size, t.hidden_size] {
-            return Err(invalid(format!(
-                "vocab_size {} x hidden_size {} does not match the stored embedding of shape {shape:?}",
-                t.vocab_size, t.hidden_size
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Open the weight files of `dir` exactly as a load does (index, shard headers, the index's
-/// tensor placement) and list every stored tensor with its shape, sorted by name, without
-/// building a model. Used by the fuzz target for the safetensors header / index reader.
-pub fn inspect_weights(dir: &Path) -> Result<Vec<(String, Vec<usize>)>, CandleError> {
-    let shards = super::shards::ShardSet::open(&super::shards::WeightFiles::discover(dir)?)?;
-    let mut all: Vec<(String, Vec<usize>)> = shards
-        .shapes()
-        .map(|(n, s)| (n.to_string(), s.to_vec()))
-        .collect();
-    all.sort();
-    for (name, _) in &all {
-        shards.get(name)?;
-    }
-    Ok(all)
 }
 
 #[cfg(test)]
@@ -261,14 +193,6 @@ mod tests {
                 "{declared} in {len}"
             );
         }
-    }
-
-    #[test]
-    fn layer_indices_are_read_from_names() {
-        assert_eq!(layer_index("model.layers.27.mlp.up_proj.weight"), Some(27));
-        assert_eq!(layer_index("model.language_model.layers.3.x"), Some(3));
-        assert_eq!(layer_index("model.norm.weight"), None);
-        assert_eq!(layer_index("model.layers.x.y"), None);
     }
 
     #[cfg(unix)]

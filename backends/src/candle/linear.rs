@@ -44,7 +44,7 @@ use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
 use super::cpu_gemm::{self, CpuGemm, PackedWeight};
 use super::cpu_isa::Isa;
 use super::cpu_q4gemm::{self, PackedQ4};
-use super::cpu_qgemm::{self, PackedQ8};
+use super::cpu_qgemm::PackedQ8;
 use crate::error::CandleError;
 
 /// One linear layer.
@@ -491,7 +491,7 @@ impl Linear {
                 add_bias(cpu_amx::linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ8 { weight, bias } => {
-                add_bias(cpu_qgemm::linear(x, weight)?, bias.as_ref())
+                add_bias(cpu_amx::q8_linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ4 { weight, bias } => {
                 add_bias(cpu_q4gemm::linear(x, weight)?, bias.as_ref())

@@ -44,6 +44,7 @@ pub mod cpu_kernels;
 #[cfg(target_arch = "x86_64")]
 mod cpu_key_major;
 mod cpu_math;
+mod cpu_panel;
 mod cpu_q4gemm;
 mod cpu_qgemm;
 mod cpu_switches;
@@ -61,6 +62,7 @@ pub mod mlp;
 mod models;
 mod norm;
 mod packing;
+mod past_kv;
 pub mod residual_norm;
 mod rope;
 mod shards;
@@ -79,6 +81,7 @@ pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, Resolve
 pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
 pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
 pub use linear::QuantSummary;
+pub use shards::inspect_weights;
 pub use state::{CandleState, LayerState};
 
 /// The x86 vector instructions this process's CPU kernels run with (`"avx512"` or `"avx2"`,
@@ -265,12 +268,12 @@ impl CandleBackend {
         warmup::compile_candle_kernels(&device);
         let view = match &store {
             LoadedStore::Safetensors(shards) => {
-                limits::check_against_tensors(&config, shards.shapes())?;
+                config::check_against_tensors(&config, shards.shapes())?;
                 weights::Store::Safetensors(shards)
             }
             LoadedStore::Gguf(g) => {
                 let shapes = g.hf_shapes();
-                limits::check_against_tensors(
+                config::check_against_tensors(
                     &config,
                     shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())),
                 )?;

@@ -272,3 +272,18 @@ pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), CandleError
     f.read_exact(&mut header).map_err(|e| corrupt(path, e))?;
     Ok((header, size))
 }
+/// Open the weight files of `dir` exactly as a load does (index, shard headers, the index's
+/// tensor placement) and list every stored tensor with its shape, sorted by name, without
+/// building a model. Used by the fuzz target for the safetensors header / index reader.
+pub fn inspect_weights(dir: &Path) -> Result<Vec<(String, Vec<usize>)>, CandleError> {
+    let shards = ShardSet::open(&WeightFiles::discover(dir)?)?;
+    let mut all: Vec<(String, Vec<usize>)> = shards
+        .shapes()
+        .map(|(n, s)| (n.to_string(), s.to_vec()))
+        .collect();
+    all.sort();
+    for (name, _) in &all {
+        shards.get(name)?;
+    }
+    Ok(all)
+}
