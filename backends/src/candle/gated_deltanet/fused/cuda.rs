@@ -1,0 +1,582 @@
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{
+    CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor,
+};
+
+use super::GdnDims;
+
+/// nvcc's fat binary of `kernels/gdn_recurrent.cu` (see build.rs).
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_recurrent.fatbin"));
+/// Must match `4 · GDN_CPL · GDN_WARPS` and `32 · GDN_WARPS` of the kernel source.
+const COLUMNS_PER_BLOCK: usize = 32;
+const THREADS: u32 = 128;
+/// The L2-normalisation epsilon of the candle path ([`super::super::norm::L2_EPS`]).
+const L2_EPS: f32 = super::super::norm::L2_EPS as f32;
+
+fn module(dev: &CudaDevice) -> Result<Arc<CudaModule>> {
+    crate::candle::cuda_module::load(dev, "gdn_recurrent", FATBIN)
+}
+
+/// The op: applied to `qkv`, holding the other inputs. Its one output is the flat
+/// concatenation `[o (B·L·Hv·dv) | state (B·Hv·dk·dv)]`, split by [`run`].
+struct GatedDeltaRule {
+    beta: Tensor,
+    g: Tensor,
+    state: Tensor,
+    /// `(B,)` u32: the state row each batch row continues (None: row b continues row b).
+    slots: Option<Tensor>,
+    dims: GdnDims,
+    /// Long calls take the chunked kernels where they fit ([`takes_chunked`]).
+    chunked: bool,
+}
+
+fn cuda_f32<'a>(
+    storage: &'a Storage,
+    layout: &Layout,
+    what: &str,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
+    crate::candle::cuda_module::contiguous_view::<f32>(storage, layout, "fused GDN", what)
+}
+
+/// A contiguous `(n,)` u32 tensor on the GPU as a view (the lengths / slot maps).
+fn cuda_u32<'a>(
+    storage: &'a Storage,
+    layout: &Layout,
+    what: &str,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, u32>> {
+    crate::candle::cuda_module::contiguous_view::<u32>(storage, layout, "fused GDN", what)
+}
+
+impl CustomOp1 for GatedDeltaRule {
+    fn name(&self) -> &'static str {
+        "fused-gated-delta-rule"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        candle_core::bail!("the fused Gated DeltaNet kernel runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, qkv: &CudaStorage, qkv_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let GdnDims {
+            key_heads: hk,
+            value_heads: hv,
+            key_dim: dk,
+            value_dim: dv,
+            ..
+        } = self.dims;
+        let (b, l, _) = qkv_l.shape().dims3()?;
+        let dev = qkv.device().clone();
+        if !qkv_l.is_contiguous() {
+            candle_core::bail!("fused GDN: qkv is not contiguous");
+        }
+        let qkv = qkv
+            .as_cuda_slice::<f32>()?
+            .slice(qkv_l.start_offset()..qkv_l.start_offset() + qkv_l.shape().elem_count());
+        let (beta_s, beta_l) = self.beta.storage_and_layout();
+        let beta = cuda_f32(&beta_s, beta_l, "beta")?;
+        let (g_s, g_l) = self.g.storage_and_layout();
+        let g = cuda_f32(&g_s, g_l, "g")?;
+        let (st_s, st_l) = self.state.storage_and_layout();
+        let s0 = cuda_f32(&st_s, st_l, "state")?;
+        let slots_guard = self.slots.as_ref().map(|t| t.storage_and_layout());
+        let slots = match &slots_guard {
+            Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
+            None => None,
+        };
+
+        let n_out = b * l * hv * dv;
+        let n_state = b * hv * dk * dv;
+        // SAFETY: every element is written by the kernel (outputs of all B·L tokens and
+        // the final state of all B rows).
+        let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
+        let (mut out, mut s1) = dst.split_at_mut(n_out);
+
+        if self.chunked && takes_chunked(l, dk, dv) {
+            chunked(
+                &dev,
+                &qkv,
+                &beta,
+                &g,
+                &s0,
+                slots.as_ref(),
+                &mut out,
+                &mut s1,
+                b,
+                l,
+                &self.dims,
+            )?;
+            return Ok((
+                CudaStorage::wrap_cuda_slice(dst, dev),
+                Shape::from(n_out + n_state),
+            ));
+        }
+        let func = module(&dev)?
+            .load_function(&format!("gdn_recurrent_dk{dk}"))
+            .w()?;
+        let stream = dev.cuda_stream();
+        let cfg = LaunchConfig {
+            grid_dim: ((b * hv) as u32, dv.div_ceil(COLUMNS_PER_BLOCK) as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (l_i, hk_i, hv_i, dv_i) = (l as i32, hk as i32, hv as i32, dv as i32);
+        let q_scale = (dk as f32).powf(-0.5);
+        let no_slots: u64 = 0;
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&qkv);
+        builder.arg(&beta);
+        builder.arg(&g);
+        builder.arg(&s0);
+        match &slots {
+            Some(v) => builder.arg(v),
+            None => builder.arg(&no_slots),
+        };
+        builder.arg(&mut out);
+        builder.arg(&mut s1);
+        builder.arg(&l_i);
+        builder.arg(&hk_i);
+        builder.arg(&hv_i);
+        builder.arg(&dv_i);
+        builder.arg(&q_scale);
+        builder.arg(&L2_EPS);
+        // SAFETY: argument types and order match the kernel's signature; shapes were
+        // checked by `run`.
+        unsafe { builder.launch(cfg) }.w()?;
+        drop(builder);
+        Ok((
+            CudaStorage::wrap_cuda_slice(dst, dev),
+            Shape::from(n_out + n_state),
+        ))
+    }
+}
+
+/// nvcc's fat binary of `kernels/gdn_chunked.cu` (see build.rs).
+static CHUNKED_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_chunked.fatbin"));
+/// Must match the kernel source: tokens per chunk, threads per block, value columns per
+/// scan block.
+const CHUNK: usize = 64;
+const CHUNK_THREADS: u32 = 256;
+const SCAN_TILE: usize = 32;
+/// Calls of at least this many tokens take the chunked form.
+const CHUNKED_MIN_TOKENS: usize = 64;
+/// Dynamic shared memory the GPU grants one block at most (Hopper: 227 KiB).
+const MAX_SHARED: usize = 227 * 1024;
+
+/// Padded shared-memory rows of the kernels (32-byte aligned WMMA tiles, fewer conflicts).
+const PAD: usize = 8;
+
+/// Prep's three reused regions (q̂ then A | T; k̂; the two products then v: see the kernel)
+/// and its per-token scalars; its C × C matrices have rows of C + 4.
+fn prep_smem(dk: usize, dv: usize) -> usize {
+    let tri = 2 * CHUNK * (CHUNK + 4);
+    4 * ((CHUNK * (dk + PAD)).max(tri)
+        + CHUNK * (dk + PAD)
+        + (CHUNK * (dv + PAD)).max(tri)
+        + 5 * CHUNK)
+}
+fn scan_smem(dk: usize) -> usize {
+    let sld = SCAN_TILE + PAD;
+    4 * (dk * sld + 3 * CHUNK * sld + 3 * CHUNK * (dk + PAD) + CHUNK * (CHUNK + PAD))
+}
+/// Workspace floats per (row, head, chunk), a multiple of 8 (32-byte aligned chunks).
+fn ws_per_chunk(dk: usize, dv: usize) -> usize {
+    (CHUNK * dk * 3 + CHUNK * dv + CHUNK * CHUNK + 1).div_ceil(8) * 8
+}
+
+/// Whether a call of `l` tokens can take the chunked kernels (long calls, dk 32 / 64 / 128,
+/// dv a multiple of 16 — whole tensor-core tiles —, the shared memory fits).
+fn takes_chunked(l: usize, dk: usize, dv: usize) -> bool {
+    l >= CHUNKED_MIN_TOKENS
+        && matches!(dk, 32 | 64 | 128)
+        && dv % 16 == 0
+        && prep_smem(dk, dv) <= MAX_SHARED
+        && scan_smem(dk) <= MAX_SHARED
+}
+
+/// The chunked delta rule (`kernels/gdn_chunked.cu`): all chunks' WY terms in parallel, then
+/// one scan over the chunks per (row, value head, 32 value columns). The outputs of the
+/// token-by-token kernel up to TF32 rounding of the products.
+#[allow(clippy::too_many_arguments)]
+fn chunked(
+    dev: &CudaDevice,
+    qkv: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+    beta: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+    g: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+    s0: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+    slots: Option<&candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>>,
+    out: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
+    s1: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
+    b: usize,
+    l: usize,
+    dims: &GdnDims,
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+    let (hk, hv, dk, dv) = (
+        dims.key_heads,
+        dims.value_heads,
+        dims.key_dim,
+        dims.value_dim,
+    );
+    let nc = l.div_ceil(CHUNK);
+    // SAFETY: the prep kernel writes every workspace element the scan reads.
+    let mut ws = unsafe { dev.alloc::<f32>(b * hv * nc * ws_per_chunk(dk, dv))? };
+    let m = crate::candle::cuda_module::load(dev, "gdn_chunked", CHUNKED_FATBIN)?;
+    let prep = m.load_function(&format!("gdn_chunk_prep_dk{dk}")).w()?;
+    let scan = m.load_function(&format!("gdn_chunk_scan_dk{dk}")).w()?;
+    let (p_smem, s_smem) = (prep_smem(dk, dv), scan_smem(dk));
+    for (f, smem) in [(&prep, p_smem), (&scan, s_smem)] {
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .w()?;
+    }
+    let stream = dev.cuda_stream();
+    let (l_i, hk_i, hv_i, dv_i, nc_i) = (l as i32, hk as i32, hv as i32, dv as i32, nc as i32);
+    let q_scale = (dk as f32).powf(-0.5);
+    let mut builder = stream.launch_builder(&prep);
+    builder.arg(qkv);
+    builder.arg(beta);
+    builder.arg(g);
+    builder.arg(&mut ws);
+    builder.arg(&l_i);
+    builder.arg(&hk_i);
+    builder.arg(&hv_i);
+    builder.arg(&dv_i);
+    builder.arg(&q_scale);
+    builder.arg(&L2_EPS);
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, hv as u32, b as u32),
+        block_dim: (CHUNK_THREADS, 1, 1),
+        shared_mem_bytes: p_smem as u32,
+    };
+    // SAFETY: argument types and order match the kernel's signature; shapes were checked
+    // by `run`.
+    unsafe { builder.launch(cfg) }.w()?;
+    drop(builder);
+    let no_slots: u64 = 0;
+    let mut builder = stream.launch_builder(&scan);
+    builder.arg(&ws);
+    builder.arg(s0);
+    match slots {
+        Some(v) => builder.arg(v),
+        None => builder.arg(&no_slots),
+    };
+    builder.arg(out);
+    builder.arg(s1);
+    builder.arg(&l_i);
+    builder.arg(&hv_i);
+    builder.arg(&dv_i);
+    builder.arg(&nc_i);
+    let cfg = LaunchConfig {
+        grid_dim: (dv.div_ceil(SCAN_TILE) as u32, hv as u32, b as u32),
+        block_dim: (CHUNK_THREADS, 1, 1),
+        shared_mem_bytes: s_smem as u32,
+    };
+    // SAFETY: as above; the scan writes every output token and the whole final state.
+    unsafe { builder.launch(cfg) }.w()?;
+    drop(builder);
+    Ok(())
+}
+
+/// The conv op: applied to `p`, holding the state, weight and lengths. One output, the flat
+/// concatenation `[out (B·L·Cc) | new_state (B·(Kc−1)·Cc)]`, split by [`conv`].
+struct CausalConvSilu {
+    state: Tensor,
+    /// `(B,)` u32: the state row each batch row continues (None: row b continues row b).
+    /// Only with the paired kernel ([`conv`] gathers the state rows for the other one).
+    slots: Option<Tensor>,
+    /// The paired kernel runs ([`takes_pairs`], decided by [`conv`] on the input it passes).
+    pairs: bool,
+    weight: Tensor,
+    /// `(B,)` u32 lengths, or None when no row is padded.
+    lengths: Option<Tensor>,
+}
+
+/// Tokens per thread of the paired conv kernel (`CONV_RUN` of the kernel source).
+const CONV_RUN: usize = 16;
+/// Threads per block of the paired conv kernel (each owns two channels).
+const CONV_PAIR_THREADS: usize = 128;
+
+/// Whether a conv call can take the paired kernel (`gdn_conv_pairs*`: two channels per
+/// thread, taps in registers, state rows read through a slot map): an even channel count
+/// and an even start of `p` (pair loads are 4- / 8-byte aligned), 2 ≤ Kc ≤ 8 (the widths it
+/// is instantiated for), and a grid within CUDA's limits.
+fn takes_pairs(b: usize, l: usize, cc: usize, kc: usize, p_start: usize) -> bool {
+    cc % 2 == 0
+        && p_start % 2 == 0
+        && (2..=8).contains(&kc)
+        && b <= 65_535
+        && l.div_ceil(CONV_RUN) < 65_535
+}
+
+impl CustomOp1 for CausalConvSilu {
+    fn name(&self) -> &'static str {
+        "fused-causal-conv-silu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        candle_core::bail!("the fused causal conv runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, p: &CudaStorage, p_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (b, l, cc) = p_l.shape().dims3()?;
+        let kc = self.weight.dim(1)?;
+        let dev = p.device().clone();
+        if !p_l.is_contiguous() {
+            candle_core::bail!("fused conv: p is not contiguous");
+        }
+        let range = p_l.start_offset()..p_l.start_offset() + p_l.shape().elem_count();
+        // p in f32, or bf16 straight from the projection (the `_bf16` kernel upcasts)
+        let (p_f32, p_bf16, kernel) = match p.dtype() {
+            DType::F32 => (
+                Some(p.as_cuda_slice::<f32>()?.slice(range)),
+                None,
+                "gdn_causal_conv_silu",
+            ),
+            DType::BF16 => (
+                None,
+                Some(p.as_cuda_slice::<half::bf16>()?.slice(range)),
+                "gdn_causal_conv_silu_bf16",
+            ),
+            other => candle_core::bail!("fused conv: p is {other:?}, expected f32 or bf16"),
+        };
+        let (st_s, st_l) = self.state.storage_and_layout();
+        let st = cuda_f32(&st_s, st_l, "conv state")?;
+        let (w_s, w_l) = self.weight.storage_and_layout();
+        let w = cuda_f32(&w_s, w_l, "conv weight")?;
+        let lens_guard = self.lengths.as_ref().map(|t| t.storage_and_layout());
+        let lens = match &lens_guard {
+            Some((s, layout)) => {
+                let Storage::Cuda(s) = &**s else {
+                    candle_core::bail!("fused conv: lengths are not on a CUDA device")
+                };
+                let o = layout.start_offset();
+                Some(s.as_cuda_slice::<u32>()?.slice(o..o + b))
+            }
+            None => None,
+        };
+        let slots_guard = self.slots.as_ref().map(|t| t.storage_and_layout());
+        let slots = match &slots_guard {
+            Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
+            None => None,
+        };
+        let pairs = self.pairs;
+        if slots.is_some() && !pairs {
+            candle_core::bail!("fused conv: a slot map needs the paired kernel");
+        }
+        let n_out = b * l * cc;
+        let n_state = b * (kc - 1) * cc;
+        // SAFETY: the kernel writes every output element and every state element.
+        let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
+        let (mut out, mut ns) = dst.split_at_mut(n_out);
+        let kernel = match (pairs, p_bf16.is_some()) {
+            (true, true) => "gdn_conv_pairs_bf16",
+            (true, false) => "gdn_conv_pairs",
+            (false, _) => kernel,
+        };
+        let func = module(&dev)?.load_function(kernel).w()?;
+        let stream = dev.cuda_stream();
+        let cfg = if pairs {
+            // a thread per channel pair and run of CONV_RUN tokens of one row; one more row
+            // block per batch row writes its new state
+            LaunchConfig {
+                grid_dim: (
+                    (cc / 2).div_ceil(CONV_PAIR_THREADS) as u32,
+                    (l.div_ceil(CONV_RUN) + 1) as u32,
+                    b as u32,
+                ),
+                block_dim: (CONV_PAIR_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            // one thread per channel, each row block taking runs of CONV_ROWS of the
+            // B·L + B·(Kc−1) rows (the kernel's constant)
+            const CONV_ROWS: usize = 16;
+            let rows = b * l + b * (kc - 1);
+            LaunchConfig {
+                grid_dim: (
+                    cc.div_ceil(256) as u32,
+                    rows.div_ceil(CONV_ROWS).clamp(1, 65_535) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        };
+        let (b_i, l_i, cc_i, kc_i) = (b as i32, l as i32, cc as i32, kc as i32);
+        let null: u64 = 0;
+        let mut builder = stream.launch_builder(&func);
+        match (&p_f32, &p_bf16) {
+            (Some(v), _) => builder.arg(v),
+            (_, Some(v)) => builder.arg(v),
+            _ => candle_core::bail!("fused conv: no input view"),
+        };
+        builder.arg(&st);
+        builder.arg(&w);
+        match &lens {
+            Some(v) => builder.arg(v),
+            None => builder.arg(&null),
+        };
+        if pairs {
+            match &slots {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
+        }
+        builder.arg(&mut out);
+        builder.arg(&mut ns);
+        if !pairs {
+            builder.arg(&b_i);
+        }
+        builder.arg(&l_i);
+        builder.arg(&cc_i);
+        builder.arg(&kc_i);
+        // SAFETY: argument types and order match the chosen kernel's signature (the paired
+        // kernel takes the slot map after the lengths and no batch size: its grid has it);
+        // shapes were checked by `conv`.
+        unsafe { builder.launch(cfg) }.w()?;
+        drop(builder);
+        Ok((
+            CudaStorage::wrap_cuda_slice(dst, dev),
+            Shape::from(n_out + n_state),
+        ))
+    }
+}
+
+pub(super) fn conv(
+    p: &Tensor,
+    state: &Tensor,
+    slot_of_row: Option<&Tensor>,
+    weight: &Tensor,
+    lengths: Option<&[usize]>,
+) -> Result<(Tensor, Tensor)> {
+    let (b, l, cc) = p.dims3()?;
+    let (wc, kc) = weight.dims2()?;
+    let states = check_slots(slot_of_row, b, state.dim(0)?)?;
+    if wc != cc || kc == 0 || state.dims() != [states, kc - 1, cc] {
+        candle_core::bail!(
+            "fused conv: p {:?}, state {:?}, weight {:?} do not fit",
+            p.dims(),
+            state.dims(),
+            weight.dims()
+        );
+    }
+    let lengths = match lengths {
+        Some(ls) => {
+            if ls.len() != b || ls.iter().any(|&n| n == 0 || n > l) {
+                candle_core::bail!("fused conv: lengths {ls:?} for a ({b}, {l}) call");
+            }
+            let v: Vec<u32> = ls.iter().map(|&n| n as u32).collect();
+            Some(Tensor::new(v.as_slice(), p.device())?)
+        }
+        None => None,
+    };
+    let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+    // bf16 p is read as is (exact upcast in the kernel); any other dtype goes through f32
+    let p = if p.dtype() == DType::BF16 {
+        p.contiguous()?
+    } else {
+        f32c(p)?
+    };
+    let pairs = takes_pairs(b, l, cc, kc, p.layout().start_offset());
+    // The per-channel kernel reads state row b for row b: gather the rows for it.
+    let (state, slots) = match slot_of_row {
+        Some(idx) if !pairs => (state.index_select(idx, 0)?, None),
+        other => (state.clone(), other.map(Tensor::contiguous).transpose()?),
+    };
+    let op = CausalConvSilu {
+        state: f32c(&state)?,
+        slots,
+        pairs,
+        weight: f32c(weight)?,
+        lengths,
+    };
+    // (B·L·Cc + B·(Kc−1)·Cc,) -> (B, L, Cc), (B, Kc−1, Cc)
+    let flat = p.apply_op1_no_bwd(&op)?;
+    let n_out = b * l * cc;
+    let out = flat.narrow(0, 0, n_out)?.reshape((b, l, cc))?;
+    let new_state = flat
+        .narrow(0, n_out, b * (kc - 1) * cc)?
+        .reshape((b, kc - 1, cc))?;
+    Ok((out, new_state))
+}
+
+/// Checks an optional row → state-row map of `rows` rows against `states` retained rows;
+/// returns the state rows the call must be given (`rows` without a map).
+fn check_slots(slots: Option<&Tensor>, rows: usize, states: usize) -> Result<usize> {
+    let Some(t) = slots else { return Ok(rows) };
+    if t.dtype() != DType::U32 || t.dims() != [rows] {
+        candle_core::bail!(
+            "fused GDN: slot_of_row is {:?} {:?}, expected u32 ({rows},)",
+            t.dtype(),
+            t.dims()
+        );
+    }
+    Ok(states)
+}
+
+pub(super) fn run(
+    qkv: &Tensor,
+    beta: &Tensor,
+    g: &Tensor,
+    state: &Tensor,
+    slot_of_row: Option<&Tensor>,
+    dims: &GdnDims,
+    chunked: bool,
+) -> Result<(Tensor, Tensor)> {
+    let (b, l, cc) = qkv.dims3()?;
+    let (hv, dk, dv) = (dims.value_heads, dims.key_dim, dims.value_dim);
+    if cc != dims.conv_channels() {
+        candle_core::bail!(
+            "fused GDN: qkv has {cc} channels, expected {}",
+            dims.conv_channels()
+        );
+    }
+    for (name, t) in [("beta", beta), ("g", g)] {
+        if t.dims() != [b, l, hv] {
+            candle_core::bail!(
+                "fused GDN: {name} is {:?}, expected {:?}",
+                t.dims(),
+                [b, l, hv]
+            );
+        }
+    }
+    let states = check_slots(slot_of_row, b, state.dim(0)?)?;
+    if state.dims() != [states, hv, dk, dv] {
+        candle_core::bail!(
+            "fused GDN: state is {:?}, expected {:?}",
+            state.dims(),
+            [states, hv, dk, dv]
+        );
+    }
+    let f32c = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+    let op = GatedDeltaRule {
+        beta: f32c(beta)?,
+        g: f32c(g)?,
+        state: f32c(state)?,
+        slots: slot_of_row.map(Tensor::contiguous).transpose()?,
+        dims: *dims,
+        chunked,
+    };
+    // (B·L·Hv·dv + B·Hv·dk·dv,) -> (B, L, Hv, dv), (B, Hv, dk, dv)
+    let flat = f32c(qkv)?.apply_op1_no_bwd(&op)?;
+    let n_out = b * l * hv * dv;
+    let o = flat.narrow(0, 0, n_out)?.reshape((b, l, hv, dv))?;
+    let s = flat
+        .narrow(0, n_out, b * hv * dk * dv)?
+        .reshape((b, hv, dk, dv))?;
+    Ok((o, s))
+}

@@ -1,0 +1,62 @@
+//! A prefill's last layer computes its state update only (`Backbone::forward_state`):
+//! the retained state must be exactly what the full forward retains, on every architecture
+//! (Qwen2.5 with biased q/k/v, Qwen3 with q/k norms, the Qwen3.5 hybrid whose layers
+//! alternate Gated DeltaNet and gated attention), in one chunk and over several chunks.
+use super::*;
+use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
+use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
+
+fn load(dir: &std::path::Path) -> CandleBackend {
+    let ckpt = ResolvedCheckpoint::from_folder(dir, "tiny-test").expect("resolve");
+    CandleBackend::load(&ckpt, &LoadOptions::default()).expect("load")
+}
+
+fn host(state: &CandleState) -> Vec<Vec<f32>> {
+    state
+        .layers()
+        .iter()
+        .flat_map(|l| match l {
+            state::LayerState::Attention { k, v } => [k.clone(), v.clone()],
+            state::LayerState::Linear { conv, recurrent } => [conv.clone(), recurrent.clone()],
+        })
+        .map(|t| {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("state to host")
+        })
+        .collect()
+}
+
+#[test]
+fn state_only_prefill_keeps_exactly_the_full_forward_state() {
+    let models = [
+        ("qwen2.5", load(&ensure_tiny_model(&TinySpec::qwen25()))),
+        ("qwen3", load(&ensure_tiny_model(&TinySpec::qwen3()))),
+        (
+            "qwen3.5",
+            load(
+                &TinyQwen35::new(8, Qwen35Layout::TextOnly)
+                    .ensure()
+                    .expect("tiny qwen3.5"),
+            ),
+        ),
+    ];
+    let ids: Vec<u32> = (0..45u32).map(|i| (i * 7919 + 13) % 500).collect();
+    for (name, backend) in &models {
+        for chunk in [45usize, 16] {
+            let full = backend
+                .run_chunks(None, &ids, chunk, Some(&mut |_, _| Ok(())))
+                .expect("full forward");
+            let state_only = backend
+                .run_chunks(None, &ids, chunk, None)
+                .expect("state only");
+            assert_eq!(full.len(), state_only.len());
+            assert_eq!(
+                host(&full),
+                host(&state_only),
+                "{name}, chunk {chunk}: the state-only prefill changed the state"
+            );
+        }
+    }
+}
