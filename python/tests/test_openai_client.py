@@ -6,6 +6,7 @@ and refusals arrive as the client's typed errors.
 Self-contained (no fixture of conftest.py): it needs only the `forkscore` binary (FORKSCORE_BIN,
 default the cargo target dir's debug build) and the `openai` package."""
 
+import enum
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import openai
+import pydantic
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +127,23 @@ def test_the_same_request_twice_is_the_same_decision(client, model):
     )
     assert first.choices[0].message.content == second.choices[0].message.content
     assert first.id != second.id
+
+
+class Risk(str, enum.Enum):
+    low = "low"
+    high = "high"
+
+
+class Incident(pydantic.BaseModel):
+    risk: Risk  # pydantic writes an Enum class as a $ref into $defs
+    requires_review: bool = pydantic.Field(description="Whether a human must look now.")
+
+
+def test_parse_with_a_pydantic_model_returns_the_parsed_decision(client, model):
+    done = client.chat.completions.parse(model=model, messages=MESSAGES, response_format=Incident)
+    parsed = done.choices[0].message.parsed
+    assert isinstance(parsed, Incident)
+    assert parsed.model_dump(mode="json") == done.model_extra["forkscore"]["output"]
 
 
 def test_refusals_are_the_clients_typed_errors(client, model):

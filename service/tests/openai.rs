@@ -1,7 +1,7 @@
 //! The OpenAI-compatible routes on the fake backend with the real Qwen2.5 tokenizer: a chat
 //! completion carries exactly the `/v1/score` decision of the same context (content, extension
 //! field, log-probs), every refusal is OpenAI's error shape naming the parameter, `/v1/models`
-//! lists the served model; and unknown routes or methods answer JSON (404 / 405).
+//! lists the served model, a pydantic-style schema (enums under `$defs`) is inlined.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -9,7 +9,6 @@ use forkscore_service::{router, AppState, ServeConfig};
 use forkscore_testkit::fake::FakeBackend;
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
 use tower::ServiceExt;
 
 mod common;
@@ -214,6 +213,34 @@ async fn forkscore_options_reach_the_engine() {
     for (name, f) in got["forkscore"]["fields"].as_object().unwrap() {
         assert_eq!(f["scoring"], "literal", "{name}");
     }
+}
+
+#[tokio::test]
+async fn a_pydantic_schema_with_enums_under_defs_is_decided_as_its_inlined_form() {
+    let app = app();
+    let messages = json!([{"role": "user", "content": USER}]);
+    let mut pydantic = chat(messages.clone());
+    pydantic["response_format"]["json_schema"]["schema"] = json!({
+        "$defs": {"Risk": {"enum": ["low", "medium", "high", "critical"], "title": "Risk", "type": "string"}},
+        "properties": {"risk_level": {"$ref": "#/$defs/Risk"},
+                       "requires_review": {"title": "Requires Review", "type": "boolean"}},
+        "required": ["risk_level", "requires_review"], "title": "Incident", "type": "object",
+        "additionalProperties": false
+    });
+    let mut inline = chat(messages);
+    inline["response_format"]["json_schema"]["schema"] = json!({
+        "properties": {"risk_level": {"enum": ["low", "medium", "high", "critical"], "type": "string"},
+                       "requires_review": {"type": "boolean"}},
+        "type": "object"
+    });
+    let (s1, _, a) = call(&app, "POST", "/v1/chat/completions", Some(&pydantic)).await;
+    let (s2, _, b) = call(&app, "POST", "/v1/chat/completions", Some(&inline)).await;
+    assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK), "{a}\n{b}");
+    assert_eq!(a["forkscore"]["fields"], b["forkscore"]["fields"]);
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
 }
 
 /// Each refusal: status, OpenAI error `type`, `code`, `param`, and a word of the message.
@@ -442,96 +469,6 @@ async fn models_lists_the_served_model() {
     assert_eq!(data[0]["object"], "model");
     assert_eq!(data[0]["owned_by"], "forkscore");
     assert!(data[0]["created"].as_u64().unwrap() > 1_600_000_000);
-}
-
-#[tokio::test]
-async fn unknown_paths_are_a_json_404_and_wrong_methods_a_json_405() {
-    let app = app();
-    let (status, _, got) = call(&app, "GET", "/v1/nope", None).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(got["error"]["kind"], "not_found");
-    assert_eq!(got["error"]["path"], "<root>");
-    let message = got["error"]["message"].as_str().unwrap();
-    assert!(message.contains("GET /v1/nope"), "{message}");
-    assert!(message.contains("POST /v1/chat/completions"), "{message}");
-    let (status, _, got) = call(&app, "POST", "/nope", Some(&json!({}))).await;
-    assert_eq!(
-        (status, got["error"]["kind"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found"))
-    );
-
-    for (method, path, allowed) in [
-        ("GET", "/v1/score", "POST"),
-        ("DELETE", "/v1/chat/completions", "POST"),
-        ("POST", "/health", "GET"),
-        ("PUT", "/v1/models", "GET"),
-    ] {
-        let (status, headers, got) = call(&app, method, path, Some(&json!({}))).await;
-        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
-        assert_eq!(got["error"]["kind"], "method_not_allowed", "{got}");
-        let message = got["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains(&format!("{path} does not answer {method}")),
-            "{message}"
-        );
-        assert!(
-            message.contains(&format!("allowed: {allowed}")),
-            "{message}"
-        );
-        let allow: BTreeSet<&str> = headers["allow"].to_str().unwrap().split(',').collect();
-        assert!(allow.contains(allowed), "{allow:?}");
-    }
-}
-
-#[tokio::test]
-async fn score_accepts_options_scoring_and_refuses_an_unknown_method() {
-    let app = app();
-    let schema = json!({"urgent": {"type": "boolean"}, "level": {"type": "enum", "choices": ["low", "high"]}});
-    for scoring in [
-        "code",
-        "literal",
-        "literal-first-token",
-        "literal-sum-loglik",
-        "literal-mean-loglik",
-    ] {
-        let body = json!({"context": USER, "schema": schema, "options": {"scoring": scoring}});
-        let (status, _, got) = call(&app, "POST", "/v1/score", Some(&body)).await;
-        assert_eq!(status, StatusCode::OK, "{scoring}: {got}");
-        for (name, f) in got["fields"].as_object().unwrap() {
-            let want = if scoring == "code" {
-                Value::Null
-            } else {
-                json!(scoring)
-            };
-            assert_eq!(f["scoring"], want, "{scoring}: {name}");
-        }
-    }
-    // a field's own scoring wins over the option
-    let own = json!({"urgent": {"type": "boolean", "scoring": "code"}});
-    let body = json!({"context": USER, "schema": own, "options": {"scoring": "literal"}});
-    let (_, _, got) = call(&app, "POST", "/v1/score", Some(&body)).await;
-    assert_eq!(got["fields"]["urgent"]["scoring"], Value::Null, "{got}");
-    for (bad, needle) in [
-        (json!("vibes"), "unknown scoring"),
-        (json!(3), "must be a string"),
-    ] {
-        let body = json!({"context": USER, "schema": schema, "options": {"scoring": bad}});
-        let (status, _, got) = call(
-            &app,
-            "POST",
-            "/v1/decide_many",
-            Some(&json!({
-            "contexts": [USER], "schema": schema, "options": body["options"]})),
-        )
-        .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
-        assert_eq!(got["error"]["kind"], "options");
-        assert_eq!(got["error"]["path"], "options.scoring");
-        assert!(
-            got["error"]["message"].as_str().unwrap().contains(needle),
-            "{got}"
-        );
-    }
 }
 
 /// One runtime and app for every proptest case (loading the tokenizer once).

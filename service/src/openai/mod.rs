@@ -9,6 +9,7 @@
 //! request (null for the whole body), `code` the rule (the service's error kinds, plus OpenAI's
 //! `model_not_found`, `unsupported_parameter`, …).
 
+pub mod refs;
 pub mod request;
 pub mod response;
 

@@ -11,7 +11,8 @@
 //! - **Schema**: `response_format: {"type": "json_schema", "json_schema": {"name", "schema",
 //!   "strict"?, "description"?}}`; `schema` must be a JSON Schema object
 //!   (`{"type": "object", "properties": {...}}`) whose properties are enums or booleans — what
-//!   forkscore's schema compiler accepts, with its error naming the property otherwise.
+//!   forkscore's schema compiler accepts, with its error naming the property otherwise. Local
+//!   `$ref`s to `$defs` (pydantic's enums) are inlined first ([`super::refs`]).
 //! - **Sampling parameters** (`temperature`, `top_p`, `seed`, `max_tokens`,
 //!   `max_completion_tokens`, `frequency_penalty`, `presence_penalty`, `stop`) and bookkeeping
 //!   ones (`user`, `metadata`, `store`, `service_tier`) are type-checked and change nothing: no
@@ -100,7 +101,8 @@ pub fn parse(body: &[u8], cfg: &ServeConfig, served: &str) -> Result<ChatRequest
         e
     })?;
     let logprobs = parse_logprobs(obj.remove("logprobs"), obj.remove("top_logprobs"))?;
-    let schema_value = parse_response_format(obj.remove("response_format"))?;
+    let mut schema_value = parse_response_format(obj.remove("response_format"))?;
+    super::refs::inline_refs(&mut schema_value)?;
     let schema = Schema::from_value_with(&schema_value, scoring).map_err(|e| {
         let param = if e.path == "<root>" {
             SCHEMA_PARAM.to_string()
