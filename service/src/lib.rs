@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod guard;
 pub mod metrics;
+pub mod openai;
 pub mod presets;
 pub mod queue;
 pub mod request;

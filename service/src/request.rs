@@ -11,10 +11,13 @@
 //! Options: `mode` (`parallel` | `cached-serial` | `independent` | `tree`), `temperature` (finite > 0),
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
 //! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
-//! as `forkscore score --allowed-mass --top-k`.
+//! as `forkscore score --allowed-mass --top-k`, and `scoring` (`code` | `literal` |
+//! `literal-first-token` | `literal-sum-loglik` | `literal-mean-loglik`: how the schema's fields
+//! that name no `scoring` of their own are scored, as `forkscore score --scoring`).
 
 use crate::config::ServeConfig;
 use crate::error::ApiError;
+use forkscore_engine::schema::Scoring;
 use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
 use forkscore_engine::{Mode, Schema, ScoreOptions};
 use forkscore_seam::MAX_TOP_K;
@@ -36,6 +39,17 @@ pub struct DecideRequest {
     /// `/v1/generate` only: the request's `max_new_tokens` (None: the schema's default).
     pub max_new_tokens: Option<usize>,
 }
+
+/// A request's `options`: the engine's scoring options and the schema-level default `scoring`
+/// (a schema option, applied when the schema is parsed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOptions {
+    pub score: ScoreOptions,
+    pub scoring: Scoring,
+}
+
+/// Every key `options` accepts (for the unknown-key message).
+pub const OPTION_KEYS: &str = "mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size, allowed_mass, top_k, scoring";
 
 /// Which endpoint a body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,15 +77,7 @@ pub fn parse(
     body: &[u8],
     cfg: &ServeConfig,
 ) -> Result<DecideRequest, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::bad("invalid_utf8", "<root>", format!("body is not UTF-8 ({e})")))?;
-    let value = parse_strict(text).map_err(|e| match &e {
-        StrictJsonError::DuplicateKey { path, .. } => {
-            ApiError::bad("invalid_json", path.clone(), e.to_string())
-        }
-        StrictJsonError::Syntax { .. } => ApiError::bad("invalid_json", "<root>", e.to_string()),
-    })?;
-    let Value::Object(mut obj) = value else {
+    let Value::Object(mut obj) = parse_body(body)? else {
         return Err(ApiError::bad(
             "not_an_object",
             "<root>",
@@ -85,7 +91,10 @@ pub fn parse(
             format!("unknown key (allowed: {})", endpoint.keys().join(", ")),
         ));
     }
-    let options = parse_options(obj.remove("options"), cfg)?;
+    let RequestOptions {
+        score: options,
+        scoring,
+    } = parse_options(obj.remove("options"), cfg)?;
     let context_bytes = context_byte_bound(options.max_input_tokens);
     let contexts = match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => {
@@ -171,7 +180,7 @@ pub fn parse(
                 })? as usize,
         ),
     };
-    let schema = Schema::from_value(&schema_value).map_err(|e| {
+    let schema = Schema::from_value_with(&schema_value, scoring).map_err(|e| {
         // /v1/ask builds its schema from the question: a problem with it is the question's
         let path = if endpoint == Endpoint::Ask {
             "question".to_string()
@@ -187,6 +196,18 @@ pub fn parse(
         schema,
         options,
         max_new_tokens,
+    })
+}
+
+/// A body as strict JSON (a repeated key is an error naming its path).
+pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad("invalid_utf8", "<root>", format!("body is not UTF-8 ({e})")))?;
+    parse_strict(text).map_err(|e| match &e {
+        StrictJsonError::DuplicateKey { path, .. } => {
+            ApiError::bad("invalid_json", path.clone(), e.to_string())
+        }
+        StrictJsonError::Syntax { .. } => ApiError::bad("invalid_json", "<root>", e.to_string()),
     })
 }
 
@@ -213,13 +234,21 @@ fn context_string(v: Option<Value>, path: &str, max_bytes: usize) -> Result<Stri
     }
 }
 
-fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, ApiError> {
+/// An `options` object (absent: the defaults under the server's bounds); errors at
+/// `options.<key>`.
+pub fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<RequestOptions, ApiError> {
     let mut opts = ScoreOptions {
         max_input_tokens: cfg.max_input_tokens,
         ..ScoreOptions::default()
     };
+    let mut scoring = Scoring::Code;
     let obj: Map<String, Value> = match v {
-        None => return Ok(opts),
+        None => {
+            return Ok(RequestOptions {
+                score: opts,
+                scoring,
+            })
+        }
         Some(Value::Object(o)) => o,
         Some(_) => {
             return Err(ApiError::bad(
@@ -245,31 +274,40 @@ fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, Ap
             "allow_uncalibrated" => {
                 opts.allow_uncalibrated = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
             }
-            "include_prompt" => opts.include_prompt = value.as_bool().ok_or_else(|| bad("must be a boolean"))?,
+            "include_prompt" => {
+                opts.include_prompt = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
+            }
             "max_input_tokens" => {
-                let n = value.as_u64().filter(|n| *n >= 1 && *n as usize <= cfg.max_input_tokens);
+                let n = value
+                    .as_u64()
+                    .filter(|n| *n >= 1 && *n as usize <= cfg.max_input_tokens);
                 opts.max_input_tokens = n.ok_or_else(|| {
-                    bad(&format!("must be an integer from 1 to this server's bound {}", cfg.max_input_tokens))
+                    bad(&format!(
+                        "must be an integer from 1 to this server's bound {}",
+                        cfg.max_input_tokens
+                    ))
                 })? as usize;
             }
             "field_batch_size" => {
                 let n = value.as_u64().filter(|n| (1..=65_536).contains(n));
-                opts.field_batch_size = Some(n.ok_or_else(|| bad("must be an integer from 1 to 65536"))? as usize);
+                opts.field_batch_size =
+                    Some(n.ok_or_else(|| bad("must be an integer from 1 to 65536"))? as usize);
             }
             "allowed_mass" => {
                 allowed_mass = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
             }
             "top_k" => {
                 let n = value.as_u64().filter(|n| *n as usize <= MAX_TOP_K);
-                top_k = Some(n.ok_or_else(|| {
-                    bad(&format!("must be an integer from 0 to {MAX_TOP_K}"))
-                })? as usize);
+                top_k = Some(
+                    n.ok_or_else(|| bad(&format!("must be an integer from 0 to {MAX_TOP_K}")))?
+                        as usize,
+                );
             }
-            _ => {
-                return Err(bad(
-                    "unknown option (allowed: mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size, allowed_mass, top_k)",
-                ))
+            "scoring" => {
+                let s = value.as_str().ok_or_else(|| bad("must be a string"))?;
+                scoring = s.parse::<Scoring>().map_err(|e| bad(&e))?;
             }
+            _ => return Err(bad(&format!("unknown option (allowed: {OPTION_KEYS})"))),
         }
     }
     match (allowed_mass, top_k) {
@@ -283,5 +321,8 @@ fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<ScoreOptions, Ap
         }
         (false, None) => {}
     }
-    Ok(opts)
+    Ok(RequestOptions {
+        score: opts,
+        scoring,
+    })
 }

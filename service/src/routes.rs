@@ -17,6 +17,11 @@
 //! | `GET /health` | `{"status": "ok", "model", "queue_depth"}` |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes |
+//! | `POST /v1/chat/completions` | OpenAI-compatible: a chat request with a `json_schema` response format → a `chat.completion` ([`crate::openai`]) |
+//! | `GET /v1/models` | OpenAI-compatible: the one served model |
+//!
+//! Any other path is a 404 and another method on a known path a 405 (with `Allow`), both with
+//! the JSON error body of every other refusal.
 
 use crate::config::ServeConfig;
 use crate::error::ApiError;
@@ -27,11 +32,13 @@ use crate::result::{generate_json, result_json};
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use forkscore_engine::{Engine, EngineError, GenerateOptions};
+use forkscore_engine::{
+    CompiledSchema, Decision, Engine, EngineError, GenerateOptions, Schema, ScoreOptions,
+};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -49,6 +56,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("post", "/v1/chat/completions"),
+    ("get", "/v1/models"),
 ];
 
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -63,6 +72,8 @@ pub struct AppState<B: Backend> {
     /// The loaded model's provenance object (copied into every result).
     pub model: Map<String, Value>,
     pub metrics: Arc<Metrics>,
+    /// When the server started (Unix seconds; `/v1/models` reports it as `created`).
+    pub started: u64,
     schemas: SchemaCache,
     queue: Queue,
 }
@@ -90,6 +101,7 @@ impl<B: Backend + 'static> AppState<B> {
             config,
             model,
             metrics,
+            started: unix_now(),
             queue,
         };
         Ok((Arc::new(state), handle))
@@ -107,7 +119,61 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         .route("/health", get(health::<B>))
         .route("/metrics", get(metrics::<B>))
         .route("/openapi.json", get(openapi))
+        .route(
+            "/v1/chat/completions",
+            post(crate::openai::chat_completions::<B>),
+        )
+        .route("/v1/models", get(crate::openai::models::<B>))
+        // after every route: it applies to the routes already added
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
         .with_state(state)
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// 404 for a path no route serves, naming the routes there are.
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let routes: Vec<String> = ROUTES
+        .iter()
+        .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
+        .collect();
+    ApiError::bad(
+        "not_found",
+        "<root>",
+        format!(
+            "no route {method} {} (routes: {})",
+            uri.path(),
+            routes.join(", ")
+        ),
+    )
+    .with_status(StatusCode::NOT_FOUND)
+    .into_response()
+}
+
+/// 405 for a known path asked with another method (axum adds the `Allow` header).
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let allowed: Vec<String> = ROUTES
+        .iter()
+        .filter(|(_, p)| *p == uri.path())
+        .map(|(m, _)| m.to_uppercase())
+        .collect();
+    ApiError::bad(
+        "method_not_allowed",
+        "<root>",
+        format!(
+            "{} does not answer {method} (allowed: {})",
+            uri.path(),
+            allowed.join(", ")
+        ),
+    )
+    .with_status(StatusCode::METHOD_NOT_ALLOWED)
+    .into_response()
 }
 
 async fn score<B: Backend + 'static>(
@@ -217,62 +283,102 @@ async fn decide<B: Backend + 'static>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Value, ApiError> {
-    require_json(headers)?;
-    let bytes = read_body(body, s.config.max_body_bytes, s.config.body_read_timeout).await?;
+    let bytes = read_json_body(s, headers, body).await?;
     let req = request::parse(endpoint, &bytes, &s.config)?;
-    // compile, queue wait and scoring: one deadline
+    if endpoint != Endpoint::Generate {
+        let (compiled, results) = score_contexts(s, req.schema, req.contexts, &req.options)
+            .await
+            .map_err(|e| at_schema_path(e, endpoint))?;
+        return decisions_json(s, endpoint, &compiled, &req.options, &results);
+    }
+    // compile, queue wait and generation: one deadline
     let timeout = s.config.request_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let compiled = s
         .schemas
         .get(&s.engine, req.schema, deadline, timeout)
         .await
-        .map_err(|mut e| {
-            // `/v1/ask` builds its schema from the question
-            if e.path == "schema" {
-                e.path = schema_path(endpoint).to_string();
-            }
-            e
-        })?;
-    if endpoint == Endpoint::Generate {
-        let temperature = s
-            .engine
-            .resolve_temperature(&req.options)
-            .map_err(|e| ApiError::from_engine(&e, "options"))?;
-        let (reply, rx) = oneshot::channel();
-        let context = req.contexts.into_iter().next().unwrap_or_default();
-        s.queue.submit_generate(GenerateJob {
-            compiled: compiled.clone(),
-            context,
-            options: req.options.clone(),
-            generate: GenerateOptions {
-                max_new_tokens: req.max_new_tokens,
-                max_input_tokens: req.options.max_input_tokens,
-                eos_ids: s.config.eos_ids.clone(),
-                include_prompt: req.options.include_prompt,
-            },
-            reply,
-        })?;
-        let baseline = wait(rx, deadline, timeout)
-            .await?
-            .map_err(|e| ApiError::from_generate(&e))?;
-        return Ok(generate_json(
-            &baseline,
-            &compiled,
-            &req.options,
-            &temperature,
-            &s.model,
-        ));
-    }
+        .map_err(|e| at_schema_path(e, endpoint))?;
+    let temperature = s
+        .engine
+        .resolve_temperature(&req.options)
+        .map_err(|e| ApiError::from_engine(&e, "options"))?;
+    let (reply, rx) = oneshot::channel();
+    let context = req.contexts.into_iter().next().unwrap_or_default();
+    s.queue.submit_generate(GenerateJob {
+        compiled: compiled.clone(),
+        context,
+        options: req.options.clone(),
+        generate: GenerateOptions {
+            max_new_tokens: req.max_new_tokens,
+            max_input_tokens: req.options.max_input_tokens,
+            eos_ids: s.config.eos_ids.clone(),
+            include_prompt: req.options.include_prompt,
+        },
+        reply,
+    })?;
+    let baseline = wait(rx, deadline, timeout)
+        .await?
+        .map_err(|e| ApiError::from_generate(&e))?;
+    Ok(generate_json(
+        &baseline,
+        &compiled,
+        &req.options,
+        &temperature,
+        &s.model,
+    ))
+}
+
+/// The request body of a POST: declared JSON (415), whole within the body timeout (408), at
+/// most the body limit (413).
+pub(crate) async fn read_json_body<B: Backend + 'static>(
+    s: &AppState<B>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    require_json(headers)?;
+    read_body(body, s.config.max_body_bytes, s.config.body_read_timeout).await
+}
+
+/// Compile `schema` (cached), queue `contexts` and wait for their decisions, all within one
+/// `request_timeout` from now (504 after it). Schema errors are at path `schema`.
+pub(crate) async fn score_contexts<B: Backend + 'static>(
+    s: &AppState<B>,
+    schema: Schema,
+    contexts: Vec<String>,
+    options: &ScoreOptions,
+) -> Result<(Arc<CompiledSchema>, Vec<Result<Decision, EngineError>>), ApiError> {
+    let timeout = s.config.request_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let compiled = s.schemas.get(&s.engine, schema, deadline, timeout).await?;
     let (reply, rx) = oneshot::channel();
     s.queue.submit(Job {
         compiled: compiled.clone(),
-        contexts: req.contexts,
-        options: req.options.clone(),
+        contexts,
+        options: options.clone(),
         reply,
     })?;
     let results = wait(rx, deadline, timeout).await?;
-    let one = |d: &forkscore_engine::Decision| result_json(d, &compiled, &req.options, &s.model);
+    Ok((compiled, results))
+}
+
+/// `/v1/ask` builds its schema from the question: a schema error there is the question's.
+fn at_schema_path(mut e: ApiError, endpoint: Endpoint) -> ApiError {
+    if e.path == "schema" {
+        e.path = schema_path(endpoint).to_string();
+    }
+    e
+}
+
+/// The answer of a decision endpoint: one result, or `{"results": [...]}` for decide_many.
+fn decisions_json<B: Backend + 'static>(
+    s: &AppState<B>,
+    endpoint: Endpoint,
+    compiled: &CompiledSchema,
+    options: &ScoreOptions,
+    results: &[Result<Decision, EngineError>],
+) -> Result<Value, ApiError> {
+    let one = |d: &Decision| result_json(d, compiled, options, &s.model);
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),
