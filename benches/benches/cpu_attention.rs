@@ -19,7 +19,7 @@
 
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
-use forkscore_backends::candle::cpu_kernels::{self, AttentionPath};
+use forkscore_backends::candle::cpu::kernels::{self as cpu_kernels, AttentionPath};
 use forkscore_benches::{env_or, median, write_report};
 use std::time::Instant;
 

@@ -37,8 +37,8 @@
 use anyhow::{bail, Context};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
-use forkscore_backends::candle::cpu_kernels::{
-    self, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
+use forkscore_backends::candle::cpu::kernels::{
+    self as cpu_kernels, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
 };
 use forkscore_benches::{env_or, median, write_report};
 use std::time::Instant;

@@ -15,8 +15,8 @@
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-use forkscore_backends::candle::cpu_kernels::{
-    self, Bf16Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
+use forkscore_backends::candle::cpu::kernels::{
+    self as cpu_kernels, Bf16Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
 };
 use std::path::PathBuf;
 use std::time::Instant;

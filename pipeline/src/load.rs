@@ -95,7 +95,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
     let device = args.device;
     let bf16_kernel = match device {
-        DeviceSpec::Cpu => forkscore_backends::candle::cpu_kernels::bf16_kernel(),
+        DeviceSpec::Cpu => forkscore_backends::candle::cpu::kernels::bf16_kernel(),
         _ => None,
     };
     let precision = crate::precision::resolve(device, args.dtype, args.quantize, bf16_kernel)?;

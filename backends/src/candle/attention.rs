@@ -20,12 +20,12 @@
 //! unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the environment asks for the candle
 //! path (to compare or profile).
 
+use crate::candle::cpu;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use candle_core::{DType, Tensor, D};
 
-use super::cpu_attention;
 use super::flash_attention;
 pub use super::past_kv::PastKv;
 use crate::error::CandleError;
@@ -111,7 +111,7 @@ pub fn attend(
         return flash_attention::attend(q, k_new, v_new, past.as_ref(), masks.past_start, tree);
     }
     if takes_cpu_kernel(q, k_new, v_new, past.as_ref(), masks) {
-        return cpu_attention::attend(
+        return cpu::attention::attend(
             q,
             k_new,
             v_new,
@@ -135,7 +135,7 @@ pub fn takes_flash(
         && masks.past_forms_agree()
 }
 
-/// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::cpu_attention`]).
+/// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::cpu::attention`]).
 pub fn takes_cpu_kernel(
     q: &Tensor,
     k_new: &Tensor,
@@ -144,7 +144,7 @@ pub fn takes_cpu_kernel(
     masks: &AttnMasks<'_>,
 ) -> bool {
     kernel() == AttentionKernel::Fastest
-        && cpu_attention::supports(q, k_new, v_new, past)
+        && cpu::attention::supports(q, k_new, v_new, past)
         && masks.past_forms_agree()
 }
 

@@ -2,12 +2,13 @@
 //! gate and up weights are stacked at load into one `(2F, D)` product whose output feeds one
 //! fused SwiGLU pass (`super::swiglu`): two kernels instead of four, one larger matrix product.
 
+use crate::candle::cpu;
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
-use super::cpu_gemm::{self, PackedWeight};
-use super::cpu_q4gemm::{self, PackedQ4};
-use super::cpu_qgemm::{self, PackedQ8};
+use super::cpu::gemm::PackedWeight;
+use super::cpu::q4gemm::PackedQ4;
+use super::cpu::qgemm::PackedQ8;
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
 use super::profile;
@@ -38,7 +39,7 @@ enum GateUp {
     Stacked(Linear),
     /// Packed gate and up (f32, `Q8_0`, 4-bit) of an f32 model on an x86 CPU, one weight whose
     /// panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel writes each
-    /// output tile (integer kernels, `super::cpu_tile_store`) or block (f32), equal bit for bit
+    /// output tile (integer kernels, `super::cpu::tile_store`) or block (f32), equal bit for bit
     /// to `Stacked` and the pass, without storing the `(…, 2F)` product.
     InTiles(InTiles),
 }
@@ -58,7 +59,7 @@ impl InTiles {
         if let (Some(g), Some(u)) = (gate.packed_f32(), up.packed_f32()) {
             // the f32 kernel's blocks are whole in cache only with `k` innermost
             let (_, k) = g.dims();
-            return match cpu_gemm::swiglu_fits(k) {
+            return match cpu::gemm::swiglu_fits(k) {
                 true => PackedWeight::gate_up(g, u).map(InTiles::F32),
                 false => None,
             };
@@ -84,9 +85,9 @@ impl InTiles {
     /// `(B, L, D) -> (B, L, F)`.
     fn swiglu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            InTiles::F32(w) => cpu_gemm::swiglu(x, w),
-            InTiles::Q8(w) => cpu_qgemm::swiglu(x, w),
-            InTiles::Q4(w) => cpu_q4gemm::swiglu(x, w),
+            InTiles::F32(w) => cpu::gemm::swiglu(x, w),
+            InTiles::Q8(w) => cpu::qgemm::swiglu(x, w),
+            InTiles::Q4(w) => cpu::q4gemm::swiglu(x, w),
         }
     }
 }

@@ -29,26 +29,7 @@ pub mod limits;
 pub mod profile;
 pub mod state;
 
-mod cpu_aligned;
-mod cpu_amx;
-mod cpu_attention;
-mod cpu_bf16gemm;
-#[cfg(feature = "openblas")]
-mod cpu_blas;
-mod cpu_gemm;
-mod cpu_heads;
-mod cpu_host;
-mod cpu_isa;
-#[doc(hidden)]
-pub mod cpu_kernels;
-#[cfg(target_arch = "x86_64")]
-mod cpu_key_major;
-mod cpu_math;
-mod cpu_panel;
-mod cpu_q4gemm;
-mod cpu_qgemm;
-mod cpu_switches;
-mod cpu_tile_store;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda_module;
 #[cfg(feature = "cuda")]
@@ -90,9 +71,9 @@ pub use state::{CandleState, LayerState};
 /// capped by `FORKSCORE_CPU_ISA=avx2`; `"avx512+amx"` where f32 linear layers run on AMX tiles); `None` where they do not run (no AVX2 + FMA, or off
 /// x86-64), so CPU layers take candle's kernels.
 pub fn cpu_kernel_isa() -> Option<&'static str> {
-    match cpu_gemm::amx() {
+    match cpu::gemm::amx() {
         true => Some("avx512+amx"),
-        false => cpu_isa::Isa::chosen().map(cpu_isa::Isa::name),
+        false => cpu::isa::Isa::chosen().map(cpu::isa::Isa::name),
     }
 }
 
@@ -252,7 +233,7 @@ impl CandleBackend {
             return Err(invalid("prefill_chunk must be positive"));
         }
         crate::switches::Switches::current()
-            .validate(cpu_switches::check_spec)
+            .validate(cpu::switches::check_spec)
             .map_err(|e| invalid(e.to_string()))?;
         let store = match &checkpoint.gguf {
             Some(file) => LoadedStore::Gguf(GgufTensors::open(file)?),

@@ -3,7 +3,7 @@
 //! On CUDA in f32 or bf16 one kernel (`kernels/swiglu.cu`) reads each pair once and writes the
 //! result once. On the CPU in f32 one pass over the rows, split across the rayon threads, does
 //! the same with candle's SiLU formula `v / (1 + e^-v)` and the vectorised `exp` of
-//! [`super::cpu_math`] (16 lanes under AVX-512, 8 under AVX2), within 4e-7 relative of the
+//! [`super::cpu::math`] (16 lanes under AVX-512, 8 under AVX2), within 4e-7 relative of the
 //! reference (the candle ops form runs SiLU on one thread into a temporary, then the product). Elsewhere (and for
 //! other dtypes) the same function runs as candle ops on the two halves, the reference the
 //! tests compare with.
@@ -67,7 +67,7 @@ mod cpu {
                         for (gu, y) in src.chunks_exact(two_f).zip(dst.chunks_exact_mut(f)) {
                             let (gate, up) = gu.split_at(f);
                             // candle's SiLU: v / (1 + e^-v)
-                            crate::candle::cpu_math::silu_mul(gate, up, y);
+                            crate::candle::cpu::math::silu_mul(gate, up, y);
                         }
                     });
             }

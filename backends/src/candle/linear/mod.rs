@@ -11,7 +11,7 @@
 //!
 //! `bf16` is not a block format: every weight is rounded to bf16. An f32 model's weights on an
 //! x86 CPU are packed for AMX tiles with one part where AMX runs (`Linear::PackedAmx`, see
-//! [`super::cpu_amx`]), else for the AVX-512 BF16 kernel of [`super::cpu_bf16gemm`] where the
+//! [`super::cpu::amx`]), else for the AVX-512 BF16 kernel of [`super::cpu::bf16gemm`] where the
 //! CPU has it (`Linear::PackedBf16`); both round the activations to bf16 per call and sum in
 //! f32 ([`cpu_bf16gemm::kernel`] picks). Elsewhere the weight is a bf16 tensor and each call
 //! casts `x` to bf16 for candle's matmul and the result back (`Linear::Bf16`; candle's bf16
@@ -26,12 +26,13 @@
 //! stays dense. [`QuantSummary`] counts what each weight got.
 //!
 //! On an x86 CPU with AVX2 + FMA, an f32 model's quantized weights are packed once at load for
-//! an integer kernel (the blocks are not kept): `Q8_0` for [`super::cpu_qgemm`]
-//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::cpu_q4gemm`] (`Linear::PackedQ4`). Every
+//! an integer kernel (the blocks are not kept): `Q8_0` for [`super::cpu::qgemm`]
+//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::cpu::q4gemm`] (`Linear::PackedQ4`). Every
 //! call, whatever its row count, rounds the activations to 8-bit blocks and multiplies in
 //! integers, as candle's own CPU kernels do for a few rows but register-tiled, so it is the fast
 //! path for a prefill too.
 
+use crate::candle::cpu;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -39,12 +40,12 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
-use super::cpu_amx::{self, AmxWeight, Parts};
-use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
-use super::cpu_gemm::{self, CpuGemm, PackedWeight};
-use super::cpu_isa::Isa;
-use super::cpu_q4gemm::{self, PackedQ4};
-use super::cpu_qgemm::PackedQ8;
+use super::cpu::amx::{AmxWeight, Parts};
+use super::cpu::bf16gemm::{Bf16Kernel, PackedBf16};
+use super::cpu::gemm::{CpuGemm, PackedWeight};
+use super::cpu::isa::Isa;
+use super::cpu::q4gemm::PackedQ4;
+use super::cpu::qgemm::PackedQ8;
 use crate::error::CandleError;
 
 mod quantize;
@@ -54,29 +55,29 @@ mod quantize;
 pub(crate) enum Linear {
     /// `W (out, in)` in the compute dtype (candle's GEMM).
     Dense(candle_nn::Linear),
-    /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu_gemm`]; `bias (out,)` f32.
+    /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu::gemm`]; `bias (out,)` f32.
     Packed {
         weight: Arc<PackedWeight>,
         bias: Option<Tensor>,
     },
-    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu_amx`]
+    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu::amx`]
     /// (three: f32 accuracy; one: `--quantize bf16`); `bias (out,)` f32.
     PackedAmx {
         weight: Arc<AmxWeight>,
         bias: Option<Tensor>,
     },
-    /// `W` `Q8_0`, packed for the integer kernel of [`super::cpu_qgemm`]; `bias (out,)` f32.
+    /// `W` `Q8_0`, packed for the integer kernel of [`super::cpu::qgemm`]; `bias (out,)` f32.
     PackedQ8 {
         weight: Arc<PackedQ8>,
         bias: Option<Tensor>,
     },
-    /// `W` `Q4_0` or `Q4_K`, packed for the integer kernel of [`super::cpu_q4gemm`];
+    /// `W` `Q4_0` or `Q4_K`, packed for the integer kernel of [`super::cpu::q4gemm`];
     /// `bias (out,)` f32.
     PackedQ4 {
         weight: Arc<PackedQ4>,
         bias: Option<Tensor>,
     },
-    /// `W` rounded to bf16, packed for the kernel of [`super::cpu_bf16gemm`]; `bias (out,)` f32.
+    /// `W` rounded to bf16, packed for the kernel of [`super::cpu::bf16gemm`]; `bias (out,)` f32.
     PackedBf16 {
         weight: Arc<PackedBf16>,
         bias: Option<Tensor>,
@@ -138,15 +139,15 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
 
 impl Linear {
     /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype:
-    /// an f32 weight on the CPU is split for [`super::cpu_amx`] when asked and AMX runs
-    /// ([`cpu_gemm::amx`]), else packed for [`super::cpu_gemm`] when that kernel runs here
+    /// an f32 weight on the CPU is split for [`super::cpu::amx`] when asked and AMX runs
+    /// ([`cpu_gemm::amx`]), else packed for [`super::cpu::gemm`] when that kernel runs here
     /// ([`cpu_gemm::choice`]); anything else keeps candle's tensor.
     pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
         if weight.device().is_cpu()
             && weight.dtype() == DType::F32
-            && cpu_gemm::choice() == CpuGemm::Packed
+            && cpu::gemm::choice() == CpuGemm::Packed
         {
-            if cpu_gemm::amx() {
+            if cpu::gemm::amx() {
                 if let Ok(split) = AmxWeight::pack(&weight) {
                     return Linear::PackedAmx {
                         weight: Arc::new(split),
@@ -306,19 +307,19 @@ impl Linear {
         match self {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
             Linear::Packed { weight, bias } => {
-                add_bias(cpu_gemm::linear(x, weight)?, bias.as_ref())
+                add_bias(cpu::gemm::linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedAmx { weight, bias } => {
-                add_bias(cpu_amx::linear(x, weight)?, bias.as_ref())
+                add_bias(cpu::amx::linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ8 { weight, bias } => {
-                add_bias(cpu_amx::q8_linear(x, weight)?, bias.as_ref())
+                add_bias(cpu::amx::q8_linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ4 { weight, bias } => {
-                add_bias(cpu_q4gemm::linear(x, weight)?, bias.as_ref())
+                add_bias(cpu::q4gemm::linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedBf16 { weight, bias } => {
-                add_bias(cpu_bf16gemm::linear(x, weight)?, bias.as_ref())
+                add_bias(cpu::bf16gemm::linear(x, weight)?, bias.as_ref())
             }
             Linear::Bf16 { weight, bias } => {
                 let y = x.to_dtype(DType::BF16)?.broadcast_matmul(&weight.t()?)?;
@@ -384,7 +385,7 @@ impl Linear {
             } => {
                 if x.device().is_cpu()
                     && x.dtype() == DType::F32
-                    && cpu_gemm::choice() == CpuGemm::Packed
+                    && cpu::gemm::choice() == CpuGemm::Packed
                 {
                     // packed for this call, Q8_0 / Q4_0 straight from the blocks: the packed
                     // kernel outruns candle's GEMM by more than the packing costs at the row
@@ -394,7 +395,7 @@ impl Linear {
                         Some(p) => p,
                         None => PackedWeight::pack(&blocks.dequantize(x.device())?)?,
                     };
-                    return add_bias(cpu_gemm::linear(x, &packed)?, bias.as_ref());
+                    return add_bias(cpu::gemm::linear(x, &packed)?, bias.as_ref());
                 }
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
@@ -406,11 +407,11 @@ impl Linear {
 }
 
 /// `x (.., in) · w (out, in)ᵀ (+ bias)`: candle's matmul, or on the CPU in f32 with the
-/// `openblas` feature one `cblas_sgemm` ([`super::cpu_blas`]).
+/// `openblas` feature one `cblas_sgemm` ([`super::cpu::blas`]).
 fn dense(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     #[cfg(feature = "openblas")]
-    if super::cpu_blas::takes(x, w) {
-        return add_bias(super::cpu_blas::linear(x, w)?, bias);
+    if super::cpu::blas::takes(x, w) {
+        return add_bias(super::cpu::blas::linear(x, w)?, bias);
     }
     candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)
 }

@@ -3,6 +3,7 @@
 //! elsewhere, bf16 weights for `--quantize bf16`.
 
 use super::*;
+use crate::candle::cpu;
 
 impl Linear {
     /// `weight (out, in)` quantized under `q` onto `device` (the source may sit on any device,
@@ -167,7 +168,7 @@ impl Linear {
         device: &Device,
     ) -> candle_core::Result<Self> {
         let kernel = match dtype == DType::F32 && device.is_cpu() {
-            true => cpu_bf16gemm::kernel()?,
+            true => cpu::bf16gemm::kernel()?,
             false => Bf16Kernel::Candle,
         };
         Ok(match kernel {
@@ -193,7 +194,7 @@ impl Linear {
 pub(super) fn integer_kernel(ggml: GgmlDType, dtype: DType, device: &Device) -> Option<Isa> {
     let format = matches!(ggml, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4K);
     let fits = format && dtype == DType::F32 && device.is_cpu();
-    match fits && cpu_gemm::choice() == CpuGemm::Packed {
+    match fits && cpu::gemm::choice() == CpuGemm::Packed {
         true => Isa::chosen(),
         false => None,
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::candle::cpu;
 
 /// The quantized kernel (activations rounded to 8-bit blocks) vs the dequantize + GEMM path
 /// (f32 activations) on the same blocks, for every ggml type a scheme can pick, with a bias:
@@ -142,7 +143,7 @@ fn bf16_layers_round_the_weights_and_stack() -> candle_core::Result<()> {
     };
     let (w, b, layer) = make(32)?;
     assert_eq!(layer.ggml(), Some(GgmlDType::BF16));
-    let kernel = cpu_bf16gemm::kernel()?;
+    let kernel = cpu::bf16gemm::kernel()?;
     let took = match &layer {
         Linear::PackedAmx { weight, .. } if weight.parts() == Parts::One => Bf16Kernel::Amx,
         Linear::PackedBf16 { .. } => Bf16Kernel::Dot,

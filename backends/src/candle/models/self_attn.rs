@@ -6,12 +6,12 @@
 //! query values then `hd` gate values; the attention output is multiplied by `sigmoid(gate)`
 //! before `o_proj`). The K/V it returns as its update are after norm and RoPE.
 
+use crate::candle::cpu;
 use candle_core::{Tensor, D};
 
 use super::Mixer;
 use crate::candle::attention::{attend, PastKv};
 use crate::candle::config::LayerKind;
-use crate::candle::cpu_heads;
 use crate::candle::linear::{Linear, QuantSummary};
 use crate::candle::mlp::{apply, linear};
 use crate::candle::norm::RmsNorm;
@@ -346,10 +346,11 @@ impl SelfAttention {
                 // (B, L, (H + 2Hkv)·hd) -> (B, L, H + 2Hkv, hd), heads [q | k | v]; each part is
                 // a view that `heads_of` copies once, head-major (no norm, no gate here)
                 let qkv = apply(stacked, x, "q|k|v")?; // (B, L, (H + 2Hkv)·hd)
-                if cpu_heads::supports(&qkv, &step.rope) {
+                if cpu::heads::supports(&qkv, &step.rope) {
                     // the same split and rotation in one pass (equal bit for bit)
-                    let (q, k, v) =
-                        cpu_heads::split_rotate(&qkv, &step.rope, s.heads, s.kv_heads, s.head_dim)?;
+                    let (q, k, v) = cpu::heads::split_rotate(
+                        &qkv, &step.rope, s.heads, s.kv_heads, s.head_dim,
+                    )?;
                     return Ok((q, k, v, None));
                 }
                 let qkv = qkv

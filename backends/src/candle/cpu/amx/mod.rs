@@ -4,14 +4,14 @@
 //!
 //! The same tiles with one part ([`Parts::One`]) run `--quantize bf16`: the weight rounded to
 //! bf16 once at load, the activations rounded per call, one `tdpbf16ps` per tile pair (the
-//! arithmetic of [`super::cpu_bf16gemm`], whose AVX-512 BF16 kernel runs where AMX does not).
+//! arithmetic of [`super::bf16gemm`], whose AVX-512 BF16 kernel runs where AMX does not).
 //! That form is the default for bf16 weights wherever AMX runs: one product instead of six,
 //! and 2 bytes of weight per value instead of 6.
 //!
 //! `Q8_0` weights (`--quantize q8_0`) can run on the int8 tiles where the CPU has AMX-INT8
 //! ([`q8_runs`], [`q8_product`]; opt-in, `FORKSCORE_CPU_Q8=amx`): each 32-value block of 16
 //! activation rows is one A tile, each panel block of the AVX-512 layout of
-//! [`super::cpu_qgemm`] one B tile as packed, `tdpbssd` gives the block's exact i32 sums for a
+//! [`super::qgemm`] one B tile as packed, `tdpbssd` gives the block's exact i32 sums for a
 //! 32 × 32 output block, and AVX-512 then adds them scaled, block after block, exactly as the
 //! VNNI kernel and `product_reference` do: equal to them bit for bit (tested on an AMX CPU).
 //! Opt-in because it measured slower end to end than the VNNI kernel (15–20 % more time per
@@ -30,7 +30,7 @@
 //! f32's 4 and the operands come from L2 and memory: one layer's products at 512 rows ran
 //! 0.8–1.0× the time of the AVX-512 f32 kernel depending on the machine and blocking, and a
 //! whole decision ran 1.1–1.4× slower (e.g. 3,055 against 2,735 ms at 8 fields). The f32
-//! layers therefore stay on [`super::cpu_gemm`] by default; the blockings tried are
+//! layers therefore stay on [`super::gemm`] by default; the blockings tried are
 //! [`AmxBlocking`]'s keys (`FORKSCORE_CPU_AMX`).
 //!
 //! The split: `v = hi + mid + lo`, each bf16 (`hi` = `v` rounded to 8 significant bits, `mid`
@@ -57,8 +57,8 @@
 
 use candle_core::{Result, Tensor};
 
-use super::cpu_aligned::Aligned;
-use super::cpu_panel::NR;
+use super::aligned::Aligned;
+use super::panel::NR;
 
 /// `k` per tile step: 32 bf16, one 64-byte tile row.
 const KSTEP: usize = 32;
@@ -136,7 +136,7 @@ impl AmxBlocking {
     /// errors name the wrong key or value (`mc` must be a positive multiple of 32).
     pub fn parse(spec: &str) -> std::result::Result<Self, String> {
         let mut b = Self::DEFAULT;
-        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+        for (part, key, v) in super::host::spec_counts(spec)? {
             match key {
                 "mc" if v > 0 && v.is_multiple_of(32) => b.mc = v,
                 "mc" => return Err(format!("`{part}`: mc must be a positive multiple of 32")),
@@ -215,12 +215,12 @@ pub(crate) struct AmxWeight {
 impl AmxWeight {
     /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host) in three.
     pub fn pack(w: &Tensor) -> Result<Self> {
-        super::cpu_host::with_host_rows(w, Self::from_rows)
+        super::host::with_host_rows(w, Self::from_rows)
     }
 
     /// `w (n, k)` (any float dtype, any device) rounded to bf16: one plane (`--quantize bf16`).
     pub fn pack_bf16(w: &Tensor) -> Result<Self> {
-        super::cpu_host::with_host_rows(w, |w, n, k| Self::split_rows(w, n, k, Parts::One))
+        super::host::with_host_rows(w, |w, n, k| Self::split_rows(w, n, k, Parts::One))
     }
 
     /// Split row-major `w (n, k)` in three, on the rayon threads (a panel each).
@@ -345,19 +345,19 @@ fn product_reference(x: &[f32], m: usize, w: &AmxWeight) -> Vec<f64> {
     y
 }
 
-pub(crate) use super::cpu_isa::amx_available as available;
+pub(crate) use super::isa::amx_available as available;
 
 /// A `Q8_0` linear layer `x (.., k) · Wᵀ -> (.., n)`: with `FORKSCORE_CPU_Q8=amx` on a CPU with
 /// AMX-INT8 ([`q8_runs`]) a weight of the AVX-512 layout runs on the int8 tiles (the same sums
-/// as the VNNI kernel, bit for bit), every other weight on [`super::cpu_qgemm::linear`].
-pub(crate) fn q8_linear(x: &Tensor, w: &super::cpu_qgemm::PackedQ8) -> Result<Tensor> {
-    if w.isa() == super::cpu_isa::Isa::Avx512 && q8_runs()? {
+/// as the VNNI kernel, bit for bit), every other weight on [`super::qgemm::linear`].
+pub(crate) fn q8_linear(x: &Tensor, w: &super::qgemm::PackedQ8) -> Result<Tensor> {
+    if w.isa() == super::isa::Isa::Avx512 && q8_runs()? {
         let ready = || w.isa().require("q8_0 linear");
-        return super::cpu_host::try_apply_rows(x, w.dims(), "q8_0 linear", ready, |xd, m| {
+        return super::host::try_apply_rows(x, w.dims(), "q8_0 linear", ready, |xd, m| {
             q8_product(xd, m, w)
         });
     }
-    super::cpu_qgemm::linear(x, w)
+    super::qgemm::linear(x, w)
 }
 
 /// Whether `Q8_0` weights run on the AMX int8 tiles in this process: only when
@@ -394,9 +394,9 @@ fn q8_available() -> bool {
 }
 
 /// `x (m, k) · Wᵀ -> (m, n)` for a `Q8_0` weight of the AVX-512 layout through the AMX int8
-/// tiles: the same sums as [`super::cpu_qgemm::product_reference`], bit for bit. The caller
+/// tiles: the same sums as [`super::qgemm::product_reference`], bit for bit. The caller
 /// checked [`q8_runs`]; a weight of the AVX2 layout is refused.
-pub(crate) fn q8_product(x: &[f32], m: usize, w: &super::cpu_qgemm::PackedQ8) -> Result<Vec<f32>> {
+pub(crate) fn q8_product(x: &[f32], m: usize, w: &super::qgemm::PackedQ8) -> Result<Vec<f32>> {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
         match w.tile_parts() {
@@ -426,7 +426,7 @@ pub(crate) fn linear_with(x: &Tensor, w: &AmxWeight, bl: &AmxBlocking) -> Result
         true => Ok(()),
         false => candle_core::bail!("amx linear: this CPU or OS does not run AMX bf16 tiles"),
     };
-    super::cpu_host::apply_rows(x, (w.n, w.k), "amx linear", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n, w.k), "amx linear", ready, |xd, m| {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
             tiles::product(xd, m, w, bl)

@@ -2,8 +2,8 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::super::cpu_qgemm::x86_rounded;
-use super::super::cpu_tile_store::{by_panel_runs, run_tiles, Out, Tile};
+use super::super::qgemm::x86_rounded;
+use super::super::tile_store::{by_panel_runs, run_tiles, Out, Tile};
 use super::{mr, Isa, PackedQ4, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
 
 /// Broadcast units per block: 8 of four `i8`.

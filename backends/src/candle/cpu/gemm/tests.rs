@@ -1,5 +1,5 @@
+use super::super::host::checks::{max_rel, sum_tolerance};
 use super::*;
-use crate::candle::cpu_host::checks::{max_rel, sum_tolerance};
 use candle_core::{DType, Device};
 
 /// The gate|up SwiGLU taken block by block equals the stacked product followed by the
@@ -23,7 +23,8 @@ fn swiglu_equals_product_then_swiglu() -> Result<()> {
                 let up = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (f, k), &dev)?)?;
                 let fused = PackedWeight::gate_up(&gate, &up).expect("fits");
                 let stacked = PackedWeight::stack(&[&gate, &up]).expect("stacks");
-                let want = super::super::swiglu::swiglu(&linear_with(&x, &stacked, isa, &bl)?)?;
+                let want =
+                    super::super::super::swiglu::swiglu(&linear_with(&x, &stacked, isa, &bl)?)?;
                 let got = swiglu_with(&x, &fused, isa, &bl)?;
                 assert_eq!(got.dims(), &[m, f]);
                 let got = got.flatten_all()?.to_vec1::<f32>()?;

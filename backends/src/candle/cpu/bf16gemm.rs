@@ -13,12 +13,12 @@
 //! Layout: the weight, per panel of [`NR`] columns, as `⌈k/2⌉` units of 16 columns × a pair of
 //! consecutive `k` (the low half the even `k`; an odd `k`'s last pair zero above): one unit is
 //! one 64-byte register of 32 bf16, and the unit of the activations is one row's pair, the
-//! u32 the kernel broadcasts. In pair units this is exactly [`super::cpu_gemm`]'s f32 layout,
+//! u32 the kernel broadcasts. In pair units this is exactly [`super::gemm`]'s f32 layout,
 //! so the blocked loops, the thread split and the [`Blocking`] are that module's
-//! ([`super::cpu_gemm::x86::product_with`]); only the packing and the microkernel differ.
+//! ([`super::gemm::x86::product_with`]); only the packing and the microkernel differ.
 //!
 //! Which kernel an f32 model's bf16 weights take on the CPU ([`kernel`]): the AMX tiles of
-//! [`super::cpu_amx`] with one part where AMX runs (on Intel Xeons `vdpbf16ps` runs at
+//! [`super::amx`] with one part where AMX runs (on Intel Xeons `vdpbf16ps` runs at
 //! half the f32 FMA's rate, AMX at ~13× it), else this kernel where the CPU has AVX-512 BF16,
 //! else (and on GPUs) a bf16 tensor through candle's bf16 matmul (`Linear::Bf16` in
 //! `linear.rs`). `FORKSCORE_CPU_BF16=amx|dot|candle` picks one, for A/B runs. [`product_reference`] computes the same sums in plain Rust
@@ -26,11 +26,11 @@
 
 use candle_core::{Result, Tensor};
 
-use super::cpu_aligned::Aligned;
-use super::cpu_amx::{bf16_bits, bf16_value};
-use super::cpu_gemm::Blocking;
-use super::cpu_isa::Isa;
-use super::cpu_panel::NR;
+use super::aligned::Aligned;
+use super::amx::{bf16_bits, bf16_value};
+use super::gemm::Blocking;
+use super::isa::Isa;
+use super::panel::NR;
 
 /// Whether the bf16 kernel runs in this process: the AVX-512 level of [`Isa`] is chosen
 /// (not capped by `FORKSCORE_CPU_ISA=avx2`) and the CPU has AVX-512 BF16. Detected once.
@@ -43,7 +43,7 @@ pub(crate) fn available() -> bool {
 /// The kernel an f32 model's bf16 weights run on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bf16Kernel {
-    /// AMX bf16 tiles, one product per tile pair ([`super::cpu_amx`], one part).
+    /// AMX bf16 tiles, one product per tile pair ([`super::amx`], one part).
     Amx,
     /// AVX-512 BF16 `vdpbf16ps` (this module).
     Dot,
@@ -71,7 +71,7 @@ impl Bf16Kernel {
 }
 
 /// The kernel this process runs bf16 weights with: [`Bf16Kernel::choose`] over
-/// `FORKSCORE_CPU_BF16`, AMX tiles ([`super::cpu_amx::available`]) and [`available`]; candle's
+/// `FORKSCORE_CPU_BF16`, AMX tiles ([`super::amx::available`]) and [`available`]; candle's
 /// matmul when `FORKSCORE_CPU_GEMM` asks for candle's (or the CPU has no packed kernels).
 /// Read once; an invalid value is an error naming it.
 pub(crate) fn kernel() -> Result<Bf16Kernel> {
@@ -79,10 +79,10 @@ pub(crate) fn kernel() -> Result<Bf16Kernel> {
     static K: OnceLock<std::result::Result<Bf16Kernel, String>> = OnceLock::new();
     let chosen = K.get_or_init(|| {
         let asked = crate::switches::value("FORKSCORE_CPU_BF16").unwrap_or_default();
-        let packed = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::Packed;
+        let packed = super::gemm::choice() == super::gemm::CpuGemm::Packed;
         Bf16Kernel::choose(
             asked.trim(),
-            packed && super::cpu_isa::amx_available(),
+            packed && super::isa::amx_available(),
             packed && available(),
         )
         .map_err(|e| format!("FORKSCORE_CPU_BF16={asked:?}: {e}"))
@@ -114,7 +114,7 @@ pub(crate) struct PackedBf16 {
 impl PackedBf16 {
     /// Round and pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        super::cpu_host::with_host_rows(w, Self::from_rows)
+        super::host::with_host_rows(w, Self::from_rows)
     }
 
     /// Round (to nearest even: [`bf16_bits`]) and pack row-major `w (n, k)`, on the rayon
@@ -232,7 +232,7 @@ pub(crate) fn linear_with(x: &Tensor, w: &PackedBf16, bl: &Blocking) -> Result<T
         }
         Ok(())
     };
-    super::cpu_host::apply_rows(x, (w.n, w.k), "bf16 linear", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n, w.k), "bf16 linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w, bl)
@@ -253,8 +253,8 @@ mod x86 {
 
     use rayon::prelude::*;
 
-    use super::super::cpu_amx::bf16_bits_fast;
-    use super::super::cpu_gemm::x86::{load_acc512, product_with, store_acc512, Tile};
+    use super::super::amx::bf16_bits_fast;
+    use super::super::gemm::x86::{load_acc512, product_with, store_acc512, Tile};
     use super::{pairs, Blocking, PackedBf16, NR};
 
     /// `x (m, k)` rounded to bf16 in groups of `mr` rows, pair-major: `a[g][u][r]` holds
@@ -346,7 +346,7 @@ mod x86 {
                 &w.panels,
                 true,
                 bl,
-                super::super::cpu_tile_store::Out::Product,
+                super::super::tile_store::Out::Product,
                 |t| tile(t, mr),
             )
         }
@@ -355,8 +355,8 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::checks::{max_rel_to, sum_tolerance};
     use super::*;
-    use crate::candle::cpu_host::checks::{max_rel_to, sum_tolerance};
     use candle_core::{DType, Device};
 
     /// `len` values uniform in [-1, 1).

@@ -1,7 +1,7 @@
 //! 4-bit linear layers (`Q4_0`, `Q4_K`) on x86 CPUs as integer products: `y = x Wᵀ` with `W`
 //! kept as its 4-bit values (two per byte) and, per block of 32 `k`, one scale and one offset,
 //! packed once at load; `x` rounded on each call to 8-bit blocks of 32 exactly as the `Q8_0`
-//! kernel rounds ([`super::cpu_qgemm`]: `d = max|x| / 127`, `q = round(x / d)`).
+//! kernel rounds ([`super::qgemm`]: `d = max|x| / 127`, `q = round(x / d)`).
 //!
 //! Both formats dequantize, per block `b` of 32 `k` and column `c`, as `w = A·q − B` with
 //! `q ∈ [0, 15]`:
@@ -42,10 +42,10 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{Result, Tensor};
 
-use super::cpu_aligned::Aligned;
-use super::cpu_isa::Isa;
-use super::cpu_panel::NR;
-use super::cpu_qgemm::quantize_block_scalar;
+use super::aligned::Aligned;
+use super::isa::Isa;
+use super::panel::NR;
+use super::qgemm::quantize_block_scalar;
 
 /// `k` per block (of the activations, of `Q4_0`, of a `Q4_K` sub-block).
 const BLOCK: usize = 32;
@@ -226,7 +226,7 @@ impl PackedQ4 {
     /// as one `(2F, k)` weight whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1`
     /// up's. What [`swiglu`] reads; `None` when the two do not fit.
     pub fn gate_up(gate: &PackedQ4, up: &PackedQ4) -> Option<Self> {
-        use super::cpu_tile_store::alternate;
+        use super::tile_store::alternate;
         let (f, k) = (gate.n, gate.k);
         let same = (up.n, up.k, up.isa, up.format) == (f, k, gate.isa, gate.format);
         if f == 0 || !f.is_multiple_of(NR) || !same {
@@ -270,7 +270,7 @@ impl PackedQ4 {
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
 pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
     let ready = || w.isa.require("4-bit linear");
-    super::cpu_host::apply_rows(x, (w.n, w.k), "4-bit linear", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n, w.k), "4-bit linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w)
@@ -284,14 +284,14 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
 
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
 /// [`PackedQ4::gate_up`], the SwiGLU taken as each output tile is written
-/// ([`super::cpu_tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
-/// by [`super::swiglu::swiglu`] (tested). Errors as [`linear`].
+/// ([`super::tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
+/// by [`super::super::swiglu::swiglu`] (tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
     let ready = || w.isa.require("4-bit gate|up");
-    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
-            x86::product_with(xd, m, w, super::cpu_tile_store::Out::SwiGlu)
+            x86::product_with(xd, m, w, super::tile_store::Out::SwiGlu)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

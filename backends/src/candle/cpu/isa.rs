@@ -1,4 +1,4 @@
-//! Which x86 vector instructions the CPU kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`])
+//! Which x86 vector instructions the CPU kernels ([`super::gemm`], [`super::qgemm`])
 //! run with: detected once at run time, the widest the CPU has.
 //!
 //! - [`Isa::Avx2`]: AVX2 + FMA (8 f32 lanes; int8 products as 16-bit multiply-adds).

@@ -1,6 +1,6 @@
-//! The CPU linear kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`], [`super::cpu_q4gemm`],
-//! [`super::cpu_bf16gemm`]) and the CPU attention
-//! kernel ([`super::cpu_attention`]) on their own, for the `cpu_linear` and `cpu_attention`
+//! The CPU linear kernels ([`super::gemm`], [`super::qgemm`], [`super::q4gemm`],
+//! [`super::bf16gemm`]) and the CPU attention
+//! kernel ([`super::attention`]) on their own, for the `cpu_linear` and `cpu_attention`
 //! benches: pack a weight once, then time products at one blocking after another in one
 //! process. Not part of the engine's API (the model layers reach the kernels through
 //! `linear`); hidden from the docs.
@@ -8,15 +8,14 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 
-use super::cpu_amx::{self, AmxWeight};
-use super::cpu_attention;
-use super::cpu_bf16gemm::{self, Bf16Kernel, PackedBf16};
-use super::cpu_gemm::{self, Blocking, PackedWeight};
-use super::cpu_isa::Isa;
-use super::cpu_q4gemm::{self, PackedQ4};
-use super::cpu_qgemm::{self, PackedQ8};
-use super::mask::NewKeysMask;
-use super::past_kv::PastKv;
+use super::super::mask::NewKeysMask;
+use super::super::past_kv::PastKv;
+use super::amx::AmxWeight;
+use super::bf16gemm::{Bf16Kernel, PackedBf16};
+use super::gemm::{Blocking, PackedWeight};
+use super::isa::Isa;
+use super::q4gemm::PackedQ4;
+use super::qgemm::PackedQ8;
 use crate::error::CandleError;
 
 fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> CandleError {
@@ -76,16 +75,16 @@ impl AmxF32Weight {
 /// Whether the AMX bf16 × 6 f32 kernel runs on this CPU (AMX tiles granted), whether or not
 /// the model's layers use it (they do with `FORKSCORE_CPU_GEMM=amx`).
 pub fn amx() -> bool {
-    cpu_amx::available()
+    super::amx::available()
 }
 
 /// A blocking of the AMX kernel, parsed once (`mc=…,pf=…` over the default, as
 /// `FORKSCORE_CPU_AMX`; an error names a wrong key or value).
-pub struct AmxBlocking(cpu_amx::AmxBlocking);
+pub struct AmxBlocking(super::amx::AmxBlocking);
 
 impl AmxBlocking {
     pub fn parse(spec: &str) -> Result<Self, CandleError> {
-        cpu_amx::AmxBlocking::parse(spec)
+        super::amx::AmxBlocking::parse(spec)
             .map(AmxBlocking)
             .map_err(|reason| CandleError::InvalidRequest {
                 reason: format!("amx blocking `{spec}`: {reason}"),
@@ -96,7 +95,7 @@ impl AmxBlocking {
 /// `x (.., in) · Wᵀ` through the AMX kernel with blocking `bl` (an error where AMX does not
 /// run).
 pub fn linear_amx(x: &Tensor, w: &AmxF32Weight, bl: &AmxBlocking) -> Result<Tensor, CandleError> {
-    cpu_amx::linear_with(x, &w.0, &bl.0).map_err(tensor_err("amx f32 linear"))
+    super::amx::linear_with(x, &w.0, &bl.0).map_err(tensor_err("amx f32 linear"))
 }
 
 /// A weight `(out, in)` quantized to `Q8_0` and packed for the integer kernel of the chosen
@@ -163,7 +162,7 @@ impl Q4Weight {
 
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the 4-bit integer kernel.
 pub fn linear_q4(x: &Tensor, w: &Q4Weight) -> Result<Tensor, CandleError> {
-    cpu_q4gemm::linear(x, &w.0).map_err(tensor_err("4-bit linear"))
+    super::q4gemm::linear(x, &w.0).map_err(tensor_err("4-bit linear"))
 }
 
 /// The instruction level the kernels run with here (`"avx512"` / `"avx2"`), or `None`.
@@ -200,19 +199,19 @@ impl std::fmt::Display for F32Blocking {
 
 /// `x (.., in) · Wᵀ` through the f32 kernel with blocking `bl`.
 pub fn linear_f32(x: &Tensor, w: &F32Weight, bl: &F32Blocking) -> Result<Tensor, CandleError> {
-    cpu_gemm::linear_with(x, &w.0, bl.0, &bl.1).map_err(tensor_err("packed f32 linear"))
+    super::gemm::linear_with(x, &w.0, bl.0, &bl.1).map_err(tensor_err("packed f32 linear"))
 }
 
 /// How many 32-value blocks ahead the `Q8_0` kernel's AVX-512 and AVX-VNNI tiles prefetch
 /// their weights from now on, in this process (0: none; `usize::MAX`: each level's default;
 /// `FORKSCORE_CPU_QPREFETCH` sets it for a whole run).
 pub fn set_q8_prefetch(blocks: usize) {
-    cpu_qgemm::set_prefetch(blocks)
+    super::qgemm::set_prefetch(blocks)
 }
 
 /// `x (.., in) · Wᵀ` (f32 `x`; another dtype is an error) through the `Q8_0` integer kernel.
 pub fn linear_q8(x: &Tensor, w: &Q8Weight) -> Result<Tensor, CandleError> {
-    cpu_amx::q8_linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
+    super::amx::q8_linear(x, &w.0).map_err(tensor_err("q8_0 linear"))
 }
 
 /// A weight `(out, in)` rounded to bf16 and packed for the kernel `--quantize bf16` takes on
@@ -229,7 +228,7 @@ impl Bf16Weight {
     /// bf16 weights take candle's matmul.
     pub fn pack(w: &Tensor) -> Result<Self, CandleError> {
         let err = tensor_err("pack bf16 weight");
-        match cpu_bf16gemm::kernel().map_err(&err)? {
+        match super::bf16gemm::kernel().map_err(&err)? {
             Bf16Kernel::Amx => AmxWeight::pack_bf16(w).map(Bf16Packed::Amx),
             Bf16Kernel::Dot => PackedBf16::pack(w).map(Bf16Packed::Dot),
             Bf16Kernel::Candle => {
@@ -245,7 +244,7 @@ impl Bf16Weight {
 
 /// The kernel bf16 weights run on this CPU (`"amx"`, `"dot"`), or `None` (candle's matmul).
 pub fn bf16_kernel() -> Option<&'static str> {
-    match cpu_bf16gemm::kernel() {
+    match super::bf16gemm::kernel() {
         Ok(Bf16Kernel::Amx) => Some("amx"),
         Ok(Bf16Kernel::Dot) => Some("dot"),
         _ => None,
@@ -255,20 +254,20 @@ pub fn bf16_kernel() -> Option<&'static str> {
 /// `x (.., in) · Wᵀ` (f32 `x`) through the bf16 weight's kernel.
 pub fn linear_bf16(x: &Tensor, w: &Bf16Weight) -> Result<Tensor, CandleError> {
     match &w.0 {
-        Bf16Packed::Amx(w) => cpu_amx::linear(x, w),
-        Bf16Packed::Dot(w) => cpu_bf16gemm::linear(x, w),
+        Bf16Packed::Amx(w) => super::amx::linear(x, w),
+        Bf16Packed::Dot(w) => super::bf16gemm::linear(x, w),
     }
     .map_err(tensor_err("bf16 linear"))
 }
 
 /// The tile sizes the CPU attention kernel runs [`attention`] with.
-pub struct AttentionPath(cpu_attention::TileSizes);
+pub struct AttentionPath(super::attention::TileSizes);
 
 impl AttentionPath {
     /// `query_block=…,tile_rows=…,key_block=…,form=auto|products` over the default (as `FORKSCORE_CPU_ATTENTION`; an error
     /// names a wrong key or value).
     pub fn parse(sizes: &str) -> Result<Self, CandleError> {
-        cpu_attention::TileSizes::parse(sizes)
+        super::attention::TileSizes::parse(sizes)
             .map(AttentionPath)
             .map_err(|reason| CandleError::InvalidRequest {
                 reason: format!("attention tile sizes `{sizes}`: {reason}"),
@@ -289,10 +288,10 @@ pub fn attention(
     let l = q.dims4().map_err(tensor_err("attention q dims"))?.2;
     let mask = (l > 1).then(|| NewKeysMask::causal(l, q.device()));
     let past = past.map(|(k, v)| PastKv { k, v });
-    if !cpu_attention::supports(q, k, v, past.as_ref()) {
+    if !super::attention::supports(q, k, v, past.as_ref()) {
         return Err(CandleError::InvalidRequest {
             reason: "the CPU attention kernel takes f32 CPU tensors with grouped heads".into(),
         });
     }
-    cpu_attention::attend_with(q, k, v, past.as_ref(), None, mask.as_ref(), path.0)
+    super::attention::attend_with(q, k, v, past.as_ref(), None, mask.as_ref(), path.0)
 }

@@ -15,7 +15,7 @@
 use candle_core::{DType, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::rope::RopeTables;
+use super::super::rope::RopeTables;
 use crate::error::CandleError;
 
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {

@@ -1,16 +1,16 @@
-//! Where the integer kernels' output tiles go ([`super::cpu_qgemm`], [`super::cpu_q4gemm`]):
+//! Where the integer kernels' output tiles go ([`super::qgemm`], [`super::q4gemm`]):
 //! their columns into the `(m, n)` product, or, for a gate | up weight whose panels alternate
 //! (gate's panel `p`, then up's: [`alternate`]), `SiLU(gate) · up` into the `(m, n / 2)`
 //! SwiGLU ([`Out::SwiGlu`]), so an MLP's `(…, 2F)` product is never stored. The SwiGLU is
-//! [`super::cpu_math::silu_mul_rows16`] on the tile's rows of 16 gate and 16 up columns: with
+//! [`super::math::silu_mul_rows16`] on the tile's rows of 16 gate and 16 up columns: with
 //! `F` a multiple of 16 every element goes through the same vector lanes as in the pass over
-//! whole rows ([`super::swiglu`]), so the two agree bit for bit (tested in both kernels).
+//! whole rows ([`super::super::swiglu`]), so the two agree bit for bit (tested in both kernels).
 
 // the loop and the stores run only in the x86 kernels; `alternate` everywhere
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use super::cpu_aligned::{Aligned, Plain};
-use super::cpu_panel::NR;
+use super::aligned::{Aligned, Plain};
+use super::panel::NR;
 
 /// An integer kernel's output tile: up to 6 rows × two panels of [`NR`] columns.
 pub(crate) type Tile = [[f32; 2 * NR]; 6];
@@ -60,7 +60,7 @@ pub(crate) fn by_panel_runs(
 ) -> Vec<f32> {
     let mut y = vec![0f32; m * out.cols(n)];
     let y_addr = y.as_mut_ptr() as usize;
-    super::cpu_host::for_panel_runs(n.div_ceil(NR), paired || out == Out::SwiGlu, |p0, p1| {
+    super::host::for_panel_runs(n.div_ceil(NR), paired || out == Out::SwiGlu, |p0, p1| {
         run(p0, p1, y_addr as *mut f32)
     });
     y
@@ -142,7 +142,7 @@ pub(crate) unsafe fn store(
                 _ => (up.as_ptr() as *const f32, 2 * NR),
             };
             let dst = (y.add(g0 * f + p / 2 * NR), f);
-            super::cpu_math::silu_mul_rows16(rows, gate, upr, dst);
+            super::math::silu_mul_rows16(rows, gate, upr, dst);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The key-major form of one [`super::cpu_attention`] tile: scores held key-major (the keys as
+//! The key-major form of one [`super::attention`] tile: scores held key-major (the keys as
 //! rows, the tile's query rows as columns), so that every step runs on full-width registers
 //! without a transpose or a pass that packs scores, and a softmax taken online over blocks of
 //! keys (`key_block`, whole groups of the width's `KR` keys), so no score matrix larger than one
@@ -35,7 +35,7 @@
 
 use std::arch::x86_64::*;
 
-use super::cpu_math::x86::{exp16, exp8};
+use super::math::x86::{exp16, exp8};
 
 /// One vector width's register kernels of the key-major form.
 pub(super) trait Lanes {

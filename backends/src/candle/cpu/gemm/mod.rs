@@ -23,16 +23,16 @@
 //! The weight is packed only where the CPU has AVX2 and FMA (detected once); elsewhere layers
 //! keep candle's dense weight and matmul. `FORKSCORE_CPU_GEMM=candle` (or `openblas` with that
 //! feature) keeps the dense weight too, to compare; `FORKSCORE_CPU_GEMM=amx` splits it for the
-//! AMX kernel of [`super::cpu_amx`] where the CPU has AMX. The equivalence tests hold this kernel to
+//! AMX kernel of [`super::amx`] where the CPU has AMX. The equivalence tests hold this kernel to
 //! candle's matmul.
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Result, Tensor};
 
-use super::cpu_aligned::Aligned;
-use super::cpu_isa::Isa;
+use super::aligned::Aligned;
+use super::isa::Isa;
 
-pub(crate) use super::cpu_panel::NR;
+pub(crate) use super::panel::NR;
 /// Rows per microkernel tile, at most (AVX2: 6 rows × 2 registers of accumulators; AVX-512:
 /// 14 rows × 2 registers, 28 of the 32).
 const MAX_MR_AVX2: usize = 6;
@@ -101,7 +101,7 @@ impl Blocking {
     /// value that is not a count, a zero, or `mr` above what `isa`'s tile holds.
     pub fn parse(spec: &str, isa: Isa) -> std::result::Result<Self, String> {
         let mut b = Self::default_for(isa);
-        for (part, key, v) in super::cpu_host::spec_counts(spec)? {
+        for (part, key, v) in super::host::spec_counts(spec)? {
             let slot = match key {
                 "mr" => &mut b.mr,
                 "kc" => &mut b.kc,
@@ -177,7 +177,7 @@ pub(crate) fn choice() -> CpuGemm {
     })
 }
 
-/// Whether f32 dense layers run through the AMX bf16 × 6 kernel of [`super::cpu_amx`]: only
+/// Whether f32 dense layers run through the AMX bf16 × 6 kernel of [`super::amx`]: only
 /// when asked (`FORKSCORE_CPU_GEMM=amx`) and the CPU and OS run AMX tiles; elsewhere, or
 /// unasked, this module's kernel. Opt-in because on the AMX CPUs tried it measured slower end
 /// to end than the AVX-512 kernel (see `cpu_amx`).
@@ -185,7 +185,7 @@ pub(crate) fn amx() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        asked() == "amx" && choice() == CpuGemm::Packed && super::cpu_isa::amx_available()
+        asked() == "amx" && choice() == CpuGemm::Packed && super::isa::amx_available()
     })
 }
 
@@ -218,7 +218,7 @@ pub(crate) struct PackedWeight {
 impl PackedWeight {
     /// Pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
     pub fn pack(w: &Tensor) -> Result<Self> {
-        super::cpu_host::with_host_rows(w, Self::from_rows)
+        super::host::with_host_rows(w, Self::from_rows)
     }
 
     /// The `⌈n/16⌉` zeroed panels of an `(n, k)` weight, each filled on the rayon threads by
@@ -323,7 +323,7 @@ impl PackedWeight {
         Some(PackedWeight {
             n: 2 * f,
             k,
-            panels: super::cpu_tile_store::alternate(&gate.panels, &up.panels, k * NR),
+            panels: super::tile_store::alternate(&gate.panels, &up.panels, k * NR),
         })
     }
 
@@ -369,7 +369,7 @@ pub(crate) fn swiglu_fits(k: usize) -> bool {
 /// [`PackedWeight::gate_up`]: each block of output rows and panels is computed into a scratch
 /// block in cache and taken through the SwiGLU from there, so the `(.., 2F)` product is never
 /// stored. Equal bit for bit to [`linear`] on the stacked weight followed by
-/// [`super::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
+/// [`super::super::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
 /// hold.
 pub(crate) fn swiglu(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     let Some(isa) = Isa::chosen().map(Isa::f32_level) else {
@@ -391,10 +391,10 @@ pub(crate) fn swiglu_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking)
         }
         check(isa, bl)
     };
-    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "packed gate|up", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n / 2, w.k), "packed gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
-            x86::product_out(xd, m, w, isa, bl, super::cpu_tile_store::Out::SwiGlu)
+            x86::product_out(xd, m, w, isa, bl, super::tile_store::Out::SwiGlu)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -419,7 +419,7 @@ fn check(isa: Isa, bl: &Blocking) -> Result<()> {
 /// and blocking `bl` (an error if `isa`'s tile cannot hold it or a count is 0).
 pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
     let ready = || check(isa, bl);
-    super::cpu_host::apply_rows(x, (w.n, w.k), "packed linear", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n, w.k), "packed linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w, isa, bl)

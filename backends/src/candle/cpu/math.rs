@@ -1,5 +1,5 @@
 //! Vectorised f32 `exp` (and row maximum) for the CPU kernels that spend their time in it: the
-//! softmax of [`super::cpu_attention`] and the SiLU of [`super::swiglu`]'s CPU pass.
+//! softmax of [`super::attention`] and the SiLU of [`super::super::swiglu`]'s CPU pass.
 //!
 //! libm's `expf` is scalar (a call per element: 5 % of a 28-field CPU decision's samples went
 //! to it before this module). Here `e^x` is the classic range reduction
@@ -11,7 +11,7 @@
 //! inputs above 88.7 give `f32::MAX`.
 
 #[cfg(target_arch = "x86_64")]
-use super::cpu_isa::Isa;
+use super::isa::Isa;
 
 /// Largest input with a finite result (just under ln(f32::MAX)).
 const HI: f32 = 88.7;
@@ -136,7 +136,7 @@ pub(in crate::candle) mod x86 {
     use super::{HI, LN2_HI, LN2_LO, LO, LOG2E, P};
 
     /// Eight lanes of [`super::exp`] (also the AVX2 attention tile's,
-    /// [`super::super::cpu_key_major`]).
+    /// [`super::super::key_major`]).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(in crate::candle) unsafe fn exp8(x: __m256) -> __m256 {
@@ -165,7 +165,7 @@ pub(in crate::candle) mod x86 {
     }
 
     /// Sixteen lanes of [`super::exp`] (AVX-512 F), for the AVX-512 attention tile
-    /// ([`super::super::cpu_key_major`]).
+    /// ([`super::super::key_major`]).
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(in crate::candle) unsafe fn exp16(x: __m512) -> __m512 {

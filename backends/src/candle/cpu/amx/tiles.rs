@@ -137,7 +137,7 @@ fn config_q8() -> Config {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn round_block(xs: &[f32], out: *mut i8) -> f32 {
     use std::arch::x86_64::*;
-    let (d, q) = super::super::cpu_qgemm::x86_rounded(xs);
+    let (d, q) = super::super::qgemm::x86_rounded(xs);
     // i32 -> i16 -> i8 packs 128-bit lanes pairwise; 0xD8 restores the order each time
     let w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
     let w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
@@ -211,7 +211,7 @@ pub(super) fn product_q8(
     let (mp, np) = (m.next_multiple_of(32), panels.next_multiple_of(2) * NR);
     let mut acc = vec![0f32; mp * np];
     let acc_addr = acc.as_mut_ptr() as usize;
-    super::super::cpu_host::for_panel_runs(panels, true, |p0, p1| {
+    super::super::host::for_panel_runs(panels, true, |p0, p1| {
         // SAFETY: AMX-INT8 runs here (the caller checked); `a` / `s` hold the mp padded rows'
         // tiles and scales, `q` / `d` every panel's blocks; `acc` holds mp · np and the runs
         // of panel pairs write disjoint columns.
@@ -347,7 +347,7 @@ pub(super) fn product(x: &[f32], m: usize, w: &AmxWeight, bl: &AmxBlocking) -> V
     let (mp, np) = (m.next_multiple_of(32), panels.next_multiple_of(2) * NR);
     let mut acc: Vec<f32> = Vec::with_capacity(mp * np);
     let acc_addr = acc.as_mut_ptr() as usize;
-    super::super::cpu_host::for_panel_runs(panels, true, |p0, p1| {
+    super::super::host::for_panel_runs(panels, true, |p0, p1| {
         // SAFETY: AMX runs here (the caller checked `available`); `a` holds the packed row
         // pairs of mp rows, each plane ⌈n/16⌉·kp·16 elements, `zero` kp·16, as `run` reads
         // them; `acc` has capacity mp·np and the runs of panel pairs write disjoint columns.

@@ -1,5 +1,5 @@
 //! Attention on the CPU in f32 without the candle ops' intermediate tensors: the same function
-//! as [`super::attention`]'s candle path (its reference, held to it by the equivalence tests
+//! as [`super::super::attention`]'s candle path (its reference, held to it by the equivalence tests
 //! below), computed tile by tile on the rayon threads.
 //!
 //! Work is split into tiles `(KV head j, rows b0..b1, queries i0..i1)`; a tile's query rows are
@@ -10,7 +10,7 @@
 //!   where `N` stops at the tile's last query under a causal or tree mask (later keys are hidden
 //!   from every query of the tile);
 //! - one softmax per query row over `past[start..P] ++ visible new keys`, with a vectorised
-//!   maximum and `exp` ([`super::cpu_math`]); hidden keys get exactly 0; the row is left
+//!   maximum and `exp` ([`super::math`]); hidden keys get exactly 0; the row is left
 //!   unnormalised;
 //! - the values `(M, P) x (P, hd)` plus each row's `(G·n, N) x (N, hd)`, each output row then
 //!   divided by its row's sum, written straight into the `(B, L, H·hd)` output, heads merged.
@@ -21,7 +21,7 @@
 //! [`TileSizes::tile_rows`] query rows each, one thread per tile.
 //!
 //! A tile is computed in one of two forms ([`TileForm`]):
-//! - **key-major** ([`super::cpu_key_major`]), where the CPU has AVX-512 and the head dim is a
+//! - **key-major** ([`super::key_major`]), where the CPU has AVX-512 and the head dim is a
 //!   multiple of 16 (16-lane registers), or for prefills where it has AVX2 + FMA and the head
 //!   dim is a multiple of 8 (8-lane ones): scores held keys × queries in full registers, a softmax taken
 //!   online over blocks of keys, keys packed once per call. At 16 lanes 1.4–2.0× the products
@@ -30,7 +30,7 @@
 //!   the CPU;
 //! - **products**, on every CPU, and the reference the key-major form is tested against: the
 //!   products through the `gemm` crate (the kernel candle's own CPU matmul uses). (Products
-//!   through the packed kernel of [`super::cpu_gemm`], with keys and values packed per tile,
+//!   through the packed kernel of [`super::gemm`], with keys and values packed per tile,
 //!   measured no faster in the `cpu_attention` bench; the row maximum, a scalar fold, and the
 //!   normalisation pass over every score were what took the time: vectorising the one and
 //!   moving the other to the output rows made the form 1.1–2× faster there.)
@@ -41,15 +41,14 @@
 use candle_core::{DType, Layout, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::cpu_math;
-use super::mask::NewKeysMask;
-use super::past_kv::PastKv;
+use super::super::mask::NewKeysMask;
+use super::super::past_kv::PastKv;
 use crate::error::CandleError;
 
 /// Which form computes a tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TileForm {
-    /// The key-major form ([`super::cpu_key_major`]) at the widest registers that fit: 16
+    /// The key-major form ([`super::key_major`]) at the widest registers that fit: 16
     /// lanes where the CPU has AVX-512 and the head dim is a multiple of 16, else 8 for long
     /// calls (prefills) where it has AVX2 + FMA and the head dim is a multiple of 8; the
     /// products form elsewhere.
@@ -71,7 +70,7 @@ pub(crate) struct TileSizes {
     /// Query rows (rows · heads · queries) a tile of a short call aims at.
     pub tile_rows: usize,
     /// Keys per block of the key-major form's online softmax (rounded up to whole groups of
-    /// [`super::cpu_key_major`]'s packed keys).
+    /// [`super::key_major`]'s packed keys).
     pub key_block: usize,
     /// The form that computes a tile.
     pub form: TileForm,
@@ -116,7 +115,7 @@ impl TileSizes {
                 _ => counts.push(part),
             }
         }
-        for (part, key, v) in super::cpu_host::spec_counts(&counts.join(","))? {
+        for (part, key, v) in super::host::spec_counts(&counts.join(","))? {
             let slot = match key {
                 "query_block" => &mut t.query_block,
                 "tile_rows" => &mut t.tile_rows,
@@ -479,7 +478,7 @@ pub(crate) fn attend_with(
     let tiles = tiles(hkv, g, b, slots, l, sizes);
     #[cfg(target_arch = "x86_64")]
     if let Some(width) = key_major(sizes.form, hd, l > sizes.query_block) {
-        use super::cpu_key_major::{Avx2, Avx512};
+        use super::key_major::{Avx2, Avx512};
         // every tile in the key-major form of width `$l` (the CPU has its instructions and `hd`
         // is a multiple of its lanes: `key_major`)
         macro_rules! key_major_tiles {

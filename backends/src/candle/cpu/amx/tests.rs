@@ -1,5 +1,5 @@
+use super::super::host::checks::{max_rel, sum_tolerance};
 use super::*;
-use crate::candle::cpu_host::checks::{max_rel, sum_tolerance};
 use candle_core::{DType, Device};
 use proptest::prelude::*;
 
@@ -155,7 +155,7 @@ fn one_part_is_the_bf16_rounding() {
     let w: Vec<f32> = (0..n * k).map(|j| (j as f32 * 0.61).sin() * 3.0).collect();
     let one = AmxWeight::split_rows(&w, n, k, Parts::One);
     assert_eq!(one.parts(), Parts::One);
-    let bf16 = super::super::cpu_bf16gemm::PackedBf16::from_rows(&w, n, k);
+    let bf16 = super::super::bf16gemm::PackedBf16::from_rows(&w, n, k);
     assert_eq!(one.rows(), bf16.rows());
     for split_at in [16, 5] {
         let (a, b) = (
@@ -199,7 +199,7 @@ fn amx_bf16_linear_equals_the_reference() -> Result<()> {
                 .flatten_all()?
                 .to_vec1::<f32>()?;
             let want = product_reference(&x, m, &w);
-            let d = crate::candle::cpu_host::checks::max_rel_to(&got, &want);
+            let d = super::super::host::checks::max_rel_to(&got, &want);
             let tol = sum_tolerance(k) as f64;
             assert!(d <= tol, "{spec} ({m}, {n}, {k}): {d:e}");
         }
@@ -213,8 +213,8 @@ fn amx_bf16_linear_equals_the_reference() -> Result<()> {
 /// Elsewhere the call is refused with a clear error.
 #[test]
 fn amx_q8_equals_the_reference_bit_for_bit() -> Result<()> {
-    use super::super::cpu_isa::Isa;
-    use super::super::cpu_qgemm::{self, PackedQ8};
+    use super::super::isa::Isa;
+    use super::super::qgemm::PackedQ8;
     use candle_core::quantized::{GgmlDType, QTensor};
     let dev = Device::Cpu;
     let q8 = |n: usize, k: usize| -> Result<Option<PackedQ8>> {
@@ -243,7 +243,7 @@ fn amx_q8_equals_the_reference_bit_for_bit() -> Result<()> {
             .flatten_all()?
             .to_vec1::<f32>()?;
         let got = q8_product(&x, m, &w)?;
-        let want = cpu_qgemm::product_reference(&x, m, &w);
+        let want = super::super::qgemm::product_reference(&x, m, &w);
         assert!(
             got == want,
             "({m}, {n}, {k}): the int8 tiles differ from the sums"

@@ -2,7 +2,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::super::cpu_tile_store::{by_panel_runs, run_tiles, Out, Tile};
+use super::super::tile_store::{by_panel_runs, run_tiles, Out, Tile};
 use super::{group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, MR_VNNI256, NR, PANEL_BLOCK};
 
 /// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units

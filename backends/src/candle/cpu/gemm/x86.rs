@@ -2,7 +2,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::super::cpu_tile_store::Out;
+use super::super::tile_store::Out;
 use super::{Blocking, Isa, PackedWeight, NR};
 
 /// `x (m, k)` into groups of `mr` rows, k-major: `a[g][kk][r] = x[g·mr + r][kk]`
@@ -266,7 +266,7 @@ pub(in crate::candle) struct Tile<T> {
 }
 
 /// `y (m, n) = A · Wᵀ` for any kernel whose operands have this module's packed layout in
-/// units of `T` (an f32 here; a pair of bf16 in [`super::super::cpu_bf16gemm`]): `a` the
+/// units of `T` (an f32 here; a pair of bf16 in [`super::super::bf16gemm`]): `a` the
 /// activations in groups of `bl.mr` rows (`[group][k][row]`, the last group zero-padded),
 /// `panels` the weight's `(⌈n/16⌉, k, 16)`, `k` counted in units. The panels are split into
 /// one run per rayon thread (`paired`: runs of whole panel pairs, for two-panel tiles),
@@ -292,7 +292,7 @@ pub(in crate::candle) unsafe fn product_with<T: Sync>(
     let mut y: Vec<f32> = Vec::with_capacity(m * cols);
     let y_addr = y.as_mut_ptr() as usize;
     let pairs = paired || out == Out::SwiGlu;
-    super::super::cpu_host::for_panel_runs(count, pairs, |p0, p1| {
+    super::super::host::for_panel_runs(count, pairs, |p0, p1| {
         // SAFETY: as the caller promised; `y` has capacity m·n and runs of panels write
         // disjoint columns.
         unsafe {
@@ -403,7 +403,7 @@ unsafe fn run<T>(
                     let (je, mc) = ((jc + bl.nc).min(p1), bl.mc.min(m - ic));
                     let (ld, f) = (bl.nc * NR, n / 2);
                     for q in (jc..je).step_by(2) {
-                        super::super::cpu_math::silu_mul_rows16(
+                        super::super::math::silu_mul_rows16(
                             mc,
                             (scratch_ptr.add((q - jc) * NR), ld),
                             (scratch_ptr.add((q + 1 - jc) * NR), ld),

@@ -19,7 +19,7 @@ pub(super) enum KeyMajor {
 /// bench), so short calls keep the products form.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn key_major(form: TileForm, hd: usize, long: bool) -> Option<KeyMajor> {
-    use super::super::cpu_isa::Isa;
+    use super::super::isa::Isa;
     let level = Isa::chosen()?;
     match form {
         TileForm::Products => None,
@@ -41,13 +41,13 @@ pub(super) struct KeyMajorKeys {
 
 #[cfg(target_arch = "x86_64")]
 impl KeyMajorKeys {
-    pub(super) fn pack<L: super::super::cpu_key_major::Lanes>(
+    pub(super) fn pack<L: super::super::key_major::Lanes>(
         d: &Dims,
         b: usize,
         kd: &[f32],
         pkd: &[f32],
     ) -> Self {
-        use super::super::cpu_key_major::pack_keys;
+        use super::super::key_major::pack_keys;
         let (p, l, hd) = (d.p, d.l, d.hd);
         KeyMajorKeys {
             past: (0..d.hkv * d.slots)
@@ -62,11 +62,11 @@ impl KeyMajorKeys {
     }
 }
 
-/// One tile in the key-major form of width `L` ([`super::super::cpu_key_major`]): the same function
+/// One tile in the key-major form of width `L` ([`super::super::key_major`]): the same function
 /// as [`tile`], its `(M, hd)` output rows (same order) handed to `done`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn tile_key_major<L: super::super::cpu_key_major::Lanes>(
+pub(super) fn tile_key_major<L: super::super::key_major::Lanes>(
     t: Tile,
     d: &Dims,
     scale: f32,
@@ -77,7 +77,7 @@ pub(super) fn tile_key_major<L: super::super::cpu_key_major::Lanes>(
     key_block: usize,
     done: impl FnOnce(&[f32]),
 ) {
-    use super::super::cpu_key_major::{with_state, Sees};
+    use super::super::key_major::{with_state, Sees};
     let Dims {
         h,
         hkv,
@@ -282,9 +282,9 @@ pub(super) fn tile(
                 };
                 let past_vis = &mut past_part[start..];
                 let new_vis = &mut new_part[..visible_new];
-                let max = cpu_math::max(past_vis).max(cpu_math::max(new_vis));
-                let sum = cpu_math::exp_shifted_sum(past_vis, max)
-                    + cpu_math::exp_shifted_sum(new_vis, max);
+                let max = super::super::math::max(past_vis).max(super::super::math::max(new_vis));
+                let sum = super::super::math::exp_shifted_sum(past_vis, max)
+                    + super::super::math::exp_shifted_sum(new_vis, max);
                 // the row is left unnormalised; its output row is divided by `sum` instead
                 // (hd values rather than P + N)
                 inv_sum[(bb * g + gg) * ni + ii] = 1.0 / sum;

@@ -9,22 +9,22 @@
 //! - `FORKSCORE_CPU_AMX`: the AMX kernel's blocking (`hot`, a timing probe, is refused).
 //! - `FORKSCORE_CPU_ATTENTION`: the CPU attention kernel's tiles.
 
-use super::cpu_isa::Isa;
+use super::isa::Isa;
 
 /// Whether `value` is right for the specification switch `name`; the reason when it is not.
 pub(crate) fn check_spec(name: &'static str, value: &str) -> Result<(), String> {
     match name {
-        "FORKSCORE_CPU_QPREFETCH" => super::cpu_qgemm::parse_prefetch(value).map(|_| ()),
+        "FORKSCORE_CPU_QPREFETCH" => super::qgemm::parse_prefetch(value).map(|_| ()),
         "FORKSCORE_CPU_GEMM_BLOCKING" => match Isa::chosen() {
-            Some(isa) => super::cpu_gemm::Blocking::parse(value, isa.f32_level()).map(|_| ()),
+            Some(isa) => super::gemm::Blocking::parse(value, isa.f32_level()).map(|_| ()),
             None => Ok(()),
         },
-        "FORKSCORE_CPU_AMX" => match super::cpu_amx::AmxBlocking::parse(value) {
+        "FORKSCORE_CPU_AMX" => match super::amx::AmxBlocking::parse(value) {
             Ok(b) if b.hot => Err("hot is a timing probe with wrong results".into()),
             Ok(_) => Ok(()),
             Err(e) => Err(e.to_string()),
         },
-        "FORKSCORE_CPU_ATTENTION" => super::cpu_attention::TileSizes::parse(value)
+        "FORKSCORE_CPU_ATTENTION" => super::attention::TileSizes::parse(value)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         other => Err(format!("{other} has no parser")),

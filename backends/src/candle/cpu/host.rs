@@ -1,5 +1,5 @@
-//! The host-side frame the CPU kernels ([`super::cpu_gemm`], [`super::cpu_qgemm`],
-//! [`super::cpu_amx`]) share: a weight read as row-major f32 on the host to pack from, a
+//! The host-side frame the CPU kernels ([`super::gemm`], [`super::qgemm`],
+//! [`super::amx`]) share: a weight read as row-major f32 on the host to pack from, a
 //! call's activations checked and read as rows, the kernel's `(m, n)` result shaped back, and
 //! the split of a product's panels into one run per rayon thread, and the `key=count` lists
 //! their blocking overrides are written in.

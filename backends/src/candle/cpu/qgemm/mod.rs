@@ -32,10 +32,10 @@
 
 use candle_core::{Result, Tensor};
 
-use super::cpu_aligned::Aligned;
-use super::cpu_isa::Isa;
-use super::cpu_panel::NR;
-use super::cpu_tile_store::Out;
+use super::aligned::Aligned;
+use super::isa::Isa;
+use super::panel::NR;
+use super::tile_store::Out;
 
 /// `k` per `Q8_0` block.
 const BLOCK: usize = 32;
@@ -228,7 +228,7 @@ impl PackedQ8 {
             return None;
         }
         let blocks = k / BLOCK;
-        use super::cpu_tile_store::alternate;
+        use super::tile_store::alternate;
         Some(PackedQ8 {
             n: 2 * f,
             k,
@@ -279,11 +279,11 @@ pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
-/// (The layer's dispatcher, [`super::cpu_amx::q8_linear`], sends AVX-512 weights to the AMX
+/// (The layer's dispatcher, [`super::amx::q8_linear`], sends AVX-512 weights to the AMX
 /// int8 tiles instead when `FORKSCORE_CPU_Q8=amx` asks for them.)
 pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || w.isa.require("q8_0 linear");
-    super::cpu_host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n, w.k), "q8_0 linear", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product(xd, m, w)
@@ -298,11 +298,11 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
 /// [`PackedQ8::gate_up`], the SwiGLU taken as each output tile is written, so the `(.., 2F)`
 /// product is never stored. Equal bit for bit to [`linear`] on the stacked `[gate; up]` weight
-/// followed by [`super::swiglu::swiglu`] (the same sums, the same [`super::cpu_math::silu_mul`]
+/// followed by [`super::super::swiglu::swiglu`] (the same sums, the same [`super::math::silu_mul`]
 /// on every element; tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || w.isa.require("q8_0 gate|up");
-    super::cpu_host::apply_rows(x, (w.n / 2, w.k), "q8_0 gate|up", ready, |xd, m| {
+    super::host::apply_rows(x, (w.n / 2, w.k), "q8_0 gate|up", ready, |xd, m| {
         #[cfg(target_arch = "x86_64")]
         {
             x86::product_with(xd, m, w, Out::SwiGlu)

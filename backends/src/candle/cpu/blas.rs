@@ -1,6 +1,6 @@
 //! f32 linear layers on the CPU through the system OpenBLAS (`--features openblas` and
 //! `FORKSCORE_CPU_GEMM=openblas`, or by default on a CPU without AVX2 + FMA, where the packed
-//! kernel of `super::cpu_gemm` does not run; Debian / Ubuntu `libopenblas-dev`): `y = x Wᵀ` as
+//! kernel of `super::gemm` does not run; Debian / Ubuntu `libopenblas-dev`): `y = x Wᵀ` as
 //! one `cblas_sgemm` on the untouched row-major weight. At a 306-token prefill's shapes on two
 //! AVX2 cores, OpenBLAS ran at 127–144 GFLOP/s against 80–110 for candle's own GEMM.
 //! candle's matmul stays the reference (the
@@ -38,11 +38,11 @@ const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
 /// Whether CPU f32 linear layers go through OpenBLAS (`FORKSCORE_CPU_GEMM=openblas`, or
-/// with the feature on a CPU without AVX2 + FMA; see [`super::cpu_gemm::choice`]).
+/// with the feature on a CPU without AVX2 + FMA; see [`super::gemm::choice`]).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let on = super::cpu_gemm::choice() == super::cpu_gemm::CpuGemm::OpenBlas;
+        let on = super::gemm::choice() == super::gemm::CpuGemm::OpenBlas;
         if on {
             // OpenBLAS runs single-threaded inside the rayon threads (see `linear`): its own
             // worker threads keep spinning after each call and would take the cores from the
