@@ -23,9 +23,11 @@ pub mod group;
 pub mod literal;
 pub mod logprobs;
 pub mod many;
+pub mod options;
 pub mod prepare;
 pub mod rows;
 pub mod schema;
+pub mod softmax;
 pub mod strict_json;
 pub mod template;
 pub mod tokenizer;
@@ -35,13 +37,13 @@ pub use assemble::{Decision, FieldResult};
 pub use calibration::{
     CalibrationRegistry, CheckpointIdentity, FieldCalibration, Temperature, TemperatureSource,
 };
-pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+pub use engine::Engine;
 pub use error::EngineError;
-pub use fork::{Mode, SharedPrefix};
+pub use fork::SharedPrefix;
 pub use generate::{Baseline, GenerateError, GenerateOptions, Generation, StopReason};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
-pub use literal::assemble::LiteralValue;
 pub use logprobs::{LogprobOptions, TextLogprobs};
+pub use options::{LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use prepare::PreparedContext;
 pub use rows::CompiledSchema;
 pub use schema::{Schema, SchemaError, SchemaErrorKind};
