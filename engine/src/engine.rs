@@ -12,6 +12,7 @@ use crate::assemble::{Assembly, Decision};
 use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
 use crate::fork::{score_group, GroupLogits, GroupScores, SharedPrefix};
+// defined in `options` (a leaf every stage reads); re-exported at their former path
 pub use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;

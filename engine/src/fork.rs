@@ -29,6 +29,7 @@
 //! per projected node on the full prompt up to it — the reference.
 
 use crate::literal::tree::{context_tree, field_scores, NodeScores, TreePlan};
+// defined in `options`; re-exported at its former path
 pub use crate::options::Mode;
 use crate::prepare::split::SplitPrompt;
 use forkscore_seam::{

@@ -8,8 +8,10 @@
 //! holds the temperature policy; [`allowed_mass`] (opt-in, per field) and [`logprobs`]
 //! (`Engine::logprobs`, per token of a text) are the full-vocabulary diagnostics; [`generate`] is
 //! the autoregressive baseline (`Engine::generate`: the model writes the JSON, decoded greedily); [`engine`] wires the stages for one context and [`many`] for
-//! many (`Engine::decide_many`). The engine depends on the seam only (`forkscore-seam`): it never
-//! sees a tensor.
+//! many (`Engine::decide_many`). [`options`] holds the per-request options every stage reads
+//! and [`softmax`] the numeric core of assembly; both depend on nothing in the crate, and each
+//! stage's error type sits in a module of its own, so the files import each other without a
+//! circle. The engine depends on the seam only (`forkscore-seam`): it never sees a tensor.
 
 pub mod allowed_mass;
 pub mod assemble;

@@ -28,6 +28,7 @@ use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
 use crate::softmax::argmax_f64_first;
+// defined in `softmax`; re-exported at their former paths
 pub use crate::softmax::{argmax_first, softmax_scaled};
 use crate::tokenizer::ChatTokenizer;
 pub use error::AssembleError;

@@ -21,6 +21,7 @@
 
 use super::compile::LiteralField;
 use super::tree::NodeScores;
+// defined in `options` and `softmax`; re-exported at their former paths
 pub use crate::options::LiteralValue;
 use crate::schema::LiteralMethod;
 pub use crate::softmax::argmax_f64_first;

@@ -1,7 +1,7 @@
 //! Guarded tokenization: special-token text found inside untrusted text (a context, a schema's
 //! text) is encoded as the ordinary tokens of its characters, never as control tokens. Which
 //! ranges are guarded is decided by the caller (`untrusted`, `anchor`); this module only finds
-//! special-token text ([`special_hits`]) and tokenizes around it ([`encode_guarded`]).
+//! special-token text (`special_hits`) and tokenizes around it ([`encode_guarded`]).
 
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use std::ops::Range;
