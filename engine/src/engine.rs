@@ -11,53 +11,15 @@
 use crate::assemble::{Assembly, Decision};
 use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
-use crate::fork::{score_group, GroupLogits, GroupScores, Mode, SharedPrefix};
-use crate::literal::assemble::LiteralValue;
-use crate::literal::tree::TreePlan;
+use crate::fork::{score_group, GroupLogits, GroupScores, SharedPrefix};
+// defined in `options` (a leaf every stage reads); re-exported at their former path
+pub use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
 use crate::schema::Schema;
 use crate::tokenizer::ChatTokenizer;
 use forkscore_seam::{Backend, BackendError};
 use std::time::Instant;
-
-/// Default bound on prefix + longest suffix tokens.
-pub const DEFAULT_MAX_INPUT_TOKENS: usize = 4096;
-
-/// Per-request scoring options.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScoreOptions {
-    pub mode: Mode,
-    /// Rows per score call in parallel mode (None: all rows in one call).
-    pub field_batch_size: Option<usize>,
-    /// None: the checkpoint's calibrated default, else 1.
-    pub temperature: Option<f64>,
-    pub allow_uncalibrated: bool,
-    pub max_input_tokens: usize,
-    pub include_prompt: bool,
-    /// `Some(K)`: per field, the full-vocabulary probability mass on its allowed codes at the
-    /// decision position and the top K unconstrained tokens there (K ≤ `MAX_TOP_K` and the
-    /// vocabulary; 0 gives the mass alone). Never changes a decision.
-    pub allowed_mass: Option<usize>,
-    /// How a literal field's value is selected: the most probable choice (default) or the
-    /// constrained greedy decoder's choice.
-    pub literal_value: LiteralValue,
-}
-
-impl Default for ScoreOptions {
-    fn default() -> Self {
-        ScoreOptions {
-            mode: Mode::Parallel,
-            field_batch_size: None,
-            temperature: None,
-            allow_uncalibrated: false,
-            max_input_tokens: DEFAULT_MAX_INPUT_TOKENS,
-            include_prompt: false,
-            allowed_mass: None,
-            literal_value: LiteralValue::Argmax,
-        }
-    }
-}
 
 /// An engine over one backend and its tokenizer.
 pub struct Engine<B: Backend> {
@@ -278,7 +240,7 @@ impl<B: Backend> Engine<B> {
             shared,
             &splits,
             compiled.candidates(),
-            &TreePlan::of(compiled),
+            &compiled.tree_plan(),
             opts.mode,
             opts.field_batch_size,
             opts.allowed_mass,

@@ -1,9 +1,12 @@
 //! [`EngineError`]: every way a decision can fail, one variant per stage error.
+//!
+//! Each stage's error type lives in a module of its own (`rows::error`, `assemble::error`, …)
+//! that depends on no stage, so the stages can return `EngineError` without an import circle.
 
-use crate::assemble::AssembleError;
+use crate::assemble::error::AssembleError;
 use crate::calibration::CalibrationError;
 use crate::prepare::split::SplitError;
-use crate::rows::CompileError;
+use crate::rows::error::CompileError;
 use crate::template::TemplateError;
 use forkscore_seam::BackendError;
 

@@ -29,12 +29,14 @@
 //! per projected node on the full prompt up to it — the reference.
 
 use crate::literal::tree::{context_tree, field_scores, NodeScores, TreePlan};
+// defined in `options`; re-exported at its former path
+pub use crate::options::Mode;
 use crate::prepare::split::SplitPrompt;
 use forkscore_seam::{
     Backend, BackendError, CandidateLogits, PrefixState, ScoreRequest, ScoreRow, TokenTree,
     TreeRequest, VocabRequest, VocabRow,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::time::Instant;
 
 /// Shortest shared prefix worth a separate prefill.
@@ -84,33 +86,6 @@ impl<S: PrefixState> SharedPrefix<S> {
     /// True when `prefix` strictly extends this shared prefix (so it can be extended from it).
     pub fn covers(&self, prefix: &[u32]) -> bool {
         prefix.len() > self.ids.len() && prefix.starts_with(&self.ids)
-    }
-}
-
-/// How rows are evaluated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    #[default]
-    Parallel,
-    CachedSerial,
-    Independent,
-    /// Every code row of a group in one token-tree call (packed on attention-only models).
-    Tree,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Mode, String> {
-        match s {
-            "parallel" => Ok(Mode::Parallel),
-            "cached-serial" | "cached_serial" => Ok(Mode::CachedSerial),
-            "independent" => Ok(Mode::Independent),
-            "tree" => Ok(Mode::Tree),
-            other => Err(format!(
-                "unknown mode {other:?} (expected parallel, cached-serial, independent or tree)"
-            )),
-        }
     }
 }
 
@@ -442,27 +417,4 @@ fn independent_tree<B: Backend>(
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Mode;
-
-    #[test]
-    fn modes_parse_by_name_and_an_unknown_one_lists_them_all() {
-        for (name, mode) in [
-            ("parallel", Mode::Parallel),
-            ("cached-serial", Mode::CachedSerial),
-            ("independent", Mode::Independent),
-            ("tree", Mode::Tree),
-        ] {
-            assert_eq!(name.parse::<Mode>(), Ok(mode));
-            assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
-        }
-        let e = "packed".parse::<Mode>().unwrap_err();
-        assert!(
-            e.contains("parallel, cached-serial, independent or tree"),
-            "{e}"
-        );
-    }
 }

@@ -8,8 +8,10 @@
 //! holds the temperature policy; [`allowed_mass`] (opt-in, per field) and [`logprobs`]
 //! (`Engine::logprobs`, per token of a text) are the full-vocabulary diagnostics; [`generate`] is
 //! the autoregressive baseline (`Engine::generate`: the model writes the JSON, decoded greedily); [`engine`] wires the stages for one context and [`many`] for
-//! many (`Engine::decide_many`). The engine depends on the seam only (`forkscore-seam`): it never
-//! sees a tensor.
+//! many (`Engine::decide_many`). [`options`] holds the per-request options every stage reads
+//! and [`softmax`] the numeric core of assembly; both depend on nothing in the crate, and each
+//! stage's error type sits in a module of its own, so the files import each other without a
+//! circle. The engine depends on the seam only (`forkscore-seam`): it never sees a tensor.
 
 pub mod allowed_mass;
 pub mod assemble;
@@ -23,9 +25,11 @@ pub mod group;
 pub mod literal;
 pub mod logprobs;
 pub mod many;
+pub mod options;
 pub mod prepare;
 pub mod rows;
 pub mod schema;
+pub mod softmax;
 pub mod strict_json;
 pub mod template;
 pub mod tokenizer;
@@ -35,13 +39,13 @@ pub use assemble::{Decision, FieldResult};
 pub use calibration::{
     CalibrationRegistry, CheckpointIdentity, FieldCalibration, Temperature, TemperatureSource,
 };
-pub use engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+pub use engine::Engine;
 pub use error::EngineError;
-pub use fork::{Mode, SharedPrefix};
+pub use fork::SharedPrefix;
 pub use generate::{Baseline, GenerateError, GenerateOptions, Generation, StopReason};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
-pub use literal::assemble::LiteralValue;
 pub use logprobs::{LogprobOptions, TextLogprobs};
+pub use options::{LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use prepare::PreparedContext;
 pub use rows::CompiledSchema;
 pub use schema::{Schema, SchemaError, SchemaErrorKind};

@@ -19,7 +19,7 @@ pub mod assemble;
 pub mod compile;
 pub mod tree;
 
-use crate::assemble::softmax_scaled;
+use crate::softmax::{argmax_first, softmax_scaled};
 
 /// Where a branch sits: right after the selector, or after trie node `n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,10 +185,7 @@ impl ChoiceTrie {
     /// The choice a constrained greedy decoder emits: at each branch the child with the largest
     /// raw logit (the first child wins ties), so the temperature never changes it.
     pub fn greedy_choice(&self, branch_logits: &[Vec<f32>]) -> usize {
-        let best: Vec<usize> = branch_logits
-            .iter()
-            .map(|l| crate::assemble::argmax_first(l))
-            .collect();
+        let best: Vec<usize> = branch_logits.iter().map(|l| argmax_first(l)).collect();
         (0..self.paths.len())
             .find(|&c| self.passes(&self.paths[c]).all(|(b, k)| best[b] == k))
             .unwrap_or(0)

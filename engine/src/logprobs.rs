@@ -15,8 +15,9 @@
 //! candle backend also refuses such a sequence itself).
 
 use crate::allowed_mass::{token_text, TopToken};
-use crate::engine::{Engine, DEFAULT_MAX_INPUT_TOKENS};
+use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::options::DEFAULT_MAX_INPUT_TOKENS;
 use forkscore_seam::{Backend, BackendError, VocabRequest};
 use serde::Serialize;
 use std::time::Instant;

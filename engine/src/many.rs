@@ -21,12 +21,13 @@
 
 use crate::assemble::{Assembly, Decision};
 use crate::calibration::Temperature;
-use crate::engine::{Engine, ScoreOptions};
+use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::fork::GroupScores;
 use crate::group::{
     plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel,
 };
+use crate::options::ScoreOptions;
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
 use forkscore_seam::Backend;

@@ -45,6 +45,10 @@ pub enum TemplateError {
     Render { origin: String, message: String },
 }
 
+/// Most minijinja instructions one prompt rendering may execute. The built-in and official
+/// Qwen templates use a few thousand for forkscore's two messages.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
 /// A chat message.
 #[derive(Debug, Clone, Serialize)]
 pub struct Message {
@@ -75,7 +79,7 @@ impl ChatTemplate {
         // transformers renders chat templates with trim_blocks and lstrip_blocks on.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(crate::prepare::untrusted::TEMPLATE_FUEL));
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",

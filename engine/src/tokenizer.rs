@@ -2,7 +2,9 @@
 //!
 //! Template lookup order: `chat_template` in `tokenizer_config.json` (a string, or the list of
 //! named templates where `default` wins), then `chat_template.jinja`, then the built-in template
-//! of the model family (the provenance then says so).
+//! of the model family (the provenance then says so). Checkpoint files are untrusted input: each
+//! is read only when it is a regular file of bounded size ([`read_checkpoint_file`]), so a FIFO
+//! named `tokenizer.json` is refused instead of blocking forever.
 
 use crate::template::{ChatTemplate, Family, TemplateError, TemplateOrigin};
 use serde_json::Value;
@@ -93,17 +95,16 @@ impl ChatTokenizer {
     /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (a
     /// [`Family`] name, e.g. `qwen2`) picks the built-in template when the folder has none.
     pub fn from_folder(dir: &Path, model_family: &str) -> Result<ChatTokenizer, TokenizerError> {
-        use crate::prepare::untrusted::{
-            read_checkpoint_file as read, read_checkpoint_text as read_text,
-        };
         use forkscore_seam::files::{MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
         let tok_path = dir.join("tokenizer.json");
-        let bytes = read(&tok_path, MAX_TOKENIZER_BYTES)?.ok_or_else(|| TokenizerError::Read {
-            path: tok_path.clone(),
-            reason: "the checkpoint has no tokenizer.json".into(),
+        let bytes = read_checkpoint_file(&tok_path, MAX_TOKENIZER_BYTES)?.ok_or_else(|| {
+            TokenizerError::Read {
+                path: tok_path.clone(),
+                reason: "the checkpoint has no tokenizer.json".into(),
+            }
         })?;
-        let config = read_text(&dir.join("tokenizer_config.json"), MAX_CONFIG_BYTES)?;
-        let jinja = read_text(&dir.join("chat_template.jinja"), MAX_CONFIG_BYTES)?;
+        let config = read_checkpoint_text(&dir.join("tokenizer_config.json"), MAX_CONFIG_BYTES)?;
+        let jinja = read_checkpoint_text(&dir.join("chat_template.jinja"), MAX_CONFIG_BYTES)?;
         Self::from_parts(&bytes, config.as_deref(), jinja, model_family, dir)
     }
 
@@ -243,6 +244,27 @@ impl ChatTokenizer {
             .unwrap_or(0);
         base.max(added)
     }
+}
+
+/// Read a checkpoint file that must be a regular file of at most `max` bytes (`Ok(None)` when
+/// it does not exist).
+pub fn read_checkpoint_file(path: &Path, max: u64) -> Result<Option<Vec<u8>>, TokenizerError> {
+    forkscore_seam::files::read_regular(path, max).map_err(|e| TokenizerError::Read {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// [`read_checkpoint_file`] for UTF-8 text.
+pub fn read_checkpoint_text(path: &Path, max: u64) -> Result<Option<String>, TokenizerError> {
+    read_checkpoint_file(path, max)?
+        .map(|b| {
+            String::from_utf8(b).map_err(|e| TokenizerError::Read {
+                path: path.to_path_buf(),
+                reason: format!("not UTF-8 text: {e}"),
+            })
+        })
+        .transpose()
 }
 
 fn template_text(v: &Value) -> Option<String> {

@@ -234,7 +234,8 @@ proptest! {
     /// also when the context itself contains special-token text.
     #[test]
     fn anchored_split_equals_exact_split(schema in arb_schema(), context in arb_context_with_specials(), fam in families()) {
-        use forkscore_engine::prepare::split::{split_anchored, split_exact};
+        use forkscore_engine::prepare::anchor::split_anchored;
+        use forkscore_engine::prepare::split::split_exact;
         let engine = fake_engine(fam);
         let schema = Schema::from_json_str(&schema).unwrap();
         let compiled = engine.compile(&schema).unwrap();

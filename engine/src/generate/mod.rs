@@ -19,12 +19,14 @@ pub mod json;
 pub mod prompt;
 
 use crate::assemble::Decision;
-use crate::engine::{Engine, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::prepare::untrusted::{encode_guarded, read_checkpoint_text, schema_hits, special_hits};
+use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use crate::prepare::guard::{encode_guarded, special_hits};
+use crate::prepare::untrusted::schema_hits;
 use crate::rows::CompiledSchema;
 use crate::schema::Field;
-use crate::tokenizer::{ChatTokenizer, TokenizerError};
+use crate::tokenizer::{read_checkpoint_text, ChatTokenizer, TokenizerError};
 use forkscore_seam::{Backend, BackendError};
 use indexmap::IndexMap;
 use json::{GeneratedField, JsonScan};

@@ -21,53 +21,11 @@
 
 use super::compile::LiteralField;
 use super::tree::NodeScores;
-use crate::assemble::argmax_first;
+// defined in `options` and `softmax`; re-exported at their former paths
+pub use crate::options::LiteralValue;
 use crate::schema::LiteralMethod;
-
-/// How a literal field's value is selected.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LiteralValue {
-    /// The choice with the largest reported probability (the first choice wins ties).
-    #[default]
-    Argmax,
-    /// The constrained greedy decoder's choice (`"literal"` and `"literal-first-token"`; the
-    /// log-likelihood methods keep their argmax).
-    Greedy,
-}
-
-impl LiteralValue {
-    pub fn name(self) -> &'static str {
-        match self {
-            LiteralValue::Argmax => "argmax",
-            LiteralValue::Greedy => "greedy",
-        }
-    }
-}
-
-impl std::str::FromStr for LiteralValue {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "argmax" => Ok(LiteralValue::Argmax),
-            "greedy" => Ok(LiteralValue::Greedy),
-            other => Err(format!(
-                "unknown literal value rule {other:?} (expected argmax or greedy)"
-            )),
-        }
-    }
-}
-
-/// Index of the largest probability; the first wins ties (NaN never wins).
-pub fn argmax_f64_first(values: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || (values[best].is_nan() && !v.is_nan()) {
-            best = i;
-        }
-    }
-    best
-}
+pub use crate::softmax::argmax_f64_first;
+use crate::softmax::argmax_first;
 
 /// A literal field's scores.
 #[derive(Debug, Clone, PartialEq)]
@@ -273,7 +231,5 @@ mod tests {
         let greedy = literal_scores(&f, &scores, 1.0, LiteralValue::Greedy).unwrap();
         assert_eq!(greedy.value, 0);
         assert_eq!(greedy.probabilities, argmax.probabilities);
-        // equal probabilities: the first choice wins
-        assert_eq!(argmax_f64_first(&[0.25, 0.5, 0.5]), 1);
     }
 }

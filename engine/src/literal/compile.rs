@@ -30,7 +30,7 @@ pub struct Position {
     /// The trie nodes that may follow, in first-seen (choice) order.
     pub children: Vec<usize>,
     /// Per child, the index of its token in the schema's tree candidates
-    /// ([`crate::rows::CompiledSchema::tree_candidates`]).
+    /// (`CompiledSchema::tree_candidates`).
     pub candidate_index: Vec<usize>,
 }
 

@@ -11,7 +11,6 @@
 
 use super::compile::LiteralField;
 use super::BranchAt;
-use crate::rows::CompiledSchema;
 use forkscore_seam::{BackendError, TokenTree, TreeNode};
 
 /// What stage 5 needs to score a schema's literal fields.
@@ -25,15 +24,7 @@ pub struct TreePlan<'a> {
     pub logsumexp: bool,
 }
 
-impl<'a> TreePlan<'a> {
-    pub fn of(compiled: &'a CompiledSchema) -> TreePlan<'a> {
-        TreePlan {
-            fields: compiled.literal_fields(),
-            candidates: compiled.tree_candidates(),
-            logsumexp: compiled.needs_tree_logsumexp(),
-        }
-    }
-
+impl TreePlan<'_> {
     /// True for a field scored through the tree.
     pub fn is_literal(&self, field: usize) -> bool {
         self.fields.get(field).is_some_and(Option::is_some)

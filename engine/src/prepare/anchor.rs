@@ -3,7 +3,7 @@
 //!
 //! Tokenizers segment their input at added tokens (e.g. the assistant header's `<|im_start|>`)
 //! before normalizing or pre-tokenizing anything, and guarded ranges (special-token text inside
-//! untrusted or schema text, see [`super::untrusted`]) are tokenized as separate pieces. So the
+//! untrusted or schema text, see [`super::guard`]) are tokenized as separate pieces. So the
 //! tokens before the last added token or guarded range (the anchor) never depend on what
 //! follows: `tokenize(prompt ++ x) == head_ids ++ tokenize(prompt[anchor..] ++ x)`. The anchor
 //! is the later of the two; the tail after it is what the template writes after its last marker
@@ -18,8 +18,8 @@
 //! Invariant: for every appended `x`, `head_ids() ++ tail_ids(x) == whole_ids(x)`, where
 //! [`AnchoredPrompt::whole_ids`] is the guarded tokenization of the whole text.
 
+use super::guard::{encode_guarded, special_hits};
 use super::split::{split_from_tails, SplitError, SplitPrompt};
-use super::untrusted::{encode_guarded, special_hits};
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -132,4 +132,23 @@ impl<'a> AnchoredPrompt<'a> {
         let split = split_from_tails(self.text, &self.head_ids, &prefix_tail, &tails)?;
         Ok((split, tails))
     }
+}
+
+/// Split `prefix_text ++ selectors[i]` for every `i` with the same result as
+/// [`super::split::split_exact`], tokenizing the long head once (see the module docs).
+pub fn split_anchored(
+    tok: &ChatTokenizer,
+    prefix_text: &str,
+    selectors: &[String],
+) -> Result<SplitPrompt, SplitError> {
+    if let Some(index) = selectors.iter().position(String::is_empty) {
+        return Err(SplitError::EmptySelector { index });
+    }
+    // The premise check runs on the row with the longest selector.
+    let probe = selectors
+        .iter()
+        .max_by_key(|s| s.len())
+        .map_or("", String::as_str);
+    let anchored = AnchoredPrompt::new(tok, prefix_text, Vec::new(), probe)?;
+    Ok(anchored.split(selectors)?.0)
 }

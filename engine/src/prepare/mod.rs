@@ -1,14 +1,15 @@
 //! Stage 2, prepare: one context and a compiled schema in; a [`PreparedContext`] out — the
 //! prompt rendered ([`render`]) and split exactly into one shared prefix and per-row suffixes
-//! ([`split`]), within the token bound. The context is untrusted ([`untrusted`]): it must
-//! appear verbatim in the rendered prompt, and special-token text inside it is tokenized as
-//! text unless the engine opts out.
+//! ([`split`], through the once-tokenized head of [`anchor`]), within the token bound. The
+//! context is untrusted ([`untrusted`]): it must appear verbatim in the rendered prompt, and
+//! special-token text inside it is tokenized as text ([`guard`]) unless the engine opts out.
 //!
 //! Invariants: a [`PreparedContext`] can only be built here, from a compiled schema of the same
 //! tokenizer; it remembers that schema (by hash) and the engine refuses to decide it with
 //! another; prompts over `max_input_tokens` are errors, never truncated.
 
 pub mod anchor;
+pub mod guard;
 pub mod render;
 pub mod split;
 pub mod untrusted;

@@ -7,8 +7,8 @@
 //! text alone) is the shared prefix; each suffix keeps at least one token.
 //!
 //! [`split_exact`] tokenizes every full prompt whole: the plain reference path, R long
-//! tokenizations per context. [`split_anchored`] (what the engine uses, through
-//! [`super::anchor::AnchoredPrompt`]) tokenizes the text up to the last added token of the
+//! tokenizations per context. The anchored split (what the engine uses: `split_anchored` and
+//! `AnchoredPrompt` in `anchor`) tokenizes the text up to the last added token of the
 //! prefix (e.g. the assistant header's `<|im_start|>`) once, and only the short tail after it
 //! once per row: tokenizers segment their input at added tokens before anything else, so
 //! `tokenize(head ++ tail) == tokenize(head) ++ tokenize(tail)`. That premise is checked on every
@@ -17,7 +17,6 @@
 //! does. Both give identical results (tested). The common prefix is found on the tails
 //! ([`split_from_tails`]), so no row's full token list is ever built.
 
-use super::anchor::AnchoredPrompt;
 use crate::tokenizer::{ChatTokenizer, TokenizerError};
 use rayon::prelude::*;
 
@@ -76,25 +75,6 @@ pub fn split_exact(
         .map(|s| tok.encode(&format!("{prefix_text}{s}")))
         .collect::<Result<_, _>>()?;
     split_from_tokenizations(prefix_text, prefix_only, fulls)
-}
-
-/// Same result as [`split_exact`], tokenizing the long head once (see the module docs and
-/// [`super::anchor`]).
-pub fn split_anchored(
-    tok: &ChatTokenizer,
-    prefix_text: &str,
-    selectors: &[String],
-) -> Result<SplitPrompt, SplitError> {
-    if let Some(index) = selectors.iter().position(String::is_empty) {
-        return Err(SplitError::EmptySelector { index });
-    }
-    // The premise check runs on the row with the longest selector.
-    let probe = selectors
-        .iter()
-        .max_by_key(|s| s.len())
-        .map_or("", String::as_str);
-    let anchored = AnchoredPrompt::new(tok, prefix_text, Vec::new(), probe)?;
-    Ok(anchored.split(selectors)?.0)
 }
 
 /// The longest common token prefix of all rows (and of the prefix alone), each suffix ≥ 1 token.

@@ -22,39 +22,17 @@
 //! `prefix_text ++ selector_i` (checked by the shared split routine, as for the plain split).
 
 use std::ops::Range;
-use std::path::Path;
 
 use super::anchor::AnchoredPrompt;
+pub use super::guard::encode_guarded;
+use super::guard::special_hits;
 use super::render::{catalogue, user_message, CONTEXT_HEAD};
 use super::split::{SplitError, SplitPrompt};
 use crate::error::EngineError;
 use crate::schema::Field;
-use crate::tokenizer::{ChatTokenizer, TokenizerError};
-
-/// Most minijinja instructions one prompt rendering may execute. The built-in and official
-/// Qwen templates use a few thousand for forkscore's two messages.
-pub const TEMPLATE_FUEL: u64 = 5_000_000;
-
-/// Read a checkpoint file that must be a regular file of at most `max` bytes (`Ok(None)` when
-/// it does not exist).
-pub fn read_checkpoint_file(path: &Path, max: u64) -> Result<Option<Vec<u8>>, TokenizerError> {
-    forkscore_seam::files::read_regular(path, max).map_err(|e| TokenizerError::Read {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
-}
-
-/// [`read_checkpoint_file`] for UTF-8 text.
-pub fn read_checkpoint_text(path: &Path, max: u64) -> Result<Option<String>, TokenizerError> {
-    read_checkpoint_file(path, max)?
-        .map(|b| {
-            String::from_utf8(b).map_err(|e| TokenizerError::Read {
-                path: path.to_path_buf(),
-                reason: format!("not UTF-8 text: {e}"),
-            })
-        })
-        .transpose()
-}
+pub use crate::template::TEMPLATE_FUEL;
+use crate::tokenizer::ChatTokenizer;
+pub use crate::tokenizer::{read_checkpoint_file, read_checkpoint_text};
 
 /// Byte range of `context` inside the rendered `prefix_text`. The whole user message is looked
 /// for first (so a context that also occurs in the instructions is located where the user turn
@@ -77,54 +55,6 @@ pub fn context_span(
         Some(start) => Ok(start..start + context.len()),
         None => Err(EngineError::ContextNotInPrompt),
     }
-}
-
-/// Special-token occurrences inside `text[span]`: leftmost first, longest at a position,
-/// non-overlapping (as the tokenizer's own added-token split finds them).
-pub(crate) fn special_hits(
-    tok: &ChatTokenizer,
-    text: &str,
-    span: &Range<usize>,
-) -> Vec<Range<usize>> {
-    let Some(inner) = text.get(span.clone()) else {
-        return Vec::new();
-    };
-    let mut all: Vec<Range<usize>> = tok
-        .special_tokens()
-        .iter()
-        .flat_map(|t| {
-            inner
-                .match_indices(t.as_str())
-                .map(|(i, m)| span.start + i..span.start + i + m.len())
-        })
-        .collect();
-    all.sort_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
-    let mut hits: Vec<Range<usize>> = Vec::new();
-    for r in all {
-        if hits.last().is_none_or(|h| r.start >= h.end) {
-            hits.push(r);
-        }
-    }
-    hits
-}
-
-/// Tokenize `text` with the special tokens found at `hits` encoded as text. The tokenizer
-/// splits its input at added tokens before anything else, so the pieces between hits tokenize
-/// exactly as they would inside the whole text.
-pub fn encode_guarded(
-    tok: &ChatTokenizer,
-    text: &str,
-    hits: &[Range<usize>],
-) -> Result<Vec<u32>, TokenizerError> {
-    let mut ids = Vec::new();
-    let mut at = 0;
-    for h in hits {
-        ids.extend(tok.encode(&text[at..h.start])?);
-        ids.extend(tok.encode_as_text(&text[h.clone()])?);
-        at = h.end;
-    }
-    ids.extend(tok.encode(&text[at..])?);
-    Ok(ids)
 }
 
 /// Special-token text inside the schema's part of a rendered prompt: `catalogue` (the schema's
@@ -174,7 +104,7 @@ pub fn guarded_ranges(
 
 /// Split the prompt `prefix_text ++ selectors[i]` with the context at `span` tokenized as
 /// text (unless `trust_special` opts out) and the schema's text always tokenized as text.
-/// Without special-token text in either, this is [`super::split::split_anchored`], unchanged.
+/// Without special-token text in either, this is [`super::anchor::split_anchored`], unchanged.
 pub fn split_context(
     tok: &ChatTokenizer,
     prefix_text: &str,

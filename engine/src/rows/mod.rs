@@ -12,14 +12,16 @@
 //! selector, code and choice is then tokenized with the prompt's short tail only. The schema's
 //! text is tokenized as text (special-token text in it never becomes a control token).
 
-use crate::literal::compile::{literal_paths, LiteralError, LiteralField};
+pub mod error;
+
+use crate::literal::compile::{literal_paths, LiteralField};
+use crate::literal::tree::TreePlan;
 use crate::prepare::anchor::AnchoredPrompt;
 use crate::prepare::render::{catalogue, code, code_text, render_prefix, selector};
-use crate::prepare::split::SplitError;
 use crate::prepare::untrusted::{context_span, schema_hits};
 use crate::schema::{Choice, Field, FieldKind, LiteralMethod, Schema, Scoring};
-use crate::template::TemplateError;
-use crate::tokenizer::{ChatTokenizer, TokenizerError};
+use crate::tokenizer::ChatTokenizer;
+pub use error::CompileError;
 use rayon::prelude::*;
 
 /// Probe context used to compile rows (any text works: suffixes do not depend on it).
@@ -61,39 +63,6 @@ pub struct CompiledSchema {
     /// Tokens every prompt of this schema has at least, whatever the context (see
     /// [`CONTEXT_BOUNDARY_SLACK`]).
     schema_tokens: usize,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum CompileError {
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error(transparent)]
-    Split(#[from] SplitError),
-    #[error("field `{field}`: code {code:?} is {tokens} tokens after the selector {selector:?} with this tokenizer (it must be exactly one token); this tokenizer cannot use code scoring")]
-    CodeNotSingleToken {
-        field: String,
-        code: String,
-        selector: String,
-        tokens: usize,
-    },
-    #[error("field `{field}` ({scoring} scoring): {source}")]
-    Literal {
-        field: String,
-        scoring: &'static str,
-        #[source]
-        source: LiteralError,
-    },
-    #[error("field `{field}`: the code {code:?} merges with the selector {selector:?} when tokenized, so the prompt would not end where the code begins")]
-    CodeMergesWithSelector {
-        field: String,
-        code: String,
-        selector: String,
-    },
-    /// The schema alone is over the token bound (becomes [`crate::EngineError::TooManyTokens`]).
-    #[error("the schema's prompt is at least {tokens} tokens before any context, over max_input_tokens = {max}; forkscore never truncates — shorten the schema (fewer fields, shorter descriptions or choices) or raise --max-input-tokens")]
-    TooManyTokens { tokens: usize, max: usize },
 }
 
 impl CompiledSchema {
@@ -215,6 +184,14 @@ impl CompiledSchema {
     /// Per field, its literal compilation (None for a code field).
     pub fn literal_fields(&self) -> Vec<Option<&LiteralField>> {
         self.fields.iter().map(|f| f.literal.as_ref()).collect()
+    }
+    /// What stage 5 needs to score this schema's literal fields.
+    pub fn tree_plan(&self) -> TreePlan<'_> {
+        TreePlan {
+            fields: self.literal_fields(),
+            candidates: self.tree_candidates(),
+            logsumexp: self.needs_tree_logsumexp(),
+        }
     }
     /// True when some field needs the full-vocabulary logsumexp along its paths.
     pub fn needs_tree_logsumexp(&self) -> bool {

@@ -16,16 +16,22 @@
 //! of its reported probabilities unless `ScoreOptions::literal_value` asks for the constrained
 //! greedy choice. The allowed mass is reported for code fields only.
 
+pub mod error;
+
 use crate::allowed_mass::{allowed_mass, AllowedMass};
 use crate::calibration::Temperature;
-use crate::engine::ScoreOptions;
-use crate::fork::{Mode, RunStats};
-use crate::literal::assemble::{argmax_f64_first, literal_scores, LiteralScoreError, LiteralValue};
+use crate::fork::RunStats;
+use crate::literal::assemble::literal_scores;
 use crate::literal::tree::NodeScores;
+use crate::options::{LiteralValue, Mode, ScoreOptions};
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
+use crate::softmax::argmax_f64_first;
+// defined in `softmax`; re-exported at their former paths
+pub use crate::softmax::{argmax_first, softmax_scaled};
 use crate::tokenizer::ChatTokenizer;
+pub use error::AssembleError;
 use forkscore_seam::VocabRow;
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -134,32 +140,6 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-/// Index of the largest value; the first wins ties. NaN never wins.
-pub fn argmax_first(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || (values[best].is_nan() && !v.is_nan()) {
-            best = i;
-        }
-    }
-    best
-}
-
-/// softmax(logits / t) in f64.
-pub fn softmax_scaled(logits: &[f32], t: f64) -> Vec<f64> {
-    // Subtract the max before dividing: logits / t can overflow for a tiny t (inf - inf = NaN).
-    let max = logits
-        .iter()
-        .map(|&l| f64::from(l))
-        .fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = logits
-        .iter()
-        .map(|&l| ((f64::from(l) - max) / t).exp())
-        .collect();
-    let sum: f64 = exps.iter().sum();
-    exps.into_iter().map(|e| e / sum).collect()
-}
-
 /// Assemble one field from the row's logits over the candidate union.
 pub fn assemble_field(field: &CompiledField, row_logits: &[f32], temperature: f64) -> FieldResult {
     let own: Vec<f32> = field
@@ -211,23 +191,6 @@ pub fn assemble_literal_field(
         logits: keys.into_iter().zip(s.log_scores).collect(),
         allowed_mass: None,
     })
-}
-
-/// What assembly refuses.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AssembleError {
-    #[error("{rows} rows of logits for a schema of {fields} fields")]
-    RowCount { fields: usize, rows: usize },
-    #[error("{summaries} vocabulary summaries for a schema of {fields} code fields")]
-    VocabCount { fields: usize, summaries: usize },
-    #[error("field `{field}` is literal-scored but has no tree logits (or the reverse)")]
-    NotLiteral { field: String },
-    #[error("field `{field}`: {source}")]
-    Literal {
-        field: String,
-        #[source]
-        source: LiteralScoreError,
-    },
 }
 
 /// The selected value and the full result of every field, in schema order.
@@ -423,32 +386,5 @@ pub fn telemetry(
             ..StageTimings::default()
         },
         group: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn argmax_prefers_the_first_of_equal_values_and_skips_nan() {
-        assert_eq!(argmax_first(&[1.0, 3.0, 3.0]), 1);
-        assert_eq!(argmax_first(&[f32::NAN, 0.5, 0.5]), 1);
-        assert_eq!(argmax_first(&[2.0]), 0);
-    }
-
-    #[test]
-    fn softmax_is_normalised_and_temperature_flattens() {
-        let p = softmax_scaled(&[1.0, 2.0, 3.0], 1.0);
-        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        let hot = softmax_scaled(&[1.0, 2.0, 3.0], 2.179);
-        assert!(hot[2] < p[2] && hot[0] > p[0]);
-        let big = softmax_scaled(&[1000.0, -1000.0], 1.0);
-        assert_eq!(big, vec![1.0, 0.0]);
-        // A tiny temperature is a hard argmax, never NaN.
-        assert_eq!(
-            softmax_scaled(&[1.0, 3.0, 2.0], 1e-310),
-            vec![0.0, 1.0, 0.0]
-        );
     }
 }
