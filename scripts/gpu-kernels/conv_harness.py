@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times the causal conv + SiLU kernel of backends/kernels/gdn_recurrent.cu
+"""Checks and times the causal conv + SiLU kernel of kernels/cuda/gdn_recurrent.cu
 (`gdn_causal_conv_silu_bf16`) on the GPU machine.
 
   python3 scripts/gpu-kernels/conv_harness.py
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from gdn_chunk_harness import time_loop_ms as time_ms  # noqa: E402  (events around back-to-back calls)
 
-SRC = os.environ.get("GDN_SRC") or os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "gdn_recurrent.cu")
+SRC = os.environ.get("GDN_SRC") or os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "gdn_recurrent.cu")
 ROWS = 16  # CONV_ROWS of the kernel source (and of the Rust launcher)
 
 

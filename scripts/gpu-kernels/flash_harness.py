@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times backends/kernels/flash_attn.cu on the GPU machine, before (and after) it is
+"""Checks and times kernels/cuda/flash_attn.cu on the GPU machine, before (and after) it is
 wired into the Rust build.
 
   python3 scripts/gpu-kernels/flash_harness.py
@@ -24,7 +24,7 @@ import tempfile
 import cupy as cp
 import torch
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "flash_attn.cu")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "flash_attn.cu")
 BM, PAD = 64, 8
 BN = {64: 64, 128: 64, 256: 32}
 

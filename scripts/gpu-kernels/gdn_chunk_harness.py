@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times backends/kernels/gdn_chunked.cu (the chunked gated delta rule) on the GPU
+"""Checks and times kernels/cuda/gdn_chunked.cu (the chunked gated delta rule) on the GPU
 machine, next to the token-by-token kernel it replaces for prefill.
 
   python3 scripts/gpu-kernels/gdn_chunk_harness.py
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import gdn_harness as rec  # noqa: E402  (reference, inputs, launch, time_ms)
 
-SRC = os.environ.get("GDN_CHUNKED_SRC") or os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "gdn_chunked.cu")
+SRC = os.environ.get("GDN_CHUNKED_SRC") or os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "gdn_chunked.cu")
 C, NT, TILE = 64, 256, 32
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times backends/kernels/gdn_recurrent.cu on the GPU machine, before it is wired into
+"""Checks and times kernels/cuda/gdn_recurrent.cu on the GPU machine, before it is wired into
 the Rust build.
 
   python3 scripts/gpu-kernels/gdn_harness.py [--fla]
@@ -22,7 +22,7 @@ import tempfile
 import cupy as cp
 import torch
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "gdn_recurrent.cu")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "gdn_recurrent.cu")
 L2_EPS = 1e-6
 
 

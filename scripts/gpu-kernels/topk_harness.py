@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times backends/kernels/vocab_topk.cu on the GPU machine (issue 12: exact top-K).
+"""Checks and times kernels/cuda/vocab_topk.cu on the GPU machine (issue 12: exact top-K).
 
   python3 scripts/gpu-kernels/topk_harness.py [--quick]
 
@@ -22,7 +22,7 @@ import tempfile
 import cupy as cp
 import torch
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "kernels", "vocab_topk.cu")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "vocab_topk.cu")
 QUICK = "--quick" in sys.argv
 
 

@@ -1,4 +1,4 @@
-//! Loading this crate's own CUDA kernels: nvcc's fat binaries of `kernels/*.cu` (see build.rs),
+//! Loading this crate's own CUDA kernels: nvcc's fat binaries of `kernels/cuda/*.cu` (the `forkscore-kernels` crate),
 //! embedded in the library and loaded once per (kernel source, device). Loading machine code
 //! takes microseconds; the compute_80 PTX fallback is compiled by the driver once on GPUs other
 //! than the build target.

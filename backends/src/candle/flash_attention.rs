@@ -1,4 +1,4 @@
-//! Flash-style attention on NVIDIA GPUs (`kernels/flash_attn.cu`): the same function as the
+//! Flash-style attention on NVIDIA GPUs (`kernels/cuda/flash_attn.cu`): the same function as the
 //! candle path of [`super::attention::attend`], without materialising the score matrix. One
 //! kernel serves prefill (no past), chunked prefill (a past of one slot), and forked scoring
 //! rows over one shared prefix or several left-padded slots.
@@ -74,8 +74,8 @@ mod cuda {
     use super::PastKv;
     use crate::candle::cuda_module::{self, contiguous_view};
 
-    /// nvcc's fat binary of `kernels/flash_attn.cu` (see build.rs).
-    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attn.fatbin"));
+    /// nvcc's fat binary of `kernels/cuda/flash_attn.cu` (the `forkscore-kernels` crate).
+    static FATBIN: &[u8] = forkscore_kernels::fatbin::FLASH_ATTN;
     /// Must match the kernel source: query rows per block, threads, shared-row padding, and the
     /// key tile per head dim.
     const BLOCK_ROWS: usize = 64;

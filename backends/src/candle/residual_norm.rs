@@ -1,7 +1,7 @@
 //! The residual add of a pre-norm decoder layer fused with the RMSNorm that reads it:
 //! `sum = x + m`, `normed = rms_norm(sum) · w`, both `(…, D)` in the activation dtype.
 //!
-//! On CUDA in f32 / bf16 (D even) one kernel (`kernels/add_rms_norm.cu`) reads `x` and `m` once
+//! On CUDA in f32 / bf16 (D even) one kernel (`kernels/cuda/add_rms_norm.cu`) reads `x` and `m` once
 //! and writes both results, instead of candle's add (read two, write one) followed by its
 //! rmsnorm (read the sum twice, write one). [`reference`] is the candle form, the one every other
 //! device and dtype runs, and the one the GPU equivalence test compares with.
@@ -36,8 +36,8 @@ mod cuda {
 
     use crate::candle::cuda_module;
 
-    /// nvcc's fat binary of `kernels/add_rms_norm.cu` (see build.rs).
-    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/add_rms_norm.fatbin"));
+    /// nvcc's fat binary of `kernels/cuda/add_rms_norm.cu` (the `forkscore-kernels` crate).
+    static FATBIN: &[u8] = forkscore_kernels::fatbin::ADD_RMS_NORM;
     /// Must match `THREADS` of the kernel source.
     const THREADS: u32 = 256;
     /// The row is kept in shared memory as f32: at most 48 KiB without an opt-in.

@@ -1,6 +1,6 @@
 //! SwiGLU of a stacked gate|up product: `(…, 2F) [gate | up] -> (…, F) = SiLU(gate) · up`.
 //!
-//! On CUDA in f32 or bf16 one kernel (`kernels/swiglu.cu`) reads each pair once and writes the
+//! On CUDA in f32 or bf16 one kernel (`kernels/cuda/swiglu.cu`) reads each pair once and writes the
 //! result once. On the CPU in f32 one pass over the rows, split across the rayon threads, does
 //! the same with candle's SiLU formula `v / (1 + e^-v)` and the vectorised `exp` of
 //! [`super::cpu::math`] (16 lanes under AVX-512, 8 under AVX2), within 4e-7 relative of the
@@ -94,8 +94,8 @@ mod cuda {
 
     use crate::candle::cuda_module;
 
-    /// nvcc's fat binary of `kernels/swiglu.cu` (see build.rs).
-    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/swiglu.fatbin"));
+    /// nvcc's fat binary of `kernels/cuda/swiglu.cu` (the `forkscore-kernels` crate).
+    static FATBIN: &[u8] = forkscore_kernels::fatbin::SWIGLU;
     const THREADS: u32 = 256;
 
     pub(super) struct SwiGlu;

@@ -1,4 +1,4 @@
-//! Exact top-K and logsumexp of full-vocabulary rows on the GPU (`kernels/vocab_topk.cu`).
+//! Exact top-K and logsumexp of full-vocabulary rows on the GPU (`kernels/cuda/vocab_topk.cu`).
 //!
 //! In: f32 logits `(n, V)` on a CUDA device and K. Out: per row the f32 logsumexp, the K best
 //! `(id, log-probability)` best first, or the lowest id of a NaN / +inf logit. Only these few
@@ -64,8 +64,8 @@ mod cuda {
     use super::{DeviceTopK, MAX_K, MAX_VOCAB};
     use crate::candle::cuda_module::{self, contiguous_view};
 
-    /// nvcc's fat binary of `kernels/vocab_topk.cu` (see build.rs).
-    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vocab_topk.fatbin"));
+    /// nvcc's fat binary of `kernels/cuda/vocab_topk.cu` (the `forkscore-kernels` crate).
+    static FATBIN: &[u8] = forkscore_kernels::fatbin::VOCAB_TOPK;
     /// Must match the kernel: one block of this many threads per row.
     const THREADS: u32 = 1024;
     const OP: &str = "vocabulary top-K";

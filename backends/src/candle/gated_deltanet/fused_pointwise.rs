@@ -1,4 +1,4 @@
-//! Fused CUDA kernels for the point-wise passes around the delta rule (`kernels/gdn_pointwise.cu`),
+//! Fused CUDA kernels for the point-wise passes around the delta rule (`kernels/cuda/gdn_pointwise.cu`),
 //! taken together with [`super::fused`] when [`super::DeltaRule::Fused`] runs:
 //!
 //! - [`gates`]: `β = σ(b)` and `g = −exp(A_log) · softplus(a + dt_bias)`, zero at right-padded
@@ -74,8 +74,8 @@ mod cuda {
 
     use crate::candle::cuda_module::{self, contiguous_view};
 
-    /// nvcc's fat binary of `kernels/gdn_pointwise.cu` (see build.rs).
-    static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_pointwise.fatbin"));
+    /// nvcc's fat binary of `kernels/cuda/gdn_pointwise.cu` (the `forkscore-kernels` crate).
+    static FATBIN: &[u8] = forkscore_kernels::fatbin::GDN_POINTWISE;
     const THREADS: u32 = 256;
 
     fn function(

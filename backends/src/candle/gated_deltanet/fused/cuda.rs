@@ -9,8 +9,8 @@ use candle_core::{
 
 use super::GdnDims;
 
-/// nvcc's fat binary of `kernels/gdn_recurrent.cu` (see build.rs).
-static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_recurrent.fatbin"));
+/// nvcc's fat binary of `kernels/cuda/gdn_recurrent.cu` (the `forkscore-kernels` crate).
+static FATBIN: &[u8] = forkscore_kernels::fatbin::GDN_RECURRENT;
 /// Must match `4 · GDN_CPL · GDN_WARPS` and `32 · GDN_WARPS` of the kernel source.
 const COLUMNS_PER_BLOCK: usize = 32;
 const THREADS: u32 = 128;
@@ -158,8 +158,8 @@ impl CustomOp1 for GatedDeltaRule {
     }
 }
 
-/// nvcc's fat binary of `kernels/gdn_chunked.cu` (see build.rs).
-static CHUNKED_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gdn_chunked.fatbin"));
+/// nvcc's fat binary of `kernels/cuda/gdn_chunked.cu` (the `forkscore-kernels` crate).
+static CHUNKED_FATBIN: &[u8] = forkscore_kernels::fatbin::GDN_CHUNKED;
 /// Must match the kernel source: tokens per chunk, threads per block, value columns per
 /// scan block.
 const CHUNK: usize = 64;
@@ -201,7 +201,7 @@ fn takes_chunked(l: usize, dk: usize, dv: usize) -> bool {
         && scan_smem(dk) <= MAX_SHARED
 }
 
-/// The chunked delta rule (`kernels/gdn_chunked.cu`): all chunks' WY terms in parallel, then
+/// The chunked delta rule (`kernels/cuda/gdn_chunked.cu`): all chunks' WY terms in parallel, then
 /// one scan over the chunks per (row, value head, 32 value columns). The outputs of the
 /// token-by-token kernel up to TF32 rounding of the products.
 #[allow(clippy::too_many_arguments)]

@@ -1,5 +1,5 @@
-//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/gdn_recurrent.cu`, and, for calls of 64
-//! tokens or more of bf16 / f16 layers, the tensor-core chunked form `kernels/gdn_chunked.cu`:
+//! Fused CUDA kernels of a Gated DeltaNet layer (`kernels/cuda/gdn_recurrent.cu`, and, for calls of 64
+//! tokens or more of bf16 / f16 layers, the tensor-core chunked form `kernels/cuda/gdn_chunked.cu`:
 //! see [`PrefillForm`]), for prefill and
 //! scoring on NVIDIA GPUs: [`causal_conv_silu`] (the causal conv, SiLU and new conv state in one
 //! pass) and [`gated_delta_rule`], the delta rule. The delta rule computes the same function as
