@@ -104,19 +104,20 @@ def test_non_str_items_kept_in_place(scorer, reference):
 
 
 def test_progress_callable_moves_per_group_and_changes_nothing(scorer):
-    # 120 boolean fields: a context's rows fill the CPU group budget (1,024 rows) with 8
-    # contexts, so 20 contexts are 3 groups and progress moves 3 times
-    schema = {f"f{i}": {"type": "boolean"} for i in range(120)}
-    texts = [f"{DOWN} Ticket {i}." for i in range(20)]
+    # 100 boolean fields are 100 rows per context: the CPU group budget (1,024 rows) takes 10
+    # contexts, so 11 contexts are two groups and progress moves between them
+    schema = {f"f{i}": {"type": "boolean"} for i in range(100)}
+    texts = [f"{DOWN} Ticket {i}." for i in range(11)]
     calls = []
     watched = scorer.decide_many(texts, schema, progress=lambda done, total: calls.append((done, total)))
     unwatched = scorer.decide_many(texts, schema)
     assert plain(watched) == plain(unwatched)  # same groups, same floats
-    assert [c[1] for c in calls] == [20] * len(calls)
+    assert [c[1] for c in calls] == [11] * len(calls)
     done = [c[0] for c in calls]
-    assert done == sorted(done) and done[-1] == 20 and len(set(done)) >= 3, calls
-    sizes = {r["telemetry"]["group"]["size"] for r in watched}
-    assert max(sizes) < 20
+    assert done == sorted(done) and done[-1] == 11, calls
+    assert any(0 < d < 11 for d in done), calls  # it moved before the end
+    sizes = sorted({r["telemetry"]["group"]["size"] for r in watched})
+    assert len(sizes) == 2 and max(sizes) < 11, sizes
 
 
 def test_progress_counts_kept_errors_and_reaches_the_end(scorer):
