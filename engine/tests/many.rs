@@ -250,7 +250,14 @@ fn progress_reports_each_group_and_changes_no_decision() {
         max_rows: 2 * rows,
         ..GroupBudget::default()
     };
-    let contexts = [CONTEXTS[0], "", CONTEXTS[1], CONTEXTS[2], CONTEXTS[3], CONTEXTS[4]];
+    let contexts = [
+        CONTEXTS[0],
+        "",
+        CONTEXTS[1],
+        CONTEXTS[2],
+        CONTEXTS[3],
+        CONTEXTS[4],
+    ];
     let opts = ScoreOptions::default();
     let mut seen = Vec::new();
     let observed = engine.decide_many_observed(&contexts, &compiled, &opts, &budget, |d, t| {
