@@ -8,8 +8,10 @@ python_venv() {
     # (in the checkout, not the shared cargo target dir: each checkout installs its own wheel)
     local venv=${FORKSCORE_VENV:-target/py-venv}
     if [ ! -x "$venv/bin/python" ]; then
-        "${PYTHON:-python3}" -m venv "$venv" || {
-            echo "error: '${PYTHON:-python3} -m venv' failed (on Debian: apt-get install python3-venv)" >&2
+        # (Debian splits the venv module out: python3-venv; virtualenv does the same job)
+        "${PYTHON:-python3}" -m venv "$venv" 2>/dev/null \
+            || { rm -rf "$venv"; "${PYTHON:-python3}" -m virtualenv -q "$venv"; } || {
+            echo "error: cannot make a virtual environment with ${PYTHON:-python3}: install python3-venv (apt-get install python3-venv) or virtualenv (pip install --user virtualenv)" >&2
             return 1
         }
     fi
