@@ -49,6 +49,21 @@ impl<B: Backend> Engine<B> {
         opts: &ScoreOptions,
         budget: &GroupBudget,
     ) -> Vec<Result<Decision, EngineError>> {
+        self.decide_many_observed(contexts, compiled, opts, budget, |_, _| {})
+    }
+
+    /// [`Engine::decide_many`], calling `progress(done, total)` as contexts finish: once after
+    /// preparation (`done` = the contexts that failed to prepare) and after each group. The
+    /// groups are those `decide_many` plans, so the decisions are the same; only the caller
+    /// learns how far the call is (a progress bar over a long call).
+    pub fn decide_many_observed<S: AsRef<str> + Sync>(
+        &self,
+        contexts: &[S],
+        compiled: &CompiledSchema,
+        opts: &ScoreOptions,
+        budget: &GroupBudget,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Vec<Result<Decision, EngineError>> {
         let start = Instant::now();
         if contexts.is_empty() {
             return Vec::new();
@@ -88,6 +103,9 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        let total = contexts.len();
+        let mut done = slots.iter().filter(|s| s.is_some()).count();
+        progress(done, total);
         for group in &groups {
             let decided = self.decide_group(
                 compiled,
@@ -100,6 +118,8 @@ impl<B: Backend> Engine<B> {
             for (&i, d) in group.members().iter().zip(decided) {
                 slots[i] = Some(d);
             }
+            done += group.len();
+            progress(done, total);
         }
         slots
             .into_iter()

@@ -2,7 +2,7 @@
 //!
 //! - Fake backend + real Qwen tokenizers: decide_many == separate `score` calls exactly, for any
 //!   budget and every mode; a bad context yields an error entry for itself only; empty input;
-//!   one scoring pass per group.
+//!   one scoring pass per group; progress reported per group without changing a decision.
 //! - Proptests for grouping: no group exceeds its budget unless it is a lone context, every
 //!   context lands in exactly one group, order is preserved.
 //! - Tiny real models (CPU f32, Qwen2.5 and Qwen3 shapes): decide_many == separate calls within
@@ -236,6 +236,46 @@ fn one_prefill_per_context_and_one_scoring_pass_per_group() {
         .map(|d| d.as_ref().unwrap().telemetry.group.as_ref().unwrap().size)
         .collect();
     assert_eq!(sizes, [2, 2, 2, 2, 2, 2, 1]);
+}
+
+#[test]
+fn progress_reports_each_group_and_changes_no_decision() {
+    let engine = fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 3);
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("code_security.json")).unwrap())
+        .unwrap();
+    let rows = compiled.fields().len();
+    // two contexts per group; the empty one fails to prepare and counts as done at once
+    let budget = GroupBudget {
+        max_rows: 2 * rows,
+        ..GroupBudget::default()
+    };
+    let contexts = [
+        CONTEXTS[0],
+        "",
+        CONTEXTS[1],
+        CONTEXTS[2],
+        CONTEXTS[3],
+        CONTEXTS[4],
+    ];
+    let opts = ScoreOptions::default();
+    let mut seen = Vec::new();
+    let observed = engine.decide_many_observed(&contexts, &compiled, &opts, &budget, |d, t| {
+        seen.push((d, t))
+    });
+    assert_eq!(seen, [(1, 6), (3, 6), (5, 6), (6, 6)]);
+    let plain = engine.decide_many(&contexts, &compiled, &opts, &budget);
+    assert_eq!(observed.len(), plain.len());
+    for (a, b) in observed.iter().zip(&plain) {
+        match (a, b) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(logits_of(a), logits_of(b));
+                assert_eq!(a.telemetry.group, b.telemetry.group);
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+            _ => panic!("observed and plain calls disagree on success"),
+        }
+    }
 }
 
 #[test]

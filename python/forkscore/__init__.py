@@ -5,14 +5,19 @@
 >>> result = scorer.score("The payment service is down.",
 ...                       {"risk": {"type": "enum", "choices": ["low", "high"]}})
 >>> result["output"]["risk"], result["fields"]["risk"]["scores"]
+>>> scorer.ask("The payment service is down.", "Is this urgent?")   # Answer(value=True, ...)
 
 ``score`` returns exactly the JSON object ``forkscore score`` prints (as a dict);
-``decide_many`` returns one such dict per context, or the exception instance of a context
-that failed (returned, not raised). Every error is a ``forkscore.Error``. Scoring releases the
-GIL, so other Python threads run meanwhile. See docs/python.md in the repository; the Ray Data
-recipe is ``forkscore.ray``.
+``decide_many`` takes a list, a pandas Series or a DataFrame column (``column=``) and returns
+one such dict per context, or the exception instance of a context that failed (returned, not
+raised); ``to_dataframe`` flattens results to a DataFrame. Every error is a ``forkscore.Error``.
+Scoring releases the GIL, so other Python threads (and ``adecide_many`` / ``ascore`` /
+``aask``) run meanwhile. See docs/python.md in the repository; the Ray Data recipe is
+``forkscore.ray``.
 """
 
+from forkscore._frame import to_dataframe
+from forkscore._inputs import InvalidContext
 from forkscore._native import (
     DEFAULT_MAX_INPUT_TOKENS,
     CompileError,
@@ -22,19 +27,21 @@ from forkscore._native import (
     ModelLoadError,
     OptionsError,
     SchemaError,
-    Scorer,
     ScoringError,
     TemplateError,
     TooManyTokens,
     __version__,
 )
+from forkscore._scorer import Answer, Scorer, ask_schema
 
 __all__ = [
     "DEFAULT_MAX_INPUT_TOKENS",
+    "Answer",
     "CompileError",
     "ContextError",
     "EmptyContext",
     "Error",
+    "InvalidContext",
     "ModelLoadError",
     "OptionsError",
     "SchemaError",
@@ -43,4 +50,6 @@ __all__ = [
     "TemplateError",
     "TooManyTokens",
     "__version__",
+    "ask_schema",
+    "to_dataframe",
 ]

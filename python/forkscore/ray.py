@@ -13,7 +13,7 @@ batch`` output of the same input hold the same records (timings aside).
         ForkscoreActor,
         fn_constructor_kwargs={"model": "/models/Qwen2.5-1.5B-Instruct", "revision": "v1",
                                "device": "cuda", "schema_file": "schema.json"},
-        concurrency=4,        # actors = model copies (one per GPU)
+        compute=ray.data.ActorPoolStrategy(size=4),  # actors = model copies (one per GPU)
         num_gpus=1,           # per actor; 0 on CPU
         batch_size=256,       # lines per batch_records call (one batch job window)
     )
@@ -21,7 +21,9 @@ batch`` output of the same input hold the same records (timings aside).
 
 ``ray.data.read_json(path)`` works too (rows are the parsed objects, re-serialized per row),
 but Arrow merges the inline ``schema`` objects of different rows into one struct type, so use
-``read_jsonl`` when lines bring their own schemas. Rows without a ``line`` column get line 0
+``read_jsonl`` when lines bring their own schemas. ``compute=ActorPoolStrategy(size=N)`` is
+Ray's current way to ask for N actors (``concurrency=N`` is deprecated since Ray 2.51;
+``ActorPoolStrategy(min_size=M, max_size=N)`` autoscales). Rows without a ``line`` column get line 0
 (unknown). Ids must be unique within a batch (``duplicate_id`` records otherwise); across
 batches nothing checks them. This module imports Ray only inside ``read_jsonl`` /
 ``write_jsonl``; ``ForkscoreActor`` itself is plain Python and is tested without Ray.

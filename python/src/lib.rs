@@ -419,7 +419,12 @@ impl Scorer {
     /// one scoring pass per group). Returns a list in input order: per context the same dict as
     /// `score`, or the exception instance (not raised) for that context. A bad schema or bad
     /// options raise, since they concern every context.
-    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code"))]
+    ///
+    /// `progress`, when given, is called as `progress(done, total)` (contexts finished so far)
+    /// after preparation and after each merged group, with the GIL held; the groups are the
+    /// same with or without it, so the results are too. An exception it raises is raised once
+    /// the call has finished (the results are dropped).
+    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn decide_many<'py>(
         &self,
@@ -435,6 +440,7 @@ impl Scorer {
         allowed_mass: bool,
         top_k: usize,
         scoring: &str,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let opts = options(
             py,
@@ -465,12 +471,27 @@ impl Scorer {
             .map(|(c, _)| c.as_str())
             .collect();
         let budget = self.budget();
-        let mut decided = py
-            .detach(|| {
-                self.engine
-                    .decide_many(&ok, &compiled, &opts.score, &budget)
-            })
-            .into_iter();
+        // contexts refused by the byte bound above count as done from the start
+        let refused = contexts.len() - ok.len();
+        let mut callback_error: Option<PyErr> = None;
+        let decided = py.detach(|| {
+            self.engine
+                .decide_many_observed(&ok, &compiled, &opts.score, &budget, |done, _| {
+                    let Some(callback) = &progress else { return };
+                    if callback_error.is_some() {
+                        return;
+                    }
+                    Python::attach(|py| {
+                        if let Err(e) = callback.call1(py, (done + refused, contexts.len())) {
+                            callback_error = Some(e);
+                        }
+                    });
+                })
+        });
+        if let Some(e) = callback_error {
+            return Err(e);
+        }
+        let mut decided = decided.into_iter();
         let out = PyList::empty(py);
         for b in bounded {
             let item = match b {

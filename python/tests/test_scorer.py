@@ -166,7 +166,7 @@ def test_other_threads_run_while_scoring(scorer, example_schema):
     print(f"decide_many took {end - start:.3f} s; this thread ran {len(first_half)} loops in its first half")
 
 
-def test_provenance_and_stubs(scorer):
+def test_provenance_and_stub_files(scorer):
     assert scorer.provenance["revision"] == "demo"
     assert "Scorer(" in repr(scorer)
     package = Path(forkscore.__file__).parent

@@ -2,7 +2,7 @@
 
 Usage: python scripts/ray/recipe_check.py FORKSCORE_BIN WORKDIR
 Writes a demo checkpoint and an input file into WORKDIR, runs `forkscore batch`, then the recipe
-(read_jsonl -> map_batches(ForkscoreActor, concurrency=2, num_gpus=0) -> write_jsonl), and
+(read_jsonl -> map_batches(ForkscoreActor, compute=ActorPoolStrategy(size=2), num_gpus=0) -> write_jsonl), and
 compares the records (timings aside). Exits non-zero on any difference.
 """
 
@@ -61,7 +61,7 @@ def main() -> int:
     out = ds.map_batches(
         ForkscoreActor,
         fn_constructor_kwargs={"model": str(model), "revision": "demo", "schema_file": str(schema)},
-        concurrency=2,
+        compute=ray.data.ActorPoolStrategy(size=2),  # Ray >= 2.51: `concurrency=` is deprecated
         num_gpus=0,
         num_cpus=1,
         batch_size=BATCH,
@@ -74,7 +74,7 @@ def main() -> int:
     out2 = ray.data.read_json(str(work / "parsed.jsonl")).map_batches(
         ForkscoreActor,
         fn_constructor_kwargs={"model": str(model), "revision": "demo", "schema_file": str(schema)},
-        concurrency=1,
+        compute=ray.data.ActorPoolStrategy(size=1),
         num_gpus=0,
         num_cpus=1,
         batch_size=BATCH,

@@ -5,12 +5,12 @@ picks the `parallel_schema` preset, fills a context, clicks Score, waits for the
 bars, checks the field names, the bars (one per choice, widths summing to 100% per field) and the
 telemetry, saves a screenshot, compares with the autoregressive baseline ("Compare with
 generation": live clocks for both requests, then the generation report — server times, speed-up,
-validity, per-field agreement), checks a bad schema's typed error, then stops the server with
+validity, per-field agreement), checks a bad schema's typed error (and that the previous result is cleared), then stops the server with
 SIGTERM (graceful: exit status 0).
 
 Run (from the repository root, after `cargo build -p forkscore-pipeline`):
 
-    python3 -m pytest -q service/tests/browser/test_page.py
+    python -m pytest -q service/tests/browser/test_page.py   # with selenium installed (CI: a venv)
 
 Env: FORKSCORE_BIN (default target/debug/forkscore), FORKSCORE_SCREENSHOT (default
 target/browser/web-page.png), CHROMIUM_BIN (default /usr/bin/chromium), CHROMEDRIVER_BIN
@@ -140,6 +140,10 @@ def test_page_scores_a_context_and_draws_probability_bars():
             wait.until(lambda d: d.find_element(By.ID, "error").get_attribute("hidden") is None)
             error = driver.find_element(By.ID, "error").text
             assert error.startswith("400 invalid_schema at schema.f.choices"), error
+            # the previous request's result and telemetry are cleared, not left as the answer
+            assert driver.find_elements(By.CSS_SELECTOR, "#results .field") == []
+            assert "request failed" in driver.find_element(By.ID, "results").text
+            assert driver.find_element(By.ID, "telemetry").text.strip() == "—"
         finally:
             if driver is not None:
                 driver.quit()
