@@ -237,27 +237,35 @@ fn openai_outputs_resume_and_merge_like_native_ones() {
     let want = read(&full);
     // what must not depend on how lines were grouped: ids, lines, decisions, errors, and the
     // probabilities (to 1e-4: a group's padding may move the last digits)
-    let strip = |rs: Vec<Value>| -> Vec<Value> {
-        rs.into_iter()
-            .map(|r| {
-                let scores: Vec<i64> = r
-                    .pointer("/response/body/forkscore/fields")
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flat_map(|f| f.values())
-                    .flat_map(|f| f["scores"].as_object().unwrap().values())
-                    .map(|p| (p.as_f64().unwrap() * 1e4).round() as i64)
-                    .collect();
-                json!([
-                    r["id"],
-                    r["custom_id"],
-                    r["forkscore"]["line"],
-                    r["error"],
-                    r.pointer("/response/body/choices/0/message/content"),
-                    scores
-                ])
-            })
-            .collect()
+    let same = |got: Vec<Value>, want: &[Value], what: &str| {
+        let key = |r: &Value| {
+            json!([
+                r["id"],
+                r["custom_id"],
+                r["forkscore"]["line"],
+                r["error"],
+                r.pointer("/response/body/choices/0/message/content")
+            ])
+        };
+        let scores = |r: &Value| -> Vec<f64> {
+            r.pointer("/response/body/forkscore/fields")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|f| f.values())
+                .flat_map(|f| f["scores"].as_object().unwrap().values())
+                .map(|p| p.as_f64().unwrap())
+                .collect()
+        };
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(key(g), key(w), "{what}");
+            let (gs, ws) = (scores(g), scores(w));
+            assert_eq!(gs.len(), ws.len(), "{what}");
+            assert!(
+                gs.iter().zip(&ws).all(|(a, b)| (a - b).abs() < 1e-4),
+                "{what}: {gs:?} vs {ws:?}"
+            );
+        }
     };
 
     // an output cut after two records and a torn third resumes to the full output
@@ -278,7 +286,7 @@ fn openai_outputs_resume_and_merge_like_native_ones() {
             resumed.to_str().unwrap(),
         ],
     ));
-    assert_eq!(strip(read(&resumed)), strip(want.clone()));
+    same(read(&resumed), &want, "resumed");
 
     // two shards, merged, give the unsharded output
     let mut shards = Vec::new();
@@ -314,7 +322,7 @@ fn openai_outputs_resume_and_merge_like_native_ones() {
         "merge: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(strip(read(&merged)), strip(want));
+    same(read(&merged), &want, "merged");
 }
 
 #[test]
