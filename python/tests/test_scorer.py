@@ -89,7 +89,7 @@ def test_missing_model_folder_raises_model_load_error(tmp_path):
 
 def test_a_folder_without_revision_is_recorded_as_unlabelled(demo_model):
     scorer = forkscore.Scorer.load(demo_model)
-    assert "revision='unlabelled'" in repr(scorer)
+    assert scorer.provenance["revision"] == "unlabelled"
 
 
 def test_bad_device_raises_options_error(demo_model):

@@ -26,6 +26,7 @@ pub mod prepare;
 pub mod provenance_check;
 pub mod reader;
 pub mod records;
+pub mod report;
 pub mod resume;
 pub mod reuse;
 pub mod schema_cache;
@@ -577,53 +578,5 @@ pub fn run(args: &BatchArgs) -> Result<()> {
     // from here on Ctrl-C stops after the group in flight, and says how to continue
     interrupt::install();
     let summary = run_job(&engine, &loaded.provenance, &job)?;
-    if summary.interrupted {
-        let lines = summary.written.lines;
-        if is_stdio(&args.output) {
-            eprintln!("interrupted: {lines} lines written to stdout; --output - cannot be resumed (write to a file to be able to resume)");
-        } else {
-            let kept = summary.resumed.as_ref().map_or(0, |r| r.records);
-            eprintln!(
-                "interrupted: {lines} lines written; rerun with --resume to continue ({} holds {} records)",
-                args.output.display(),
-                kept + lines
-            );
-        }
-        std::process::exit(130);
-    }
-    if !job.quiet {
-        let w = &summary.written;
-        let by_kind = if w.errors > 0 {
-            format!(": {}", w.errors_by_kind_json())
-        } else {
-            String::new()
-        };
-        eprintln!(
-            "forkscore batch: {} lines written ({} errors{by_kind}), {} rows in {:.1} s{}",
-            w.lines,
-            w.errors,
-            w.rows,
-            summary.seconds,
-            summary.resumed.as_ref().map_or(String::new(), |r| format!(
-                ", resumed after line {}",
-                r.last_line
-            )),
-        );
-        if let Some(m) = w.allowed_mass {
-            eprintln!(
-                "forkscore batch: allowed mass over {} scored fields: min {:.6}, median {:.6}",
-                m.fields, m.min, m.median
-            );
-        }
-    }
-    if summary.marker.is_none() && !summary.stopped_at_error && !is_stdio(&args.output) {
-        eprintln!(
-            "forkscore batch: --output {} is not a regular file, so no completion marker was written next to it (`forkscore merge` accepts only shard outputs that are files with their marker)",
-            args.output.display()
-        );
-    }
-    if summary.stopped_at_error {
-        bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");
-    }
-    Ok(())
+    report::report(&args.output, job.quiet, &summary)
 }
