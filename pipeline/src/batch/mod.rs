@@ -15,7 +15,10 @@
 //! Module map, by job: [`records`] (line formats), [`reader`], [`schema_cache`] (each distinct
 //! schema compiled once), [`prepare`] (the CPU stage), [`score`] (the accelerator stage),
 //! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
-//! (output side and input side of `--resume`), [`done`] (the completion marker `merge` needs).
+//! (output side and input side of `--resume`), [`done`] (the completion marker `merge` needs),
+//! [`openai`] (`--format openai`: OpenAI Batch API lines in, batch output lines out),
+//! [`interrupt`] (Ctrl-C stops after the group in flight), [`report`] (the end-of-job stderr).
+//! `--input -` / `--output -` read stdin / write stdout (no lock, no resume, no marker).
 
 pub mod done;
 pub mod interrupt;
