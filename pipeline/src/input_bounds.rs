@@ -14,6 +14,7 @@
 //! - The progress bar's total is counted only for a regular input file, on the already-open
 //!   handle, which is then rewound ([`progress_total`]): a pipe is never read twice.
 
+use crate::batch::openai::LineFormat;
 use crate::batch::reader::RawLine;
 use crate::batch::records::{parse_line, ErrorKind, Failed, LineError, Request};
 use std::io::{BufRead, Read, Seek, SeekFrom};
@@ -323,6 +324,11 @@ pub const LEADING_BYTES: usize = 4096;
 /// `true`, `false`, `null`) within those bytes: `{"id": "a1", "context": "…megabytes…"}` → `"a1"`.
 /// `None` when it cannot be found that way (the error record then has no id).
 pub fn leading_id(prefix: &[u8]) -> Option<Value> {
+    leading_key(prefix, "id")
+}
+
+/// [`leading_id`] for any top-level key (`custom_id` in OpenAI batch lines).
+pub fn leading_key(prefix: &[u8], wanted: &str) -> Option<Value> {
     let mut at = 0usize;
     let skip_ws = |at: &mut usize| {
         while prefix.get(*at).is_some_and(u8::is_ascii_whitespace) {
@@ -371,7 +377,7 @@ pub fn leading_id(prefix: &[u8]) -> Option<Value> {
         skip_ws(&mut at);
         let value_end = scalar_end(at)?;
         let value: Value = serde_json::from_slice(&prefix[at..value_end]).ok()?;
-        if key == "id" {
+        if key == wanted {
             return Some(value);
         }
         at = value_end;
@@ -385,11 +391,19 @@ pub fn leading_id(prefix: &[u8]) -> Option<Value> {
 
 /// Parse a raw line, or the error record of a line that was over the byte bound (with the id
 /// found in its first bytes, when there is one).
-pub fn parse_bounded(raw: &RawLine, shared_context: bool) -> Result<Request, Failed> {
+pub fn parse_bounded(
+    raw: &RawLine,
+    shared_context: bool,
+    format: LineFormat,
+) -> Result<Request, Failed> {
+    let id_key = match format {
+        LineFormat::Native => "id",
+        LineFormat::Openai => "custom_id",
+    };
     match raw.too_long {
         Some(n) => Err(Failed {
             line: raw.line,
-            id: leading_id(&raw.bytes),
+            id: leading_key(&raw.bytes, id_key),
             error: LineError::new(
                 ErrorKind::LineTooLong,
                 format!(
@@ -397,7 +411,10 @@ pub fn parse_bounded(raw: &RawLine, shared_context: bool) -> Result<Request, Fai
                 ),
             ),
         }),
-        None => parse_line(raw.line, &raw.bytes, shared_context),
+        None => match format {
+            LineFormat::Native => parse_line(raw.line, &raw.bytes, shared_context),
+            LineFormat::Openai => crate::batch::openai::parse_line(raw.line, &raw.bytes),
+        },
     }
 }
 
@@ -474,6 +491,7 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         (1u64 << 20) as f64,
     )?;
     match std::fs::metadata(&args.input) {
+        _ if crate::batch::is_stdio(&args.input) => {}
         Ok(m) if m.is_dir() => anyhow::bail!("--input {} is a directory", args.input.display()),
         Ok(m) if m.is_file() => {
             std::fs::File::open(&args.input)
@@ -482,8 +500,10 @@ pub fn precheck_batch(args: &crate::batch::BatchArgs) -> anyhow::Result<()> {
         Ok(_) => {}
         Err(e) => anyhow::bail!("cannot open input {}: {e}", args.input.display()),
     }
-    check_output_dir("--output", &args.output)?;
-    crate::batch::lock::OutputLock::probe(&args.output)?;
+    if !crate::batch::is_stdio(&args.output) {
+        check_output_dir("--output", &args.output)?;
+        crate::batch::lock::OutputLock::probe(&args.output)?;
+    }
     if args
         .context
         .context

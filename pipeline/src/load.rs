@@ -23,7 +23,9 @@ pub struct ModelArgs {
     /// the HF cache.
     #[arg(long)]
     pub model: String,
-    /// For ORG/NAME: the exact 40-hex commit. For a folder: a free-text label recorded in provenance.
+    /// For ORG/NAME: the exact 40-hex commit (default: the commit the offline cache's
+    /// refs/main names). For a folder or GGUF file: a free-text label recorded in provenance
+    /// (default: "unlabelled"; the fingerprint identifies the weights either way).
     #[arg(long)]
     pub revision: Option<String>,
     /// cpu, cuda[:N] or metal[:N] (parsed once, here, into the seam's typed device).
@@ -51,8 +53,6 @@ pub struct ModelArgs {
 pub enum LoadError {
     #[error(transparent)]
     Precision(#[from] crate::precision::PrecisionError),
-    #[error("--revision is required: for ORG/NAME give the exact 40-hex commit; for a local folder give a label (e.g. `--revision local-2026-11-29`) that provenance records")]
-    MissingRevision,
     #[error(transparent)]
     Backend(#[from] CandleError),
     #[error(transparent)]
@@ -92,7 +92,6 @@ pub struct LoadedModel {
 }
 
 pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
-    let revision = args.revision.as_deref().ok_or(LoadError::MissingRevision)?;
     let device = args.device;
     let bf16_kernel = match device {
         DeviceSpec::Cpu => forkscore_backends::candle::cpu::kernels::bf16_kernel(),
@@ -102,7 +101,7 @@ pub fn open(args: &ModelArgs) -> Result<LoadedModel, LoadError> {
     if let Some(note) = &precision.note {
         eprintln!("note: {note}");
     }
-    let checkpoint = ResolvedCheckpoint::resolve(&args.model, revision)?;
+    let checkpoint = ResolvedCheckpoint::resolve_optional(&args.model, args.revision.as_deref())?;
     let options = LoadOptions {
         device,
         dtype: precision.dtype,

@@ -193,18 +193,6 @@ fn bad_inputs_fail_with_clear_messages() {
                 "score",
                 "--model",
                 m,
-                "--schema-file",
-                &schema,
-                "--context",
-                CONTEXT,
-            ],
-            "--revision is required",
-        ),
-        (
-            vec![
-                "score",
-                "--model",
-                m,
                 "--revision",
                 "r",
                 "--schema",

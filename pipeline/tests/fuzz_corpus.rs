@@ -8,6 +8,7 @@ use forkscore_backends::candle::limits::MAX_DIMS;
 use forkscore_backends::candle::ModelConfig;
 use forkscore_engine::prepare::split::split_exact;
 use forkscore_engine::{CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, Schema};
+use forkscore_pipeline::batch::openai::LineFormat;
 use forkscore_pipeline::batch::reader::read_lines_bounded;
 use forkscore_pipeline::input_bounds::parse_bounded;
 use forkscore_testkit::fake::FakeBackend;
@@ -59,8 +60,13 @@ fn jsonl_record_corpus() {
         for raw in rx.iter().flatten() {
             assert!(raw.line > last && raw.line <= lines, "{path:?}");
             last = raw.line;
-            for shared in [false, true] {
-                let line = match parse_bounded(&raw, shared) {
+            let cases = [
+                (false, LineFormat::Native),
+                (true, LineFormat::Native),
+                (false, LineFormat::Openai),
+            ];
+            for (shared, format) in cases {
+                let line = match parse_bounded(&raw, shared, format) {
                     Ok(r) => r.line,
                     Err(f) => f.line,
                 };

@@ -75,7 +75,7 @@ create_exception!(
     forkscore,
     ModelLoadError,
     Error,
-    "The model could not be loaded (missing folder or revision, bad checkpoint, tokenizer, calibration file)."
+    "The model could not be loaded (missing folder, revision or refs/main, bad checkpoint, tokenizer, calibration file)."
 );
 create_exception!(
     forkscore,
@@ -135,13 +135,6 @@ fn with_kind(py: Python<'_>, err: PyErr, kind: &impl serde::Serialize) -> PyErr 
 
 fn load_error(py: Python<'_>, e: &LoadError) -> PyErr {
     match e {
-        LoadError::MissingRevision => with_kind(
-            py,
-            ModelLoadError::new_err(
-                "revision is required: for ORG/NAME give the exact 40-hex commit; for a local folder give a label that provenance records",
-            ),
-            &"model_load",
-        ),
         // a dtype this CPU cannot run fast: the caller's option, named with the alternatives
         LoadError::Precision(_) => with_kind(py, OptionsError::new_err(e.to_string()), &"options"),
         LoadError::Backend(_)

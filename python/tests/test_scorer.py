@@ -87,9 +87,9 @@ def test_missing_model_folder_raises_model_load_error(tmp_path):
     assert e.value.kind == "model_load"
 
 
-def test_missing_revision_raises_model_load_error(demo_model):
-    with pytest.raises(forkscore.ModelLoadError, match="revision is required"):
-        forkscore.Scorer.load(demo_model)
+def test_a_folder_without_revision_is_recorded_as_unlabelled(demo_model):
+    scorer = forkscore.Scorer.load(demo_model)
+    assert scorer.provenance["revision"] == "unlabelled"
 
 
 def test_bad_device_raises_options_error(demo_model):

@@ -3,7 +3,9 @@
 //! In: either a local Hugging Face folder plus a free-text revision label, or a hub id
 //! `ORG/NAME` plus a full 40-hex commit, looked up offline in the Hugging Face cache
 //! (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, layout
-//! `models--ORG--NAME/snapshots/REV/`). Out: a [`ResolvedCheckpoint`].
+//! `models--ORG--NAME/snapshots/REV/`). Out: a [`ResolvedCheckpoint`]. The revision is
+//! optional ([`ResolvedCheckpoint::resolve_optional`]): a folder without one is labelled
+//! `unlabelled`, a hub id without one takes the commit of the cache's `refs/main`.
 //!
 //! A GGUF checkpoint is a `.gguf` file named by path, or a folder holding exactly one `.gguf`
 //! file and no `config.json`; its revision is a free-text label like a folder's. Its
@@ -189,22 +191,85 @@ impl ResolvedCheckpoint {
     /// `reference` is a folder when such a directory exists, else a hub id resolved in the
     /// default cache (where `revision` must be a 40-hex commit).
     pub fn resolve(reference: &str, revision: &str) -> Result<Self, CandleError> {
+        Self::resolve_optional(reference, Some(revision))
+    }
+
+    /// [`Self::resolve`] with the revision optional: a folder or GGUF file without one is
+    /// labelled [`UNLABELLED`] (its fingerprint is its identity); a hub id without one takes
+    /// the commit the offline cache's `refs/main` names ([`hf_cache_main_revision`]), which
+    /// provenance then records.
+    pub fn resolve_optional(reference: &str, revision: Option<&str>) -> Result<Self, CandleError> {
         let path = Path::new(reference);
+        let label = revision.unwrap_or(UNLABELLED);
         if path.is_dir() {
             match Self::single_gguf(path)? {
-                Some(file) => Self::from_gguf(&file, revision),
-                None => Self::from_folder(path, revision),
+                Some(file) => Self::from_gguf(&file, label),
+                None => Self::from_folder(path, label),
             }
         } else if is_gguf_name(path) {
-            Self::from_gguf(path, revision)
+            Self::from_gguf(path, label)
         } else {
-            Self::from_hf_cache(reference, revision, None).map_err(|e| CandleError::InvalidModelRef {
+            let as_hub_id = || {
+                let revision = match revision {
+                    Some(r) => r.to_string(),
+                    None => hf_cache_main_revision(reference, None)?,
+                };
+                Self::from_hf_cache(reference, &revision, None)
+            };
+            as_hub_id().map_err(|e| CandleError::InvalidModelRef {
                 reason: format!(
                     "`{reference}` is not a local checkpoint folder (no such directory), and as a Hugging Face id: {e}"
                 ),
             })
         }
     }
+}
+
+/// The revision provenance records for a local folder or GGUF file given without one.
+pub const UNLABELLED: &str = "unlabelled";
+
+/// The commit `refs/main` names for `ORG/NAME` in the Hugging Face cache under `cache_root`
+/// (or [`hf_cache_root`] when `None`): what `huggingface_hub` wrote when it downloaded the
+/// main branch. Offline; an absent or malformed ref is an error that says to pass the commit.
+pub fn hf_cache_main_revision(
+    model_id: &str,
+    cache_root: Option<&Path>,
+) -> Result<String, CandleError> {
+    let (org, name) = parse_model_id(model_id)?;
+    let root = match cache_root {
+        Some(r) => r.to_path_buf(),
+        None => hf_cache_root().ok_or_else(|| CandleError::InvalidModelRef {
+            reason:
+                "cannot locate the Hugging Face cache: none of HF_HUB_CACHE, HF_HOME, HOME is set"
+                    .into(),
+        })?,
+    };
+    let repo = root.join(format!("models--{org}--{name}"));
+    let main = repo.join("refs").join("main");
+    if !repo.is_dir() {
+        return Err(CandleError::MissingFile {
+            path: repo,
+            reason: format!(
+                "{model_id} is not in the Hugging Face cache (offline: nothing is downloaded)"
+            ),
+        });
+    }
+    // a ref file holds one 40-hex commit; anything much larger is not one
+    let Some(bytes) = super::limits::read_regular(&main, 256)? else {
+        return Err(CandleError::MissingFile {
+            path: main,
+            reason: format!(
+                "no --revision was given and the cache has no refs/main for {model_id}; pass --revision with the 40-hex commit of a downloaded snapshot (see {}/snapshots)",
+                repo.display()
+            ),
+        });
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let commit = text.trim();
+    validate_revision(commit).map_err(|e| CandleError::InvalidModelRef {
+        reason: format!("{} does not hold a commit id: {e}", main.display()),
+    })?;
+    Ok(commit.to_string())
 }
 
 /// Whether `path` names a `.gguf` file (extension compared case-insensitively).

@@ -60,7 +60,10 @@ mod weights;
 
 use candle_core::Tensor;
 
-pub use checkpoint::{hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint};
+pub use checkpoint::{
+    hf_cache_main_revision, hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint,
+    UNLABELLED,
+};
 pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
 pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
 pub use linear::QuantSummary;

@@ -100,6 +100,7 @@ pub fn score_lines<B: Backend>(
         schemas: &schemas,
         options: job.options,
         shared_context: None,
+        format: super::openai::LineFormat::Native,
         seen_ids: HashSet::new(),
         resume: None,
         shard: None,

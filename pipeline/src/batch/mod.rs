@@ -15,15 +15,21 @@
 //! Module map, by job: [`records`] (line formats), [`reader`], [`schema_cache`] (each distinct
 //! schema compiled once), [`prepare`] (the CPU stage), [`score`] (the accelerator stage),
 //! [`reuse`] (serial / shared reuse of decisions and prefix states), [`writer`], [`resume`]
-//! (output side and input side of `--resume`), [`done`] (the completion marker `merge` needs).
+//! (output side and input side of `--resume`), [`done`] (the completion marker `merge` needs),
+//! [`openai`] (`--format openai`: OpenAI Batch API lines in, batch output lines out),
+//! [`interrupt`] (Ctrl-C stops after the group in flight), [`report`] (the end-of-job stderr).
+//! `--input -` / `--output -` read stdin / write stdout (no lock, no resume, no marker).
 
 pub mod done;
+pub mod interrupt;
 pub mod lines;
 pub mod lock;
+pub mod openai;
 pub mod prepare;
 pub mod provenance_check;
 pub mod reader;
 pub mod records;
+pub mod report;
 pub mod resume;
 pub mod reuse;
 pub mod schema_cache;
@@ -65,14 +71,20 @@ pub enum BatchMode {
 pub struct BatchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line.
+    /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line
+    /// (with --format openai: OpenAI Batch API lines). `-` reads stdin.
     #[arg(long)]
     pub input: PathBuf,
     /// Output JSONL (append-only; refused if it exists, unless --resume or --force). A job that
     /// finishes cleanly writes its completion marker OUTPUT.done.json next to it (what
-    /// `forkscore merge` requires of each shard).
+    /// `forkscore merge` requires of each shard). `-` writes stdout (no --resume, no marker;
+    /// progress and the summary stay on stderr).
     #[arg(long)]
     pub output: PathBuf,
+    /// Line format: `native` (forkscore's lines and records) or `openai` (OpenAI Batch API
+    /// input lines in, OpenAI batch output lines out; see docs/batch.md).
+    #[arg(long, value_enum, default_value = "native")]
+    pub format: openai::LineFormat,
     /// The default schema for lines without one.
     #[command(flatten)]
     pub schema: SchemaArgs,
@@ -113,8 +125,12 @@ pub struct BatchArgs {
 /// A validated batch job.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The input file (`-`: stdin).
     pub input: PathBuf,
+    /// The output file (`-`: stdout).
     pub output: PathBuf,
+    /// How lines are read and records written.
+    pub format: openai::LineFormat,
     pub batch_mode: BatchMode,
     pub options: ScoreOptions,
     pub budget: GroupBudget,
@@ -141,11 +157,19 @@ pub struct JobSummary {
     /// The completion marker written ([`done`]); `None` when the job stopped at an error
     /// record or the output is not a regular file (a pipe, `/dev/stdout`).
     pub marker: Option<PathBuf>,
+    /// True when Ctrl-C stopped the job ([`interrupt`]): the output ends on a complete record
+    /// and `--resume` continues it.
+    pub interrupted: bool,
+}
+
+/// True for `-` (stdin as --input, stdout as --output).
+pub fn is_stdio(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
 }
 
 /// True when both paths name the same existing file (also through links or `..`).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    lock::same_file(a, b)
+    !is_stdio(a) && !is_stdio(b) && lock::same_file(a, b)
 }
 
 /// Run `job` with `engine`; `model` is what provenance records about it. This is the whole
@@ -171,6 +195,13 @@ pub fn run_job<B: Backend>(
         }
         _ => {}
     }
+    if job.batch_mode == BatchMode::Shared && job.format == openai::LineFormat::Openai {
+        bail!("--format openai: each line brings its own messages, so --batch-mode shared (one job-wide context) does not apply");
+    }
+    let to_stdout = is_stdio(&job.output);
+    if to_stdout && job.policy == OutputPolicy::Resume {
+        bail!("--resume needs an output file: with --output - the records go to stdout, which cannot be continued (write to a file to be able to resume)");
+    }
     let temperature = engine.check_request(&job.options)?;
     if same_file(&job.input, &job.output) {
         bail!(
@@ -181,24 +212,35 @@ pub fn run_job<B: Backend>(
     if let Some(c) = &job.shared_context {
         crate::input_bounds::check_context_len(c, job.options.max_input_tokens)?;
     }
-    let mut input = std::fs::File::open(&job.input)
-        .with_context(|| format!("cannot open input {}", job.input.display()))?;
-    // held until the job returns: a second job on this output is refused
-    let _lock = lock::OutputLock::acquire(&job.output)?;
-    // the lock created the output if it was missing: only a pipe or a device is not a file
-    let regular = std::fs::metadata(&job.output).is_ok_and(|m| m.is_file());
-    if regular && job.policy == OutputPolicy::Force {
-        // --force truncates the output in open_output: its marker goes first
-        done::invalidate(&job.output)?;
-    }
-    // Fresh: refuses a non-empty output and changes nothing; Resume: may cut a torn last line,
-    // which a marker still present would not cover (its recorded size no longer matches)
-    let (out_file, resumed) = open_output(&job.output, job.policy)?;
-    // a shard's share of the lines is known only as they are read: no total then
-    let total = crate::input_bounds::progress_total(
-        &mut input,
-        writer::progress_shown(job.quiet) && job.shard.is_none(),
-    );
+    // a shard's share of the lines is known only as they are read: no total then (nor for stdin)
+    let (input, total): (Box<dyn std::io::Read + Send>, _) = if is_stdio(&job.input) {
+        (Box::new(std::io::stdin()), None)
+    } else {
+        let mut file = std::fs::File::open(&job.input)
+            .with_context(|| format!("cannot open input {}", job.input.display()))?;
+        let total = crate::input_bounds::progress_total(
+            &mut file,
+            writer::progress_shown(job.quiet) && job.shard.is_none(),
+        );
+        (Box::new(file), total)
+    };
+    let (_lock, out_file, resumed, regular) = if to_stdout {
+        (None, writer::Sink::Stdout(std::io::stdout()), None, false)
+    } else {
+        // held until the job returns: a second job on this output is refused
+        let lock = lock::OutputLock::acquire(&job.output)?;
+        // the lock created the output if it was missing: only a pipe or a device is not a file
+        let regular = std::fs::metadata(&job.output).is_ok_and(|m| m.is_file());
+        if regular && job.policy == OutputPolicy::Force {
+            // --force truncates the output in open_output: its marker goes first
+            done::invalidate(&job.output)?;
+        }
+        // Fresh: refuses a non-empty output and changes nothing; Resume: may cut a torn last
+        // line, which a marker still present would not cover (its recorded size no longer
+        // matches)
+        let (file, resumed) = open_output(&job.output, job.policy)?;
+        (Some(lock), writer::Sink::File(file), resumed, regular)
+    };
 
     let provenance = BatchProvenance {
         model,
@@ -218,6 +260,7 @@ pub fn run_job<B: Backend>(
         done::invalidate(&job.output)?;
     }
 
+    // a line's relative schema_file is read from the input's folder (stdin: the working one)
     let base_dir = job.input.parent().map(PathBuf::from).unwrap_or_default();
     let schemas = SchemaCache::new(engine, job.default_schema.as_ref(), &base_dir);
     let done_through = resumed.as_ref().map_or(0, |r| r.last_line);
@@ -226,6 +269,7 @@ pub fn run_job<B: Backend>(
         schemas: &schemas,
         options: &job.options,
         shared_context: job.shared_context.as_deref(),
+        format: job.format,
         seen_ids: HashSet::new(),
         resume: resumed.as_ref().map(|r| ResumeCheck {
             last_line: r.last_line,
@@ -242,7 +286,8 @@ pub fn run_job<B: Backend>(
         job.budget,
         job.batch_mode,
         &provenance,
-    );
+    )
+    .with_format(job.format);
     let bar = writer::progress_bar(job.quiet, total, resumed.as_ref().map_or(0, |r| r.records));
     let stopped = AtomicBool::new(false);
 
@@ -277,27 +322,28 @@ pub fn run_job<B: Backend>(
         let write = s.spawn(move || {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, out_file);
             let written = writer::write_all(&out_rx, &mut out, &bar)?;
-            let file = out.into_inner().map_err(|e| e.into_error())?;
+            let sink = out.into_inner().map_err(|e| e.into_error())?;
             if regular {
                 // the records reach the disk before a marker can vouch for them
-                file.sync_data()?;
+                sink.sync()?;
             }
             Ok::<_, std::io::Error>(written)
         });
         let stopped = &stopped;
         let mut emit = |mut lines: Vec<OutLine>| -> bool {
             if job.fail_fast {
-                if let Some(i) = lines.iter().position(|l| l.is_error) {
+                if let Some(i) = lines.iter().position(OutLine::is_error) {
                     lines.truncate(i + 1);
                     stopped.store(true, Ordering::SeqCst);
                     let _ = out_tx.send(lines);
                     return false;
                 }
             }
-            out_tx.send(lines).is_ok()
+            // after Ctrl-C the group just scored is still written, then the job stops
+            out_tx.send(lines).is_ok() && !interrupt::requested()
         };
         for items in item_rx {
-            if !scorer.score_chunk(items, &mut emit) {
+            if interrupt::requested() || !scorer.score_chunk(items, &mut emit) {
                 break;
             }
         }
@@ -311,6 +357,16 @@ pub fn run_job<B: Backend>(
     let (end, input_sha256) = read
         .map_err(|_| anyhow::anyhow!("the reader thread panicked"))?
         .with_context(|| format!("cannot read {}", job.input.display()))?;
+    if interrupt::requested() {
+        return Ok(JobSummary {
+            written,
+            resumed,
+            stopped_at_error: stopped.load(Ordering::SeqCst),
+            seconds: start.elapsed().as_secs_f64(),
+            marker: None,
+            interrupted: true,
+        });
+    }
     if let Some(c) = check.filter(|c| !c.seen) {
         bail!("--resume: the output ends at input line {} but the input has no such line; the output belongs to another input", c.last_line);
     }
@@ -337,6 +393,7 @@ pub fn run_job<B: Backend>(
         stopped_at_error,
         seconds: start.elapsed().as_secs_f64(),
         marker,
+        interrupted: false,
     })
 }
 
@@ -439,6 +496,9 @@ pub struct JobInputs {
 impl BatchArgs {
     /// Read the files the arguments name; see [`JobInputs`].
     pub fn read_inputs(&self) -> Result<JobInputs> {
+        if self.format == openai::LineFormat::Openai && self.batch_mode == BatchMode::Shared {
+            bail!("--format openai: each line brings its own messages, so --batch-mode shared (one job-wide context) does not apply");
+        }
         Ok(JobInputs {
             shared_context: self.context.read(self.scoring.max_input_tokens)?,
             default_schema: self.schema.load()?,
@@ -455,6 +515,7 @@ impl BatchArgs {
         Ok(Job {
             input: self.input.clone(),
             output: self.output.clone(),
+            format: self.format,
             batch_mode: self.batch_mode,
             options: self.scoring.options(),
             budget,
@@ -478,6 +539,9 @@ impl BatchArgs {
 /// Argument checks that need no model, run before loading one (a large checkpoint takes
 /// minutes to load; a typo in the output path should not).
 fn precheck(args: &BatchArgs) -> Result<()> {
+    if is_stdio(&args.output) && args.resume {
+        bail!("--resume needs an output file: with --output - the records go to stdout, which cannot be continued (write to a file to be able to resume)");
+    }
     crate::input_bounds::precheck_batch(args)?;
     if same_file(&args.input, &args.output) {
         bail!(
@@ -514,35 +578,8 @@ pub fn run(args: &BatchArgs) -> Result<()> {
         .engine
         .with_context_special_tokens(args.scoring.context_special_tokens);
     let job = args.job(&engine.memory_model(), inputs)?;
+    // from here on Ctrl-C stops after the group in flight, and says how to continue
+    interrupt::install();
     let summary = run_job(&engine, &loaded.provenance, &job)?;
-    if !job.quiet {
-        let w = summary.written;
-        eprintln!(
-            "forkscore batch: {} lines written ({} errors), {} rows in {:.1} s{}",
-            w.lines,
-            w.errors,
-            w.rows,
-            summary.seconds,
-            summary.resumed.as_ref().map_or(String::new(), |r| format!(
-                ", resumed after line {}",
-                r.last_line
-            )),
-        );
-        if let Some(m) = w.allowed_mass {
-            eprintln!(
-                "forkscore batch: allowed mass over {} scored fields: min {:.6}, median {:.6}",
-                m.fields, m.min, m.median
-            );
-        }
-    }
-    if summary.marker.is_none() && !summary.stopped_at_error {
-        eprintln!(
-            "forkscore batch: --output {} is not a regular file, so no completion marker was written next to it (`forkscore merge` accepts only shard outputs that are files with their marker)",
-            args.output.display()
-        );
-    }
-    if summary.stopped_at_error {
-        bail!("--fail-fast: stopped at the first failing line (its error record is the output's last line)");
-    }
-    Ok(())
+    report::report(&args.output, job.quiet, &summary)
 }

@@ -46,12 +46,19 @@ pub fn ready(item: &Item) -> Option<&Ready> {
 pub struct OutLine {
     pub line: u64,
     pub text: String,
-    pub is_error: bool,
+    /// The error record's kind (`None` for a decision).
+    pub error_kind: Option<ErrorKind>,
     /// Rows scored for it (0 for errors and reused decisions).
     pub rows: usize,
     /// The allowed mass of each field scored for it (only with `--allowed-mass`; empty for
     /// errors and reused decisions), for the job's summary.
     pub allowed_masses: Vec<f64>,
+}
+
+impl OutLine {
+    pub fn is_error(&self) -> bool {
+        self.error_kind.is_some()
+    }
 }
 
 /// The CPU stage.
@@ -60,6 +67,8 @@ pub struct Preparer<'a, B: Backend> {
     pub schemas: &'a SchemaCache,
     pub options: &'a ScoreOptions,
     pub shared_context: Option<&'a str>,
+    /// How lines are read (native or OpenAI Batch API).
+    pub format: super::openai::LineFormat,
     pub seen_ids: HashSet<u128>,
     pub resume: Option<ResumeCheck>,
     /// `--shard`: lines other shards own are skipped (after the resume check).
@@ -81,7 +90,12 @@ impl<B: Backend> Preparer<'_, B> {
         let shared = self.shared_context.is_some();
         let parsed: Vec<(bool, Result<Request, Failed>)> = chunk
             .par_iter()
-            .map(|raw| (raw.done, crate::input_bounds::parse_bounded(raw, shared)))
+            .map(|raw| {
+                (
+                    raw.done,
+                    crate::input_bounds::parse_bounded(raw, shared, self.format),
+                )
+            })
             .collect();
         let mut todo: Vec<Result<Request, Failed>> = Vec::with_capacity(parsed.len());
         for (done, p) in parsed {

@@ -57,7 +57,7 @@ pub fn check_resume(path: &Path, run: &Map<String, Value>) -> Result<(), Provena
         let record = i as u64 + 1;
         // resume.rs has already checked that every record is a JSON object with a line number
         let v: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
-        let Some(found) = v.get("provenance").and_then(Value::as_object) else {
+        let Some(found) = super::openai::record_provenance(&v) else {
             return Err(ProvenanceMismatch::Missing {
                 path: path.to_path_buf(),
                 record,

@@ -57,6 +57,16 @@ pub struct ReadEnd {
     pub complete: bool,
 }
 
+impl ReadEnd {
+    /// The input was not read to its end.
+    fn interrupted(self) -> ReadEnd {
+        ReadEnd {
+            complete: false,
+            ..self
+        }
+    }
+}
+
 /// [`read_lines_bounded`], also saying how many lines were non-blank and whether the input was
 /// read to its end (what a batch job's completion marker records).
 pub fn read_input(
@@ -73,6 +83,15 @@ pub fn read_input(
     let mut chunk = Vec::new();
     let mut bytes = Vec::new();
     loop {
+        if crate::batch::interrupt::requested() {
+            // Ctrl-C: stop reading; what was read is still scored and written
+            return Ok(ReadEnd {
+                lines: line,
+                records,
+                complete: chunk.is_empty() || out.send(chunk).is_ok(),
+            }
+            .interrupted());
+        }
         let too_long =
             match read_line_bounded(&mut input, &mut bytes, max_line_bytes, MAX_SKIP_BYTES)? {
                 LineRead::Eof => break,

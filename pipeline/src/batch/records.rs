@@ -40,7 +40,7 @@ pub struct Request {
 }
 
 /// What went wrong with one line (the `error.kind` of its output record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     InvalidUtf8,
@@ -68,6 +68,16 @@ pub enum ErrorKind {
     NonFiniteLogits,
     /// The line is longer than the byte bound derived from --max-input-tokens.
     LineTooLong,
+}
+
+impl ErrorKind {
+    /// The kind as error records spell it (`invalid_json`).
+    pub fn as_str(self) -> String {
+        match serde_json::to_value(self) {
+            Ok(Value::String(s)) => s,
+            _ => format!("{self:?}"),
+        }
+    }
 }
 
 /// A line's error: kind + human message.
@@ -171,11 +181,16 @@ pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Reque
     };
     let id = match obj.remove("id") {
         None | Some(Value::Null) => {
+            let hint = if super::openai::looks_like_openai(&obj) {
+                "; this looks like an OpenAI Batch API line (custom_id, method, url, body); use --format openai"
+            } else {
+                ""
+            };
             return Err(fail(
                 None,
                 ErrorKind::MissingId,
-                "line has no \"id\"".into(),
-            ))
+                format!("line has no \"id\"{hint}"),
+            ));
         }
         Some(v @ Value::String(_)) => v,
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n),
@@ -267,6 +282,17 @@ pub fn decision_record(
     provenance: Value,
     extra: Option<(&str, Value)>,
 ) -> String {
+    decision_value(id, line, decision, provenance, extra).to_string()
+}
+
+/// [`decision_record`] before serialization.
+pub fn decision_value(
+    id: &Value,
+    line: u64,
+    decision: &Decision,
+    provenance: Value,
+    extra: Option<(&str, Value)>,
+) -> Value {
     let mut rec = Map::new();
     rec.insert("id".into(), id.clone());
     rec.insert("line".into(), json!(line));
@@ -286,18 +312,22 @@ pub fn decision_record(
         rec.insert(k.into(), v);
     }
     rec.insert("provenance".into(), provenance);
-    Value::Object(rec).to_string()
+    Value::Object(rec)
 }
 
 /// The output line of an error.
 pub fn error_record(failed: &Failed, provenance: Value) -> String {
+    error_value(failed, provenance).to_string()
+}
+
+/// [`error_record`] before serialization.
+pub fn error_value(failed: &Failed, provenance: Value) -> Value {
     json!({
         "id": failed.id.clone().unwrap_or(Value::Null),
         "line": failed.line,
         "error": {"kind": failed.error.kind, "message": failed.error.message},
         "provenance": provenance,
     })
-    .to_string()
 }
 
 #[cfg(test)]
@@ -348,6 +378,20 @@ mod tests {
         );
         assert_eq!(kind(b"[1]", false), ErrorKind::NotAnObject);
         assert_eq!(kind(br#"{"context": "x"}"#, false), ErrorKind::MissingId);
+        let openai = parse_line(
+            1,
+            br#"{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {}}"#,
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(openai.error.kind, ErrorKind::MissingId);
+        assert!(
+            openai.error.message.contains(
+                "this looks like an OpenAI Batch API line (custom_id, method, url, body); use --format openai"
+            ),
+            "{}",
+            openai.error.message
+        );
         assert_eq!(
             kind(br#"{"id": 1.5, "context": "x"}"#, false),
             ErrorKind::InvalidId

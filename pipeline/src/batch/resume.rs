@@ -120,16 +120,14 @@ fn scan(path: &Path) -> Result<Option<ResumePoint>, ResumeError> {
             reason,
         };
         let v: Value = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
-        let n = v
-            .get("line")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| bad("no \"line\" number".into()))?;
+        // native records hold `line` and `id`; OpenAI-shaped ones `forkscore.line`, `custom_id`
+        let n = super::openai::record_line(&v).ok_or_else(|| bad("no \"line\" number".into()))?;
         if let Some((prev, _)) = &last {
             if n <= *prev {
                 return Err(bad(format!("line {n} follows line {prev}")));
             }
         }
-        last = Some((n, v.get("id").cloned().unwrap_or(Value::Null)));
+        last = Some((n, super::openai::record_id(&v)));
     }
     Ok(last.map(|(last_line, last_id)| ResumePoint {
         last_line,

@@ -7,8 +7,9 @@
 //! alone (a group of one); `serial` and `shared` reuse decisions and a shared prefix state
 //! ([`super::reuse`]).
 
+use super::openai::LineFormat;
 use super::prepare::{ready, Item, OutLine, Ready};
-use super::records::{decision_record, error_record, Failed, LineError};
+use super::records::{decision_value, error_value, Failed, LineError};
 use super::reuse::Reuse;
 use super::BatchMode;
 use crate::provenance::RecordProvenance;
@@ -31,6 +32,10 @@ pub struct Scorer<'a, B: Backend> {
     pub provenance: &'a RecordProvenance,
     /// serial / shared: decisions and the shared prefix state lines reuse.
     reuse: Reuse<B::State>,
+    /// The output line format ([`Scorer::with_format`]).
+    format: LineFormat,
+    /// The Unix time OpenAI-shaped completions are stamped with (one per job).
+    created: u64,
 }
 
 impl<'a, B: Backend> Scorer<'a, B> {
@@ -50,14 +55,33 @@ impl<'a, B: Backend> Scorer<'a, B> {
             mode,
             provenance,
             reuse: Reuse::new(mode),
+            format: LineFormat::Native,
+            created: 0,
+        }
+    }
+
+    /// Write output lines in `format` (native records by default).
+    pub fn with_format(mut self, format: LineFormat) -> Self {
+        self.format = format;
+        self.created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self
+    }
+
+    /// A native record as an output line of the job's format.
+    fn text(&self, record: Value) -> String {
+        match self.format {
+            LineFormat::Native => record.to_string(),
+            LineFormat::Openai => super::openai::output_line(record, self.created).to_string(),
         }
     }
 
     fn failed(&self, f: &Failed, schema_hash: Option<&str>) -> OutLine {
         OutLine {
             line: f.line,
-            text: error_record(f, self.provenance.with_schema(schema_hash)),
-            is_error: true,
+            text: self.text(error_value(f, self.provenance.with_schema(schema_hash))),
+            error_kind: Some(f.error.kind),
             rows: 0,
             allowed_masses: Vec::new(),
         }
@@ -73,14 +97,14 @@ impl<'a, B: Backend> Scorer<'a, B> {
         match d {
             Ok(d) => OutLine {
                 line: r.line,
-                text: decision_record(
+                text: self.text(decision_value(
                     &r.id,
                     r.line,
                     &d,
                     self.provenance.with_schema(Some(hash)),
                     reused_from.map(|l| ("reused_from_line", Value::from(l))),
-                ),
-                is_error: false,
+                )),
+                error_kind: None,
                 rows: if reused_from.is_some() {
                     0
                 } else {

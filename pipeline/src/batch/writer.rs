@@ -6,16 +6,52 @@
 //! decisions are not counted again) for the job's min / median summary.
 
 use super::prepare::OutLine;
+use super::records::ErrorKind;
 use crossbeam_channel::Receiver;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
+/// Where the records go: the output file, or stdout (`--output -`).
+pub enum Sink {
+    File(std::fs::File),
+    Stdout(std::io::Stdout),
+}
+
+impl Sink {
+    /// Make what was written durable (a file's data reaches the disk; stdout has nothing to sync).
+    pub fn sync(&self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.sync_data(),
+            Sink::Stdout(_) => Ok(()),
+        }
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(buf),
+            Sink::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Stdout(s) => s.flush(),
+        }
+    }
+}
+
 /// What the writer wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Written {
     pub lines: u64,
     pub errors: u64,
+    /// The error records by kind (`{"invalid_json": 2, "invalid_schema": 1}`).
+    pub errors_by_kind: BTreeMap<ErrorKind, u64>,
     pub rows: u64,
     /// The allowed masses of the scored fields (only with `--allowed-mass`).
     pub allowed_mass: Option<MassSummary>,
@@ -87,7 +123,10 @@ pub fn write_all(
             out.write_all(line.text.as_bytes())?;
             out.write_all(b"\n")?;
             w.lines += 1;
-            w.errors += u64::from(line.is_error);
+            if let Some(kind) = line.error_kind {
+                w.errors += 1;
+                *w.errors_by_kind.entry(kind).or_default() += 1;
+            }
             w.rows += line.rows as u64;
         }
         out.flush()?;
@@ -102,6 +141,18 @@ pub fn write_all(
     bar.finish_and_clear();
     w.allowed_mass = MassSummary::of(masses);
     Ok(w)
+}
+
+impl Written {
+    /// The error counts as a JSON object, kinds in their record spelling.
+    pub fn errors_by_kind_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(
+            self.errors_by_kind
+                .iter()
+                .map(|(k, n)| (k.as_str().to_string(), (*n).into()))
+                .collect(),
+        )
+    }
 }
 
 #[cfg(test)]

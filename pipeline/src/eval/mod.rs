@@ -168,6 +168,7 @@ impl LabelledJobArgs {
             resume: self.resume,
             force: self.force,
             resume_any_provenance: false,
+            format: crate::batch::openai::LineFormat::Native,
             fail_fast: false,
             quiet: self.quiet,
             window: self.window,

@@ -36,6 +36,7 @@ use serde_json::{Map, Value};
 
 use crate::batch::done::{self, DoneError, DoneMarker, InputFacts};
 use crate::batch::lock::{LockError, OutputLock};
+use crate::batch::openai::{record_id, record_line, record_provenance_mut};
 use crate::batch::shard::{id_key, Shard};
 use crate::input_bounds::{read_line_bounded, LineRead};
 use coverage::{Gap, InputCursor};
@@ -226,18 +227,14 @@ impl ShardFile {
 }
 
 fn parse_record(mut record: Value) -> Result<Record> {
-    let obj = record
-        .as_object_mut()
-        .context("a record must be a JSON object")?;
-    let line = obj
-        .get("line")
-        .and_then(Value::as_u64)
-        .context("a record must have a positive integer \"line\"")?;
-    let id = obj.get("id").cloned().unwrap_or(Value::Null);
-    let prov = obj
-        .get_mut("provenance")
-        .and_then(Value::as_object_mut)
-        .context("a record must have a \"provenance\" object")?;
+    if !record.is_object() {
+        bail!("a record must be a JSON object");
+    }
+    // native records and OpenAI-shaped ones (`--format openai`) alike
+    let line = record_line(&record).context("a record must have a positive integer \"line\"")?;
+    let id = record_id(&record);
+    let prov =
+        record_provenance_mut(&mut record).context("a record must have a \"provenance\" object")?;
     let shard: Shard = prov
         .remove("shard")
         .and_then(|v| v.as_str().map(str::to_string))

@@ -8,6 +8,7 @@ use forkscore_engine::{
     CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Engine, GroupBudget, Schema,
     ScoreOptions,
 };
+use forkscore_pipeline::batch::openai::LineFormat;
 use forkscore_pipeline::batch::resume::OutputPolicy;
 use forkscore_pipeline::batch::{run_job, BatchMode, Job};
 use forkscore_pipeline::provenance::ModelProvenance;
@@ -67,6 +68,7 @@ pub fn job(input: &Path, output: &Path, mode: BatchMode) -> Job {
     Job {
         input: input.to_path_buf(),
         output: output.to_path_buf(),
+        format: LineFormat::Native,
         batch_mode: mode,
         options: ScoreOptions::default(),
         budget: GroupBudget::default(),
