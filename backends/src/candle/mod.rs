@@ -18,56 +18,45 @@
 //!   position, the greedy argmax (see `decode`);
 //! - opt-in full-vocabulary summaries (`ScoreRequest::with_vocab`, `vocab_rows`): see `vocab`.
 
-pub mod attention;
-pub mod checkpoint;
-pub mod config;
-pub mod device;
-pub mod fusion;
+pub use layers::attention;
+pub use layers::fusion;
+pub use load::checkpoint;
+pub use load::config;
+pub use load::device;
 pub mod gated_deltanet;
-pub mod gguf;
-pub mod limits;
+pub use load::gguf;
+pub use load::limits;
 pub mod profile;
 pub mod state;
 
 pub mod cpu;
+pub mod cuda;
+pub mod layers;
+pub mod load;
 #[cfg(feature = "cuda")]
-mod cuda_module;
-#[cfg(feature = "cuda")]
-pub mod cuda_runtime;
+pub use cuda::cuda_runtime;
 mod decode;
-mod flash_attention;
-mod head;
-mod linear;
-pub mod mask;
-pub mod mlp;
+pub use layers::mask;
+pub use layers::mlp;
 mod models;
-mod norm;
 mod packing;
-mod past_kv;
 mod prefill;
-pub mod residual_norm;
-mod rope;
+pub use layers::residual_norm;
 mod score;
-mod shards;
 mod step;
-mod swiglu;
-mod table;
 mod tree;
-mod vocab;
-pub mod vocab_topk;
-mod warmup;
-mod weights;
+pub use cuda::vocab_topk;
 
 use candle_core::Tensor;
 
-pub use checkpoint::{
+pub use layers::linear::QuantSummary;
+pub use load::checkpoint::{
     hf_cache_main_revision, hf_cache_root, validate_revision, CheckpointSource, ResolvedCheckpoint,
     UNLABELLED,
 };
-pub use config::{Architecture, LayerKind, ModelConfig, TextConfig};
-pub use device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
-pub use linear::QuantSummary;
-pub use shards::inspect_weights;
+pub use load::config::{Architecture, LayerKind, ModelConfig, TextConfig};
+pub use load::device::{CandleDType, ComputeDType, DeviceSpec, OpenDevice};
+pub use load::shards::inspect_weights;
 pub use state::{CandleState, LayerState};
 
 /// The x86 vector instructions this process's CPU kernels run with (`"avx512"` or `"avx2"`,
@@ -86,12 +75,12 @@ use forkscore_seam::{
     PositionVocab, PrefixState, Quantization, ScoreRequest, ScoreRow, TreePacking, TreeRequest,
     VocabRequest, VocabRow,
 };
-use gguf::GgufTensors;
+use load::gguf::GgufTensors;
+use load::shards::{ShardSet, WeightFiles};
+use load::weights::Weights;
 use models::Backbone;
-use shards::{ShardSet, WeightFiles};
 use state::{merge_slots, LayerPast};
 use step::Step;
-use weights::Weights;
 
 /// Default number of prefix tokens per prefill chunk on the CPU (bounds activation memory).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -251,19 +240,19 @@ impl CandleBackend {
             }
         };
         let device = options.device.open()?;
-        warmup::compile_candle_kernels(&device);
+        cuda::warmup::compile_candle_kernels(&device);
         let view = match &store {
             LoadedStore::Safetensors(shards) => {
-                config::check_against_tensors(&config, shards.shapes())?;
-                weights::Store::Safetensors(shards)
+                load::config::check_against_tensors(&config, shards.shapes())?;
+                load::weights::Store::Safetensors(shards)
             }
             LoadedStore::Gguf(g) => {
                 let shapes = g.hf_shapes();
-                config::check_against_tensors(
+                load::config::check_against_tensors(
                     &config,
                     shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())),
                 )?;
-                weights::Store::Gguf(g)
+                load::weights::Store::Gguf(g)
             }
         };
         let weights = Weights::new(view, "", options.dtype.dtype(), &device)

@@ -13,9 +13,9 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::attention::AttnMasks;
-use super::mask;
-use super::rope::{Rope, RopeTables};
+use super::layers::attention::AttnMasks;
+use super::layers::mask;
+use super::layers::rope::{Rope, RopeTables};
 use crate::error::CandleError;
 
 pub(crate) struct Step {

@@ -5,7 +5,7 @@
 //! sequence `(1, T)` run over the state's K/V, which is read as is (never copied per branch nor
 //! mutated). Node `i` sits at position `prefix_len + depth(i)` (its branch-local position, as if
 //! its path alone followed the prefix) and attends to the whole prefix and to its own ancestors
-//! only (the additive tree mask of [`super::mask::tree`] over the new keys; the past part needs
+//! only (the additive tree mask of [`super::layers::mask::tree`] over the new keys; the past part needs
 //! none). Each state's projected nodes' hidden states are gathered right after its pass, and the
 //! gathered rows of all states go through the candidate-only head (and the optional
 //! full-vocabulary summary) once, in the tree's projected order. Under a tree mask attention
@@ -21,7 +21,7 @@
 use candle_core::Tensor;
 use forkscore_seam::{CandidateLogits, PrefixState, ScoreRow, TreePacking, TreeRequest};
 
-use super::config::LayerKind;
+use super::load::config::LayerKind;
 use super::state::{CandleState, LayerPast};
 use super::step::Step;
 use super::CandleBackend;

@@ -15,7 +15,7 @@
 use candle_core::{DType, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::super::rope::RopeTables;
+use super::super::layers::rope::RopeTables;
 use crate::error::CandleError;
 
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
@@ -144,7 +144,7 @@ pub(crate) fn split_rotate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::candle::rope::Rope;
+    use crate::candle::layers::rope::Rope;
     use candle_core::Device;
 
     /// The candle form this replaces: narrow, transpose, contiguous per part; RoPE on q and k.

@@ -8,8 +8,8 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 
-use super::super::mask::NewKeysMask;
-use super::super::past_kv::PastKv;
+use super::super::layers::mask::NewKeysMask;
+use super::super::layers::past_kv::PastKv;
 use super::amx::AmxWeight;
 use super::bf16gemm::{Bf16Kernel, PackedBf16};
 use super::gemm::{Blocking, PackedWeight};

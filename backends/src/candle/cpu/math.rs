@@ -1,5 +1,5 @@
 //! Vectorised f32 `exp` (and row maximum) for the CPU kernels that spend their time in it: the
-//! softmax of [`super::attention`] and the SiLU of [`super::super::swiglu`]'s CPU pass.
+//! softmax of [`super::attention`] and the SiLU of [`super::super::layers::swiglu`]'s CPU pass.
 //!
 //! libm's `expf` is scalar (a call per element: 5 % of a 28-field CPU decision's samples went
 //! to it before this module). Here `e^x` is the classic range reduction

@@ -4,7 +4,7 @@
 //! SwiGLU ([`Out::SwiGlu`]), so an MLP's `(…, 2F)` product is never stored. The SwiGLU is
 //! [`super::math::silu_mul_rows16`] on the tile's rows of 16 gate and 16 up columns: with
 //! `F` a multiple of 16 every element goes through the same vector lanes as in the pass over
-//! whole rows ([`super::super::swiglu`]), so the two agree bit for bit (tested in both kernels).
+//! whole rows ([`super::super::layers::swiglu`]), so the two agree bit for bit (tested in both kernels).
 
 // the loop and the stores run only in the x86 kernels; `alternate` everywhere
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -72,7 +72,7 @@ mod cuda {
     };
     use half::bf16;
 
-    use crate::candle::cuda_module::{self, contiguous_view};
+    use crate::candle::cuda::cuda_module::{self, contiguous_view};
 
     /// nvcc's fat binary of `kernels/cuda/gdn_pointwise.cu` (the `forkscore-kernels` crate).
     static FATBIN: &[u8] = forkscore_kernels::fatbin::GDN_POINTWISE;

@@ -35,7 +35,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::candle::profile;
 use forkscore_seam::Quantization;
 
-use crate::candle::linear::{Linear, QuantSummary};
+use crate::candle::layers::linear::{Linear, QuantSummary};
 
 pub use conv::RightPadding;
 

@@ -18,17 +18,17 @@ pub(crate) mod self_attn;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::{Architecture, LayerKind, ModelConfig};
-use super::head::CandidateHead;
-use super::linear::QuantSummary;
-use super::mlp::Mlp;
-use super::norm::RmsNorm;
+use super::layers::head::CandidateHead;
+use super::layers::linear::QuantSummary;
+use super::layers::mlp::Mlp;
+use super::layers::norm::RmsNorm;
+use super::layers::rope::Rope;
+use super::load::config::{Architecture, LayerKind, ModelConfig};
+use super::load::table::Table;
+use super::load::weights::Weights;
 use super::profile;
-use super::rope::Rope;
 use super::state::{LayerPast, LayerUpdate};
 use super::step::Step;
-use super::table::Table;
-use super::weights::Weights;
 use crate::error::CandleError;
 use self_attn::{SelfAttention, SelfAttentionSpec};
 

@@ -4,8 +4,8 @@
 
 use super::self_attn::{NormConvention, SelfAttentionSpec};
 use super::{dense_backbone, Backbone};
-use crate::candle::config::ModelConfig;
-use crate::candle::weights::Weights;
+use crate::candle::load::config::ModelConfig;
+use crate::candle::load::weights::Weights;
 use crate::error::CandleError;
 
 pub(crate) fn load(cfg: &ModelConfig, root: &Weights<'_>) -> Result<Backbone, CandleError> {

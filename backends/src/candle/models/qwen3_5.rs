@@ -21,15 +21,15 @@ use candle_core::{Device, Tensor};
 
 use super::self_attn::{NormConvention, SelfAttention, SelfAttentionSpec};
 use super::{output_head, Backbone, DecoderLayer, Mixer};
-use crate::candle::config::{LayerKind, LinearAttentionConfig, ModelConfig};
 use crate::candle::gated_deltanet::{GdnDims, GdnLayer, GdnState, GdnWeights, RightPadding};
-use crate::candle::linear::QuantSummary;
-use crate::candle::mlp::Mlp;
-use crate::candle::norm::RmsNorm;
-use crate::candle::rope::Rope;
+use crate::candle::layers::linear::QuantSummary;
+use crate::candle::layers::mlp::Mlp;
+use crate::candle::layers::norm::RmsNorm;
+use crate::candle::layers::rope::Rope;
+use crate::candle::load::config::{LayerKind, LinearAttentionConfig, ModelConfig};
+use crate::candle::load::weights::Weights;
 use crate::candle::state::{LayerPast, LayerUpdate, StateRows};
 use crate::candle::step::Step;
-use crate::candle::weights::Weights;
 use crate::error::CandleError;
 
 /// Where the text model may live, in the order tried. mlx-style conversions

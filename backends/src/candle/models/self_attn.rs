@@ -10,15 +10,15 @@ use crate::candle::cpu;
 use candle_core::{Tensor, D};
 
 use super::Mixer;
-use crate::candle::attention::{attend, PastKv};
-use crate::candle::config::LayerKind;
-use crate::candle::linear::{Linear, QuantSummary};
-use crate::candle::mlp::{apply, linear};
-use crate::candle::norm::RmsNorm;
+use crate::candle::layers::attention::{attend, PastKv};
+use crate::candle::layers::linear::{Linear, QuantSummary};
+use crate::candle::layers::mlp::{apply, linear};
+use crate::candle::layers::norm::RmsNorm;
+use crate::candle::load::config::LayerKind;
+use crate::candle::load::weights::Weights;
 use crate::candle::profile;
 use crate::candle::state::{LayerPast, LayerUpdate};
 use crate::candle::step::{Packing, Segment, Step};
-use crate::candle::weights::Weights;
 use crate::error::CandleError;
 
 /// Which RMSNorm weight convention q/k norms use.
@@ -45,7 +45,7 @@ pub(crate) struct SelfAttentionSpec {
 
 /// The q, k and v projections: three products (the reference), or one product with the weights
 /// and biases stacked `(H·hd + 2·Hkv·hd, D)` (CUDA, dense weights, biased q/k/v, no output gate;
-/// see [`crate::candle::fusion`]).
+/// see [`crate::candle::layers::fusion`]).
 enum Qkv {
     Separate { q: Linear, k: Linear, v: Linear },
     Stacked(Linear),
@@ -92,7 +92,7 @@ impl SelfAttention {
         let stackable = s.qkv_bias
             && !s.output_gate
             && s.qk_norm.is_none()
-            && crate::candle::fusion::qkv(w.device());
+            && crate::candle::layers::fusion::qkv(w.device());
         // (H·hd, D) ++ (Hkv·hd, D) ++ (Hkv·hd, D) -> rows [q | k | v]; biases alike
         let stacked = match stackable {
             true => Linear::stack(&[&q, &k, &v])?,

@@ -1,5 +1,5 @@
 //! Attention on the CPU in f32 without the candle ops' intermediate tensors: the same function
-//! as [`super::super::attention`]'s candle path (its reference, held to it by the equivalence tests
+//! as [`super::super::layers::attention`]'s candle path (its reference, held to it by the equivalence tests
 //! below), computed tile by tile on the rayon threads.
 //!
 //! Work is split into tiles `(KV head j, rows b0..b1, queries i0..i1)`; a tile's query rows are
@@ -41,8 +41,8 @@
 use candle_core::{DType, Layout, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::super::mask::NewKeysMask;
-use super::super::past_kv::PastKv;
+use super::super::layers::mask::NewKeysMask;
+use super::super::layers::past_kv::PastKv;
 use crate::error::CandleError;
 
 /// Which form computes a tile.

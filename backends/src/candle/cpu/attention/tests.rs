@@ -1,7 +1,7 @@
 use super::*;
-use crate::candle::attention::tests::rand;
-use crate::candle::attention::{attend_candle, AttnMasks};
-use crate::candle::mask;
+use crate::candle::layers::attention::tests::rand;
+use crate::candle::layers::attention::{attend_candle, AttnMasks};
+use crate::candle::layers::mask;
 use candle_core::Device;
 
 /// One call's shape: rows, query heads, KV heads, new tokens, head dim, past slots and

@@ -369,7 +369,7 @@ pub(crate) fn swiglu_fits(k: usize) -> bool {
 /// [`PackedWeight::gate_up`]: each block of output rows and panels is computed into a scratch
 /// block in cache and taken through the SwiGLU from there, so the `(.., 2F)` product is never
 /// stored. Equal bit for bit to [`linear`] on the stacked weight followed by
-/// [`super::super::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
+/// [`super::super::layers::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
 /// hold.
 pub(crate) fn swiglu(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     let Some(isa) = Isa::chosen().map(Isa::f32_level) else {

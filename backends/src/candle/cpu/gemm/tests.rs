@@ -23,8 +23,9 @@ fn swiglu_equals_product_then_swiglu() -> Result<()> {
                 let up = PackedWeight::pack(&Tensor::randn(0f32, 0.2, (f, k), &dev)?)?;
                 let fused = PackedWeight::gate_up(&gate, &up).expect("fits");
                 let stacked = PackedWeight::stack(&[&gate, &up]).expect("stacks");
-                let want =
-                    super::super::super::swiglu::swiglu(&linear_with(&x, &stacked, isa, &bl)?)?;
+                let want = super::super::super::layers::swiglu::swiglu(&linear_with(
+                    &x, &stacked, isa, &bl,
+                )?)?;
                 let got = swiglu_with(&x, &fused, isa, &bl)?;
                 assert_eq!(got.dims(), &[m, f]);
                 let got = got.flatten_all()?.to_vec1::<f32>()?;

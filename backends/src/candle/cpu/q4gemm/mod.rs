@@ -285,7 +285,7 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
 /// [`PackedQ4::gate_up`], the SwiGLU taken as each output tile is written
 /// ([`super::tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
-/// by [`super::super::swiglu::swiglu`] (tested). Errors as [`linear`].
+/// by [`super::super::layers::swiglu::swiglu`] (tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
     let ready = || w.isa.require("4-bit gate|up");
     super::host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {

@@ -298,7 +298,7 @@ pub(crate) fn linear(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
 /// [`PackedQ8::gate_up`], the SwiGLU taken as each output tile is written, so the `(.., 2F)`
 /// product is never stored. Equal bit for bit to [`linear`] on the stacked `[gate; up]` weight
-/// followed by [`super::super::swiglu::swiglu`] (the same sums, the same [`super::math::silu_mul`]
+/// followed by [`super::super::layers::swiglu::swiglu`] (the same sums, the same [`super::math::silu_mul`]
 /// on every element; tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
     let ready = || w.isa.require("q8_0 gate|up");

@@ -240,7 +240,7 @@ fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
             let (gate, up) = (pack(0.0)?, pack(0.01)?);
             let fused = PackedQ8::gate_up(&gate, &up).expect("fits");
             let stacked = PackedQ8::stack(&[&gate, &up]).expect("stacks");
-            let want = super::super::super::swiglu::swiglu(&linear(&x, &stacked)?)?;
+            let want = super::super::super::layers::swiglu::swiglu(&linear(&x, &stacked)?)?;
             let got = swiglu(&x, &fused)?;
             assert_eq!(got.dims(), &[m, f]);
             let (got, want) = (

@@ -18,7 +18,7 @@ const THREADS: u32 = 128;
 const L2_EPS: f32 = super::super::norm::L2_EPS as f32;
 
 fn module(dev: &CudaDevice) -> Result<Arc<CudaModule>> {
-    crate::candle::cuda_module::load(dev, "gdn_recurrent", FATBIN)
+    crate::candle::cuda::cuda_module::load(dev, "gdn_recurrent", FATBIN)
 }
 
 /// The op: applied to `qkv`, holding the other inputs. Its one output is the flat
@@ -39,7 +39,7 @@ fn cuda_f32<'a>(
     layout: &Layout,
     what: &str,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
-    crate::candle::cuda_module::contiguous_view::<f32>(storage, layout, "fused GDN", what)
+    crate::candle::cuda::cuda_module::contiguous_view::<f32>(storage, layout, "fused GDN", what)
 }
 
 /// A contiguous `(n,)` u32 tensor on the GPU as a view (the lengths / slot maps).
@@ -48,7 +48,7 @@ fn cuda_u32<'a>(
     layout: &Layout,
     what: &str,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, u32>> {
-    crate::candle::cuda_module::contiguous_view::<u32>(storage, layout, "fused GDN", what)
+    crate::candle::cuda::cuda_module::contiguous_view::<u32>(storage, layout, "fused GDN", what)
 }
 
 impl CustomOp1 for GatedDeltaRule {
@@ -228,7 +228,7 @@ fn chunked(
     let nc = l.div_ceil(CHUNK);
     // SAFETY: the prep kernel writes every workspace element the scan reads.
     let mut ws = unsafe { dev.alloc::<f32>(b * hv * nc * ws_per_chunk(dk, dv))? };
-    let m = crate::candle::cuda_module::load(dev, "gdn_chunked", CHUNKED_FATBIN)?;
+    let m = crate::candle::cuda::cuda_module::load(dev, "gdn_chunked", CHUNKED_FATBIN)?;
     let prep = m.load_function(&format!("gdn_chunk_prep_dk{dk}")).w()?;
     let scan = m.load_function(&format!("gdn_chunk_scan_dk{dk}")).w()?;
     let (p_smem, s_smem) = (prep_smem(dk, dv), scan_smem(dk));

@@ -7,7 +7,7 @@
 
 use candle_core::Tensor;
 
-use super::weights::Weights;
+use super::super::load::weights::Weights;
 use crate::error::CandleError;
 
 pub(crate) struct RmsNorm {

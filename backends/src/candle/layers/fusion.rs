@@ -4,10 +4,10 @@
 //! - gate | up of every MLP (`super::mlp`), followed by the fused SwiGLU pass (`super::swiglu`);
 //!   for packed weights (f32, `Q8_0`, `Q4_0`, `Q4_K`) of an f32 model on an x86 CPU, gate's
 //!   and up's panels alternate instead and the SwiGLU is taken as each output tile (or f32
-//!   block) is written (`super::cpu::tile_store`, `super::cpu::gemm::swiglu`): the `(…, 2F)`
+//!   block) is written (`super::super::cpu::tile_store`, `super::super::cpu::gemm::swiglu`): the `(…, 2F)`
 //!   product is never stored;
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
-//!   family, `super::models::self_attn`): one product and one bias add instead of three each.
+//!   family, `super::super::models::self_attn`): one product and one bias add instead of three each.
 //!
 //! Both are on by default on CUDA and on the CPU, for dense weights (quantized weights keep the
 //! separate products). The separate products are the reference: [`set_gate_up`] / [`set_qkv`]

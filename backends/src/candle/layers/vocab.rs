@@ -9,7 +9,7 @@
 //! bit-equal to a full log-softmax + sort), rows in parallel on CPU threads. The logits of a
 //! chunk are materialised once; no log-softmax tensor is ever built.
 //!
-//! On a CUDA device the same selection runs on the GPU ([`super::vocab_topk`], K ≤ 256): only the
+//! On a CUDA device the same selection runs on the GPU ([`super::super::cuda::vocab_topk`], K ≤ 256): only the
 //! logsumexp, the K best and the next token's logit of each row cross the bus, not the chunk's
 //! logits. `FORKSCORE_VOCAB_TOPK=host` keeps the host path there (the reference).
 
@@ -18,8 +18,8 @@ use forkscore_seam::topk::{log_prob, top_k};
 use forkscore_seam::{PositionVocab, TokenLogprob, VocabRequest, VocabRow};
 use rayon::prelude::*;
 
-use super::vocab_topk::{device_top_k, takes_device_path};
-use super::CandleBackend;
+use super::super::cuda::vocab_topk::{device_top_k, takes_device_path};
+use super::super::CandleBackend;
 use crate::error::CandleError;
 
 /// Rows projected onto the full vocabulary and copied to the host at once.

@@ -21,7 +21,7 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::file::{MetaValue, TensorInfo};
-use crate::candle::config::ModelConfig;
+use crate::candle::load::config::ModelConfig;
 use crate::error::CandleError;
 
 /// `general.architecture` values read, and the `config.json` class each stands for.
@@ -178,7 +178,7 @@ pub fn model_config(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::candle::gguf::file::TensorType;
+    use crate::candle::load::gguf::file::TensorType;
 
     fn meta(pairs: &[(&str, MetaValue)]) -> BTreeMap<String, MetaValue> {
         pairs
@@ -217,7 +217,10 @@ mod tests {
     #[test]
     fn qwen2_metadata_gives_the_config() {
         let c = model_config(Path::new("m.gguf"), &qwen2(), &tensors()).unwrap();
-        assert_eq!(c.architecture, crate::candle::config::Architecture::Qwen2);
+        assert_eq!(
+            c.architecture,
+            crate::candle::load::config::Architecture::Qwen2
+        );
         let t = &c.text;
         assert_eq!(
             (

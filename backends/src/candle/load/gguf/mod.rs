@@ -7,7 +7,7 @@
 //! the model loaders ask [`super::weights::Weights`] for the same names either way.
 //!
 //! Tensor types: a linear weight stored in a block format stays in it
-//! ([`super::linear::Linear::from_blocks`]: packed for the integer CPU kernels where they run —
+//! ([`super::super::layers::linear::Linear::from_blocks`]: packed for the integer CPU kernels where they run —
 //! `Q8_0`, `Q4_0`, `Q4_K` of an f32 model on x86 — else candle's quantized matmul); a linear
 //! weight stored as F32 / F16 / BF16 is read like a safetensors weight (and `--quantize`
 //! applies to it). The embedding and output head stay in their block format on the CPU

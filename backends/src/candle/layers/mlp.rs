@@ -6,14 +6,14 @@ use crate::candle::cpu;
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
-use super::cpu::gemm::PackedWeight;
-use super::cpu::q4gemm::PackedQ4;
-use super::cpu::qgemm::PackedQ8;
+use super::super::cpu::gemm::PackedWeight;
+use super::super::cpu::q4gemm::PackedQ4;
+use super::super::cpu::qgemm::PackedQ8;
+use super::super::load::weights::Weights;
+use super::super::profile;
 pub(crate) use super::linear::apply;
 use super::linear::{Linear, QuantSummary};
-use super::profile;
 use super::swiglu;
-use super::weights::Weights;
 use crate::error::CandleError;
 
 /// Load `name.weight` `(out, in)` and, when `bias`, `name.bias` `(out,)` (quantized when the
@@ -39,7 +39,7 @@ enum GateUp {
     Stacked(Linear),
     /// Packed gate and up (f32, `Q8_0`, 4-bit) of an f32 model on an x86 CPU, one weight whose
     /// panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel writes each
-    /// output tile (integer kernels, `super::cpu::tile_store`) or block (f32), equal bit for bit
+    /// output tile (integer kernels, `super::super::cpu::tile_store`) or block (f32), equal bit for bit
     /// to `Stacked` and the pass, without storing the `(…, 2F)` product.
     InTiles(InTiles),
 }

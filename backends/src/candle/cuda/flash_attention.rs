@@ -1,5 +1,5 @@
 //! Flash-style attention on NVIDIA GPUs (`kernels/cuda/flash_attn.cu`): the same function as the
-//! candle path of [`super::attention::attend`], without materialising the score matrix. One
+//! candle path of [`super::super::layers::attention::attend`], without materialising the score matrix. One
 //! kernel serves prefill (no past), chunked prefill (a past of one slot), and forked scoring
 //! rows over one shared prefix or several left-padded slots.
 //!
@@ -15,7 +15,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::past_kv::PastKv;
+use super::super::layers::past_kv::PastKv;
 use crate::error::CandleError;
 
 /// Whether the flash kernel can compute this call.
@@ -72,7 +72,7 @@ mod cuda {
     use half::bf16;
 
     use super::PastKv;
-    use crate::candle::cuda_module::{self, contiguous_view};
+    use crate::candle::cuda::cuda_module::{self, contiguous_view};
 
     /// nvcc's fat binary of `kernels/cuda/flash_attn.cu` (the `forkscore-kernels` crate).
     static FATBIN: &[u8] = forkscore_kernels::fatbin::FLASH_ATTN;

@@ -39,8 +39,8 @@ impl OpenDevice for DeviceSpec {
                 })?;
                 #[cfg(feature = "cuda")]
                 if let Device::Cuda(dev) = &device {
-                    let settings = crate::candle::cuda_runtime::RuntimeSettings::from_env();
-                    crate::candle::cuda_runtime::apply(dev, settings).map_err(|e| {
+                    let settings = crate::candle::cuda::cuda_runtime::RuntimeSettings::from_env();
+                    crate::candle::cuda::cuda_runtime::apply(dev, settings).map_err(|e| {
                         CandleError::Device {
                             reason: format!("cannot set up {self}: {e}"),
                         }

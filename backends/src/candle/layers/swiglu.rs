@@ -3,7 +3,7 @@
 //! On CUDA in f32 or bf16 one kernel (`kernels/cuda/swiglu.cu`) reads each pair once and writes the
 //! result once. On the CPU in f32 one pass over the rows, split across the rayon threads, does
 //! the same with candle's SiLU formula `v / (1 + e^-v)` and the vectorised `exp` of
-//! [`super::cpu::math`] (16 lanes under AVX-512, 8 under AVX2), within 4e-7 relative of the
+//! [`super::super::cpu::math`] (16 lanes under AVX-512, 8 under AVX2), within 4e-7 relative of the
 //! reference (the candle ops form runs SiLU on one thread into a temporary, then the product). Elsewhere (and for
 //! other dtypes) the same function runs as candle ops on the two halves, the reference the
 //! tests compare with.
@@ -92,7 +92,7 @@ mod cuda {
     use candle_core::{CudaDevice, CudaStorage, CustomOp1, DType, Layout, Result, Shape};
     use half::bf16;
 
-    use crate::candle::cuda_module;
+    use crate::candle::cuda::cuda_module;
 
     /// nvcc's fat binary of `kernels/cuda/swiglu.cu` (the `forkscore-kernels` crate).
     static FATBIN: &[u8] = forkscore_kernels::fatbin::SWIGLU;

@@ -134,7 +134,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::candle::config::ModelConfig;
+    use crate::candle::load::config::ModelConfig;
 
     fn text() -> Value {
         json!({

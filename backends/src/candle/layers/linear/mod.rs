@@ -11,7 +11,7 @@
 //!
 //! `bf16` is not a block format: every weight is rounded to bf16. An f32 model's weights on an
 //! x86 CPU are packed for AMX tiles with one part where AMX runs (`Linear::PackedAmx`, see
-//! [`super::cpu::amx`]), else for the AVX-512 BF16 kernel of [`super::cpu::bf16gemm`] where the
+//! [`super::super::cpu::amx`]), else for the AVX-512 BF16 kernel of [`super::super::cpu::bf16gemm`] where the
 //! CPU has it (`Linear::PackedBf16`); both round the activations to bf16 per call and sum in
 //! f32 ([`cpu_bf16gemm::kernel`] picks). Elsewhere the weight is a bf16 tensor and each call
 //! casts `x` to bf16 for candle's matmul and the result back (`Linear::Bf16`; candle's bf16
@@ -26,8 +26,8 @@
 //! stays dense. [`QuantSummary`] counts what each weight got.
 //!
 //! On an x86 CPU with AVX2 + FMA, an f32 model's quantized weights are packed once at load for
-//! an integer kernel (the blocks are not kept): `Q8_0` for [`super::cpu::qgemm`]
-//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::cpu::q4gemm`] (`Linear::PackedQ4`). Every
+//! an integer kernel (the blocks are not kept): `Q8_0` for [`super::super::cpu::qgemm`]
+//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::super::cpu::q4gemm`] (`Linear::PackedQ4`). Every
 //! call, whatever its row count, rounds the activations to 8-bit blocks and multiplies in
 //! integers, as candle's own CPU kernels do for a few rows but register-tiled, so it is the fast
 //! path for a prefill too.
@@ -40,12 +40,12 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
-use super::cpu::amx::{AmxWeight, Parts};
-use super::cpu::bf16gemm::{Bf16Kernel, PackedBf16};
-use super::cpu::gemm::{CpuGemm, PackedWeight};
-use super::cpu::isa::Isa;
-use super::cpu::q4gemm::PackedQ4;
-use super::cpu::qgemm::PackedQ8;
+use super::super::cpu::amx::{AmxWeight, Parts};
+use super::super::cpu::bf16gemm::{Bf16Kernel, PackedBf16};
+use super::super::cpu::gemm::{CpuGemm, PackedWeight};
+use super::super::cpu::isa::Isa;
+use super::super::cpu::q4gemm::PackedQ4;
+use super::super::cpu::qgemm::PackedQ8;
 use crate::error::CandleError;
 
 mod quantize;
@@ -55,29 +55,29 @@ mod quantize;
 pub(crate) enum Linear {
     /// `W (out, in)` in the compute dtype (candle's GEMM).
     Dense(candle_nn::Linear),
-    /// `W (out, in)` f32 packed for the CPU kernel of [`super::cpu::gemm`]; `bias (out,)` f32.
+    /// `W (out, in)` f32 packed for the CPU kernel of [`super::super::cpu::gemm`]; `bias (out,)` f32.
     Packed {
         weight: Arc<PackedWeight>,
         bias: Option<Tensor>,
     },
-    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::cpu::amx`]
+    /// `W (out, in)` f32 split into bf16 planes for the AMX kernel of [`super::super::cpu::amx`]
     /// (three: f32 accuracy; one: `--quantize bf16`); `bias (out,)` f32.
     PackedAmx {
         weight: Arc<AmxWeight>,
         bias: Option<Tensor>,
     },
-    /// `W` `Q8_0`, packed for the integer kernel of [`super::cpu::qgemm`]; `bias (out,)` f32.
+    /// `W` `Q8_0`, packed for the integer kernel of [`super::super::cpu::qgemm`]; `bias (out,)` f32.
     PackedQ8 {
         weight: Arc<PackedQ8>,
         bias: Option<Tensor>,
     },
-    /// `W` `Q4_0` or `Q4_K`, packed for the integer kernel of [`super::cpu::q4gemm`];
+    /// `W` `Q4_0` or `Q4_K`, packed for the integer kernel of [`super::super::cpu::q4gemm`];
     /// `bias (out,)` f32.
     PackedQ4 {
         weight: Arc<PackedQ4>,
         bias: Option<Tensor>,
     },
-    /// `W` rounded to bf16, packed for the kernel of [`super::cpu::bf16gemm`]; `bias (out,)` f32.
+    /// `W` rounded to bf16, packed for the kernel of [`super::super::cpu::bf16gemm`]; `bias (out,)` f32.
     PackedBf16 {
         weight: Arc<PackedBf16>,
         bias: Option<Tensor>,
@@ -139,8 +139,8 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
 
 impl Linear {
     /// A dense layer from `weight (out, in)` and `bias (out,)`, already in the compute dtype:
-    /// an f32 weight on the CPU is split for [`super::cpu::amx`] when asked and AMX runs
-    /// ([`cpu_gemm::amx`]), else packed for [`super::cpu::gemm`] when that kernel runs here
+    /// an f32 weight on the CPU is split for [`super::super::cpu::amx`] when asked and AMX runs
+    /// ([`cpu_gemm::amx`]), else packed for [`super::super::cpu::gemm`] when that kernel runs here
     /// ([`cpu_gemm::choice`]); anything else keeps candle's tensor.
     pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
         if weight.device().is_cpu()
@@ -407,11 +407,11 @@ impl Linear {
 }
 
 /// `x (.., in) · w (out, in)ᵀ (+ bias)`: candle's matmul, or on the CPU in f32 with the
-/// `openblas` feature one `cblas_sgemm` ([`super::cpu::blas`]).
+/// `openblas` feature one `cblas_sgemm` ([`super::super::cpu::blas`]).
 fn dense(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     #[cfg(feature = "openblas")]
-    if super::cpu::blas::takes(x, w) {
-        return add_bias(super::cpu::blas::linear(x, w)?, bias);
+    if super::super::cpu::blas::takes(x, w) {
+        return add_bias(super::super::cpu::blas::linear(x, w)?, bias);
     }
     candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)
 }

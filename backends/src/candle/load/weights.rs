@@ -13,8 +13,8 @@ use candle_core::{DType, Device, Tensor};
 use forkscore_seam::Quantization;
 use safetensors::Dtype;
 
+use super::super::layers::linear::Linear;
 use super::gguf::GgufTensors;
-use super::linear::Linear;
 use super::shards::ShardSet;
 use super::table::Table;
 use crate::error::CandleError;

@@ -14,7 +14,7 @@
 //! result equals attention over `past ++ new` in one sequence. Queries are pre-scaled by
 //! `hd^-1/2` (as transformers' SDPA math path does) so no pass over the scores is spent on it.
 //!
-//! That candle path is the reference. On CUDA in bf16, [`super::flash_attention`] computes the
+//! That candle path is the reference. On CUDA in bf16, [`super::super::cuda::flash_attention`] computes the
 //! same function without materialising the scores (one kernel, online softmax; under a token
 //! tree's mask it reads the tree's u8 visibility); it is taken whenever it supports the call,
 //! unless [`set_kernel`] or `FORKSCORE_ATTENTION=candle` in the environment asks for the candle
@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Tensor, D};
 
-use super::flash_attention;
+use super::super::cuda::flash_attention;
 pub use super::past_kv::PastKv;
 use crate::error::CandleError;
 
@@ -135,7 +135,7 @@ pub fn takes_flash(
         && masks.past_forms_agree()
 }
 
-/// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::cpu::attention`]).
+/// Whether [`attend`] computes this call with the CPU f32 kernel ([`super::super::cpu::attention`]).
 pub fn takes_cpu_kernel(
     q: &Tensor,
     k_new: &Tensor,
@@ -249,7 +249,7 @@ fn attend_causal_blocks(
             })
             .map_err(op("attention block scores"))?;
         // (Hkv, B, G*n, end) x (Hkv, B, end, hd) -> (Hkv, B, G, n, hd)
-        let ob = super::profile::region("attention.softmax", scores.device(), || {
+        let ob = super::super::profile::region("attention.softmax", scores.device(), || {
             candle_nn::ops::softmax_last_dim(&scores)
         })
         .and_then(|p| p.to_dtype(dtype))
@@ -330,7 +330,7 @@ fn attend_full(
             Tensor::cat(&[&s_past, &s_new], D::Minus1).map_err(op("attention cat scores"))?
         }
     };
-    let probs = super::profile::region("attention.softmax", scores.device(), || {
+    let probs = super::super::profile::region("attention.softmax", scores.device(), || {
         candle_nn::ops::softmax_last_dim(&scores)
     })
     .and_then(|p| p.to_dtype(dtype))
@@ -365,7 +365,7 @@ fn attend_full(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::candle::mask::NewKeysMask;
+    use crate::candle::layers::mask::NewKeysMask;
     use candle_core::Device;
 
     /// A `shape` tensor of uniform values in (-2, 2) from a seeded LCG (also the CPU kernel's

@@ -62,7 +62,7 @@ mod cuda {
     use candle_core::{DType, Result, Tensor};
 
     use super::{DeviceTopK, MAX_K, MAX_VOCAB};
-    use crate::candle::cuda_module::{self, contiguous_view};
+    use crate::candle::cuda::cuda_module::{self, contiguous_view};
 
     /// nvcc's fat binary of `kernels/cuda/vocab_topk.cu` (the `forkscore-kernels` crate).
     static FATBIN: &[u8] = forkscore_kernels::fatbin::VOCAB_TOPK;

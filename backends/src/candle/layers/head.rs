@@ -4,12 +4,12 @@
 //! `(N, C)`. Only the `C` candidate rows of the head matrix (`lm_head.weight`, or the embedding
 //! when tied) are gathered and projected, in f32; the full vocabulary is never multiplied on
 //! that path. [`CandidateHead::project_all`] is the opt-in full projection the vocabulary
-//! diagnostics need (`candle::vocab`), in f32 over slices of the head so no f32 copy of the
+//! diagnostics need (`candle::layers::vocab`), in f32 over slices of the head so no f32 copy of the
 //! whole head matrix is ever made.
 
 use candle_core::{DType, Device, Tensor};
 
-use super::table::Table;
+use super::super::load::table::Table;
 use crate::error::CandleError;
 
 /// Head rows converted to f32 and multiplied at once by [`CandidateHead::project_all`]

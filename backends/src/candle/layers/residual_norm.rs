@@ -34,7 +34,7 @@ mod cuda {
     use candle_core::{CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
     use half::bf16;
 
-    use crate::candle::cuda_module;
+    use crate::candle::cuda::cuda_module;
 
     /// nvcc's fat binary of `kernels/cuda/add_rms_norm.cu` (the `forkscore-kernels` crate).
     static FATBIN: &[u8] = forkscore_kernels::fatbin::ADD_RMS_NORM;
