@@ -20,6 +20,7 @@ from forkscore._frame import to_dataframe
 from forkscore._inputs import InvalidContext
 from forkscore._native import (
     DEFAULT_MAX_INPUT_TOKENS,
+    OPTIONS,
     CompileError,
     ContextError,
     EmptyContext,
@@ -36,6 +37,7 @@ from forkscore._scorer import Answer, Scorer, ask_schema
 
 __all__ = [
     "DEFAULT_MAX_INPUT_TOKENS",
+    "OPTIONS",
     "Answer",
     "CompileError",
     "ContextError",

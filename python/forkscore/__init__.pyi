@@ -19,11 +19,14 @@ from typing import (
 
 __version__: str
 DEFAULT_MAX_INPUT_TOKENS: int
+#: The request options every front end shares: name, CLI flag, values, default.
+OPTIONS: List[Dict[str, str]]
 
 Mode = Literal["parallel", "cached-serial", "independent", "tree"]
 ScoringMethod = Literal[
     "code", "literal", "literal-first-token", "literal-sum-loglik", "literal-mean-loglik"
 ]
+LiteralValue = Literal["argmax", "greedy"]
 BatchMode = Literal["grouped", "direct", "serial"]
 DType = Literal["f32", "bf16", "f16"]
 Quantization = Literal["q8_0", "q4k", "bf16"]
@@ -126,6 +129,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: ScoringMethod = "code",
+        literal_value: LiteralValue = "argmax",
     ) -> Result:
         """One decision: the dict `forkscore score` prints. Raises a forkscore.Error subclass."""
     def decide_many(
@@ -145,6 +149,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: ScoringMethod = "code",
+        literal_value: LiteralValue = "argmax",
     ) -> Any:
         """One entry per context, in order (a list; a pandas Series with the input's index for
         pandas input): its result dict, or its exception instance (returned, not raised, with
@@ -166,6 +171,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: ScoringMethod = "code",
+        literal_value: LiteralValue = "argmax",
     ) -> List[str]:
         """`forkscore batch` in memory: (line number, JSONL input line) pairs in, the output
         records (JSON text) out, exactly as `forkscore batch` writes them."""

@@ -113,6 +113,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: str = "code",
+        literal_value: str = "argmax",
     ) -> Dict[str, Any]:
         """One decision: the dict `forkscore score` prints. Raises a forkscore.Error subclass."""
         return self._native.score(
@@ -127,6 +128,7 @@ class Scorer:
             allowed_mass=allowed_mass,
             top_k=top_k,
             scoring=scoring,
+            literal_value=literal_value,
         )
 
     def decide_many(
@@ -146,6 +148,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: str = "code",
+        literal_value: str = "argmax",
     ) -> Any:
         """Many contexts against one schema, in bounded merged groups. See docs/python.md.
 
@@ -184,6 +187,7 @@ class Scorer:
                     allowed_mass=allowed_mass,
                     top_k=top_k,
                     scoring=scoring,
+                    literal_value=literal_value,
                     progress=None if callback is None else on_progress,
                 )
             )
@@ -223,6 +227,7 @@ class Scorer:
         allowed_mass: bool = False,
         top_k: int = 5,
         scoring: str = "code",
+        literal_value: str = "argmax",
     ) -> Any:
         """`forkscore batch` in memory: (line number, JSONL line) pairs in, records out."""
         return self._native.batch_records(
@@ -239,6 +244,7 @@ class Scorer:
             allowed_mass=allowed_mass,
             top_k=top_k,
             scoring=scoring,
+            literal_value=literal_value,
         )
 
     def ask(

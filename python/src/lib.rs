@@ -220,6 +220,7 @@ fn options(
     allowed_mass: bool,
     top_k: usize,
     scoring: &str,
+    literal_value: &str,
 ) -> PyResult<Options> {
     check_flags(&[
         ("--max-input-tokens", Some(max_input_tokens)),
@@ -237,7 +238,11 @@ fn options(
             max_input_tokens,
             include_prompt,
             allowed_mass: allowed_mass.then_some(top_k),
-            literal_value: forkscore_engine::LiteralValue::Argmax,
+            literal_value: parse::<forkscore_engine::LiteralValue>(
+                py,
+                "literal_value",
+                literal_value,
+            )?,
         },
         scoring: parse::<Scoring>(py, "scoring", scoring)?,
     })
@@ -368,7 +373,7 @@ impl Scorer {
     }
 
     /// One context against one schema: the dict `forkscore score` prints as JSON.
-    #[pyo3(signature = (context, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code"))]
+    #[pyo3(signature = (context, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax"))]
     #[allow(clippy::too_many_arguments)]
     fn score<'py>(
         &self,
@@ -384,6 +389,7 @@ impl Scorer {
         allowed_mass: bool,
         top_k: usize,
         scoring: &str,
+        literal_value: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = options(
             py,
@@ -396,6 +402,7 @@ impl Scorer {
             allowed_mass,
             top_k,
             scoring,
+            literal_value,
         )?;
         let schema = parse_schema(py, schema, opts.scoring)?;
         check_context_len(&context, max_input_tokens).map_err(|e| bounded_error(py, &e))?;
@@ -417,7 +424,7 @@ impl Scorer {
     /// after preparation and after each merged group, with the GIL held; the groups are the
     /// same with or without it, so the results are too. An exception it raises is raised once
     /// the call has finished (the results are dropped).
-    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", progress=None))]
+    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax", progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn decide_many<'py>(
         &self,
@@ -433,6 +440,7 @@ impl Scorer {
         allowed_mass: bool,
         top_k: usize,
         scoring: &str,
+        literal_value: &str,
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let opts = options(
@@ -446,6 +454,7 @@ impl Scorer {
             allowed_mass,
             top_k,
             scoring,
+            literal_value,
         )?;
         let schema = parse_schema(py, schema, opts.scoring)?;
         self.engine
@@ -511,7 +520,7 @@ impl Scorer {
     /// `forkscore batch` writes them. `schema` is the default schema (`--schema-file`);
     /// `schema_dir` is the folder a line's relative `schema_file` is read from (default: the
     /// working directory). Used by `forkscore.ray.ForkscoreActor`.
-    #[pyo3(signature = (lines, schema=None, *, batch_mode="grouped", schema_dir=None, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code"))]
+    #[pyo3(signature = (lines, schema=None, *, batch_mode="grouped", schema_dir=None, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax"))]
     #[allow(clippy::too_many_arguments)]
     fn batch_records(
         &self,
@@ -529,6 +538,7 @@ impl Scorer {
         allowed_mass: bool,
         top_k: usize,
         scoring: &str,
+        literal_value: &str,
     ) -> PyResult<Vec<String>> {
         let opts = options(
             py,
@@ -541,6 +551,7 @@ impl Scorer {
             allowed_mass,
             top_k,
             scoring,
+            literal_value,
         )?;
         let batch_mode = match batch_mode {
             "grouped" => BatchMode::Grouped,
@@ -595,5 +606,16 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ScoringError", py.get_type::<ScoringError>())?;
     m.add("__version__", forkscore_pipeline::provenance::VERSION)?;
     m.add("DEFAULT_MAX_INPUT_TOKENS", DEFAULT_MAX_INPUT_TOKENS)?;
+    // the request options every front end shares (name, CLI flag, values, default)
+    let options = pyo3::types::PyList::empty(py);
+    for o in forkscore_engine::OPTIONS {
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("name", o.name)?;
+        d.set_item("flag", o.flag)?;
+        d.set_item("values", o.values)?;
+        d.set_item("default", o.default)?;
+        options.append(d)?;
+    }
+    m.add("OPTIONS", options)?;
     Ok(())
 }

@@ -8,8 +8,8 @@ bbcnews/data/<topic>/*.txt articles (2,225: business 510, entertainment 386, pol
 sport 511, tech 401), draws a stratified sample of N articles per topic with a fixed seed
 (sorted file names, then random.Random(seed).sample), keeps each article's title and the first
 W words of its body, and splits each topic's sample into halves: OUT_DIR/train.jsonl and
-OUT_DIR/heldout.jsonl, lines of `forkscore eval`'s labelled format against OUT_DIR/schema.json
-(one enum field `topic`). The corpus's folder `sports` is labelled `sport`, as the dataset names it.
+OUT_DIR/heldout.jsonl (and both in OUT_DIR/all.jsonl, for `forkscore calibrate`'s own split),
+lines of `forkscore eval`'s labelled format against OUT_DIR/schema.json (one enum field `topic`). The corpus's folder `sports` is labelled `sport`, as the dataset names it.
 """
 import argparse, json, os, random, subprocess, sys, tempfile, zipfile
 
@@ -19,7 +19,7 @@ FOLDER = {"sport": "sports"}
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--per-topic", type=int, default=30)
+    ap.add_argument("--per-topic", type=int, default=20)
     ap.add_argument("--words", type=int, default=250)
     ap.add_argument("--seed", type=int, default=17)
     a = ap.parse_args()
@@ -46,7 +46,7 @@ def main():
     schema = {"topic": {"type": "enum", "choices": TOPICS,
                         "description": "The topic of this BBC News article"}}
     json.dump(schema, open(os.path.join(a.out, "schema.json"), "w"), indent=1)
-    for name, items in (("train", train), ("heldout", held)):
+    for name, items in (("train", train), ("heldout", held), ("all", train + held)):
         with open(os.path.join(a.out, f"{name}.jsonl"), "w") as f:
             for it in items:
                 f.write(json.dumps(it) + "\n")

@@ -8,23 +8,23 @@
 //!   "max_new_tokens"?: 1 ..= [`MAX_NEW_TOKENS`]}` (forkscore's decision beside a greedy
 //!   generation of the answer; default length: the schema's longest answer + 16 tokens)
 //!
-//! Options: `mode` (`parallel` | `cached-serial` | `independent` | `tree`), `temperature` (finite > 0),
+//! Options (the table every front end shares, `forkscore_engine::request_options::OPTIONS`):
+//! `mode` (`parallel` | `cached-serial` | `independent` | `tree`), `temperature` (finite > 0),
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
 //! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
 //! as `forkscore score --allowed-mass --top-k`, and `scoring` (`code` | `literal` |
 //! `literal-first-token` | `literal-sum-loglik` | `literal-mean-loglik`: how the schema's fields
-//! that name no `scoring` of their own are scored, as `forkscore score --scoring`).
+//! that name no `scoring` of their own are scored, as `forkscore score --scoring`), and
+//! `literal_value` (`argmax` | `greedy`, as `--literal-value`).
 
 use crate::config::ServeConfig;
 use crate::error::ApiError;
-use forkscore_engine::schema::Scoring;
 use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
-use forkscore_engine::{Mode, Schema, ScoreOptions};
-use forkscore_seam::MAX_TOP_K;
+use forkscore_engine::{Schema, ScoreOptions};
 use serde_json::{json, Map, Value};
 
 /// Unconstrained tokens listed per field with `allowed_mass` and no `top_k` (as `--top-k`).
-pub const DEFAULT_TOP_K: usize = 5;
+pub use forkscore_engine::request_options::DEFAULT_TOP_K;
 
 /// Most tokens a `/v1/generate` request may ask for (a generation holds the model thread for
 /// one forward per token).
@@ -40,16 +40,7 @@ pub struct DecideRequest {
     pub max_new_tokens: Option<usize>,
 }
 
-/// A request's `options`: the engine's scoring options and the schema-level default `scoring`
-/// (a schema option, applied when the schema is parsed).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestOptions {
-    pub score: ScoreOptions,
-    pub scoring: Scoring,
-}
-
-/// Every key `options` accepts (for the unknown-key message).
-pub const OPTION_KEYS: &str = "mode, temperature, allow_uncalibrated, include_prompt, max_input_tokens, field_batch_size, allowed_mass, top_k, scoring";
+pub use forkscore_engine::request_options::RequestOptions;
 
 /// Which endpoint a body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,18 +228,8 @@ fn context_string(v: Option<Value>, path: &str, max_bytes: usize) -> Result<Stri
 /// An `options` object (absent: the defaults under the server's bounds); errors at
 /// `options.<key>`.
 pub fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<RequestOptions, ApiError> {
-    let mut opts = ScoreOptions {
-        max_input_tokens: cfg.max_input_tokens,
-        ..ScoreOptions::default()
-    };
-    let mut scoring = Scoring::Code;
     let obj: Map<String, Value> = match v {
-        None => {
-            return Ok(RequestOptions {
-                score: opts,
-                scoring,
-            })
-        }
+        None => return Ok(RequestOptions::with_bound(cfg.max_input_tokens)),
         Some(Value::Object(o)) => o,
         Some(_) => {
             return Err(ApiError::bad(
@@ -258,71 +239,7 @@ pub fn parse_options(v: Option<Value>, cfg: &ServeConfig) -> Result<RequestOptio
             ))
         }
     };
-    let (mut allowed_mass, mut top_k) = (false, None);
-    for (key, value) in obj {
-        let path = format!("options.{key}");
-        let bad = |rule: &str| ApiError::bad("options", path.clone(), rule.to_string());
-        match key.as_str() {
-            "mode" => {
-                let s = value.as_str().ok_or_else(|| bad("must be a string"))?;
-                opts.mode = s.parse::<Mode>().map_err(|e| bad(&e))?;
-            }
-            "temperature" => {
-                let t = value.as_f64().filter(|t| t.is_finite() && *t > 0.0);
-                opts.temperature = Some(t.ok_or_else(|| bad("must be a finite number > 0"))?);
-            }
-            "allow_uncalibrated" => {
-                opts.allow_uncalibrated = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
-            }
-            "include_prompt" => {
-                opts.include_prompt = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
-            }
-            "max_input_tokens" => {
-                let n = value
-                    .as_u64()
-                    .filter(|n| *n >= 1 && *n as usize <= cfg.max_input_tokens);
-                opts.max_input_tokens = n.ok_or_else(|| {
-                    bad(&format!(
-                        "must be an integer from 1 to this server's bound {}",
-                        cfg.max_input_tokens
-                    ))
-                })? as usize;
-            }
-            "field_batch_size" => {
-                let n = value.as_u64().filter(|n| (1..=65_536).contains(n));
-                opts.field_batch_size =
-                    Some(n.ok_or_else(|| bad("must be an integer from 1 to 65536"))? as usize);
-            }
-            "allowed_mass" => {
-                allowed_mass = value.as_bool().ok_or_else(|| bad("must be a boolean"))?
-            }
-            "top_k" => {
-                let n = value.as_u64().filter(|n| *n as usize <= MAX_TOP_K);
-                top_k = Some(
-                    n.ok_or_else(|| bad(&format!("must be an integer from 0 to {MAX_TOP_K}")))?
-                        as usize,
-                );
-            }
-            "scoring" => {
-                let s = value.as_str().ok_or_else(|| bad("must be a string"))?;
-                scoring = s.parse::<Scoring>().map_err(|e| bad(&e))?;
-            }
-            _ => return Err(bad(&format!("unknown option (allowed: {OPTION_KEYS})"))),
-        }
-    }
-    match (allowed_mass, top_k) {
-        (true, k) => opts.allowed_mass = Some(k.unwrap_or(DEFAULT_TOP_K)),
-        (false, Some(_)) => {
-            return Err(ApiError::bad(
-                "options",
-                "options.top_k",
-                "top_k needs allowed_mass: true (as --top-k needs --allowed-mass)",
-            ))
-        }
-        (false, None) => {}
-    }
-    Ok(RequestOptions {
-        score: opts,
-        scoring,
-    })
+    // the one options parser every front end shares (forkscore_engine::request_options)
+    RequestOptions::from_json(&obj, cfg.max_input_tokens)
+        .map_err(|e| ApiError::bad("options", format!("options.{}", e.name), e.rule))
 }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The real-data report's runs on the CPU: BBC News topics (scripts/bbc-report/prepare.py) on the
+# real Qwen2.5-Coder GGUFs (scripts/real-models.sh), with one forkscore binary.
+#
+#   BIN=target/release/forkscore OUT=/tmp/bbc-run scripts/bbc-report/run.sh [1.5b|0.5b|all]
+#
+# Per model: `forkscore eval` with code-letter scoring and the generation baseline on the same
+# items, `forkscore eval` with literal scoring, and `forkscore calibrate` (temperature per field,
+# and contextual calibration) on the code-letter predictions, each into $OUT/<model>/. Peak RSS
+# of each process from GNU time. Nothing is written inside the repository.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN=${BIN:-$REPO/target/release/forkscore}
+OUT=${OUT:-/tmp/bbc-run}
+THREADS=${THREADS:-2}
+which=${1:-all}
+cache=${FORKSCORE_MODEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forkscore/models}
+declare -A FILE=([1.5b]=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [0.5b]=qwen2.5-coder-0.5b-instruct.gguf)
+mkdir -p "$OUT"
+[ -f "$OUT/data/all.jsonl" ] || python3 "$REPO/scripts/bbc-report/prepare.py" "$OUT/data"
+timed() { # name, command…: peak RSS (KiB) and wall seconds into $dir/<name>.time
+  local name=$1; shift
+  /usr/bin/time -f "%M %e" -o "$dir/$name.time" "$@"
+}
+for m in 1.5b 0.5b; do
+  [ "$which" = all ] || [ "$which" = "$m" ] || continue
+  model="$cache/${FILE[$m]}"
+  [ -f "$model" ] || { echo "missing $model (run scripts/real-models.sh $m)" >&2; exit 1; }
+  dir="$OUT/$m"; mkdir -p "$dir"
+  common=(--model "$model" --schema-file "$OUT/data/schema.json" --input "$OUT/data/all.jsonl" --quiet)
+  echo "== $m: code-letter scoring + generation baseline" >&2
+  timed code env RAYON_NUM_THREADS=$THREADS "$BIN" eval "${common[@]}" --predictions "$dir/code.jsonl" \
+    --report "$dir/code.report.json" --svg-dir "$dir" --baseline generate --resume > "$dir/code.txt"
+  echo "== $m: literal scoring" >&2
+  timed literal env RAYON_NUM_THREADS=$THREADS "$BIN" eval "${common[@]}" --scoring literal \
+    --predictions "$dir/literal.jsonl" --report "$dir/literal.report.json" --svg-dir "$dir/literal-svg" \
+    --resume > "$dir/literal.txt"
+  echo "== $m: calibrate (temperature, contextual)" >&2
+  timed calibrate env RAYON_NUM_THREADS=$THREADS "$BIN" calibrate "${common[@]}" --predictions "$dir/code.jsonl" \
+    --resume --seed 17 --output "$dir/calibration.json" --replace-output --report "$dir/calibrate.report.json" \
+    > "$dir/calibrate.txt"
+  timed calibrate-contextual env RAYON_NUM_THREADS=$THREADS "$BIN" calibrate "${common[@]}" \
+    --predictions "$dir/code.jsonl" --resume --seed 17 --contextual --output "$dir/calibration-contextual.json" \
+    --replace-output --report "$dir/calibrate-contextual.report.json" > "$dir/calibrate-contextual.txt"
+done
+echo "done: $OUT" >&2
