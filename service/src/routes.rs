@@ -26,7 +26,6 @@
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-#[allow(unused_imports)] // named in the `utoipa::path` attributes
 use crate::openapi::types::{
     AskRequest, DecideManyRequest, DecideManyResponse, ErrorBody, GenerateRequest, GenerateResult,
     Health, Presets, ScoreRequest, ScoreResult,

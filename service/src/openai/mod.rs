@@ -14,9 +14,7 @@ pub mod request;
 pub mod response;
 
 use crate::error::ApiError;
-#[allow(unused_imports)] // named in the `utoipa::path` attributes
 use crate::openapi::openai_types::{ChatCompletion, ChatRequest, ModelList, OpenAIError};
-#[allow(unused_imports)]
 use crate::openapi::types::ErrorBody;
 use crate::routes::{read_json_body, score_contexts, AppState};
 use axum::body::Body;
