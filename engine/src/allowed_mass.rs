@@ -13,6 +13,7 @@ use serde::Serialize;
 
 /// The full-vocabulary view of one field at its decision position.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AllowedMass {
     /// Σ over the field's codes of exp(code logit − logsumexp): the probability, under the
     /// unconstrained model, that the next token is one of the allowed codes. Candidate logits
@@ -27,6 +28,7 @@ pub struct AllowedMass {
 
 /// One of the most probable tokens at a position.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopToken {
     pub id: u32,
     /// The token's text (`None` for an id the tokenizer has no token for, e.g. padding rows of

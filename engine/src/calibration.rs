@@ -48,6 +48,7 @@ pub struct CalibrationEntry {
 /// contextual calibration per choice key.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldCalibration {
     pub temperature: f64,
     /// Choice key → mean probability of that choice on content-free inputs; the calibrated
@@ -81,6 +82,7 @@ impl FieldCalibration {
 
 /// Where a calibration entry came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CalibrationOrigin {
     pub file: String,
     pub sha256: String,
@@ -103,6 +105,7 @@ pub struct CheckpointIdentity {
 /// Where the temperature in use came from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TemperatureSource {
     /// The caller set it.
     Explicit,
@@ -122,6 +125,7 @@ pub enum TemperatureSource {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Temperature {
     pub value: f64,
     pub source: TemperatureSource,

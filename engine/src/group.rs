@@ -307,6 +307,7 @@ pub fn plan_groups(
 
 /// Group facts attached to each decision's telemetry.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupTelemetry {
     /// Contexts in the group this decision was scored with.
     pub size: usize,

@@ -46,6 +46,7 @@ impl Default for ScoreOptions {
 /// How rows are evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Mode {
     #[default]
     Parallel,

@@ -16,8 +16,8 @@ pub struct GroupBudgetArgs {
     /// Group budget: most estimated state + activation MiB.
     #[arg(long)]
     pub group_max_mib: Option<usize>,
-    /// Accelerator memory to derive the default group budget from (default: asked from
-    /// nvidia-smi on cuda; on cpu and metal the fixed CPU budget).
+    /// Accelerator memory to derive the default group budget from (default: asked from the
+    /// CUDA driver on cuda; on cpu and metal the fixed CPU budget).
     #[arg(long)]
     pub device_memory_gib: Option<f64>,
 }

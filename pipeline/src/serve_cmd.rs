@@ -80,6 +80,8 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
+    // request logs and the service's warnings: stderr, level from RUST_LOG (default info)
+    forkscore_service::logging::init()?;
     check_flags(&[
         ("--max-input-tokens", Some(args.max_input_tokens)),
         ("--prefill-chunk", args.model.prefill_chunk),

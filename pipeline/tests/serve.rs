@@ -48,6 +48,8 @@ fn serve_logged(model: &std::path::Path, extra: &[&str]) -> (Child, String, Stri
         ])
         .args(["--port", "0"])
         .args(extra)
+        // the default log level (info): the request lines below are asserted
+        .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -188,6 +190,17 @@ fn serve_answers_like_score_on_loopback_and_stops_on_sigterm() {
         .read_to_string(&mut rest)
         .unwrap();
     assert!(rest.contains("stopped"), "{rest}");
+    // one log line per request on stderr: method, path, status, latency
+    for needle in [
+        "method=POST path=/v1/score}",
+        "status=200",
+        "status=400",
+        "method=GET path=/metrics}",
+        "latency_ms=",
+    ] {
+        assert!(rest.contains(needle), "no {needle} in the log:\n{rest}");
+    }
+    assert!(!rest.contains(CONTEXT), "request bodies are never logged");
 }
 
 #[test]
@@ -230,6 +243,20 @@ fn serve_refuses_bad_flags_before_loading() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{flags:?}: {err}");
     }
+    let out = bin()
+        .env("RUST_LOG", "forkscore_service=loud")
+        .args([
+            "serve",
+            "--model",
+            missing.to_str().unwrap(),
+            "--revision",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("RUST_LOG=\"forkscore_service=loud\""), "{err}");
 }
 
 #[test]

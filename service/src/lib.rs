@@ -13,13 +13,16 @@
 //! [`queue`] (bounded; a single model thread drains every pending job, merges jobs that share a
 //! schema and options into one `Engine::decide_many` call, so the engine's group planner and the
 //! batch memory budget decide the context groups) → [`result`] (the `forkscore score` JSON) →
-//! response. [`metrics`] counts it all for `/metrics`; [`routes`] wires the endpoints.
+//! response. [`metrics`] counts it all for `/metrics`, [`logging`] writes a line per request;
+//! [`routes`] wires the endpoints.
 
 pub mod config;
 pub mod error;
 pub mod guard;
+pub mod logging;
 pub mod metrics;
 pub mod openai;
+pub mod openapi;
 pub mod presets;
 pub mod queue;
 pub mod request;

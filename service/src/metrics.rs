@@ -1,6 +1,6 @@
-//! Prometheus metrics in the text exposition format (version 0.0.4), written by hand: a few
-//! counters, one gauge and fixed-bucket histograms, behind one mutex (updates are per request
-//! and per merged call, never per token).
+//! Prometheus metrics through the `prometheus` crate: one registry per server (so that tests
+//! can run many servers in one process), rendered in the text exposition format (0.0.4) by its
+//! `TextEncoder`. Updates are per request and per merged call, never per token.
 //!
 //! - `forkscore_requests_total{route,status}`
 //! - `forkscore_request_duration_seconds{route}` (histogram)
@@ -12,189 +12,223 @@
 //!   closed to admit a new one at the connection cap)
 //! - `forkscore_refused_total{reason}`: requests or connections refused before any route —
 //!   `connections_full` (at the cap with no idle connection to evict), `host`, `origin`
+//!
+//! A labelled family appears once it has a sample (the crate writes no empty family).
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
 
 const LATENCY_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 const SIZE_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
-#[derive(Debug, Clone, Default)]
-struct Histogram {
-    /// Cumulative counts per bucket bound (same order as the bounds).
-    buckets: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn observe(&mut self, bounds: &[f64], v: f64) {
-        if self.buckets.is_empty() {
-            self.buckets = vec![0; bounds.len()];
-        }
-        for (b, bound) in self.buckets.iter_mut().zip(bounds) {
-            if v <= *bound {
-                *b += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-    fn write(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64]) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, bound) in bounds.iter().enumerate() {
-            let n = self.buckets.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            self.count
-        );
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
-    }
-}
-
-#[derive(Default)]
-struct Inner {
-    requests: BTreeMap<(String, u16), u64>,
-    latency: BTreeMap<String, Histogram>,
-    prefix_tokens: u64,
-    rows: u64,
-    decisions: u64,
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    queue_depth: IntGauge,
+    prefix_tokens: IntCounter,
+    rows: IntCounter,
+    decisions: IntCounter,
     group_size: Histogram,
     merged: Histogram,
-    refused: BTreeMap<&'static str, u64>,
+    open_connections: IntGauge,
+    evicted: IntCounter,
+    refused: IntCounterVec,
 }
 
-#[derive(Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-    queue_depth: AtomicI64,
-    open_connections: AtomicI64,
-    evicted: AtomicU64,
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Register `c` with `registry` and hand it back. Every name below is a valid, distinct
+/// Prometheus name, so registration cannot fail (a test renders them all).
+fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: prometheus::Result<C>) -> C {
+    let c = c.expect("valid metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("distinct metric names");
+    c
 }
 
 impl Metrics {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    pub fn request(&self, route: &str, status: u16, seconds: f64) {
-        let mut m = self.lock();
-        *m.requests.entry((route.to_string(), status)).or_default() += 1;
-        m.latency
-            .entry(route.to_string())
-            .or_default()
-            .observe(&LATENCY_BUCKETS, seconds);
-    }
-    pub fn queue_add(&self, n: i64) {
-        self.queue_depth.fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn queue_depth(&self) -> i64 {
-        self.queue_depth.load(Ordering::Relaxed)
-    }
-    /// A connection opened (+1) or closed (-1).
-    pub fn connections_add(&self, n: i64) {
-        self.open_connections.fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn open_connections(&self) -> i64 {
-        self.open_connections.load(Ordering::Relaxed)
-    }
-    /// An idle connection closed to admit a new one at the cap.
-    pub fn connection_evicted(&self) {
-        self.evicted.fetch_add(1, Ordering::Relaxed);
-    }
-    /// A request or connection refused before any route, for `reason`.
-    pub fn refused(&self, reason: &'static str) {
-        *self.lock().refused.entry(reason).or_default() += 1;
-    }
-    /// One merged `decide_many` call of `contexts` contexts.
-    pub fn merged_call(&self, contexts: usize) {
-        self.lock().merged.observe(&SIZE_BUCKETS, contexts as f64);
-    }
-    /// One decision; `group_size` when it opened its group (slot 0).
-    pub fn decision(&self, prefix_tokens: usize, rows: usize, group_size: Option<usize>) {
-        let mut m = self.lock();
-        m.prefix_tokens += prefix_tokens as u64;
-        m.rows += rows as u64;
-        m.decisions += 1;
-        if let Some(n) = group_size {
-            m.group_size.observe(&SIZE_BUCKETS, n as f64);
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        };
+        Metrics {
+            requests: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "forkscore_requests_total",
+                        "HTTP requests by route and status.",
+                    ),
+                    &["route", "status"],
+                ),
+            ),
+            latency: registered(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("forkscore_request_duration_seconds", "Request latency.")
+                        .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["route"],
+                ),
+            ),
+            queue_depth: registered(
+                &r,
+                IntGauge::new(
+                    "forkscore_queue_depth",
+                    "Jobs waiting for the model thread.",
+                ),
+            ),
+            prefix_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "forkscore_prefix_tokens_total",
+                    "Prefix tokens of scored contexts.",
+                ),
+            ),
+            rows: registered(
+                &r,
+                IntCounter::new("forkscore_rows_total", "Field rows scored."),
+            ),
+            decisions: registered(
+                &r,
+                IntCounter::new("forkscore_decisions_total", "Decisions returned."),
+            ),
+            group_size: registered(
+                &r,
+                histogram(
+                    "forkscore_group_size",
+                    "Contexts per scored context group.",
+                    &SIZE_BUCKETS,
+                ),
+            ),
+            merged: registered(
+                &r,
+                histogram(
+                    "forkscore_merged_contexts",
+                    "Contexts per merged decide_many call.",
+                    &SIZE_BUCKETS,
+                ),
+            ),
+            open_connections: registered(
+                &r,
+                IntGauge::new("forkscore_open_connections", "Open client connections."),
+            ),
+            evicted: registered(
+                &r,
+                IntCounter::new(
+                    "forkscore_connections_evicted_total",
+                    "Idle connections closed to admit a new one at the connection cap.",
+                ),
+            ),
+            refused: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "forkscore_refused_total",
+                        "Requests or connections refused before any route, by reason.",
+                    ),
+                    &["reason"],
+                ),
+            ),
+            registry: r,
         }
     }
 
+    pub fn request(&self, route: &str, status: u16, seconds: f64) {
+        self.requests
+            .with_label_values(&[route, &status.to_string()])
+            .inc();
+        self.latency.with_label_values(&[route]).observe(seconds);
+    }
+    pub fn queue_add(&self, n: i64) {
+        self.queue_depth.add(n);
+    }
+    pub fn queue_depth(&self) -> i64 {
+        self.queue_depth.get()
+    }
+    /// A connection opened (+1) or closed (-1).
+    pub fn connections_add(&self, n: i64) {
+        self.open_connections.add(n);
+    }
+    pub fn open_connections(&self) -> i64 {
+        self.open_connections.get()
+    }
+    /// An idle connection closed to admit a new one at the cap.
+    pub fn connection_evicted(&self) {
+        self.evicted.inc();
+    }
+    /// A request or connection refused before any route, for `reason`.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.with_label_values(&[reason]).inc();
+    }
+    /// One merged `decide_many` call of `contexts` contexts.
+    pub fn merged_call(&self, contexts: usize) {
+        self.merged.observe(contexts as f64);
+    }
+    /// One decision; `group_size` when it opened its group (slot 0).
+    pub fn decision(&self, prefix_tokens: usize, rows: usize, group_size: Option<usize>) {
+        self.prefix_tokens.inc_by(prefix_tokens as u64);
+        self.rows.inc_by(rows as u64);
+        self.decisions.inc();
+        if let Some(n) = group_size {
+            self.group_size.observe(n as f64);
+        }
+    }
+
+    /// Every metric in the text exposition format.
     pub fn render(&self) -> String {
-        let m = self.lock();
-        let mut out = String::new();
-        out.push_str("# HELP forkscore_requests_total HTTP requests by route and status.\n# TYPE forkscore_requests_total counter\n");
-        for ((route, status), n) in &m.requests {
-            let _ = writeln!(
-                out,
-                "forkscore_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
-            );
-        }
-        out.push_str("# HELP forkscore_request_duration_seconds Request latency.\n# TYPE forkscore_request_duration_seconds histogram\n");
-        for (route, h) in &m.latency {
-            h.write(
-                &mut out,
-                "forkscore_request_duration_seconds",
-                &format!("route=\"{route}\""),
-                &LATENCY_BUCKETS,
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP forkscore_queue_depth Jobs waiting for the model thread.\n# TYPE forkscore_queue_depth gauge\nforkscore_queue_depth {}",
-            self.queue_depth()
-        );
-        for (name, help, v) in [
-            (
-                "forkscore_prefix_tokens_total",
-                "Prefix tokens of scored contexts.",
-                m.prefix_tokens,
-            ),
-            ("forkscore_rows_total", "Field rows scored.", m.rows),
-            (
-                "forkscore_decisions_total",
-                "Decisions returned.",
-                m.decisions,
-            ),
+        let mut out = Vec::new();
+        // the text encoder fails only on a metric family without samples of a known type,
+        // which the typed constructors above never produce; the rest is still written then
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_renders_under_its_name() {
+        let m = Metrics::new();
+        m.request("/v1/score", 200, 0.003);
+        m.refused("host");
+        m.decision(7, 3, Some(2));
+        m.merged_call(4);
+        m.queue_add(2);
+        m.queue_add(-1);
+        m.connections_add(1);
+        m.connection_evicted();
+        let text = m.render();
+        for needle in [
+            "# TYPE forkscore_requests_total counter",
+            "forkscore_requests_total{route=\"/v1/score\",status=\"200\"} 1",
+            "forkscore_request_duration_seconds_bucket{route=\"/v1/score\",le=\"0.001\"} 0",
+            "forkscore_request_duration_seconds_bucket{route=\"/v1/score\",le=\"0.005\"} 1",
+            "forkscore_request_duration_seconds_count{route=\"/v1/score\"} 1",
+            "forkscore_queue_depth 1",
+            "forkscore_prefix_tokens_total 7",
+            "forkscore_rows_total 3",
+            "forkscore_decisions_total 1",
+            "forkscore_group_size_count 1",
+            "forkscore_merged_contexts_sum 4",
+            "forkscore_open_connections 1",
+            "forkscore_connections_evicted_total 1",
+            "forkscore_refused_total{reason=\"host\"} 1",
         ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
         }
-        let _ = writeln!(
-            out,
-            "# HELP forkscore_open_connections Open client connections.\n# TYPE forkscore_open_connections gauge\nforkscore_open_connections {}",
-            self.open_connections()
-        );
-        let _ = writeln!(
-            out,
-            "# HELP forkscore_connections_evicted_total Idle connections closed to admit a new one at the connection cap.\n# TYPE forkscore_connections_evicted_total counter\nforkscore_connections_evicted_total {}",
-            self.evicted.load(Ordering::Relaxed)
-        );
-        out.push_str("# HELP forkscore_refused_total Requests or connections refused before any route, by reason.\n# TYPE forkscore_refused_total counter\n");
-        for (reason, n) in &m.refused {
-            let _ = writeln!(out, "forkscore_refused_total{{reason=\"{reason}\"}} {n}");
-        }
-        out.push_str("# HELP forkscore_group_size Contexts per scored context group.\n# TYPE forkscore_group_size histogram\n");
-        m.group_size
-            .write(&mut out, "forkscore_group_size", "", &SIZE_BUCKETS);
-        out.push_str("# HELP forkscore_merged_contexts Contexts per merged decide_many call.\n# TYPE forkscore_merged_contexts histogram\n");
-        m.merged
-            .write(&mut out, "forkscore_merged_contexts", "", &SIZE_BUCKETS);
-        out
     }
 }

@@ -52,7 +52,8 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    fn keys(self) -> &'static [&'static str] {
+    /// The keys a body for this endpoint may have.
+    pub fn keys(self) -> &'static [&'static str] {
         match self {
             Endpoint::Score => &["context", "schema", "options"],
             Endpoint::DecideMany => &["contexts", "schema", "options"],

@@ -16,7 +16,7 @@
 //! | `GET /v1/presets` | the example schemas the page offers |
 //! | `GET /health` | `{"status": "ok", "model", "queue_depth"}` |
 //! | `GET /metrics` | Prometheus text format |
-//! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes |
+//! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes, generated ([`crate::openapi`]) |
 //! | `POST /v1/chat/completions` | OpenAI-compatible: a chat request with a `json_schema` response format → a `chat.completion` ([`crate::openai`]) |
 //! | `GET /v1/models` | OpenAI-compatible: the one served model |
 //!
@@ -26,6 +26,10 @@
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::openapi::types::{
+    AskRequest, DecideManyRequest, DecideManyResponse, ErrorBody, GenerateRequest, GenerateResult,
+    Health, Presets, ScoreRequest, ScoreResult,
+};
 use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
 use crate::result::{generate_json, result_json};
@@ -45,7 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// Every route (method, path); `openapi.json` describes exactly these (tested).
+/// Every route (method, path); the generated `/openapi.json` describes exactly these (tested).
 pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/score"),
     ("post", "/v1/decide_many"),
@@ -59,8 +63,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/chat/completions"),
     ("get", "/v1/models"),
 ];
-
-pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// The web page served at `/` (inline CSS and JS, no external resources).
 pub const PAGE: &str = include_str!("page.html");
@@ -127,6 +129,8 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         // after every route: it applies to the routes already added
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        // one log line per request, fallbacks included (see `crate::logging`)
+        .layer(crate::logging::request_log())
         .with_state(state)
 }
 
@@ -176,28 +180,96 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     .into_response()
 }
 
-async fn score<B: Backend + 'static>(
+#[utoipa::path(
+    post,
+    tag = "forkscore",
+    path = "/v1/score",
+    summary = "Score one context against a schema",
+    request_body = ScoreRequest,
+    responses(
+        (status = 200, description = "The forkscore score result", body = ScoreResult),
+        (status = 400, description = "What is wrong and where", body = ErrorBody),
+        (status = 403, description = "Host or Origin not accepted", body = ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "Body, contexts or a context over the server's limits", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 503, description = "The queue is full", body = ErrorBody),
+        (status = 504, description = "No result within the request timeout", body = ErrorBody),
+    )
+)]
+pub(crate) async fn score<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::Score, "/v1/score", &headers, body).await
 }
-async fn decide_many<B: Backend + 'static>(
+#[utoipa::path(
+    post,
+    tag = "forkscore",
+    path = "/v1/decide_many",
+    summary = "Score many contexts against one schema (results in input order)",
+    request_body = DecideManyRequest,
+    responses(
+        (status = 200, description = "One result or error object per context", body = DecideManyResponse),
+        (status = 400, description = "What is wrong and where", body = ErrorBody),
+        (status = 403, description = "Host or Origin not accepted", body = ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "Body, contexts or a context over the server's limits", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 503, description = "The queue is full", body = ErrorBody),
+        (status = 504, description = "No result within the request timeout", body = ErrorBody),
+    )
+)]
+pub(crate) async fn decide_many<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::DecideMany, "/v1/decide_many", &headers, body).await
 }
-async fn ask<B: Backend + 'static>(
+#[utoipa::path(
+    post,
+    tag = "forkscore",
+    path = "/v1/ask",
+    summary = "A yes/no question, scored as one boolean field `answer`",
+    request_body = AskRequest,
+    responses(
+        (status = 200, description = "The result of the field `answer`", body = ScoreResult),
+        (status = 400, description = "What is wrong and where", body = ErrorBody),
+        (status = 403, description = "Host or Origin not accepted", body = ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "Body, contexts or a context over the server's limits", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 503, description = "The queue is full", body = ErrorBody),
+        (status = 504, description = "No result within the request timeout", body = ErrorBody),
+    )
+)]
+pub(crate) async fn ask<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::Ask, "/v1/ask", &headers, body).await
 }
-async fn generate<B: Backend + 'static>(
+#[utoipa::path(
+    post,
+    tag = "forkscore",
+    path = "/v1/generate",
+    summary = "The autoregressive baseline: forkscore's decision beside a greedy generation of the JSON answer",
+    request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "forkscore's side, the generation (text, validity, stop reason, timings, tokens/s), field agreement and the speed-up", body = GenerateResult),
+        (status = 400, description = "What is wrong and where", body = ErrorBody),
+        (status = 403, description = "Host or Origin not accepted", body = ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "Body, contexts or a context over the server's limits", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 503, description = "The queue is full", body = ErrorBody),
+        (status = 504, description = "No result within the request timeout", body = ErrorBody),
+    )
+)]
+pub(crate) async fn generate<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
@@ -442,7 +514,8 @@ async fn wait<T>(
     }
 }
 
-async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+#[utoipa::path(get, tag = "forkscore", path = "/health", summary = "Liveness and queue depth", responses((status = 200, description = "ok", body = Health)))]
+pub(crate) async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     let start = Instant::now();
     let body = json!({
         "status": "ok",
@@ -455,7 +528,8 @@ async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Resp
     Json(body).into_response()
 }
 
-async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+#[utoipa::path(get, tag = "forkscore", path = "/metrics", summary = "Prometheus metrics (text exposition format 0.0.4)", responses((status = 200, description = "metrics", body = String, content_type = "text/plain")))]
+pub(crate) async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -466,11 +540,17 @@ async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Res
         .into_response()
 }
 
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+#[utoipa::path(get, tag = "forkscore", path = "/openapi.json", summary = "This description", responses((status = 200, description = "OpenAPI 3.1", body = Object, content_type = "application/json")))]
+pub(crate) async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document_json(),
+    )
+        .into_response()
 }
 
-async fn page() -> Response {
+#[utoipa::path(get, tag = "forkscore", path = "/", summary = "The web page: paste a context, pick a preset schema, score, see probability bars", responses((status = 200, description = "One self-contained HTML page", body = String, content_type = "text/html")))]
+pub(crate) async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -484,6 +564,7 @@ async fn page() -> Response {
         .into_response()
 }
 
-async fn presets() -> Response {
+#[utoipa::path(get, tag = "forkscore", path = "/v1/presets", summary = "The example schemas the web page offers", responses((status = 200, description = "Named schemas", body = Presets)))]
+pub(crate) async fn presets() -> Response {
     Json(crate::presets::presets_json()).into_response()
 }

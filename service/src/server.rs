@@ -281,6 +281,13 @@ async fn connection(
                         "origin"
                     };
                     shared.metrics.refused(reason);
+                    tracing::warn!(
+                        method = %req.method(),
+                        path = %req.uri().path(),
+                        status = e.status.as_u16(),
+                        reason,
+                        "refused before routing"
+                    );
                     return Ok::<_, Infallible>(e.into_response());
                 }
                 shared.app.clone().oneshot(req).await

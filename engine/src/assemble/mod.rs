@@ -40,6 +40,7 @@ use std::time::Instant;
 
 /// The decision for one context.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Decision {
     /// Field name → selected typed value (booleans are JSON booleans).
     pub output: IndexMap<String, Value>,
@@ -51,6 +52,7 @@ pub struct Decision {
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldResult {
     pub value: Value,
     #[serde(rename = "type")]
@@ -73,6 +75,7 @@ pub struct FieldResult {
 
 /// Where time and tokens went.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Telemetry {
     pub mode: Mode,
     pub rows: usize,
@@ -107,6 +110,7 @@ pub struct Telemetry {
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StageTimings {
     pub render: f64,
     pub split: f64,
@@ -118,6 +122,7 @@ pub struct StageTimings {
 
 /// The opt-in debug view: exactly what the model was fed.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PromptDebug {
     pub prefix_text: String,
     pub prefix_ids: Vec<u32>,
@@ -126,6 +131,7 @@ pub struct PromptDebug {
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RowDebug {
     pub field: String,
     pub selector: String,

@@ -83,6 +83,7 @@ impl JsonScan {
 
 /// One field of a generated answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GeneratedField {
     /// What the object held for the field (absent: `null`).
     pub value: Option<Value>,

@@ -98,6 +98,7 @@ impl Default for GenerateOptions {
 /// Why decoding stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StopReason {
     /// The model produced an end-of-sequence id (counted in `generated_tokens`, not in the text).
     Eos,
@@ -109,6 +110,7 @@ pub enum StopReason {
 
 /// Wall times of one generation, in milliseconds.
 #[derive(Debug, Clone, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GenerateTimings {
     /// Rendering and tokenizing the prompt.
     pub prompt_ms: f64,
@@ -124,6 +126,7 @@ pub struct GenerateTimings {
 
 /// One greedy generation and its validation.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Generation {
     /// The generated text (an EOS token excluded).
     pub text: String,
@@ -156,6 +159,7 @@ pub struct Generation {
 
 /// A field's generated value against forkscore's decision.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldAgreement {
     pub generated: Option<Value>,
     pub forkscore: Value,
@@ -165,6 +169,7 @@ pub struct FieldAgreement {
 
 /// Per-field agreement of the two answers.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Agreement {
     pub fields: IndexMap<String, FieldAgreement>,
     pub agree: usize,
@@ -173,6 +178,7 @@ pub struct Agreement {
 
 /// forkscore's side of a comparison.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForkscoreSide {
     pub output: IndexMap<String, Value>,
     /// Wall time of `Engine::decide` on the same context and schema.
@@ -184,6 +190,7 @@ pub struct ForkscoreSide {
 
 /// [`Engine::generate_baseline`]: the generation, forkscore's decision, their agreement.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Baseline {
     pub generation: Generation,
     pub forkscore: ForkscoreSide,

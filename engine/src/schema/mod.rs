@@ -134,6 +134,7 @@ pub struct Field {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum FieldKind {
     Enum,
     Boolean,

@@ -14,6 +14,8 @@ pub mod request;
 pub mod response;
 
 use crate::error::ApiError;
+use crate::openapi::openai_types::{ChatCompletion, ChatRequest, ModelList, OpenAIError};
+use crate::openapi::types::ErrorBody;
 use crate::routes::{read_json_body, score_contexts, AppState};
 use axum::body::Body;
 use axum::extract::State;
@@ -63,6 +65,24 @@ pub fn error_response(e: &ApiError) -> Response {
     r
 }
 
+#[utoipa::path(
+    post,
+    tag = "openai",
+    path = "/v1/chat/completions",
+    summary = "OpenAI-compatible: a chat request whose response_format is a JSON Schema of enum/boolean properties; the decision is the assistant message's JSON content",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "An OpenAI chat.completion, plus the forkscore extension field", body = ChatCompletion),
+        (status = 400, description = "What is wrong and where", body = OpenAIError),
+        (status = 403, description = "Host or Origin not accepted", body = ErrorBody),
+        (status = 404, description = "Another model than the served one", body = OpenAIError),
+        (status = 408, description = "The body did not arrive in time", body = OpenAIError),
+        (status = 413, description = "Body or context over the server's limits", body = OpenAIError),
+        (status = 415, description = "Not sent as application/json", body = OpenAIError),
+        (status = 503, description = "The queue is full", body = OpenAIError),
+        (status = 504, description = "No result within the request timeout", body = OpenAIError),
+    )
+)]
 pub async fn chat_completions<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
@@ -128,6 +148,13 @@ fn engine_error_param(e: &EngineError) -> &'static str {
 }
 
 /// `GET /v1/models`: the one model this server serves.
+#[utoipa::path(
+    get,
+    tag = "openai",
+    path = "/v1/models",
+    summary = "OpenAI-compatible: the one served model",
+    responses((status = 200, description = "The model list", body = ModelList))
+)]
 pub async fn models<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     let start = Instant::now();
     let body = json!({

@@ -64,6 +64,37 @@ impl OpenDevice for DeviceSpec {
     }
 }
 
+/// Total memory, in bytes, of CUDA device `ordinal` (forkscore's `cuda:N`), asked from the CUDA
+/// driver API through candle's `cudarc` (`cuDeviceTotalMem`: no context is created, so nothing
+/// is allocated on the device). The driver numbers the devices `CUDA_VISIBLE_DEVICES` leaves
+/// visible, as candle does when it opens `cuda:N`. `None` without the `cuda` feature, without a
+/// loadable driver, or for an ordinal the driver has no device for: callers fall back to their
+/// default budget. (Free memory would need a context, hence a few hundred MiB of the device and
+/// a second of start-up, for a number the group budget does not use.)
+pub fn cuda_total_memory(ordinal: usize) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        let ordinal = i32::try_from(ordinal).ok()?;
+        // a build that loads the driver library at run time panics inside cudarc when there is
+        // none: here that is "unknown", as a missing device is
+        std::panic::catch_unwind(|| -> Option<u64> {
+            result::init().ok()?;
+            let device = result::device::get(ordinal).ok()?;
+            // SAFETY: `device` was just returned by cuDeviceGet
+            let bytes = unsafe { result::device::total_mem(device) }.ok()?;
+            u64::try_from(bytes).ok()
+        })
+        .ok()
+        .flatten()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        None
+    }
+}
+
 /// The candle dtype of a [`ComputeDType`].
 pub trait CandleDType {
     fn dtype(self) -> DType;
@@ -104,6 +135,13 @@ mod tests {
         );
         assert!("f64".parse::<ComputeDType>().is_err());
         assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
+    fn gpu_memory_is_unknown_without_the_cuda_feature() {
+        if !cfg!(feature = "cuda") {
+            assert_eq!(cuda_total_memory(0), None);
+        }
     }
 
     #[test]
