@@ -12,8 +12,8 @@
 //! endpoint; bad input is a 4xx [`error::ApiError`] naming the JSON path and the rule) →
 //! [`queue`] (bounded; a single model thread drains every pending job, merges jobs that share a
 //! schema and options into one `Engine::decide_many` call, so the engine's group planner and the
-//! batch memory budget decide the context groups) → [`result`] (the `forkscore score` JSON) →
-//! response. [`metrics`] counts it all for `/metrics`; [`routes`] wires the endpoints.
+//! batch memory budget decide the context groups) → the `forkscore score` JSON (built by the
+//! front ends' one result builder, `forkscore_frontend::result`) → response. [`metrics`] counts it all for `/metrics`; [`routes`] wires the endpoints.
 
 pub mod config;
 pub mod error;
@@ -23,7 +23,6 @@ pub mod openai;
 pub mod presets;
 pub mod queue;
 pub mod request;
-pub mod result;
 pub mod routes;
 pub mod scheduler;
 pub mod schemas;

@@ -28,7 +28,6 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
-use crate::result::{generate_json, result_json};
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
@@ -39,6 +38,7 @@ use axum::{Json, Router};
 use forkscore_engine::{
     CompiledSchema, Decision, Engine, EngineError, GenerateOptions, Schema, ScoreOptions,
 };
+use forkscore_frontend::result::{decision_json, decision_provenance, result_json, Layout};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -320,13 +320,19 @@ async fn decide<B: Backend + 'static>(
     let baseline = wait(rx, deadline, timeout)
         .await?
         .map_err(|e| ApiError::from_generate(&e))?;
-    Ok(generate_json(
-        &baseline,
-        &compiled,
-        &req.options,
-        &temperature,
+    // forkscore's decision beside the greedy generation, as `forkscore generate` prints it
+    // (`temperature`: the one the decision used)
+    let provenance = decision_provenance(
         &s.model,
-    ))
+        req.options.mode,
+        &temperature,
+        compiled.schema_hash(),
+    );
+    let layout = Layout {
+        record: None,
+        extra: vec![("decoding", forkscore_engine::generate::DECODING.into())],
+    };
+    Ok(result_json(&baseline, layout, provenance))
 }
 
 /// The request body of a POST: declared JSON (415), whole within the body timeout (408), at
@@ -378,7 +384,7 @@ fn decisions_json<B: Backend + 'static>(
     options: &ScoreOptions,
     results: &[Result<Decision, EngineError>],
 ) -> Result<Value, ApiError> {
-    let one = |d: &Decision| result_json(d, compiled, options, &s.model);
+    let one = |d: &Decision| decision_json(d, compiled, options.mode, &s.model);
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),

@@ -4,13 +4,13 @@
 //! line is exactly the record `forkscore batch` writes for that input line. The Python package's
 //! `Scorer.batch_records` (and through it the Ray recipe, `forkscore.ray`) runs on it.
 
+use super::item::RawLine;
 use super::prepare::Preparer;
-use super::reader::RawLine;
-use super::resume::StageError;
+use super::prepare::StageError;
 use super::schema_cache::SchemaCache;
 use super::score::Scorer;
 use super::BatchMode;
-use crate::input_bounds::{check_flags, max_line_bytes, FlagRangeError, LEADING_BYTES};
+use crate::bounds::{check_flags, max_line_bytes, FlagRangeError, LEADING_BYTES};
 use crate::provenance::{BatchProvenance, ModelProvenance};
 use forkscore_backends::Backend;
 use forkscore_engine::{Engine, EngineError, GroupBudget, Schema, ScoreOptions};
