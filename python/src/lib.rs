@@ -14,9 +14,8 @@ use forkscore_engine::{
     CompiledSchema, Engine, EngineError, GroupBudget, Mode, Schema, ScoreOptions,
     DEFAULT_MAX_INPUT_TOKENS,
 };
-use forkscore_frontend::batch::item::LineError;
 use forkscore_frontend::batch::lines::{score_lines, LinesError, LinesJob};
-use forkscore_frontend::batch::BatchMode;
+use forkscore_frontend::batch::{item::LineError, BatchMode};
 use forkscore_frontend::bounds::{
     check_context_len, check_flags, check_float_flag, BoundedReadError, FlagRangeError,
 };
@@ -343,10 +342,8 @@ impl Scorer {
         let loaded = py
             .detach(|| load::open(&args))
             .map_err(|e| load_error(py, &e))?;
-        let model = loaded
-            .provenance
-            .object()
-            .map_err(|e| Error::new_err(e.to_string()))?;
+        let model = loaded.provenance.object();
+        let model = model.map_err(|e| Error::new_err(e.to_string()))?;
         Ok(Scorer {
             engine: loaded
                 .engine
@@ -409,10 +406,8 @@ impl Scorer {
         let decision = py
             .detach(|| self.engine.decide(&context, &compiled, &opts.score))
             .map_err(|e| engine_error(py, &e))?;
-        to_python(
-            py,
-            &decision_json(&decision, &compiled, opts.score.mode, &self.model),
-        )
+        let value = decision_json(&decision, &compiled, opts.score.mode, &self.model);
+        to_python(py, &value)
     }
 
     /// Many contexts against one schema, in bounded merged groups (one prefill per context,

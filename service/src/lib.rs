@@ -18,16 +18,19 @@
 pub mod config;
 pub mod error;
 pub mod guard;
+pub mod job;
 pub mod metrics;
 pub mod openai;
 pub mod presets;
 pub mod queue;
 pub mod request;
+pub mod router;
 pub mod routes;
 pub mod scheduler;
 pub mod schemas;
 pub mod server;
 
 pub use config::ServeConfig;
-pub use routes::{router, AppState};
+pub use router::router;
+pub use routes::AppState;
 pub use server::serve;

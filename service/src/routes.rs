@@ -33,8 +33,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use forkscore_engine::{
     CompiledSchema, Decision, Engine, EngineError, GenerateOptions, Schema, ScoreOptions,
 };
@@ -108,28 +107,6 @@ impl<B: Backend + 'static> AppState<B> {
     }
 }
 
-pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
-    Router::new()
-        .route("/v1/score", post(score::<B>))
-        .route("/v1/decide_many", post(decide_many::<B>))
-        .route("/v1/ask", post(ask::<B>))
-        .route("/v1/generate", post(generate::<B>))
-        .route("/", get(page))
-        .route("/v1/presets", get(presets))
-        .route("/health", get(health::<B>))
-        .route("/metrics", get(metrics::<B>))
-        .route("/openapi.json", get(openapi))
-        .route(
-            "/v1/chat/completions",
-            post(crate::openai::chat_completions::<B>),
-        )
-        .route("/v1/models", get(crate::openai::models::<B>))
-        // after every route: it applies to the routes already added
-        .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found)
-        .with_state(state)
-}
-
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -138,7 +115,7 @@ pub fn unix_now() -> u64 {
 }
 
 /// 404 for a path no route serves, naming the routes there are.
-async fn not_found(method: Method, uri: Uri) -> Response {
+pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
     let routes: Vec<String> = ROUTES
         .iter()
         .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
@@ -157,7 +134,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 }
 
 /// 405 for a known path asked with another method (axum adds the `Allow` header).
-async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     let allowed: Vec<String> = ROUTES
         .iter()
         .filter(|(_, p)| *p == uri.path())
@@ -176,28 +153,28 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     .into_response()
 }
 
-async fn score<B: Backend + 'static>(
+pub(crate) async fn score<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::Score, "/v1/score", &headers, body).await
 }
-async fn decide_many<B: Backend + 'static>(
+pub(crate) async fn decide_many<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::DecideMany, "/v1/decide_many", &headers, body).await
 }
-async fn ask<B: Backend + 'static>(
+pub(crate) async fn ask<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     handle(s, Endpoint::Ask, "/v1/ask", &headers, body).await
 }
-async fn generate<B: Backend + 'static>(
+pub(crate) async fn generate<B: Backend + 'static>(
     State(s): State<Arc<AppState<B>>>,
     headers: HeaderMap,
     body: Body,
@@ -448,7 +425,7 @@ async fn wait<T>(
     }
 }
 
-async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+pub(crate) async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     let start = Instant::now();
     let body = json!({
         "status": "ok",
@@ -461,7 +438,7 @@ async fn health<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Resp
     Json(body).into_response()
 }
 
-async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
+pub(crate) async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -472,11 +449,11 @@ async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B>>>) -> Res
         .into_response()
 }
 
-async fn openapi() -> Response {
+pub(crate) async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-async fn page() -> Response {
+pub(crate) async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -490,6 +467,6 @@ async fn page() -> Response {
         .into_response()
 }
 
-async fn presets() -> Response {
+pub(crate) async fn presets() -> Response {
     Json(crate::presets::presets_json()).into_response()
 }

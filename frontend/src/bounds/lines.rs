@@ -228,7 +228,8 @@ mod tests {
     #[test]
     fn bounded_lines_table() {
         // (input, max, expected reads as (kind, stored bytes))
-        let cases: &[(&[u8], u64, &[(&str, &[u8])])] = &[
+        type Case<'a> = (&'a [u8], u64, &'a [(&'a str, &'a [u8])]);
+        let cases: &[Case] = &[
             (
                 b"ab\ncd",
                 8,
