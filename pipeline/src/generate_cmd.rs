@@ -5,11 +5,11 @@
 //! Same model / schema / context / scoring flags as `forkscore score`.
 
 use crate::load;
-use crate::provenance::Provenance;
 use crate::score_cmd::ScoreArgs;
 use anyhow::{bail, Context, Result};
 use forkscore_engine::generate::eos_ids_from_folder;
 use forkscore_engine::GenerateOptions;
+use forkscore_frontend::result::{decision_provenance, result_json, Layout};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -26,7 +26,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let Some(schema) = s.schema.load()? else {
         bail!("give a schema with --schema-file FILE or --schema JSON")
     };
-    crate::input_bounds::precheck_score(s)?;
+    crate::score_cmd::precheck_score(s)?;
     crate::input_bounds::check_flags(&[("--max-new-tokens", args.max_new_tokens)])?;
     let Some(context) = s.context.read(s.scoring.max_input_tokens)? else {
         bail!("give a context with --context TEXT or --context-file FILE")
@@ -54,19 +54,25 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     engine.generate(&context, compiled.schema_fields(), &warm)?;
     let baseline = engine.generate_baseline(&context, &compiled, &score_opts, &opts)?;
     let decision_temperature = engine.resolve_temperature(&score_opts)?;
-    let provenance = Provenance {
-        model: &loaded.provenance,
-        mode: score_opts.mode,
-        temperature: decision_temperature.value,
-        temperature_source: &decision_temperature.source,
-        schema_hash: compiled.schema_hash(),
-    };
-    let mut value = serde_json::to_value(&baseline)?;
-    value["decoding"] = forkscore_engine::generate::DECODING.into();
-    value["warmup"] = serde_json::json!(
-        "one untimed decision and one untimed 2-token generation ran before the timed pair"
+    let provenance = decision_provenance(
+        &loaded.provenance.object()?,
+        score_opts.mode,
+        &decision_temperature,
+        compiled.schema_hash(),
     );
-    value["provenance"] = serde_json::to_value(&provenance)?;
+    let layout = Layout {
+        record: None,
+        extra: vec![
+            ("decoding", forkscore_engine::generate::DECODING.into()),
+            (
+                "warmup",
+                serde_json::json!(
+                    "one untimed decision and one untimed 2-token generation ran before the timed pair"
+                ),
+            ),
+        ],
+    };
+    let value = result_json(&baseline, layout, provenance);
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &s.output {
         std::fs::write(path, format!("{text}\n"))

@@ -29,7 +29,7 @@ impl GroupBudgetArgs {
         let device_bytes = match self.device_memory_gib {
             Some(g) if g.is_finite() && g > 0.0 => Some((g * (1u64 << 30) as f64) as u64),
             Some(g) => bail!("--device-memory-gib must be a positive number, got {g}"),
-            None => crate::batch::cuda_memory_bytes(device),
+            None => forkscore_frontend::device_memory::cuda_memory_bytes(device),
         };
         let mut budget = GroupBudget::for_device(device_bytes, memory);
         if let Some(r) = self.group_max_rows {

@@ -6,13 +6,13 @@ pub mod calibrate;
 pub mod demo;
 pub mod eval;
 pub mod generate_cmd;
-pub mod gguf_tokenizer;
 pub mod group_args;
 pub mod input_bounds;
 pub mod load;
 pub mod logprobs_cmd;
 pub mod merge;
-pub mod precision;
-pub mod provenance;
 pub mod score_cmd;
 pub mod serve_cmd;
+
+// what the front ends share, under the paths the CLI crate has always offered
+pub use forkscore_frontend::{gguf_tokenizer, provenance};

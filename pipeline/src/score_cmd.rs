@@ -1,13 +1,11 @@
 //! `forkscore score`: one context + one schema → one decision as JSON on stdout.
 
+use crate::input_bounds::{check_flags, check_float_flag, check_output_dir};
 use crate::load::{self, ModelArgs};
-use crate::provenance::ModelProvenance;
-use crate::provenance::Provenance;
 use anyhow::{bail, Context, Result};
 use forkscore_engine::schema::Scoring;
-use forkscore_engine::{
-    CompiledSchema, Decision, LiteralValue, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
-};
+use forkscore_engine::{LiteralValue, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use forkscore_frontend::result::decision_json;
 use std::path::PathBuf;
 
 /// Schema source: a file or inline JSON.
@@ -140,33 +138,26 @@ pub struct ScoreArgs {
     pub output: Option<PathBuf>,
 }
 
-/// The result JSON of one decision, exactly as `forkscore score` prints it: the decision
-/// (`output`, `fields`, `temperature`, `telemetry`, optional `prompt`) plus `provenance` (the
-/// model's, then `mode`, `temperature`, `temperature_source`, `schema_hash`). The Python
-/// package's `Scorer.score` / `decide_many` return this same value.
-pub fn result_json(
-    decision: &Decision,
-    compiled: &CompiledSchema,
-    mode: Mode,
-    model: &ModelProvenance,
-) -> serde_json::Result<serde_json::Value> {
-    let provenance = Provenance {
-        model,
-        mode,
-        temperature: decision.temperature.value,
-        temperature_source: &decision.temperature.source,
-        schema_hash: compiled.schema_hash(),
-    };
-    let mut value = serde_json::to_value(decision)?;
-    value["provenance"] = serde_json::to_value(&provenance)?;
-    Ok(value)
+/// Checks of `forkscore score` arguments that need no model.
+pub fn precheck_score(args: &ScoreArgs) -> Result<()> {
+    check_flags(&[
+        ("--max-input-tokens", Some(args.scoring.max_input_tokens)),
+        ("--field-batch-size", args.scoring.field_batch_size),
+        ("--prefill-chunk", args.model.prefill_chunk),
+        ("--top-k", Some(args.scoring.top_k)),
+    ])?;
+    check_float_flag("--temperature", args.scoring.temperature, 1e6)?;
+    if let Some(out) = &args.output {
+        check_output_dir("--output", out)?;
+    }
+    Ok(())
 }
 
 pub fn run(args: &ScoreArgs) -> Result<()> {
     let Some(schema) = args.schema.load()? else {
         bail!("give a schema with --schema-file FILE or --schema JSON")
     };
-    crate::input_bounds::precheck_score(args)?;
+    precheck_score(args)?;
     let Some(context) = args.context.read(args.scoring.max_input_tokens)? else {
         bail!("give a context with --context TEXT or --context-file FILE")
     };
@@ -177,7 +168,12 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         .with_context_special_tokens(args.scoring.context_special_tokens);
     let compiled = engine.compile_within(&schema, opts.max_input_tokens)?;
     let decision = engine.decide(&context, &compiled, &opts)?;
-    let value = result_json(&decision, &compiled, opts.mode, &loaded.provenance)?;
+    let value = decision_json(
+        &decision,
+        &compiled,
+        opts.mode,
+        &loaded.provenance.object()?,
+    );
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &args.output {
         std::fs::write(path, format!("{text}\n"))

@@ -168,10 +168,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ..ServeConfig::default()
     };
     let shutdown_deadline = config.shutdown_deadline;
-    let model = match serde_json::to_value(&loaded.provenance)? {
-        serde_json::Value::Object(m) => m,
-        other => anyhow::bail!("model provenance serialized to {other}, not an object"),
-    };
+    let model = loaded.provenance.object()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,8 +1,8 @@
 //! `forkscore` for Python: the native module `forkscore._native` (pyo3), re-exported by the
 //! pure-Python package `forkscore` (python/forkscore). Everything here is a thin layer over the
-//! Rust crates: the model is opened by `forkscore_pipeline::load::open` (what the CLI uses), a
-//! result is serialized by `forkscore_pipeline::score_cmd::result_json` (what `forkscore score`
-//! prints) and batch records by `forkscore_pipeline::batch::lines::score_lines` (the records of
+//! Rust crates: the model is opened by `forkscore_frontend::load::open` (what the CLI uses), a
+//! result is serialized by `forkscore_frontend::result::decision_json` (what `forkscore score`
+//! prints) and batch records by `forkscore_frontend::batch::lines::score_lines` (the records of
 //! `forkscore batch`), so the Python results cannot drift from the CLI's. Scoring runs with the
 //! GIL released (`Python::detach`).
 
@@ -14,15 +14,15 @@ use forkscore_engine::{
     CompiledSchema, Engine, EngineError, GroupBudget, Mode, Schema, ScoreOptions,
     DEFAULT_MAX_INPUT_TOKENS,
 };
-use forkscore_pipeline::batch::lines::{score_lines, LinesError, LinesJob};
-use forkscore_pipeline::batch::records::LineError;
-use forkscore_pipeline::batch::{cuda_memory_bytes, BatchMode};
-use forkscore_pipeline::input_bounds::{
+use forkscore_frontend::batch::lines::{score_lines, LinesError, LinesJob};
+use forkscore_frontend::batch::{item::LineError, BatchMode};
+use forkscore_frontend::bounds::{
     check_context_len, check_flags, check_float_flag, BoundedReadError, FlagRangeError,
 };
-use forkscore_pipeline::load::{self, LoadError, ModelArgs};
-use forkscore_pipeline::provenance::ModelProvenance;
-use forkscore_pipeline::score_cmd::result_json;
+use forkscore_frontend::device_memory::cuda_memory_bytes;
+use forkscore_frontend::load::{self, LoadError, ModelSpec};
+use forkscore_frontend::provenance::ModelProvenance;
+use forkscore_frontend::result::decision_json;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -289,6 +289,8 @@ fn to_python<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<
 struct Scorer {
     engine: Engine<CandleBackend>,
     provenance: ModelProvenance,
+    /// `provenance` as the JSON object every result's provenance starts from.
+    model: serde_json::Map<String, serde_json::Value>,
     device: DeviceSpec,
 }
 
@@ -329,7 +331,7 @@ impl Scorer {
     ) -> PyResult<Scorer> {
         check_flags(&[("--prefill-chunk", prefill_chunk)]).map_err(|e| flag_error(py, &e))?;
         let device = parse::<DeviceSpec>(py, "device", device)?;
-        let args = ModelArgs {
+        let args = ModelSpec {
             model,
             revision,
             device,
@@ -345,11 +347,14 @@ impl Scorer {
         let loaded = py
             .detach(|| load::open(&args))
             .map_err(|e| load_error(py, &e))?;
+        let model = loaded.provenance.object();
+        let model = model.map_err(|e| Error::new_err(e.to_string()))?;
         Ok(Scorer {
             engine: loaded
                 .engine
                 .with_context_special_tokens(context_special_tokens),
             provenance: loaded.provenance,
+            model,
             device,
         })
     }
@@ -357,9 +362,7 @@ impl Scorer {
     /// What provenance records about the loaded model (a dict).
     #[getter]
     fn provenance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let value =
-            serde_json::to_value(&self.provenance).map_err(|e| Error::new_err(e.to_string()))?;
-        to_python(py, &value)
+        to_python(py, &serde_json::Value::Object(self.model.clone()))
     }
 
     fn __repr__(&self) -> String {
@@ -410,8 +413,7 @@ impl Scorer {
         let decision = py
             .detach(|| self.engine.decide(&context, &compiled, &opts.score))
             .map_err(|e| engine_error(py, &e))?;
-        let value = result_json(&decision, &compiled, opts.score.mode, &self.provenance)
-            .map_err(|e| Error::new_err(e.to_string()))?;
+        let value = decision_json(&decision, &compiled, opts.score.mode, &self.model);
         to_python(py, &value)
     }
 
@@ -500,8 +502,7 @@ impl Scorer {
                 Err(e) => bounded_error(py, &e).into_value(py).into_any(),
                 Ok(()) => match decided.next() {
                     Some(Ok(d)) => {
-                        let value = result_json(&d, &compiled, opts.score.mode, &self.provenance)
-                            .map_err(|e| Error::new_err(e.to_string()))?;
+                        let value = decision_json(&d, &compiled, opts.score.mode, &self.model);
                         to_python(py, &value)?.unbind()
                     }
                     Some(Err(e)) => engine_error(py, &e).into_value(py).into_any(),
@@ -604,7 +605,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ModelLoadError", py.get_type::<ModelLoadError>())?;
     m.add("TemplateError", py.get_type::<TemplateError>())?;
     m.add("ScoringError", py.get_type::<ScoringError>())?;
-    m.add("__version__", forkscore_pipeline::provenance::VERSION)?;
+    m.add("__version__", forkscore_frontend::provenance::VERSION)?;
     m.add("DEFAULT_MAX_INPUT_TOKENS", DEFAULT_MAX_INPUT_TOKENS)?;
     // the request options every front end shares (name, CLI flag, values, default)
     let options = pyo3::types::PyList::empty(py);

@@ -12,13 +12,14 @@
 //! endpoint; bad input is a 4xx [`error::ApiError`] naming the JSON path and the rule) →
 //! [`queue`] (bounded; a single model thread drains every pending job, merges jobs that share a
 //! schema and options into one `Engine::decide_many` call, so the engine's group planner and the
-//! batch memory budget decide the context groups) → [`result`] (the `forkscore score` JSON) →
-//! response. [`metrics`] counts it all for `/metrics`, [`logging`] writes a line per request;
-//! [`routes`] wires the endpoints.
+//! batch memory budget decide the context groups) → the `forkscore score` JSON (built by the
+//! front ends' one result builder, `forkscore_frontend::result`) → response. [`metrics`] counts
+//! it all for `/metrics`, [`logging`] writes a line per request; [`routes`] wires the endpoints.
 
 pub mod config;
 pub mod error;
 pub mod guard;
+pub mod job;
 pub mod logging;
 pub mod metrics;
 pub mod openai;
@@ -26,12 +27,13 @@ pub mod openapi;
 pub mod presets;
 pub mod queue;
 pub mod request;
-pub mod result;
+pub mod router;
 pub mod routes;
 pub mod scheduler;
 pub mod schemas;
 pub mod server;
 
 pub use config::ServeConfig;
-pub use routes::{router, AppState};
+pub use router::router;
+pub use routes::AppState;
 pub use server::serve;

@@ -18,34 +18,14 @@
 //! jobs are answered first).
 
 use crate::error::ApiError;
+pub use crate::job::{GenerateJob, Job};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 use axum::http::StatusCode;
-use forkscore_engine::{
-    Baseline, CompiledSchema, Decision, Engine, EngineError, GenerateError, GenerateOptions,
-    GroupBudget, ScoreOptions,
-};
+use forkscore_engine::{Engine, GroupBudget};
 use forkscore_seam::Backend;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
-
-/// One request's work.
-pub struct Job {
-    pub compiled: Arc<CompiledSchema>,
-    pub contexts: Vec<String>,
-    pub options: ScoreOptions,
-    pub reply: oneshot::Sender<Vec<Result<Decision, EngineError>>>,
-}
-
-/// One `/v1/generate` request's work: forkscore's decision and the greedy generation of the same
-/// context ([`Engine::generate_baseline`]).
-pub struct GenerateJob {
-    pub compiled: Arc<CompiledSchema>,
-    pub context: String,
-    pub options: ScoreOptions,
-    pub generate: GenerateOptions,
-    pub reply: oneshot::Sender<Result<Baseline, GenerateError>>,
-}
+use tokio::sync::mpsc;
 
 /// What the model thread takes from the queue.
 enum Task {

@@ -32,17 +32,16 @@ use crate::openapi::types::{
 };
 use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
-use crate::result::{generate_json, result_json};
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use forkscore_engine::{
     CompiledSchema, Decision, Engine, EngineError, GenerateOptions, Schema, ScoreOptions,
 };
+use forkscore_frontend::result::{decision_json, decision_provenance, result_json, Layout};
 use forkscore_seam::Backend;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -110,30 +109,6 @@ impl<B: Backend + 'static> AppState<B> {
     }
 }
 
-pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
-    Router::new()
-        .route("/v1/score", post(score::<B>))
-        .route("/v1/decide_many", post(decide_many::<B>))
-        .route("/v1/ask", post(ask::<B>))
-        .route("/v1/generate", post(generate::<B>))
-        .route("/", get(page))
-        .route("/v1/presets", get(presets))
-        .route("/health", get(health::<B>))
-        .route("/metrics", get(metrics::<B>))
-        .route("/openapi.json", get(openapi))
-        .route(
-            "/v1/chat/completions",
-            post(crate::openai::chat_completions::<B>),
-        )
-        .route("/v1/models", get(crate::openai::models::<B>))
-        // after every route: it applies to the routes already added
-        .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found)
-        // one log line per request, fallbacks included (see `crate::logging`)
-        .layer(crate::logging::request_log())
-        .with_state(state)
-}
-
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -142,7 +117,7 @@ pub fn unix_now() -> u64 {
 }
 
 /// 404 for a path no route serves, naming the routes there are.
-async fn not_found(method: Method, uri: Uri) -> Response {
+pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
     let routes: Vec<String> = ROUTES
         .iter()
         .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
@@ -161,7 +136,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 }
 
 /// 405 for a known path asked with another method (axum adds the `Allow` header).
-async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     let allowed: Vec<String> = ROUTES
         .iter()
         .filter(|(_, p)| *p == uri.path())
@@ -392,13 +367,19 @@ async fn decide<B: Backend + 'static>(
     let baseline = wait(rx, deadline, timeout)
         .await?
         .map_err(|e| ApiError::from_generate(&e))?;
-    Ok(generate_json(
-        &baseline,
-        &compiled,
-        &req.options,
-        &temperature,
+    // forkscore's decision beside the greedy generation, as `forkscore generate` prints it
+    // (`temperature`: the one the decision used)
+    let provenance = decision_provenance(
         &s.model,
-    ))
+        req.options.mode,
+        &temperature,
+        compiled.schema_hash(),
+    );
+    let layout = Layout {
+        record: None,
+        extra: vec![("decoding", forkscore_engine::generate::DECODING.into())],
+    };
+    Ok(result_json(&baseline, layout, provenance))
 }
 
 /// The request body of a POST: declared JSON (415), whole within the body timeout (408), at
@@ -450,7 +431,7 @@ fn decisions_json<B: Backend + 'static>(
     options: &ScoreOptions,
     results: &[Result<Decision, EngineError>],
 ) -> Result<Value, ApiError> {
-    let one = |d: &Decision| result_json(d, compiled, options, &s.model);
+    let one = |d: &Decision| decision_json(d, compiled, options.mode, &s.model);
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),

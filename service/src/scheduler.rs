@@ -19,8 +19,8 @@
 //! that starts after it arrived, never overtake an older context). A request whose requester
 //! gave up (timeout, disconnect) is dropped before its contexts are scored.
 
+use crate::job::Job;
 use crate::metrics::Metrics;
-use crate::queue::Job;
 use forkscore_engine::group::{plan_groups, GroupItem};
 use forkscore_engine::{
     Decision, Engine, EngineError, GroupBudget, PreparedContext, ScoreOptions, Temperature,

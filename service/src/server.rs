@@ -19,7 +19,8 @@
 use crate::error::ApiError;
 use crate::guard::RequestGuard;
 use crate::metrics::Metrics;
-use crate::routes::{router, AppState};
+use crate::router::router;
+use crate::routes::AppState;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use forkscore_seam::Backend;

@@ -243,13 +243,6 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-impl<'de> Deserialize<'de> for Shard {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,31 +20,30 @@
 //! [`interrupt`] (Ctrl-C stops after the group in flight), [`report`] (the end-of-job stderr).
 //! `--input -` / `--output -` read stdin / write stdout (no lock, no resume, no marker).
 
+mod args;
 pub mod done;
 pub mod interrupt;
-pub mod lines;
 pub mod lock;
-pub mod openai;
-pub mod prepare;
+pub mod precheck;
 pub mod provenance_check;
 pub mod reader;
-pub mod records;
 pub mod report;
 pub mod resume;
-pub mod reuse;
-pub mod schema_cache;
-pub mod score;
-pub mod shard;
 pub mod writer;
 
-use crate::load::{self, ModelArgs};
-use crate::provenance::{BatchProvenance, ModelProvenance};
-use crate::score_cmd::{ContextArgs, SchemaArgs, ScoringArgs};
+pub use args::{BatchArgs, BatchModeArg, JobInputs, LineFormatArg};
+// the batch core every front end shares, under the paths the CLI has always used
+pub use forkscore_frontend::batch::{
+    lines, openai, prepare, records, reuse, schema_cache, score, shard, BatchMode,
+};
+
+use crate::load;
 use anyhow::{bail, Context, Result};
-use forkscore_backends::{Backend, DeviceSpec};
+use forkscore_backends::Backend;
 use forkscore_engine::{Engine, GroupBudget, Schema, ScoreOptions};
-use prepare::{OutLine, Preparer};
-use resume::ResumeCheck;
+use forkscore_frontend::batch::prepare::{OutLine, Preparer, ResumeCheck, StageError};
+use forkscore_frontend::bounds::{check_context_len, check_flags, max_line_bytes, progress_total};
+use forkscore_frontend::provenance::{BatchProvenance, ModelProvenance};
 use resume::{open_output, OutputPolicy, ResumePoint};
 use schema_cache::SchemaCache;
 use score::Scorer;
@@ -52,75 +51,6 @@ use std::collections::HashSet;
 use std::io::BufReader;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// How lines are batched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BatchMode {
-    /// Contexts that share a schema go through bounded groups: N prefills + one scoring pass.
-    Grouped,
-    /// Every line on its own (one prefill + one scoring pass per line).
-    Direct,
-    /// Consecutive lines with the same context and schema share one prefill and scoring pass.
-    Serial,
-    /// One job-wide context (--context/--context-file); each line brings its schema or question.
-    Shared,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct BatchArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Input JSONL: one {"id", "context", "schema" | "schema_file" | "question"} object per line
-    /// (with --format openai: OpenAI Batch API lines). `-` reads stdin.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Output JSONL (append-only; refused if it exists, unless --resume or --force). A job that
-    /// finishes cleanly writes its completion marker OUTPUT.done.json next to it (what
-    /// `forkscore merge` requires of each shard). `-` writes stdout (no --resume, no marker;
-    /// progress and the summary stay on stderr).
-    #[arg(long)]
-    pub output: PathBuf,
-    /// Line format: `native` (forkscore's lines and records) or `openai` (OpenAI Batch API
-    /// input lines in, OpenAI batch output lines out; see docs/batch.md).
-    #[arg(long, value_enum, default_value = "native")]
-    pub format: openai::LineFormat,
-    /// The default schema for lines without one.
-    #[command(flatten)]
-    pub schema: SchemaArgs,
-    #[arg(long, value_enum, default_value = "grouped")]
-    pub batch_mode: BatchMode,
-    /// The shared context of --batch-mode shared (--context TEXT or --context-file FILE).
-    #[command(flatten)]
-    pub context: ContextArgs,
-    #[command(flatten)]
-    pub scoring: ScoringArgs,
-    /// Continue an interrupted job after the output's last complete record.
-    #[arg(long)]
-    pub resume: bool,
-    /// Overwrite an existing output.
-    #[arg(long, conflicts_with = "resume")]
-    pub force: bool,
-    /// With --resume: continue even when the output's records come from another model,
-    /// revision, dtype, mode, temperature or default schema (the file then mixes runs).
-    #[arg(long, requires = "resume")]
-    pub resume_any_provenance: bool,
-    /// Stop at the first line that fails (after writing its error record); exit non-zero.
-    #[arg(long)]
-    pub fail_fast: bool,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
-    /// Lines read, prepared and grouped together (groups never span two windows).
-    #[arg(long, default_value_t = 256)]
-    pub window: usize,
-    #[command(flatten)]
-    pub group: crate::group_args::GroupBudgetArgs,
-    /// Take only shard INDEX of COUNT of the input (e.g. 0/4; one process per shard, each with
-    /// its own --output, then `forkscore merge`). Lines are split by id, deterministically.
-    #[arg(long, value_name = "INDEX/COUNT")]
-    pub shard: Option<shard::Shard>,
-}
 
 /// A validated batch job.
 #[derive(Debug, Clone)]
@@ -168,7 +98,7 @@ pub fn is_stdio(path: &std::path::Path) -> bool {
 }
 
 /// True when both paths name the same existing file (also through links or `..`).
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+pub(crate) fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     !is_stdio(a) && !is_stdio(b) && lock::same_file(a, b)
 }
 
@@ -180,7 +110,7 @@ pub fn run_job<B: Backend>(
     job: &Job,
 ) -> Result<JobSummary> {
     let start = std::time::Instant::now();
-    crate::input_bounds::check_flags(&[
+    check_flags(&[
         ("--window", Some(job.window)),
         ("--max-input-tokens", Some(job.options.max_input_tokens)),
         ("--field-batch-size", job.options.field_batch_size),
@@ -210,7 +140,7 @@ pub fn run_job<B: Backend>(
         );
     }
     if let Some(c) = &job.shared_context {
-        crate::input_bounds::check_context_len(c, job.options.max_input_tokens)?;
+        check_context_len(c, job.options.max_input_tokens)?;
     }
     // a shard's share of the lines is known only as they are read: no total then (nor for stdin)
     let (input, total): (Box<dyn std::io::Read + Send>, _) = if is_stdio(&job.input) {
@@ -218,7 +148,7 @@ pub fn run_job<B: Backend>(
     } else {
         let mut file = std::fs::File::open(&job.input)
             .with_context(|| format!("cannot open input {}", job.input.display()))?;
-        let total = crate::input_bounds::progress_total(
+        let total = progress_total(
             &mut file,
             writer::progress_shown(job.quiet) && job.shard.is_none(),
         );
@@ -303,22 +233,20 @@ pub fn run_job<B: Backend>(
                 &mut input,
                 job.window,
                 done_through,
-                crate::input_bounds::max_line_bytes(job.options.max_input_tokens),
+                max_line_bytes(job.options.max_input_tokens),
                 &raw_tx,
             )?;
             Ok::<_, std::io::Error>((end, input.into_inner().finish().0))
         });
-        let prepare = s.spawn(
-            move || -> Result<(Option<ResumeCheck>, u64), resume::StageError> {
-                for chunk in raw_rx {
-                    let items = preparer.prepare_chunk(chunk)?;
-                    if !items.is_empty() && item_tx.send(items).is_err() {
-                        break;
-                    }
+        let prepare = s.spawn(move || -> Result<(Option<ResumeCheck>, u64), StageError> {
+            for chunk in raw_rx {
+                let items = preparer.prepare_chunk(chunk)?;
+                if !items.is_empty() && item_tx.send(items).is_err() {
+                    break;
                 }
-                Ok((preparer.resume, preparer.owned))
-            },
-        );
+            }
+            Ok((preparer.resume, preparer.owned))
+        });
         let write = s.spawn(move || {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, out_file);
             let written = writer::write_all(&out_rx, &mut out, &bar)?;
@@ -461,102 +389,9 @@ impl Finished {
     }
 }
 
-/// Total memory of a CUDA device, from the CUDA driver API (None when unknown or not CUDA:
-/// then the default budget applies). See `forkscore_backends::candle::device::cuda_total_memory`.
-pub fn cuda_memory_bytes(device: DeviceSpec) -> Option<u64> {
-    let DeviceSpec::Cuda(ordinal) = device else {
-        return None;
-    };
-    forkscore_backends::candle::device::cuda_total_memory(ordinal)
-}
-
-/// What a job reads from the files its arguments name (shared context, default schema), read
-/// before the model loads: a missing schema file or an endless `--context-file /dev/zero` is
-/// refused at once, not after the minutes a large checkpoint takes to load.
-pub struct JobInputs {
-    shared_context: Option<String>,
-    default_schema: Option<forkscore_engine::Schema>,
-}
-
-impl BatchArgs {
-    /// Read the files the arguments name; see [`JobInputs`].
-    pub fn read_inputs(&self) -> Result<JobInputs> {
-        if self.format == openai::LineFormat::Openai && self.batch_mode == BatchMode::Shared {
-            bail!("--format openai: each line brings its own messages, so --batch-mode shared (one job-wide context) does not apply");
-        }
-        Ok(JobInputs {
-            shared_context: self.context.read(self.scoring.max_input_tokens)?,
-            default_schema: self.schema.load()?,
-        })
-    }
-
-    /// The job these arguments describe, for an engine whose memory model is `model`.
-    pub fn job(&self, memory: &forkscore_engine::MemoryModel, inputs: JobInputs) -> Result<Job> {
-        let JobInputs {
-            shared_context,
-            default_schema,
-        } = inputs;
-        let budget = self.group.budget(self.model.device, memory)?;
-        Ok(Job {
-            input: self.input.clone(),
-            output: self.output.clone(),
-            format: self.format,
-            batch_mode: self.batch_mode,
-            options: self.scoring.options(),
-            budget,
-            default_schema,
-            shared_context,
-            policy: match (self.resume, self.force) {
-                (true, _) => OutputPolicy::Resume,
-                (false, true) => OutputPolicy::Force,
-                (false, false) => OutputPolicy::Fresh,
-            },
-            fail_fast: self.fail_fast,
-            quiet: self.quiet,
-            window: self.window,
-            resume_any_provenance: self.resume_any_provenance,
-            shard: self.shard,
-        })
-    }
-}
-
 /// `forkscore batch`.
-/// Argument checks that need no model, run before loading one (a large checkpoint takes
-/// minutes to load; a typo in the output path should not).
-fn precheck(args: &BatchArgs) -> Result<()> {
-    if is_stdio(&args.output) && args.resume {
-        bail!("--resume needs an output file: with --output - the records go to stdout, which cannot be continued (write to a file to be able to resume)");
-    }
-    crate::input_bounds::precheck_batch(args)?;
-    if same_file(&args.input, &args.output) {
-        bail!(
-            "--output {} is the input file: choose another output path",
-            args.output.display()
-        );
-    }
-    let non_empty = std::fs::metadata(&args.output)
-        .map(|m| m.len() > 0)
-        .unwrap_or(false);
-    if non_empty && !args.resume && !args.force {
-        return Err(resume::ResumeError::Exists {
-            path: args.output.clone(),
-        }
-        .into());
-    }
-    let has_context = args.context.context.is_some() || args.context.context_file.is_some();
-    match (args.batch_mode, has_context) {
-        (BatchMode::Shared, false) => {
-            bail!("--batch-mode shared needs --context or --context-file")
-        }
-        (m, true) if m != BatchMode::Shared => {
-            bail!("--context/--context-file is for --batch-mode shared")
-        }
-        _ => Ok(()),
-    }
-}
-
 pub fn run(args: &BatchArgs) -> Result<()> {
-    precheck(args)?;
+    precheck::precheck(args)?;
     let inputs = args.read_inputs()?;
     let loaded = load::open(&args.model)?;
     let engine = loaded

@@ -9,18 +9,7 @@
 use crossbeam_channel::Sender;
 use std::io::BufRead;
 
-/// One physical input line.
-#[derive(Debug, Clone)]
-pub struct RawLine {
-    pub line: u64,
-    pub bytes: Vec<u8>,
-    /// Already in the output (resume): parse its id, score nothing.
-    pub done: bool,
-    /// The line was this many bytes, over the line bound: `bytes` keeps only its first
-    /// [`crate::input_bounds::LEADING_BYTES`] (where a leading `"id"` is looked for) and the
-    /// line becomes an error record (see `input_bounds`).
-    pub too_long: Option<u64>,
-}
+pub use forkscore_frontend::batch::item::RawLine;
 
 /// Read `input` and send chunks of lines to `out`. Returns the number of physical lines read,
 /// or stops early (Ok) when the receiver hung up. Lines are unbounded; the batch job uses

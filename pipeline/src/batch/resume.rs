@@ -9,7 +9,7 @@
 //! then checks that every kept record is a JSON object with a `line` number, in increasing
 //! order. Because records are written in input order, one per line, "lines up to the last
 //! record's `line`" is exactly the done set: resuming continues right after it, so no id is
-//! duplicated or skipped. The input side of the same check ([`ResumeCheck`]: the input's line
+//! duplicated or skipped. The input side of the same check ([`forkscore_frontend::batch::prepare::ResumeCheck`]: the input's line
 //! at the output's last record carries the same id) runs in the prepare stage.
 
 use serde_json::Value;
@@ -121,13 +121,14 @@ fn scan(path: &Path) -> Result<Option<ResumePoint>, ResumeError> {
         };
         let v: Value = serde_json::from_slice(&line).map_err(|e| bad(e.to_string()))?;
         // native records hold `line` and `id`; OpenAI-shaped ones `forkscore.line`, `custom_id`
-        let n = super::openai::record_line(&v).ok_or_else(|| bad("no \"line\" number".into()))?;
+        let n = forkscore_frontend::batch::openai::record_line(&v)
+            .ok_or_else(|| bad("no \"line\" number".into()))?;
         if let Some((prev, _)) = &last {
             if n <= *prev {
                 return Err(bad(format!("line {n} follows line {prev}")));
             }
         }
-        last = Some((n, super::openai::record_id(&v)));
+        last = Some((n, forkscore_frontend::batch::openai::record_id(&v)));
     }
     Ok(last.map(|(last_line, last_id)| ResumePoint {
         last_line,
@@ -191,25 +192,4 @@ mod tests {
             Err(ResumeError::NotARecord { record: 2, .. })
         ));
     }
-}
-
-/// Where a resumed job stopped (checked against the input).
-#[derive(Debug, Clone)]
-pub struct ResumeCheck {
-    pub last_line: u64,
-    pub last_id: Value,
-    pub seen: bool,
-}
-
-/// Errors that stop the whole job (not one line).
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    #[error("--resume: the output's last record is line {line} with id {output_id}, but input line {line} has id {input_id}; the output belongs to another input")]
-    ResumeMismatch {
-        line: u64,
-        output_id: String,
-        input_id: String,
-    },
-    #[error("--resume: the output ends at input line {line} but the input has no record on that line; the output belongs to another input")]
-    ResumeLineMissing { line: u64 },
 }

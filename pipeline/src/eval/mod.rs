@@ -20,7 +20,7 @@ pub mod labels;
 pub mod metrics;
 pub mod svg;
 
-use crate::batch::{self, BatchArgs, BatchMode};
+use crate::batch::{self, BatchArgs, BatchModeArg};
 use crate::group_args::GroupBudgetArgs;
 use crate::load::{self, ModelArgs};
 use crate::provenance::ModelProvenance;
@@ -159,7 +159,7 @@ impl LabelledJobArgs {
             input,
             output: self.predictions.clone(),
             schema: self.schema.clone(),
-            batch_mode: BatchMode::Grouped,
+            batch_mode: BatchModeArg::Grouped,
             context: ContextArgs {
                 context: None,
                 context_file: None,
@@ -168,7 +168,7 @@ impl LabelledJobArgs {
             resume: self.resume,
             force: self.force,
             resume_any_provenance: false,
-            format: crate::batch::openai::LineFormat::Native,
+            format: crate::batch::LineFormatArg::Native,
             fail_fast: false,
             quiet: self.quiet,
             window: self.window,
@@ -189,7 +189,7 @@ pub fn score_labelled<B: Backend>(
     std::fs::write(&input, &labelled.batch_input)
         .with_context(|| format!("cannot write {}", input.display()))?;
     let batch_args = args.batch_args(input);
-    crate::input_bounds::precheck_batch(&batch_args)?;
+    crate::batch::precheck::precheck_batch(&batch_args)?;
     let job = batch_args.job(&engine.memory_model(), batch_args.read_inputs()?)?;
     let summary = batch::run_job(engine, model, &job)?;
     let text = std::fs::read_to_string(&args.predictions)

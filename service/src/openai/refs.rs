@@ -5,9 +5,11 @@
 //! replaced by that definition, the property's own keys (a `description`, …) kept over it; then
 //! `$defs` / `definitions` are dropped. Any other reference is refused, naming the property.
 
-use super::request::SCHEMA_PARAM;
 use crate::error::ApiError;
 use serde_json::{Map, Value};
+
+/// Where the schema is in a chat request.
+pub const SCHEMA_PARAM: &str = "response_format.json_schema.schema";
 
 /// Most references followed for one property (a definition may itself be a reference).
 const MAX_HOPS: usize = 8;

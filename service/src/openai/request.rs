@@ -19,6 +19,8 @@
 //!   token is sampled. The probability temperature is `forkscore_options.temperature`.
 //! - **Refused**: `stream: true`, `n` other than 1, tools and functions, `logit_bias`, audio.
 
+use super::refs::inline_refs;
+pub use super::refs::SCHEMA_PARAM;
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::request::{context_byte_bound, parse_body, parse_options, RequestOptions};
@@ -102,7 +104,7 @@ pub fn parse(body: &[u8], cfg: &ServeConfig, served: &str) -> Result<ChatRequest
     })?;
     let logprobs = parse_logprobs(obj.remove("logprobs"), obj.remove("top_logprobs"))?;
     let mut schema_value = parse_response_format(obj.remove("response_format"))?;
-    super::refs::inline_refs(&mut schema_value)?;
+    inline_refs(&mut schema_value)?;
     let schema = Schema::from_value_with(&schema_value, scoring).map_err(|e| {
         let param = if e.path == "<root>" {
             SCHEMA_PARAM.to_string()
@@ -123,9 +125,6 @@ pub fn parse(body: &[u8], cfg: &ServeConfig, served: &str) -> Result<ChatRequest
         logprobs,
     })
 }
-
-/// Where the schema is in a chat request.
-pub const SCHEMA_PARAM: &str = "response_format.json_schema.schema";
 
 /// `stream`, `stream_options`, `n` and the [`UNSUPPORTED`] keys.
 fn check_refused(obj: &mut Map<String, Value>) -> Result<(), ApiError> {

@@ -13,8 +13,8 @@
 //!   `fields` (per field, per choice `scores` and `logits`), `temperature`, `telemetry`,
 //!   `provenance`.
 
-use crate::result::result_json;
 use forkscore_engine::{CompiledSchema, Decision, FieldResult, ScoreOptions};
+use forkscore_frontend::result::decision_json;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -56,7 +56,7 @@ pub fn completion(
             "completion_tokens": 0,
             "total_tokens": prompt_tokens,
         },
-        "forkscore": result_json(decision, compiled, options, provenance),
+        "forkscore": decision_json(decision, compiled, options.mode, provenance),
     })
 }
 

@@ -25,12 +25,12 @@
 //! which `--resume`, `--shard` and `forkscore merge` read ([`record_line`], [`record_id`],
 //! [`record_provenance_mut`]).
 
-use super::records::{ErrorKind, Failed, LineError, Request, SchemaRef};
+use super::item::{ErrorKind, Failed, LineError, Request, SchemaRef};
 use forkscore_engine::strict_json::parse_strict;
 use serde_json::{json, Map, Value};
 
 /// Which line format a batch job reads and writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LineFormat {
     /// forkscore's own lines (`id`, `context`, `schema` …) and records.

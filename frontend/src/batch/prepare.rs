@@ -4,9 +4,8 @@
 //! occurrence wins; a resumed job's last output line is checked against the input here
 //! ([`ResumeCheck`]).
 
-use super::reader::RawLine;
-use super::records::{ErrorKind, Failed, LineError, Request};
-use super::resume::{ResumeCheck, StageError};
+use super::item::{ErrorKind, Failed, LineError, RawLine, Request};
+use super::records::parse_bounded;
 use super::schema_cache::SchemaCache;
 use super::shard::{id_key, Shard};
 use forkscore_backends::Backend;
@@ -16,6 +15,27 @@ use serde_json::Value;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+/// Where a resumed job stopped (checked against the input).
+#[derive(Debug, Clone)]
+pub struct ResumeCheck {
+    pub last_line: u64,
+    pub last_id: Value,
+    pub seen: bool,
+}
+
+/// Errors that stop the whole job (not one line).
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("--resume: the output's last record is line {line} with id {output_id}, but input line {line} has id {input_id}; the output belongs to another input")]
+    ResumeMismatch {
+        line: u64,
+        output_id: String,
+        input_id: String,
+    },
+    #[error("--resume: the output ends at input line {line} but the input has no record on that line; the output belongs to another input")]
+    ResumeLineMissing { line: u64 },
+}
 
 /// A line ready for the accelerator.
 pub struct Ready {
@@ -90,12 +110,7 @@ impl<B: Backend> Preparer<'_, B> {
         let shared = self.shared_context.is_some();
         let parsed: Vec<(bool, Result<Request, Failed>)> = chunk
             .par_iter()
-            .map(|raw| {
-                (
-                    raw.done,
-                    crate::input_bounds::parse_bounded(raw, shared, self.format),
-                )
-            })
+            .map(|raw| (raw.done, parse_bounded(raw, shared, self.format)))
             .collect();
         let mut todo: Vec<Result<Request, Failed>> = Vec::with_capacity(parsed.len());
         for (done, p) in parsed {

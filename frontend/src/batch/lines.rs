@@ -1,23 +1,24 @@
 //! A batch job over lines held in memory: no files, no threads, one chunk. The same parse
 //! ([`super::records`], with the byte bound of `--max-input-tokens`), duplicate-id check,
-//! schema cache, grouping, scoring and record serializer as [`super::run_job`], so each output
-//! line is exactly the record `forkscore batch` writes for that input line. The Python package's
-//! `Scorer.batch_records` (and through it the Ray recipe, `forkscore.ray`) runs on it.
+//! schema cache, grouping, scoring and record serializer as the CLI's file job (the pipeline
+//! crate's `batch::run_job`), so each output line is exactly the record `forkscore batch` writes
+//! for that input line. The Python package's `Scorer.batch_records` (and through it the Ray
+//! recipe, `forkscore.ray`) runs on it.
 
+use super::item::RawLine;
 use super::prepare::Preparer;
-use super::reader::RawLine;
-use super::resume::StageError;
+use super::prepare::StageError;
 use super::schema_cache::SchemaCache;
 use super::score::Scorer;
 use super::BatchMode;
-use crate::input_bounds::{check_flags, max_line_bytes, FlagRangeError, LEADING_BYTES};
+use crate::bounds::{check_flags, max_line_bytes, FlagRangeError, LEADING_BYTES};
 use crate::provenance::{BatchProvenance, ModelProvenance};
 use forkscore_backends::Backend;
 use forkscore_engine::{Engine, EngineError, GroupBudget, Schema, ScoreOptions};
 use std::collections::HashSet;
 use std::path::Path;
 
-/// What an in-memory batch is scored with (the in-memory half of [`super::Job`]).
+/// What an in-memory batch is scored with (the in-memory half of the CLI's batch `Job`).
 #[derive(Debug, Clone)]
 pub struct LinesJob<'a> {
     /// `grouped`, `direct` or `serial`; `shared` needs a job-wide context and is refused.

@@ -13,127 +13,17 @@
 //! for a decision, `{"id", "line", "error": {"kind", "message"}, "provenance"}` for an error.
 //! `line` is the 1-based input line number; output lines come in input order.
 
+pub use super::item::{ErrorKind, Failed, LineError, RawLine, Request, SchemaRef};
+use super::openai::LineFormat;
+use crate::bounds::{leading_key, BYTES_PER_TOKEN, LINE_SLACK_BYTES};
+use crate::result::{result_json, Layout, RecordKey};
 use forkscore_engine::strict_json::{parse_strict, StrictJsonError};
-use forkscore_engine::{Decision, EngineError};
+use forkscore_engine::Decision;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
 /// Keys an input line may have.
 pub const INPUT_KEYS: &str = "id, context, schema, schema_file, question";
-
-/// Where a line's schema comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SchemaRef {
-    Inline(Value),
-    File(PathBuf),
-    Question(String),
-    Default,
-}
-
-/// A validated input line.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Request {
-    pub line: u64,
-    pub id: Value,
-    pub context: Option<String>,
-    pub schema: SchemaRef,
-}
-
-/// What went wrong with one line (the `error.kind` of its output record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    InvalidUtf8,
-    InvalidJson,
-    NotAnObject,
-    MissingId,
-    InvalidId,
-    DuplicateId,
-    UnknownKey,
-    InvalidField,
-    MissingContext,
-    UnexpectedContext,
-    ConflictingSchema,
-    MissingSchema,
-    InvalidSchema,
-    SchemaFile,
-    EmptyContext,
-    TooManyTokens,
-    Compile,
-    Template,
-    Split,
-    Backend,
-    Options,
-    /// The model produced NaN/Inf logits for this line: no decision.
-    NonFiniteLogits,
-    /// The line is longer than the byte bound derived from --max-input-tokens.
-    LineTooLong,
-}
-
-impl ErrorKind {
-    /// The kind as error records spell it (`invalid_json`).
-    pub fn as_str(self) -> String {
-        match serde_json::to_value(self) {
-            Ok(Value::String(s)) => s,
-            _ => format!("{self:?}"),
-        }
-    }
-}
-
-/// A line's error: kind + human message.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LineError {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-impl LineError {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> LineError {
-        LineError {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// The error record kind of an engine error.
-    pub fn from_engine(e: &EngineError) -> LineError {
-        let kind = match e {
-            EngineError::Compile(_) | EngineError::ForeignSchema | EngineError::ForeignPrepared => {
-                ErrorKind::Compile
-            }
-            EngineError::Template(_) | EngineError::ContextNotInPrompt => ErrorKind::Template,
-            EngineError::NonFiniteLogits { .. }
-            | EngineError::Backend(forkscore_backends::BackendError::NonFiniteLogit { .. }) => {
-                ErrorKind::NonFiniteLogits
-            }
-            EngineError::Split(_) => ErrorKind::Split,
-            // the scoring stage: the backend, or what it returned not fitting the request
-            EngineError::Backend(_)
-            | EngineError::Assemble(_)
-            | EngineError::MissingMember { .. } => ErrorKind::Backend,
-            EngineError::Calibration(_)
-            | EngineError::ZeroFieldBatch
-            | EngineError::ZeroMaxInputTokens
-            | EngineError::TopKTooLarge { .. }
-            | EngineError::TokenizerLargerThanEmbedding { .. } => ErrorKind::Options,
-            EngineError::EmptyContext
-            | EngineError::EmptyText
-            | EngineError::TooFewTokens { .. } => ErrorKind::EmptyContext,
-            EngineError::TooManyTokens { .. }
-            | EngineError::TextTooLong { .. }
-            | EngineError::TextOverModelLimit { .. } => ErrorKind::TooManyTokens,
-        };
-        LineError::new(kind, e.to_string())
-    }
-}
-
-/// A line that failed before (or during) scoring: its number and, when it had one, its id.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failed {
-    pub line: u64,
-    pub id: Option<Value>,
-    pub error: LineError,
-}
 
 /// The schema of a yes/no question.
 pub fn question_schema(question: &str) -> Value {
@@ -274,18 +164,38 @@ pub fn parse_line(line: u64, bytes: &[u8], shared_context: bool) -> Result<Reque
     })
 }
 
-/// The output line of a decision. `extra` holds batch-level facts (e.g. a reused prefix).
-pub fn decision_record(
-    id: &Value,
-    line: u64,
-    decision: &Decision,
-    provenance: Value,
-    extra: Option<(&str, Value)>,
-) -> String {
-    decision_value(id, line, decision, provenance, extra).to_string()
+/// Parse a raw line, or the error record of a line that was over the byte bound (with the id
+/// found in its first bytes, when there is one).
+pub fn parse_bounded(
+    raw: &RawLine,
+    shared_context: bool,
+    format: LineFormat,
+) -> Result<Request, Failed> {
+    let id_key = match format {
+        LineFormat::Native => "id",
+        LineFormat::Openai => "custom_id",
+    };
+    match raw.too_long {
+        Some(n) => Err(Failed {
+            line: raw.line,
+            id: leading_key(&raw.bytes, id_key),
+            error: LineError::new(
+                ErrorKind::LineTooLong,
+                format!(
+                    "line is {n} bytes, over the limit derived from --max-input-tokens ({BYTES_PER_TOKEN} bytes per token, 3x for JSON escapes, plus {LINE_SLACK_BYTES} for the schema); it was neither stored nor tokenized"
+                ),
+            ),
+        }),
+        None => match format {
+            LineFormat::Native => parse_line(raw.line, &raw.bytes, shared_context),
+            LineFormat::Openai => super::openai::parse_line(raw.line, &raw.bytes),
+        },
+    }
 }
 
-/// [`decision_record`] before serialization.
+/// The output record of a decision: the one result builder ([`crate::result::result_json`])
+/// with the record's `id` and `line` first; `extra` holds batch-level facts (e.g. a reused
+/// prefix), placed before `provenance`.
 pub fn decision_value(
     id: &Value,
     line: u64,
@@ -293,34 +203,14 @@ pub fn decision_value(
     provenance: Value,
     extra: Option<(&str, Value)>,
 ) -> Value {
-    let mut rec = Map::new();
-    rec.insert("id".into(), id.clone());
-    rec.insert("line".into(), json!(line));
-    match serde_json::to_value(decision) {
-        Ok(Value::Object(d)) => rec.extend(d),
-        Ok(other) => {
-            rec.insert("decision".into(), other);
-        }
-        Err(e) => {
-            rec.insert(
-                "error".into(),
-                json!({"kind": "serialize", "message": e.to_string()}),
-            );
-        }
-    }
-    if let Some((k, v)) = extra {
-        rec.insert(k.into(), v);
-    }
-    rec.insert("provenance".into(), provenance);
-    Value::Object(rec)
+    let layout = Layout {
+        record: Some(RecordKey { id, line }),
+        extra: extra.into_iter().collect(),
+    };
+    result_json(decision, layout, provenance)
 }
 
-/// The output line of an error.
-pub fn error_record(failed: &Failed, provenance: Value) -> String {
-    error_value(failed, provenance).to_string()
-}
-
-/// [`error_record`] before serialization.
+/// The output record of an error.
 pub fn error_value(failed: &Failed, provenance: Value) -> Value {
     json!({
         "id": failed.id.clone().unwrap_or(Value::Null),

@@ -40,6 +40,19 @@ pub struct ModelProvenance {
     pub switches: std::collections::BTreeMap<String, String>,
 }
 
+impl ModelProvenance {
+    /// The provenance as the JSON object every result's `provenance` starts from (see
+    /// [`crate::result::decision_provenance`]).
+    pub fn object(&self) -> serde_json::Result<serde_json::Map<String, serde_json::Value>> {
+        match serde_json::to_value(self)? {
+            serde_json::Value::Object(m) => Ok(m),
+            other => Err(serde::ser::Error::custom(format!(
+                "model provenance serialized to {other}, not an object"
+            ))),
+        }
+    }
+}
+
 /// What provenance records about a GGUF checkpoint.
 #[derive(Debug, Clone, Serialize)]
 pub struct GgufProvenance {
@@ -52,17 +65,6 @@ pub struct GgufProvenance {
     /// Tensors stored in a block format and held dense in the compute dtype (embedding, output
     /// head, …), per stored type; the linear weights of a block format stay in it.
     pub dequantized_at_load: std::collections::BTreeMap<String, usize>,
-}
-
-/// Per-result provenance: the model side plus the request side.
-#[derive(Debug, Clone, Serialize)]
-pub struct Provenance<'a> {
-    #[serde(flatten)]
-    pub model: &'a ModelProvenance,
-    pub mode: forkscore_engine::Mode,
-    pub temperature: f64,
-    pub temperature_source: &'a forkscore_engine::TemperatureSource,
-    pub schema_hash: &'a str,
 }
 
 /// Per-record provenance of a batch job: the model side plus the job's request side (typed;
