@@ -11,13 +11,12 @@ use forkscore_backends::candle::CandleBackend;
 use forkscore_backends::Quantization;
 use forkscore_engine::schema::Scoring;
 use forkscore_engine::{
-    CompiledSchema, Engine, EngineError, GroupBudget, Mode, Schema, ScoreOptions,
-    DEFAULT_MAX_INPUT_TOKENS,
+    CompiledSchema, Engine, EngineError, GroupBudget, Schema, DEFAULT_MAX_INPUT_TOKENS,
 };
 use forkscore_frontend::batch::lines::{score_lines, LinesError, LinesJob};
 use forkscore_frontend::batch::{item::LineError, BatchMode};
 use forkscore_frontend::bounds::{
-    check_context_len, check_flags, check_float_flag, BoundedReadError, FlagRangeError,
+    check_context_len, check_flags, BoundedReadError, FlagRangeError,
 };
 use forkscore_frontend::device_memory::cuda_memory_bytes;
 use forkscore_frontend::load::{self, LoadError, ModelSpec};
@@ -28,6 +27,9 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use std::path::PathBuf;
+
+mod options;
+use options::{option_error, options, parse};
 
 create_exception!(
     forkscore,
@@ -182,70 +184,6 @@ fn lines_error(py: Python<'_>, e: &LinesError) -> PyErr {
             with_kind(py, Error::new_err(e.to_string()), &"batch")
         }
     }
-}
-
-fn option_error(py: Python<'_>, what: &str, value: &str, e: impl std::fmt::Display) -> PyErr {
-    with_kind(
-        py,
-        OptionsError::new_err(format!("{what} {value:?}: {e}")),
-        &"options",
-    )
-}
-
-fn parse<T: std::str::FromStr>(py: Python<'_>, what: &str, value: &str) -> PyResult<T>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .parse::<T>()
-        .map_err(|e| option_error(py, what, value, e))
-}
-
-/// The request options every scoring call takes (keyword arguments in Python).
-#[derive(Clone)]
-struct Options {
-    score: ScoreOptions,
-    scoring: Scoring,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn options(
-    py: Python<'_>,
-    mode: &str,
-    temperature: Option<f64>,
-    max_input_tokens: usize,
-    field_batch_size: Option<usize>,
-    allow_uncalibrated: bool,
-    include_prompt: bool,
-    allowed_mass: bool,
-    top_k: usize,
-    scoring: &str,
-    literal_value: &str,
-) -> PyResult<Options> {
-    check_flags(&[
-        ("--max-input-tokens", Some(max_input_tokens)),
-        ("--field-batch-size", field_batch_size),
-        ("--top-k", Some(top_k)),
-    ])
-    .map_err(|e| flag_error(py, &e))?;
-    check_float_flag("--temperature", temperature, 1e6).map_err(|e| flag_error(py, &e))?;
-    Ok(Options {
-        score: ScoreOptions {
-            mode: parse::<Mode>(py, "mode", mode)?,
-            field_batch_size,
-            temperature,
-            allow_uncalibrated,
-            max_input_tokens,
-            include_prompt,
-            allowed_mass: allowed_mass.then_some(top_k),
-            literal_value: parse::<forkscore_engine::LiteralValue>(
-                py,
-                "literal_value",
-                literal_value,
-            )?,
-        },
-        scoring: parse::<Scoring>(py, "scoring", scoring)?,
-    })
 }
 
 /// The schema's JSON text: a `str` as it is, anything else through `json.dumps` (dict order
@@ -607,16 +545,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ScoringError", py.get_type::<ScoringError>())?;
     m.add("__version__", forkscore_frontend::provenance::VERSION)?;
     m.add("DEFAULT_MAX_INPUT_TOKENS", DEFAULT_MAX_INPUT_TOKENS)?;
-    // the request options every front end shares (name, CLI flag, values, default)
-    let options = pyo3::types::PyList::empty(py);
-    for o in forkscore_engine::OPTIONS {
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("name", o.name)?;
-        d.set_item("flag", o.flag)?;
-        d.set_item("values", o.values)?;
-        d.set_item("default", o.default)?;
-        options.append(d)?;
-    }
-    m.add("OPTIONS", options)?;
+    m.add("OPTIONS", options::option_table(py)?)?;
     Ok(())
 }

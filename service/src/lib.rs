@@ -16,6 +16,7 @@
 //! front ends' one result builder, `forkscore_frontend::result`) → response. [`metrics`] counts
 //! it all for `/metrics`, [`logging`] writes a line per request; [`routes`] wires the endpoints.
 
+pub mod api_types;
 pub mod config;
 pub mod error;
 pub mod guard;

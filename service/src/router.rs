@@ -4,8 +4,8 @@
 
 use crate::openai;
 use crate::routes::{
-    ask, decide_many, generate, health, method_not_allowed, metrics, not_found, openapi, page,
-    presets, score, AppState,
+    ask, decide_many, generate, health, method_not_allowed, metrics, not_found, page, presets,
+    score, AppState,
 };
 use axum::routing::{get, post};
 use axum::Router;
@@ -22,7 +22,7 @@ pub fn router<B: Backend + 'static>(state: Arc<AppState<B>>) -> Router {
         .route("/v1/presets", get(presets))
         .route("/health", get(health::<B>))
         .route("/metrics", get(metrics::<B>))
-        .route("/openapi.json", get(openapi))
+        .route("/openapi.json", get(crate::openapi::serve))
         .route("/v1/chat/completions", post(openai::chat_completions::<B>))
         .route("/v1/models", get(openai::models::<B>))
         // after every route: it applies to the routes already added

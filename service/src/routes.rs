@@ -23,13 +23,13 @@
 //! Any other path is a 404 and another method on a known path a 405 (with `Allow`), both with
 //! the JSON error body of every other refusal.
 
-use crate::config::ServeConfig;
-use crate::error::ApiError;
-use crate::metrics::Metrics;
-use crate::openapi::types::{
+use crate::api_types::{
     AskRequest, DecideManyRequest, DecideManyResponse, ErrorBody, GenerateRequest, GenerateResult,
     Health, Presets, ScoreRequest, ScoreResult,
 };
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
 use crate::schemas::SchemaCache;
@@ -517,15 +517,6 @@ pub(crate) async fn metrics<B: Backend + 'static>(State(s): State<Arc<AppState<B
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         s.metrics.render(),
-    )
-        .into_response()
-}
-
-#[utoipa::path(get, tag = "forkscore", path = "/openapi.json", summary = "This description", responses((status = 200, description = "OpenAPI 3.1", body = Object, content_type = "application/json")))]
-pub(crate) async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        crate::openapi::document_json(),
     )
         .into_response()
 }

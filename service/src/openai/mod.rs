@@ -13,9 +13,9 @@ pub mod refs;
 pub mod request;
 pub mod response;
 
+use crate::api_types::openai::{ChatCompletion, ChatRequest, ModelList, OpenAIError};
+use crate::api_types::ErrorBody;
 use crate::error::ApiError;
-use crate::openapi::openai_types::{ChatCompletion, ChatRequest, ModelList, OpenAIError};
-use crate::openapi::types::ErrorBody;
 use crate::routes::{read_json_body, score_contexts, AppState};
 use axum::body::Body;
 use axum::extract::State;

@@ -2,7 +2,7 @@
 //! each field means to forkscore). The request is parsed by hand ([`crate::openai::request`]);
 //! this type describes it.
 
-use super::types::{Options, ScoreResult};
+use super::{Options, ScoreResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;

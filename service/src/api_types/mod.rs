@@ -8,6 +8,8 @@
 //! the path), so their types here only describe them; tests check that their property names
 //! are the keys those parsers accept, and that real responses validate against the schemas.
 
+pub mod openai;
+
 use forkscore_engine::generate::Baseline;
 use forkscore_engine::{Decision, Mode, TemperatureSource};
 use serde::{Deserialize, Serialize};
