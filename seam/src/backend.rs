@@ -23,18 +23,7 @@ use crate::request::{CandidateLogits, ScoreRequest, ScoreRow};
 use crate::tree::TreeRequest;
 use crate::vocab::{PositionVocab, VocabRequest};
 
-/// A retained prefix state (attention K/V, and conv + recurrent state for linear-attention
-/// layers). Produced by [`Backend::prefill`]; read-only afterwards.
-pub trait PrefixState: Send + Sync {
-    /// Number of prefix tokens this state covers.
-    fn len(&self) -> usize;
-    /// True when the state covers no token.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Bytes held by the state (for memory budgets and telemetry).
-    fn nbytes(&self) -> usize;
-}
+pub use crate::state::PrefixState;
 
 /// The seam. One implementation per family of devices/runtimes (candle covers CPU/CUDA/Metal);
 /// a deterministic fake lives in `forkscore-testkit` for engine tests.

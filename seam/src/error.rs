@@ -18,9 +18,17 @@ pub enum BackendError {
     #[error("the model produced a non-finite logit at position {position}: {logit}")]
     NonFiniteLogit {
         position: usize,
-        logit: crate::topk::NonFiniteLogit,
+        logit: NonFiniteLogit,
     },
     /// The device failed or is unavailable.
     #[error("device error: {reason}")]
     Device { reason: String },
+}
+
+/// A logit the top-K selection cannot order: NaN, or +inf (whose log-probability is NaN).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("token id {id} has the non-finite logit {value}")]
+pub struct NonFiniteLogit {
+    pub id: u32,
+    pub value: f32,
 }

@@ -21,6 +21,7 @@ pub mod error;
 pub mod facts;
 pub mod files;
 pub mod request;
+pub mod state;
 pub mod topk;
 pub mod tree;
 pub mod vocab;

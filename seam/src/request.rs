@@ -8,8 +8,8 @@
 //! the row's decision position ([`VocabRow`]: one f32 logsumexp and the exact top-K); without
 //! it a backend projects only the candidate rows and [`CandidateLogits::vocab`] is `None`.
 
-use crate::backend::PrefixState;
 use crate::error::BackendError;
+use crate::state::PrefixState;
 use crate::vocab::{check_top_k, VocabRow};
 
 /// One row to score: the index (into the request's states) of the prefix state it continues,

@@ -28,13 +28,7 @@ use std::cmp::Ordering;
 /// Logits per prefilter block.
 pub const BLOCK: usize = 64;
 
-/// A logit the top-K selection cannot order: NaN, or +inf (whose log-probability is NaN).
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("token id {id} has the non-finite logit {value}")]
-pub struct NonFiniteLogit {
-    pub id: u32,
-    pub value: f32,
-}
+pub use crate::error::NonFiniteLogit;
 
 /// The log-probability of logit `x` in a row whose logsumexp is `lse` (−inf stays −inf, also
 /// when the whole row is −inf).

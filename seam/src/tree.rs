@@ -10,9 +10,9 @@
 //! (so index order is a topological order), a child continues its parent's state, at least one
 //! node is projected. Token ids are not checked here (their bound is the backend's vocabulary).
 
-use crate::backend::PrefixState;
 use crate::error::BackendError;
 use crate::request::ScoreRow;
+use crate::state::PrefixState;
 use crate::vocab::check_top_k;
 
 /// One token of a tree.
