@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the prebuilt artefacts of one release into one folder (docs/install.md describes them):
-#   forkscore-<version>-cp39-abi3-manylinux_2_28_x86_64.whl   the Python package (maturin, release
-#       profile, stripped; one abi3 wheel for every CPython >= 3.9)
+#   forkscore-<version>-cp39-abi3-manylinux_2_34_x86_64.whl   the Python package (maturin, release
+#       profile, stripped; one abi3 wheel for every CPython >= 3.9, on glibc >= 2.34)
 #   forkscore-<version>-x86_64-linux-cpu.tar.gz    the stripped `forkscore` binary (release profile,
 #       CPU), README.md, LICENSE when the repository has one, docs/*.md, examples/
 #   forkscore-<version>-x86_64-linux-cuda.tar.gz   only when a carry folder of scripts/build-cuda.sh
@@ -10,9 +10,11 @@
 #
 # Usage: scripts/release.sh [OUTDIR]
 # Env:   OUT            the output folder when OUTDIR is not given (default target/release-artifacts)
-#        WHEEL_COMPAT   maturin's --compatibility (default manylinux_2_28; maturin checks the glibc
-#                       symbol versions the extension uses and refuses a tag they do not fit;
-#                       `linux` gives the honest native tag, which PyPI does not accept)
+#        WHEEL_COMPAT   maturin's --compatibility (default manylinux_2_34). maturin checks the glibc
+#                       symbol versions the extension uses and refuses a tag they do not fit: built
+#                       on a newer glibc (Debian 12's 2.36) the extension needs GLIBC_2.34, so
+#                       manylinux_2_28 is refused; an older tag needs an older build machine (a
+#                       manylinux container) or `maturin --zig`. `linux` gives the native tag.
 #        CARRY_DIR      the CUDA carry folder to package (default <repo>/carry)
 #        NICE           niceness of the builds (default 10)
 #        CARGO_TARGET_DIR, PYTHON, FORKSCORE_VENV  as for cargo and scripts/python-venv.sh
@@ -24,7 +26,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 OUT_DIR=${1:-${OUT:-target/release-artifacts}}
-WHEEL_COMPAT=${WHEEL_COMPAT:-manylinux_2_28}
+WHEEL_COMPAT=${WHEEL_COMPAT:-manylinux_2_34}
 CARRY_DIR=${CARRY_DIR:-$REPO/carry}
 NICE=${NICE:-10}
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
