@@ -12,12 +12,22 @@ import functools
 from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Sequence, Union
 
 from forkscore import _inputs
-from forkscore._native import DEFAULT_MAX_INPUT_TOKENS
+from forkscore._native import DEFAULT_MAX_INPUT_TOKENS, OptionsError
 from forkscore._native import Scorer as _NativeScorer
 
 #: The one field `ask()` builds its schema with.
 ASK_FIELD = "answer"
 
+
+
+def _check_switches(**switches: Any) -> None:
+    """The boolean options must be booleans: an OptionsError naming the option otherwise (the
+    same rule and words as the service's `options`, instead of the binding's bare TypeError)."""
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            err = OptionsError(f"{name} {value!r}: must be a boolean (True or False)")
+            err.kind = "options"
+            raise err
 
 class Answer(NamedTuple):
     """What `ask()` returns: the chosen value (a choice, or a bool for a yes/no question), the
@@ -116,6 +126,11 @@ class Scorer:
         literal_value: str = "argmax",
     ) -> Dict[str, Any]:
         """One decision: the dict `forkscore score` prints. Raises a forkscore.Error subclass."""
+        _check_switches(
+            allow_uncalibrated=allow_uncalibrated,
+            include_prompt=include_prompt,
+            allowed_mass=allowed_mass,
+        )
         return self._native.score(
             context,
             schema,
@@ -158,6 +173,11 @@ class Scorer:
         instance of that context (returned, with `row` and `label` set). An item that is not a
         str raises InvalidContext naming the rows before anything is scored (errors="raise"),
         or is returned as an InvalidContext in place (errors="keep")."""
+        _check_switches(
+            allow_uncalibrated=allow_uncalibrated,
+            include_prompt=include_prompt,
+            allowed_mass=allowed_mass,
+        )
         given = _inputs.normalise(contexts, column)
         bad = _inputs.invalid(given, errors)
         bad_rows = {e.row for e in bad}
@@ -230,6 +250,11 @@ class Scorer:
         literal_value: str = "argmax",
     ) -> Any:
         """`forkscore batch` in memory: (line number, JSONL line) pairs in, records out."""
+        _check_switches(
+            allow_uncalibrated=allow_uncalibrated,
+            include_prompt=include_prompt,
+            allowed_mass=allowed_mass,
+        )
         return self._native.batch_records(
             lines,
             schema,
