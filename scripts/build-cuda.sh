@@ -6,7 +6,8 @@
 # In:  the repository; env CUDA_VENV (default /work/cuda-venv),
 #      CARGO_TARGET_DIR (default /work/cuda-target, kept apart from CPU builds
 #      because the features differ), CARRY_DIR (default <repo>/carry),
-#      CUDA_COMPUTE_CAP (default 90 = H100/H200), NICE (default 10).
+#      CUDA_COMPUTE_CAP (default 90 = H100/H200: forkscore's kernels), FORKSCORE_CUDA_ARCHS
+#      (default 80,90: machine code of candle's kernels, see scripts/cuda-patches/), NICE (default 10).
 # Out: $CARRY_DIR/{forkscore,modes-bench,gpu-tests}.xz, run.sh, gpu-device-run.sh,
 #      parallel_schema.json
 #      run.sh sets LD_LIBRARY_PATH for the GPU machine (driver libcuda.so.1 in
@@ -49,8 +50,17 @@ stage() { # src name
   echo "staged $CARRY_DIR/$2.xz ($(du -h "$CARRY_DIR/$2.xz" | cut -f1))" >&2
 }
 
+# candle with its kernels as fat binaries (machine code, no JIT at first use): patched copies
+# under the target folder, passed as `[patch]` tables on the command line; cargo records the
+# patch in Cargo.lock, which is restored afterwards (CPU builds use the registry crates).
+PATCHED="$CARGO_TARGET_DIR/patched-candle"
+mapfile -t PATCH_ARGS < <("$REPO/scripts/cuda-patches/apply.sh" "$PATCHED")
+cp -f Cargo.lock "$CARGO_TARGET_DIR/Cargo.lock.orig"
+trap 'cp -f "$CARGO_TARGET_DIR/Cargo.lock.orig" "$REPO/Cargo.lock"' EXIT
+export FORKSCORE_CUDA_ARCHS="${FORKSCORE_CUDA_ARCHS:-80,90}"
+
 # bin forkscore, bench modes (harness = false: a plain main) and the GPU test binary.
-exes="$(cargo_exes build --profile release \
+exes="$(cargo_exes build --profile release "${PATCH_ARGS[@]}" \
   -p forkscore-pipeline -p forkscore-benches -p forkscore-backends \
   --features forkscore-backends/cuda --bin forkscore --bench modes --test gpu)"
 pick() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n {print $3}' <<<"$exes"; }

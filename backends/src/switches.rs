@@ -146,12 +146,6 @@ pub const TABLE: &[Switch] = &[
         doc: "`candle`: candle's default CUDA allocator and stream settings instead of stream-ordered allocation",
     },
     Switch {
-        name: "FORKSCORE_KERNEL_WARMUP",
-        effect: Diagnostic,
-        accepts: OneOf(&["0", "1"]),
-        doc: "`1`: compile candle's CUDA kernels in a background thread at load",
-    },
-    Switch {
         name: "FORKSCORE_PROFILE",
         effect: Diagnostic,
         accepts: OneOf(&["0", "1"]),

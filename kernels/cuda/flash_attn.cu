@@ -20,7 +20,21 @@
 //   past_start (B) int32          first visible past key per row; nullptr = 0 for every row
 //   tree    (L, L) uint8          new key j visible to new query l; nullptr = causal. Every row's
 //                                 visible keys must lie in 0 ..= l (parents come first).
+//   seg_off (n_seg + 1) int32     varlen prefill (B == 1, no past): the new tokens are n_seg
+//                                 segments packed back to back, segment s = positions
+//                                 seg_off[s] .. seg_off[s+1]; each attends only to itself
+//                                 (causal). nullptr = one segment of L tokens.
+//   slot_past (S, 5) int64        the past as a table of S separately stored slots instead of
+//                                 k_past / v_past: per slot its K and V addresses (KV head 0,
+//                                 position 0), its own length P_s and its K and V head strides
+//                                 in elements (positions HD apart). Row b reads slot b / (B/S),
+//                                 all its keys visible. nullptr = k_past / v_past.
 //   out     (B, L, H·HD)
+//
+// Batch invariance: a segment of a varlen call is computed by blocks laid out exactly as a solo
+// call of that segment lays them out (query tiles and key tiles start at the segment's first
+// position), and a slot of the table exactly as a solo call over that slot's stacked past (key
+// tiles from position 0 of its own past), so both are bit-identical to the solo launches.
 //
 // Work decomposition: a block owns (row b, KV head, a tile of BM = 64 query rows), where the
 // query rows of one KV head are its G query heads folded position-major (row m = l·G + g), so the
@@ -99,6 +113,8 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
                                 const __nv_bfloat16* __restrict__ v_past,
                                 const int32_t* __restrict__ past_start,
                                 const uint8_t* __restrict__ tree,
+                                const int32_t* __restrict__ seg_off, int n_seg,
+                                const long long* __restrict__ slot_past,
                                 __nv_bfloat16* __restrict__ out, int B, int H, int Hkv, int L,
                                 int S, int P, float scale_log2) {
     constexpr int SR = HD + PAD;  // shared row stride (bf16)
@@ -110,8 +126,24 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
     __nv_bfloat16* sv = sk + 2 * BN * SR;                            // 2 × BN × SR
 
     const int G = H / Hkv;
+    const int hkv = blockIdx.y, b = blockIdx.z;
+    // LS: the position stride of q / k_new / v_new / out; base: this block's first position;
+    // L becomes the length of the block's own segment.
+    const int LS = L;
+    int tile = blockIdx.x, base = 0;
+    if (seg_off != nullptr) {
+        int first = 0, s = 0;
+        for (; s < n_seg; ++s) {
+            const int tiles = (G * (seg_off[s + 1] - seg_off[s]) + BM - 1) / BM;
+            if (tile < first + tiles) break;
+            first += tiles;
+        }
+        if (s == n_seg) return;  // past the last segment's tiles (the grid is never larger)
+        tile -= first;
+        base = seg_off[s];
+        L = seg_off[s + 1] - base;
+    }
     const int rows_total = G * L;
-    const int tile = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
     const int m0 = tile * BM;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -123,7 +155,8 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
         uint4 val = make_uint4(0, 0, 0, 0);
         if (m < rows_total) {
             const int l = m / G, gh = m % G;
-            const size_t off = ((static_cast<size_t>(b) * H + hkv * G + gh) * L + l) * HD + c;
+            const size_t off =
+                ((static_cast<size_t>(b) * H + hkv * G + gh) * LS + base + l) * HD + c;
             val = *reinterpret_cast<const uint4*>(q + off);
         }
         *reinterpret_cast<uint4*>(sq + r * SR + c) = val;
@@ -135,16 +168,26 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
     // Keys of this block: the visible past, then new keys up to the block's last position.
     const int last_m = min(m0 + BM, rows_total) - 1;
     const int new_end = min(L, last_m / G + 1);
+    // This block's past: a slot of the stacked (Hkv, S, P, HD) past, or of the slot table.
+    const int slot = S > 0 ? b / (B / S) : 0;
+    const __nv_bfloat16* kp = nullptr;
+    const __nv_bfloat16* vp = nullptr;
+    if (slot_past != nullptr) {
+        const long long* e = slot_past + static_cast<size_t>(slot) * 5;
+        P = static_cast<int>(e[2]);
+        kp = reinterpret_cast<const __nv_bfloat16*>(e[0]) + static_cast<size_t>(hkv) * e[3];
+        vp = reinterpret_cast<const __nv_bfloat16*>(e[1]) + static_cast<size_t>(hkv) * e[4];
+    } else if (P > 0) {
+        kp = k_past + (static_cast<size_t>(hkv) * S + slot) * P * HD;
+        vp = v_past + (static_cast<size_t>(hkv) * S + slot) * P * HD;
+    }
     const int start = (P > 0 && past_start != nullptr) ? past_start[b] : 0;
     const int past_first_tile = P > 0 ? start / BN : 0;
     const int past_tiles = P > 0 ? (P + BN - 1) / BN - past_first_tile : 0;
     const int new_tiles = (new_end + BN - 1) / BN;
     const int n_tiles = past_tiles + new_tiles;
-    const int slot = P > 0 ? b / (B / S) : 0;
-    const __nv_bfloat16* kp = P > 0 ? k_past + (static_cast<size_t>(hkv) * S + slot) * P * HD : nullptr;
-    const __nv_bfloat16* vp = P > 0 ? v_past + (static_cast<size_t>(hkv) * S + slot) * P * HD : nullptr;
-    const __nv_bfloat16* kn = k_new + (static_cast<size_t>(b) * Hkv + hkv) * L * HD;
-    const __nv_bfloat16* vn = v_new + (static_cast<size_t>(b) * Hkv + hkv) * L * HD;
+    const __nv_bfloat16* kn = k_new + ((static_cast<size_t>(b) * Hkv + hkv) * LS + base) * HD;
+    const __nv_bfloat16* vn = v_new + ((static_cast<size_t>(b) * Hkv + hkv) * LS + base) * HD;
 
     // Tile i covers keys [k0, k0 + BN) of the past (i < past_tiles) or of the new keys.
     auto tile_src = [&](int i, int& k0, int& rows, bool& is_past) {
@@ -299,7 +342,8 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
         const int l = m / G, gh = m % G;
         const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
         __nv_bfloat16* dst =
-            out + (static_cast<size_t>(b) * L + l) * H * HD + static_cast<size_t>(hkv * G + gh) * HD;
+            out + (static_cast<size_t>(b) * LS + base + l) * H * HD +
+            static_cast<size_t>(hkv * G + gh) * HD;
 #pragma unroll
         for (int d = 0; d < DT; ++d) {
             const uint32_t v = pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
@@ -315,10 +359,10 @@ __device__ void flash_attn_body(const __nv_bfloat16* __restrict__ q,
     extern "C" __global__ void __launch_bounds__(THREADS) flash_attn_hd##HD(                   \
         const __nv_bfloat16* q, const __nv_bfloat16* k_new, const __nv_bfloat16* v_new,         \
         const __nv_bfloat16* k_past, const __nv_bfloat16* v_past, const int32_t* past_start,    \
-        const uint8_t* tree, __nv_bfloat16* out, int B, int H, int Hkv, int L, int S, int P,    \
-        float scale_log2) {                                                                     \
-        flash_attn_body<HD, BN>(q, k_new, v_new, k_past, v_past, past_start, tree, out, B, H,   \
-                                Hkv, L, S, P, scale_log2);                                      \
+        const uint8_t* tree, const int32_t* seg_off, int n_seg, const long long* slot_past,     \
+        __nv_bfloat16* out, int B, int H, int Hkv, int L, int S, int P, float scale_log2) {     \
+        flash_attn_body<HD, BN>(q, k_new, v_new, k_past, v_past, past_start, tree, seg_off,     \
+                                n_seg, slot_past, out, B, H, Hkv, L, S, P, scale_log2);         \
     }
 
 FLASH_ATTN_KERNEL(64, 64)

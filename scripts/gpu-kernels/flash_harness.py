@@ -53,8 +53,9 @@ def launch(mod, q, kn, vn, kp, vp, start):
     g = H // hkv
     grid = ((g * L + BM - 1) // BM, hkv, B)
     ptr = lambda t: t.data_ptr() if t is not None else 0
-    # tree = nullptr: causal new keys (the tree-mask form is checked by the GPU tests)
-    f(grid, (128,), (ptr(q), ptr(kn), ptr(vn), ptr(kp), ptr(vp), ptr(start), 0, ptr(out),
+    # tree, seg_off, slot_past = nullptr: causal new keys over a stacked past (the tree-mask form
+    # is checked by the GPU tests, the varlen and slot-table forms by flash_varlen_harness.py)
+    f(grid, (128,), (ptr(q), ptr(kn), ptr(vn), ptr(kp), ptr(vp), ptr(start), 0, 0, cp.int32(0), 0, ptr(out),
                      cp.int32(B), cp.int32(H), cp.int32(hkv), cp.int32(L), cp.int32(S), cp.int32(P),
                      cp.float32(1.0 / math.sqrt(hd) * math.log2(math.e))),
       shared_mem=smem_bytes(hd))

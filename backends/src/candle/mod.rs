@@ -240,7 +240,6 @@ impl CandleBackend {
             }
         };
         let device = options.device.open()?;
-        cuda::warmup::compile_candle_kernels(&device);
         let view = match &store {
             LoadedStore::Safetensors(shards) => {
                 load::config::check_against_tensors(&config, shards.shapes())?;

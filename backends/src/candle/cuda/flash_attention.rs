@@ -10,6 +10,11 @@
 //! first). Out: `(B, L, H·hd)` bf16. Query `l` sees the visible past and new keys `0..=l`, under
 //! a tree only those its visibility row opens.
 //!
+//! Two batched forms take many contexts in one launch, each bit-identical to its solo launch
+//! (the kernel lays out a segment's or a slot's blocks exactly as its solo call does):
+//! [`attend_varlen`] — a packed prefill's segments back to back, each attending only to itself;
+//! [`attend_slot_table`] — scoring rows over several separately stored pasts (one per slot).
+//!
 //! Supported: bf16, `hd ∈ {64, 128, 256}`, `H` a multiple of `Hkv`; [`supports`] says whether
 //! a call can take this path. Without the `cuda` feature, or on another device, it is false.
 
@@ -47,6 +52,61 @@ pub(crate) fn attend(
         .map_err(CandleError::tensor("flash attention"))
 }
 
+/// Packed prefill: q `(1, H, T, hd)`, k / v `(1, Hkv, T, hd)` holding the segments
+/// `(start, len)` back to back (covering `0..T` in order) -> `(1, T, H·hd)`, each segment
+/// attending causally to itself only, bit-identical to [`attend`] on that segment alone.
+#[cfg(feature = "cuda")]
+pub(crate) fn attend_varlen(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    segments: &[(usize, usize)],
+) -> Result<Tensor, CandleError> {
+    cuda::attend_varlen(q, k_new, v_new, segments)
+        .map_err(CandleError::tensor("flash attention (varlen)"))
+}
+
+/// Scoring rows over `S` slots: q `(B, H, L, hd)`, the new k / v `(B, Hkv, L, hd)` with
+/// `B / S` consecutive rows per slot, slot `s`'s past `(Hkv, 1, P_s, hd)` (all of it visible)
+/// -> `(B, L, H·hd)`. A slot's rows at positions below its own call length are bit-identical to
+/// [`attend`] over that slot alone; later positions are padding (finite, never read).
+#[cfg(feature = "cuda")]
+pub(crate) fn attend_slot_table(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    slots: &[(Tensor, Tensor)],
+) -> Result<Tensor, CandleError> {
+    cuda::attend_slot_table(q, k_new, v_new, slots)
+        .map_err(CandleError::tensor("flash attention (slot table)"))
+}
+
+/// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn attend_varlen(
+    _q: &Tensor,
+    _k_new: &Tensor,
+    _v_new: &Tensor,
+    _segments: &[(usize, usize)],
+) -> Result<Tensor, CandleError> {
+    Err(CandleError::InvalidRequest {
+        reason: "the flash attention kernel needs the `cuda` feature".into(),
+    })
+}
+
+/// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn attend_slot_table(
+    _q: &Tensor,
+    _k_new: &Tensor,
+    _v_new: &Tensor,
+    _slots: &[(Tensor, Tensor)],
+) -> Result<Tensor, CandleError> {
+    Err(CandleError::InvalidRequest {
+        reason: "the flash attention kernel needs the `cuda` feature".into(),
+    })
+}
+
 /// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
 #[cfg(not(feature = "cuda"))]
 pub(crate) fn attend(
@@ -66,7 +126,7 @@ pub(crate) fn attend(
 mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
     use half::bf16;
@@ -100,6 +160,16 @@ mod cuda {
         past: Option<(Tensor, Tensor)>,
         past_start: Option<Tensor>,
         tree: Option<Tensor>,
+        batched: Batched,
+    }
+
+    /// The batched forms of one launch (see the kernel's `seg_off` / `slot_past`).
+    enum Batched {
+        None,
+        /// Segment `(start, len)`s of a packed prefill, back to back over `0..T`.
+        Varlen(Vec<(usize, usize)>),
+        /// One contiguous past `(Hkv, 1, P_s, hd)` per slot.
+        SlotTable(Vec<(Tensor, Tensor)>),
     }
 
     const OP: &str = "flash attention";
@@ -143,10 +213,6 @@ mod cuda {
                 )),
                 None => None,
             };
-            let (slots, p) = match &self.past {
-                Some((k, _)) => (k.dim(1)?, k.dim(2)?),
-                None => (0, 0),
-            };
             let start_guard = self.past_start.as_ref().map(|t| t.storage_and_layout());
             let past_start = match &start_guard {
                 Some((s, layout)) => Some(contiguous_view::<u32>(s, layout, OP, "past starts")?),
@@ -156,6 +222,64 @@ mod cuda {
             let tree = match &tree_guard {
                 Some((s, layout)) => Some(contiguous_view::<u8>(s, layout, OP, "tree visibility")?),
                 None => None,
+            };
+
+            let stream = dev.cuda_stream();
+            let g = h / hkv;
+            // The varlen segment offsets, or the slot table (addresses read while the guards
+            // below hold each slot's storage), uploaded for this launch.
+            let mut n_seg = 0i32;
+            let mut blocks_x = (g * l).div_ceil(BLOCK_ROWS);
+            let seg_off = match &self.batched {
+                Batched::Varlen(segs) => {
+                    let mut offs = Vec::with_capacity(segs.len() + 1);
+                    offs.push(0i32);
+                    for &(start, len) in segs {
+                        offs.push((start + len) as i32);
+                    }
+                    n_seg = segs.len() as i32;
+                    blocks_x = segs.iter().map(|&(_, n)| (g * n).div_ceil(BLOCK_ROWS)).sum();
+                    Some(stream.clone_htod(&offs).w()?)
+                }
+                _ => None,
+            };
+            let slot_guard: Vec<_> = match &self.batched {
+                Batched::SlotTable(slots) => slots
+                    .iter()
+                    .map(|(k, v)| (k.storage_and_layout(), v.storage_and_layout()))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let slot_views = slot_guard
+                .iter()
+                .map(|((ks, kl), (vs, vl))| {
+                    let p = kl.shape().dims()[2];
+                    Ok((
+                        contiguous_view::<bf16>(ks, kl, OP, "slot past keys")?,
+                        contiguous_view::<bf16>(vs, vl, OP, "slot past values")?,
+                        p,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mut ptr_guards = Vec::with_capacity(2 * slot_views.len());
+            let mut table = Vec::with_capacity(5 * slot_views.len());
+            for (k, v, p) in &slot_views {
+                let (kp, kg) = k.device_ptr(&stream);
+                let (vp, vg) = v.device_ptr(&stream);
+                ptr_guards.push(kg);
+                ptr_guards.push(vg);
+                // K and V addresses, the slot's length, head strides (contiguous: P·hd)
+                let head = (p * hd) as i64;
+                table.extend_from_slice(&[kp as i64, vp as i64, *p as i64, head, head]);
+            }
+            let slot_table = match (&self.batched, table.is_empty()) {
+                (Batched::SlotTable(_), false) => Some(stream.clone_htod(&table).w()?),
+                _ => None,
+            };
+            let (slots, p) = match (&self.batched, &self.past) {
+                (Batched::SlotTable(s), _) => (s.len(), 0),
+                (_, Some((k, _))) => (k.dim(1)?, k.dim(2)?),
+                _ => (0, 0),
             };
 
             // SAFETY: the kernel writes every output element (each query row of every block).
@@ -169,16 +293,14 @@ mod cuda {
                 smem as i32,
             )
             .w()?;
-            let g = h / hkv;
             let cfg = LaunchConfig {
-                grid_dim: ((g * l).div_ceil(BLOCK_ROWS) as u32, hkv as u32, b as u32),
+                grid_dim: (blocks_x as u32, hkv as u32, b as u32),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: smem as u32,
             };
             let scale_log2 = (hd as f32).powf(-0.5) * std::f32::consts::LOG2_E;
             let ints = [b, h, hkv, l, slots, p].map(|v| v as i32);
             let null: u64 = 0;
-            let stream = dev.cuda_stream();
             let mut builder = stream.launch_builder(&func);
             builder.arg(&q);
             builder.arg(&kn);
@@ -201,6 +323,15 @@ mod cuda {
                 Some(t) => builder.arg(t),
                 None => builder.arg(&null),
             };
+            match &seg_off {
+                Some(s) => builder.arg(s),
+                None => builder.arg(&null),
+            };
+            builder.arg(&n_seg);
+            match &slot_table {
+                Some(t) => builder.arg(t),
+                None => builder.arg(&null),
+            };
             builder.arg(&mut out);
             for v in &ints {
                 builder.arg(v);
@@ -210,6 +341,7 @@ mod cuda {
             // checked by `attend`.
             unsafe { builder.launch(cfg) }.w()?;
             drop(builder);
+            drop(ptr_guards);
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev),
                 Shape::from((b, l, h * hd)),
@@ -275,6 +407,86 @@ mod cuda {
             past,
             past_start,
             tree,
+            batched: Batched::None,
+        };
+        q.contiguous()?.apply_op1_no_bwd(&op)
+    }
+
+    /// Shapes of a batched call: q `(B, H, L, hd)` and k / v `(B, Hkv, L, hd)` that fit.
+    fn check_new(q: &Tensor, k_new: &Tensor, v_new: &Tensor) -> Result<(usize, usize, usize)> {
+        let (b, h, l, hd) = q.dims4()?;
+        let (kb, hkv, kl, khd) = k_new.dims4()?;
+        if (kb, kl, khd) != (b, l, hd) || v_new.dims() != k_new.dims() || h % hkv != 0 {
+            candle_core::bail!(
+                "{OP}: q {:?}, new k {:?}, new v {:?} do not fit",
+                q.dims(),
+                k_new.dims(),
+                v_new.dims()
+            );
+        }
+        Ok((b, l, hkv))
+    }
+
+    pub(super) fn attend_varlen(
+        q: &Tensor,
+        k_new: &Tensor,
+        v_new: &Tensor,
+        segments: &[(usize, usize)],
+    ) -> Result<Tensor> {
+        let (b, t, _) = check_new(q, k_new, v_new)?;
+        let mut next = 0;
+        for &(start, len) in segments {
+            if start != next {
+                candle_core::bail!("{OP}: segments {segments:?} do not lie back to back from 0");
+            }
+            next = start + len;
+        }
+        if b != 1 || next != t {
+            candle_core::bail!("{OP}: segments {segments:?} do not cover one row of {t} tokens");
+        }
+        let op = FlashAttention {
+            k_new: k_new.contiguous()?,
+            v_new: v_new.contiguous()?,
+            past: None,
+            past_start: None,
+            tree: None,
+            batched: Batched::Varlen(segments.to_vec()),
+        };
+        q.contiguous()?.apply_op1_no_bwd(&op)
+    }
+
+    pub(super) fn attend_slot_table(
+        q: &Tensor,
+        k_new: &Tensor,
+        v_new: &Tensor,
+        slots: &[(Tensor, Tensor)],
+    ) -> Result<Tensor> {
+        let (b, _, hkv) = check_new(q, k_new, v_new)?;
+        let hd = q.dim(3)?;
+        if slots.is_empty() || b % slots.len() != 0 {
+            candle_core::bail!("{OP}: {b} rows cannot be split over {} slots", slots.len());
+        }
+        let slots = slots
+            .iter()
+            .map(|(k, v)| {
+                let (sh, one, _, sd) = k.dims4()?;
+                if (sh, one, sd) != (hkv, 1, hd) || v.dims() != k.dims() {
+                    candle_core::bail!(
+                        "{OP}: slot past k {:?} / v {:?} do not fit {hkv} KV heads × {hd}",
+                        k.dims(),
+                        v.dims()
+                    );
+                }
+                Ok((k.contiguous()?, v.contiguous()?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let op = FlashAttention {
+            k_new: k_new.contiguous()?,
+            v_new: v_new.contiguous()?,
+            past: None,
+            past_start: None,
+            tree: None,
+            batched: Batched::SlotTable(slots),
         };
         q.contiguous()?.apply_op1_no_bwd(&op)
     }

@@ -1,4 +1,4 @@
-//! CUDA-only support: loading this crate's fat binaries (`cuda_module`), runtime settings (`cuda_runtime`), the flash attention and top-K kernels' shells (`flash_attention`, `vocab_topk`), and the background compile of candle's PTX (`warmup`). The generic candle path is kept everywhere these run.
+//! CUDA-only support: loading this crate's fat binaries (`cuda_module`), runtime settings (`cuda_runtime`), the flash attention and top-K kernels' shells (`flash_attention`, `vocab_topk`). The generic candle path is kept everywhere these run.
 
 #[cfg(feature = "cuda")]
 pub(in crate::candle) mod cuda_module;
@@ -6,4 +6,3 @@ pub(in crate::candle) mod cuda_module;
 pub mod cuda_runtime;
 pub(in crate::candle) mod flash_attention;
 pub mod vocab_topk;
-pub(in crate::candle) mod warmup;

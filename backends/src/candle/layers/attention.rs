@@ -123,6 +123,47 @@ pub fn attend(
     attend_candle(q, k_new, v_new, past, masks)
 }
 
+/// A packed prefill's attention in ONE flash launch (q `(1, H, T, hd)`, k / v
+/// `(1, Hkv, T, hd)`, segments `(start, len)` back to back) when every segment's solo call would
+/// take the flash kernel — each segment is then bit-identical to that solo call. `None`: the
+/// caller attends segment by segment.
+pub fn attend_varlen(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    segments: &[(usize, usize)],
+) -> Option<Result<Tensor, CandleError>> {
+    (kernel() == AttentionKernel::Fastest && flash_attention::supports(q, k_new, None))
+        .then(|| flash_attention::attend_varlen(q, k_new, v_new, segments))
+}
+
+/// Scoring rows over several slots' pasts in ONE flash launch (q `(B, H, L, hd)`, the new
+/// k / v `(B, Hkv, L, hd)`, `B / S` rows per slot, slot `s`'s past `(Hkv, 1, P_s, hd)`) when
+/// every slot's own call — `alone[s]`'s masks: causal new keys, the whole past visible — would
+/// take the flash kernel; each slot's rows are then bit-identical to that call up to its own
+/// length. `None`: the caller attends slot by slot.
+pub fn attend_slot_table(
+    q: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    slots: &[(Tensor, Tensor)],
+    alone: &[AttnMasks<'_>],
+) -> Option<Result<Tensor, CandleError>> {
+    let (first_k, first_v) = slots.first()?;
+    let plain = alone.iter().all(|m| {
+        m.past.is_none() && m.past_start.is_none() && m.new_keys.is_none_or(|n| !n.is_tree())
+    });
+    let past = PastKv {
+        k: first_k,
+        v: first_v,
+    };
+    (plain
+        && alone.len() == slots.len()
+        && kernel() == AttentionKernel::Fastest
+        && flash_attention::supports(q, k_new, Some(&past)))
+    .then(|| flash_attention::attend_slot_table(q, k_new, v_new, slots))
+}
+
 /// Whether [`attend`] computes this call with the flash kernel (else the candle path).
 pub fn takes_flash(
     q: &Tensor,

@@ -10,7 +10,7 @@ use crate::candle::cpu;
 use candle_core::{Tensor, D};
 
 use super::Mixer;
-use crate::candle::layers::attention::{attend, PastKv};
+use crate::candle::layers::attention::{self, attend, PastKv};
 use crate::candle::layers::linear::{Linear, QuantSummary};
 use crate::candle::layers::mlp::{apply, linear};
 use crate::candle::layers::norm::RmsNorm;
@@ -252,6 +252,10 @@ fn attend_slots(
             reason: format!("{} slot pasts without a per-slot step", slots.len()),
         });
     };
+    let alone: Vec<_> = per_slot.steps.iter().map(Step::masks).collect();
+    if let Some(o) = attention::attend_slot_table(q, k, v, slots, &alone) {
+        return o; // (B, L, H*hd)
+    }
     let r = per_slot.rows_per_slot;
     let l = step.len;
     // a slot's rows, cut to the slot's own longest row (the length its call alone would have)
@@ -291,6 +295,10 @@ fn attend_segments(
     v: &Tensor,
     packing: &Packing,
 ) -> Result<Tensor, CandleError> {
+    let spans: Vec<_> = packing.segments.iter().map(|s| (s.start, s.len)).collect();
+    if let Some(o) = attention::attend_varlen(q, k, v, &spans) {
+        return o; // (1, T, H*hd)
+    }
     let cut = |t: &Tensor, seg: &Segment| {
         t.narrow(2, seg.start, seg.len)
             .and_then(|t| t.contiguous())
