@@ -1047,3 +1047,72 @@ fn cuda_add_rms_norm_equals_add_then_norm() {
         }
     }
 }
+
+/// `--deterministic` in bf16 on the GPU: a context's scores are bit-identical whether its prefix
+/// was prefilled alone or packed with others, and whether its rows were scored alone or merged
+/// with other contexts' rows (the default path is only held to the GPU tolerance; how many of its
+/// logits move is printed).
+#[test]
+fn cuda_bf16_deterministic_is_batch_invariant() {
+    let Some(trios) = trios() else { return };
+    let cands = candidates();
+    for t in trios {
+        let ckpt = ResolvedCheckpoint::from_folder(&t.dir, "tiny-gpu").expect("resolve");
+        let det = CandleBackend::load(
+            &ckpt,
+            &LoadOptions {
+                device: DeviceSpec::Cuda(0),
+                dtype: ComputeDType::Bf16,
+                deterministic: true,
+                ..LoadOptions::default()
+            },
+        )
+        .expect("load deterministic");
+        let prefixes = [
+            ids(70, 45, t.vocab),
+            ids(71, 3, t.vocab),
+            ids(72, 70, t.vocab),
+            ids(73, 19, t.vocab),
+        ];
+        let refs: Vec<&[u32]> = prefixes.iter().map(Vec::as_slice).collect();
+        let suffixes = [ids(74, 4, t.vocab), ids(75, 2, t.vocab)];
+        for (label, gpu) in [("deterministic", &det), ("default", &t.gpu_bf16)] {
+            let packed = gpu.prefill_packed(&refs).expect("packed prefill");
+            let states: Vec<_> = packed.iter().collect();
+            // every context's two rows in one merged call
+            let rows: Vec<ScoreRow<'_>> = (0..refs.len())
+                .flat_map(|s| {
+                    suffixes.iter().map(move |x| ScoreRow {
+                        state: s,
+                        suffix: x,
+                    })
+                })
+                .collect();
+            let merged = gpu.score_rows(&states, &rows, &cands).expect("merged");
+            let mut moved = 0;
+            for (i, p) in refs.iter().enumerate() {
+                let solo_state = gpu.prefill(p).expect("solo prefill");
+                let solo_rows: Vec<ScoreRow<'_>> = suffixes
+                    .iter()
+                    .map(|x| ScoreRow { state: 0, suffix: x })
+                    .collect();
+                let solo = gpu
+                    .score_rows(&[&solo_state], &solo_rows, &cands)
+                    .expect("solo score");
+                for r in 0..suffixes.len() {
+                    let (a, b) = (merged.row(i * suffixes.len() + r), solo.row(r));
+                    let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    moved += differ;
+                    if label == "deterministic" {
+                        assert_eq!(
+                            differ, 0,
+                            "{}: context {i} row {r}: {differ} logits differ between packed+merged and alone",
+                            t.name
+                        );
+                    }
+                }
+            }
+            eprintln!("{} bf16 {label}: {moved} logits differ between packed+merged and alone", t.name);
+        }
+    }
+}

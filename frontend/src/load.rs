@@ -35,6 +35,8 @@ pub struct ModelSpec {
     pub quantize: Option<Quantization>,
     /// Extra temperature calibrations (same format as engine/data/calibration.json).
     pub calibration_file: Option<PathBuf>,
+    /// Batch-invariant GPU products (see `LoadOptions::deterministic`); no effect on the CPU.
+    pub deterministic: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,7 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
             .prefill_chunk
             .unwrap_or_else(|| LoadOptions::for_device(device).prefill_chunk),
         quantization: precision.quantization,
+        deterministic: args.deterministic,
     };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     check_quantization_applied(options.quantization, &backend.quant_summary().by_type)?;
@@ -144,6 +147,7 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
         dtype: facts.dtype,
         device: facts.device,
         quantization: facts.quantization,
+        deterministic: args.deterministic && !matches!(device, DeviceSpec::Cpu),
         chat_template,
         adapter_sha256,
         gguf,

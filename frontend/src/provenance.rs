@@ -28,6 +28,10 @@ pub struct ModelProvenance {
     /// In-memory quantization of the linear weights (`q8_0`, `q4k`, `bf16`); absent when unquantized.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
+    /// `--deterministic` on a GPU (dense products and the candidate head in fixed row blocks):
+    /// present, `true`, only when it applied.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deterministic: bool,
     pub chat_template: TemplateOrigin,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_sha256: Option<String>,

@@ -38,6 +38,12 @@ pub struct ModelArgs {
     /// Extra temperature calibrations (same format as engine/data/calibration.json).
     #[arg(long)]
     pub calibration_file: Option<PathBuf>,
+    /// On a GPU: make a context's result independent of the contexts packed or merged with it
+    /// (bit-identical to scoring it alone, also in bf16) by running every dense product and the
+    /// candidate head in fixed blocks of rows — slower; see docs/cuda-kernels.md. The CPU is
+    /// batch-invariant without it (the flag changes nothing there).
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 impl ModelArgs {
@@ -51,6 +57,7 @@ impl ModelArgs {
             prefill_chunk: self.prefill_chunk,
             quantize: self.quantize,
             calibration_file: self.calibration_file.clone(),
+            deterministic: self.deterministic,
         }
     }
 }

@@ -107,6 +107,7 @@ class Scorer:
         quantize: Optional[Quantization] = None,
         calibration_file: Optional[str] = None,
         context_special_tokens: bool = False,
+        deterministic: bool = False,
     ) -> "Scorer":
         """Load like `forkscore score --model MODEL --revision REVISION --device DEVICE`.
 

@@ -86,6 +86,7 @@ class Scorer:
         quantize: Optional[str] = None,
         calibration_file: Optional[str] = None,
         context_special_tokens: bool = False,
+        deterministic: bool = False,
     ) -> "Scorer":
         """Load like `forkscore score --model MODEL --revision REVISION --device DEVICE`."""
         return cls(
@@ -98,6 +99,7 @@ class Scorer:
                 quantize=quantize,
                 calibration_file=calibration_file,
                 context_special_tokens=context_special_tokens,
+                deterministic=deterministic,
             )
         )
 

@@ -254,7 +254,7 @@ impl Scorer {
     /// Load a model exactly as `forkscore score --model ... --revision ...` does (see
     /// docs/python.md).
     #[staticmethod]
-    #[pyo3(signature = (model, revision=None, device="cpu", dtype=None, *, prefill_chunk=None, quantize=None, calibration_file=None, context_special_tokens=false))]
+    #[pyo3(signature = (model, revision=None, device="cpu", dtype=None, *, prefill_chunk=None, quantize=None, calibration_file=None, context_special_tokens=false, deterministic=false))]
     #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
@@ -266,6 +266,7 @@ impl Scorer {
         quantize: Option<&str>,
         calibration_file: Option<PathBuf>,
         context_special_tokens: bool,
+        deterministic: bool,
     ) -> PyResult<Scorer> {
         check_flags(&[("--prefill-chunk", prefill_chunk)]).map_err(|e| flag_error(py, &e))?;
         let device = parse::<DeviceSpec>(py, "device", device)?;
@@ -281,6 +282,7 @@ impl Scorer {
                 .map(|q| parse::<Quantization>(py, "quantize", q))
                 .transpose()?,
             calibration_file,
+            deterministic,
         };
         let loaded = py
             .detach(|| load::open(&args))

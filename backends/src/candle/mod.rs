@@ -100,6 +100,11 @@ pub struct LoadOptions {
     /// Quantize the decoder's linear weights in memory at load time (the embedding, norms and
     /// candidate head stay in `dtype`); `None` keeps every weight in `dtype`.
     pub quantization: Option<Quantization>,
+    /// `--deterministic`: on GPUs, dense products in fixed row blocks and the candidate head in
+    /// fixed row blocks, so a context's result does not depend on the contexts packed or merged
+    /// with it (bf16 batch invariance, at a throughput cost). No effect on the CPU, which is
+    /// batch-invariant by construction.
+    pub deterministic: bool,
 }
 
 impl Default for LoadOptions {
@@ -109,6 +114,7 @@ impl Default for LoadOptions {
             dtype: ComputeDType::F32,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             quantization: None,
+            deterministic: false,
         }
     }
 }
@@ -126,6 +132,7 @@ impl LoadOptions {
                 GPU_PREFILL_CHUNK
             },
             quantization: None,
+            deterministic: false,
         }
     }
 }
@@ -255,7 +262,8 @@ impl CandleBackend {
             }
         };
         let weights = Weights::new(view, "", options.dtype.dtype(), &device)
-            .with_quantization(options.quantization);
+            .with_quantization(options.quantization)
+            .with_fixed_rows(options.deterministic);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
             architecture: ModelClass::from_name(&config.architecture_name)

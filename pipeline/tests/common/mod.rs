@@ -50,6 +50,7 @@ pub fn engine() -> &'static (Engine<FakeBackend>, ModelProvenance) {
             dtype: DType::F32,
             device: Device::Cpu,
             quantization: None,
+            deterministic: false,
             chat_template,
             adapter_sha256: None,
             gguf: None,
