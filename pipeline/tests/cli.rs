@@ -982,3 +982,31 @@ fn a_quantization_that_fits_no_weight_is_refused() {
     ));
     assert_eq!(v["provenance"]["quantization"], "bf16");
 }
+
+/// `--deterministic` is accepted by the model-loading commands; on the CPU, already
+/// batch-invariant, it changes nothing: the same result bit for bit, and provenance does not
+/// claim it (it records the flag only where it applied, on a GPU).
+#[test]
+fn deterministic_on_the_cpu_changes_nothing() {
+    let model = ensure_tiny_model(&TinySpec::qwen25());
+    let m = model.to_str().unwrap();
+    let path = example("support_triage.json");
+    let base = [
+        "score",
+        "--model",
+        m,
+        "--revision",
+        "r",
+        "--schema-file",
+        &path,
+        "--context",
+        CONTEXT,
+    ];
+    let plain = ok_json(&forkscore(&base, &[]));
+    let mut args = base.to_vec();
+    args.push("--deterministic");
+    let det = ok_json(&forkscore(&args, &[]));
+    assert_eq!(plain["fields"], det["fields"]);
+    assert_eq!(plain["output"], det["output"]);
+    assert!(det["provenance"].get("deterministic").is_none());
+}

@@ -247,6 +247,7 @@ fn gguf_model_loads_through_the_cli_loader_and_scores() {
         prefill_chunk: None,
         quantize: None,
         calibration_file: None,
+        deterministic: false,
     };
     let loaded = forkscore_pipeline::load::open(&args).expect("open the GGUF fixture");
     let p = serde_json::to_value(&loaded.provenance).unwrap();

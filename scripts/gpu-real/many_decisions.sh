@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The many-decision checks in ONE call on the GPU machine (~7 minutes), in this order:
+#   1. the flash kernel's varlen / slot-table forms vs solo launches and float32
+#      (scripts/gpu-kernels/flash_varlen_harness.py) and the cuBLAS row-invariance probe;
+#   2. throughput.sh: seeded checkpoints, the first decision of a fresh process (start-up),
+#      batch grouped vs direct, serve under load — with MFU beside every figure;
+#   3. batch grouped vs direct with --deterministic (bf16 batch invariance and its cost);
+#   4. a FORKSCORE_PROFILE=1 grouped batch on the 4B (where the time goes);
+#   5. the GPU conformance tests (carry/gpu-tests.xz), if present.
+# Run from the repository root with OUT set; needs carry/{forkscore.xz,run.sh} from
+# scripts/build-cuda.sh. Env: BATCH_CONTEXTS (256), CLIENTS (1,64), LOAD_S (8), COMMIT.
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+OUT="${OUT:?set OUT to a results folder}"
+mkdir -p "$OUT"
+S=scripts/gpu-real
+B=/tmp/forkscore-bin
+CK=/tmp/gpu-tput/ckpt
+echo "== kernels"
+timeout 120 python3 scripts/gpu-kernels/flash_varlen_harness.py > "$OUT/flash-varlen.log" 2>&1
+tail -12 "$OUT/flash-varlen.log"
+timeout 60 python3 scripts/gpu-kernels/gemm_invariance_probe.py > "$OUT/gemm-probe.log" 2>&1
+cat "$OUT/gemm-probe.log"
+echo "== throughput"
+BATCH_CONTEXTS="${BATCH_CONTEXTS:-256}" CLIENTS="${CLIENTS:-1,64}" LOAD_S="${LOAD_S:-8}" \
+  timeout 330 bash $S/throughput.sh > /dev/null 2>&1
+grep -E "first decision|\[batch\]|clients|==" "$OUT/run.log" | head -40
+echo "== deterministic"
+timeout 120 python3 $S/batch_case.py --forkscore "$B/run.sh $B/forkscore" --model $CK/qwen35-4b \
+  --out "$OUT/batch-qwen35-4b-deterministic.json" --contexts "${BATCH_CONTEXTS:-256}" --fields 8 \
+  --tokens 830 --timeout-s 100 --work /tmp/det --extra=--deterministic
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["modes"]; print({m: (e.get("prefix_tokens_per_s_job"), e.get("values_differing_from_first_mode")) for m, e in r.items()})' \
+  "$OUT/batch-qwen35-4b-deterministic.json"
+echo "== profile"
+FORKSCORE_PROFILE=1 timeout 60 $B/run.sh $B/forkscore batch --model $CK/qwen35-4b --revision bench \
+  --device cuda --dtype bf16 --input /tmp/det/in.jsonl --output /tmp/det/profiled.jsonl \
+  --schema-file /tmp/det/schema.json --batch-mode grouped --quiet 2> "$OUT/profile-qwen35-4b.txt"
+tail -30 "$OUT/profile-qwen35-4b.txt"
+if [[ -f carry/gpu-tests.xz ]]; then
+  echo "== gpu tests"
+  python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
+    carry/gpu-tests.xz "$B/gpu-tests"
+  chmod +x "$B/gpu-tests"
+  timeout 150 $B/run.sh "$B/gpu-tests" --test-threads 1 > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^test |test result|panicked|differ between" "$OUT/gpu-tests.log" | head -30
+fi
+echo "== done"
