@@ -140,6 +140,12 @@ pub const TABLE: &[Switch] = &[
         doc: "whole-vocabulary top-K on the GPU or on the host",
     },
     Switch {
+        name: "FORKSCORE_FLASH_BATCHED",
+        effect: ComputePath,
+        accepts: OneOf(&["off", "on"]),
+        doc: "`on`: a packed prefill's segments (varlen) and a merged scoring pass's slots (per-slot past table) each in ONE flash-attention launch on CUDA bf16, instead of one launch per segment / slot",
+    },
+    Switch {
         name: "FORKSCORE_CUDA_RUNTIME",
         effect: Diagnostic,
         accepts: OneOf(&["tuned", "candle"]),

@@ -9,6 +9,8 @@
 #   5. the GPU conformance tests (carry/gpu-tests.xz), if present.
 # Run from the repository root with OUT set; needs carry/{forkscore.xz,run.sh} from
 # scripts/build-cuda.sh. Env: BATCH_CONTEXTS (256), CLIENTS (1,64), LOAD_S (8), COMMIT.
+# Steps 2–5 run with FORKSCORE_FLASH_BATCHED=on (the batched flash forms); step 2b repeats the
+# 4B grouped batch with them off, in the same call, for the ratio.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -22,10 +24,15 @@ timeout 120 python3 scripts/gpu-kernels/flash_varlen_harness.py > "$OUT/flash-va
 tail -12 "$OUT/flash-varlen.log"
 timeout 60 python3 scripts/gpu-kernels/gemm_invariance_probe.py > "$OUT/gemm-probe.log" 2>&1
 cat "$OUT/gemm-probe.log"
+export FORKSCORE_FLASH_BATCHED=on
 echo "== throughput"
 BATCH_CONTEXTS="${BATCH_CONTEXTS:-256}" CLIENTS="${CLIENTS:-1,64}" LOAD_S="${LOAD_S:-8}" \
   timeout 330 bash $S/throughput.sh > /dev/null 2>&1
 grep -E "first decision|\[batch\]|clients|==" "$OUT/run.log" | head -40
+echo "== batched flash off (same inputs)"
+FORKSCORE_FLASH_BATCHED=off timeout 100 python3 $S/batch_case.py --forkscore "$B/run.sh $B/forkscore" \
+  --model $CK/qwen35-4b --out "$OUT/batch-qwen35-4b-flash-off.json" --contexts "${BATCH_CONTEXTS:-256}" \
+  --fields 8 --tokens 830 --timeout-s 90 --work /tmp/off --modes grouped
 echo "== deterministic"
 timeout 120 python3 $S/batch_case.py --forkscore "$B/run.sh $B/forkscore" --model $CK/qwen35-4b \
   --out "$OUT/batch-qwen35-4b-deterministic.json" --contexts "${BATCH_CONTEXTS:-256}" --fields 8 \

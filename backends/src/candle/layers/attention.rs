@@ -133,8 +133,10 @@ pub fn attend_varlen(
     v_new: &Tensor,
     segments: &[(usize, usize)],
 ) -> Option<Result<Tensor, CandleError>> {
-    (kernel() == AttentionKernel::Fastest && flash_attention::supports(q, k_new, None))
-        .then(|| flash_attention::attend_varlen(q, k_new, v_new, segments))
+    (batched_flash()
+        && kernel() == AttentionKernel::Fastest
+        && flash_attention::supports(q, k_new, None))
+    .then(|| flash_attention::attend_varlen(q, k_new, v_new, segments))
 }
 
 /// Scoring rows over several slots' pasts in ONE flash launch (q `(B, H, L, hd)`, the new
@@ -158,10 +160,19 @@ pub fn attend_slot_table(
         v: first_v,
     };
     (plain
+        && batched_flash()
         && alone.len() == slots.len()
         && kernel() == AttentionKernel::Fastest
         && flash_attention::supports(q, k_new, Some(&past)))
     .then(|| flash_attention::attend_slot_table(q, k_new, v_new, slots))
+}
+
+/// Whether the batched flash forms run (`FORKSCORE_FLASH_BATCHED=on`). Off by default until they
+/// have passed the GPU checks (`scripts/gpu-kernels/flash_varlen_harness.py`, `backends/tests/gpu.rs`)
+/// on a GPU: the per-segment / per-slot launches are the tested path.
+fn batched_flash() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::switches::is("FORKSCORE_FLASH_BATCHED", "on"))
 }
 
 /// Whether [`attend`] computes this call with the flash kernel (else the candle path).
