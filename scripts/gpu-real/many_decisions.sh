@@ -6,9 +6,11 @@
 #      batch grouped vs direct, serve under load — with MFU beside every figure;
 #   3. batch grouped vs direct with --deterministic (bf16 batch invariance and its cost);
 #   4. a FORKSCORE_PROFILE=1 grouped batch on the 4B (where the time goes);
-#   5. the GPU conformance tests (carry/gpu-tests.xz), if present.
+#   5. the GPU conformance tests (carry/gpu-tests.xz), if present — run second, right after the
+#      kernel harness (correctness before speed).
 # Run from the repository root with OUT set; needs carry/{forkscore.xz,run.sh} from
-# scripts/build-cuda.sh. Env: BATCH_CONTEXTS (256), CLIENTS (1,64), LOAD_S (8), COMMIT.
+# scripts/build-cuda.sh. Env: BATCH_CONTEXTS (256), CLIENTS (1,64), LOAD_S (8), COMMIT,
+# SKIP_SERVE=1 (no serve load), GPU_TESTS_S (150).
 # Steps 2–5 run with FORKSCORE_FLASH_BATCHED=on (the batched flash forms); step 2b repeats the
 # 4B grouped batch with them off, in the same call, for the ratio.
 set -uo pipefail
@@ -25,6 +27,15 @@ tail -12 "$OUT/flash-varlen.log"
 timeout 60 python3 scripts/gpu-kernels/gemm_invariance_probe.py > "$OUT/gemm-probe.log" 2>&1
 cat "$OUT/gemm-probe.log"
 export FORKSCORE_FLASH_BATCHED=on
+mkdir -p "$B"
+if [[ -f carry/gpu-tests.xz ]]; then
+  echo "== gpu tests"
+  python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
+    carry/gpu-tests.xz "$B/gpu-tests"
+  chmod +x "$B/gpu-tests"
+  FORKSCORE_FLASH_BATCHED=on timeout "${GPU_TESTS_S:-150}" carry/run.sh "$B/gpu-tests" --test-threads 1 > "$OUT/gpu-tests.log" 2>&1
+  grep -E "^test |test result|panicked|differ between" "$OUT/gpu-tests.log" | head -30
+fi
 echo "== throughput"
 BATCH_CONTEXTS="${BATCH_CONTEXTS:-256}" CLIENTS="${CLIENTS:-1,64}" LOAD_S="${LOAD_S:-8}" \
   timeout 330 bash $S/throughput.sh > /dev/null 2>&1
@@ -44,12 +55,4 @@ FORKSCORE_PROFILE=1 timeout 60 $B/run.sh $B/forkscore batch --model $CK/qwen35-4
   --device cuda --dtype bf16 --input /tmp/det/in.jsonl --output /tmp/det/profiled.jsonl \
   --schema-file /tmp/det/schema.json --batch-mode grouped --quiet 2> "$OUT/profile-qwen35-4b.txt"
 tail -30 "$OUT/profile-qwen35-4b.txt"
-if [[ -f carry/gpu-tests.xz ]]; then
-  echo "== gpu tests"
-  python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
-    carry/gpu-tests.xz "$B/gpu-tests"
-  chmod +x "$B/gpu-tests"
-  timeout 150 $B/run.sh "$B/gpu-tests" --test-threads 1 > "$OUT/gpu-tests.log" 2>&1
-  grep -E "^test |test result|panicked|differ between" "$OUT/gpu-tests.log" | head -30
-fi
 echo "== done"
