@@ -1094,14 +1094,21 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
                 let solo_state = gpu.prefill(p).expect("solo prefill");
                 let solo_rows: Vec<ScoreRow<'_>> = suffixes
                     .iter()
-                    .map(|x| ScoreRow { state: 0, suffix: x })
+                    .map(|x| ScoreRow {
+                        state: 0,
+                        suffix: x,
+                    })
                     .collect();
                 let solo = gpu
                     .score_rows(&[&solo_state], &solo_rows, &cands)
                     .expect("solo score");
                 for r in 0..suffixes.len() {
                     let (a, b) = (merged.row(i * suffixes.len() + r), solo.row(r));
-                    let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    let differ = a
+                        .iter()
+                        .zip(b)
+                        .filter(|(x, y)| x.to_bits() != y.to_bits())
+                        .count();
                     moved += differ;
                     if label == "deterministic" {
                         assert_eq!(
@@ -1112,7 +1119,10 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
                     }
                 }
             }
-            eprintln!("{} bf16 {label}: {moved} logits differ between packed+merged and alone", t.name);
+            eprintln!(
+                "{} bf16 {label}: {moved} logits differ between packed+merged and alone",
+                t.name
+            );
         }
     }
 }

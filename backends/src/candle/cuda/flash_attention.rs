@@ -52,6 +52,15 @@ pub(crate) fn attend(
         .map_err(CandleError::tensor("flash attention"))
 }
 
+/// The error of every entry point built without the `cuda` feature ([`supports`] is false there,
+/// so callers never reach it).
+#[cfg(not(feature = "cuda"))]
+fn needs_cuda() -> CandleError {
+    CandleError::InvalidRequest {
+        reason: "the flash attention kernel needs the `cuda` feature".into(),
+    }
+}
+
 /// Packed prefill: q `(1, H, T, hd)`, k / v `(1, Hkv, T, hd)` holding the segments
 /// `(start, len)` back to back (covering `0..T` in order) -> `(1, T, H·hd)`, each segment
 /// attending causally to itself only, bit-identical to [`attend`] on that segment alone.
@@ -89,9 +98,7 @@ pub(crate) fn attend_varlen(
     _v_new: &Tensor,
     _segments: &[(usize, usize)],
 ) -> Result<Tensor, CandleError> {
-    Err(CandleError::InvalidRequest {
-        reason: "the flash attention kernel needs the `cuda` feature".into(),
-    })
+    Err(needs_cuda())
 }
 
 /// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
@@ -102,9 +109,7 @@ pub(crate) fn attend_slot_table(
     _v_new: &Tensor,
     _slots: &[(Tensor, Tensor)],
 ) -> Result<Tensor, CandleError> {
-    Err(CandleError::InvalidRequest {
-        reason: "the flash attention kernel needs the `cuda` feature".into(),
-    })
+    Err(needs_cuda())
 }
 
 /// Without the `cuda` feature there is no flash kernel ([`supports`] is false).
@@ -117,9 +122,7 @@ pub(crate) fn attend(
     _past_start: Option<&Tensor>,
     _tree: Option<&Tensor>,
 ) -> Result<Tensor, CandleError> {
-    Err(CandleError::InvalidRequest {
-        reason: "the flash attention kernel needs the `cuda` feature".into(),
-    })
+    Err(needs_cuda())
 }
 
 #[cfg(feature = "cuda")]
@@ -238,7 +241,10 @@ mod cuda {
                         offs.push((start + len) as i32);
                     }
                     n_seg = segs.len() as i32;
-                    blocks_x = segs.iter().map(|&(_, n)| (g * n).div_ceil(BLOCK_ROWS)).sum();
+                    blocks_x = segs
+                        .iter()
+                        .map(|&(_, n)| (g * n).div_ceil(BLOCK_ROWS))
+                        .sum();
                     Some(stream.clone_htod(&offs).w()?)
                 }
                 _ => None,
