@@ -142,8 +142,8 @@ pub const TABLE: &[Switch] = &[
     Switch {
         name: "FORKSCORE_FLASH_BATCHED",
         effect: ComputePath,
-        accepts: OneOf(&["off", "on"]),
-        doc: "`on`: a packed prefill's segments (varlen) and a merged scoring pass's slots (per-slot past table) each in ONE flash-attention launch on CUDA bf16, instead of one launch per segment / slot",
+        accepts: OneOf(&["on", "off"]),
+        doc: "`off`: one flash-attention launch per segment of a packed prefill and per slot of a merged scoring pass on CUDA bf16, instead of ONE launch for all (varlen form, per-slot past table; bit-equal)",
     },
     Switch {
         name: "FORKSCORE_CUDA_RUNTIME",

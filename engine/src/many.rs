@@ -12,7 +12,8 @@
 //! Invariants:
 //! - decisions equal separate [`Engine::decide`] calls (bit-identical on deterministic backends;
 //!   within f32 summation order on real ones): rows, prompts and candidates are the same,
-//!   only the batching differs;
+//!   only the batching differs; a backend whose `contexts_alone` is true gets each member in
+//!   calls of its own, so there they are bit-identical by construction;
 //! - a context that fails to prepare (empty, over the token limit) yields an `Err` entry for
 //!   that context only; a group whose backend call fails is retried member by member, so one
 //!   failing context never takes its group down with it;
@@ -161,7 +162,19 @@ impl<B: Backend> Engine<B> {
             prefix_tokens: cost.prefix_tokens,
             estimated_bytes: cost.estimated_bytes,
         };
-        self.decide_members(compiled, &members, opts, temperature, start)
+        // A backend that keeps contexts apart (`Backend::contexts_alone`) gets each member in
+        // calls of its own: the same calls `decide` makes for it.
+        let decided = if self.backend().contexts_alone() {
+            members
+                .iter()
+                .flat_map(|p| {
+                    self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
+                })
+                .collect()
+        } else {
+            self.decide_members(compiled, &members, opts, temperature, start)
+        };
+        decided
             .into_iter()
             .enumerate()
             .map(|(slot, d)| {

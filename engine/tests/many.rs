@@ -238,6 +238,52 @@ fn one_prefill_per_context_and_one_scoring_pass_per_group() {
     assert_eq!(sizes, [2, 2, 2, 2, 2, 2, 1]);
 }
 
+/// A backend that keeps contexts apart (`--deterministic` on a GPU) gets no call holding two
+/// contexts, grouped or not, at any field batch size, and the decisions are the separate calls'.
+#[test]
+fn contexts_alone_backends_get_one_context_per_call() {
+    let engine = Engine::new(
+        forkscore_testkit::fake::FakeBackend::new(3).with_contexts_alone(),
+        support::chat_tokenizer(Family::Qwen2),
+        CheckpointIdentity::default(),
+        CalibrationRegistry::built_in(),
+    )
+    .expect("engine");
+    let compiled = engine
+        .compile(&Schema::from_json_str(&example("code_security.json")).unwrap())
+        .unwrap();
+    let rows = compiled.fields().len();
+    let contexts = &CONTEXTS[..7];
+    for fbs in [None, Some(1), Some(3)] {
+        let opts = ScoreOptions {
+            field_batch_size: fbs,
+            ..ScoreOptions::default()
+        };
+        let before = engine.backend().calls.snapshot();
+        let many = engine.decide_many(contexts, &compiled, &opts, &GroupBudget::default());
+        let after = engine.backend().calls.snapshot();
+        assert_eq!(after[0] - before[0], 7, "one prefill per context");
+        assert_eq!(after[3] - before[3], 7 * rows, "every row once");
+        let per_context = fbs.map_or(1, |b| rows.div_ceil(b));
+        assert_eq!(after[1] - before[1], 7 * per_context, "score calls at fbs {fbs:?}");
+        assert_eq!(
+            engine
+                .backend()
+                .calls
+                .max_states_per_score
+                .load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "a score call held two contexts"
+        );
+        for (c, got) in contexts.iter().zip(&many) {
+            let got = got.as_ref().unwrap();
+            let alone = engine.decide(c, &compiled, &opts).unwrap();
+            assert_eq!(logits_of(got), logits_of(&alone));
+            assert_eq!(got.telemetry.group.as_ref().unwrap().size, 7);
+        }
+    }
+}
+
 #[test]
 fn progress_reports_each_group_and_changes_no_decision() {
     let engine = fake_engine_with(Family::Qwen2, CheckpointIdentity::default(), 3);

@@ -28,7 +28,7 @@ pub struct ModelProvenance {
     /// In-memory quantization of the linear weights (`q8_0`, `q4k`, `bf16`); absent when unquantized.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
-    /// `--deterministic` on a GPU (dense products and the candidate head in fixed row blocks):
+    /// `--deterministic` on a GPU (every context prefilled and scored in calls of its own):
     /// present, `true`, only when it applied.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub deterministic: bool,

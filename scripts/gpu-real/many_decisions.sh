@@ -11,8 +11,8 @@
 # Run from the repository root with OUT set; needs carry/{forkscore.xz,run.sh} from
 # scripts/build-cuda.sh. Env: BATCH_CONTEXTS (256), CLIENTS (1,64), LOAD_S (8), COMMIT,
 # SKIP_SERVE=1 (no serve load), GPU_TESTS_S (150).
-# Steps 2–5 run with FORKSCORE_FLASH_BATCHED=on (the batched flash forms); step 2b repeats the
-# 4B grouped batch with them off, in the same call, for the ratio.
+# Steps 2–5 run the batched flash forms (the default); step 2b repeats the 4B grouped batch
+# with FORKSCORE_FLASH_BATCHED=off, in the same call, for the ratio.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -26,14 +26,13 @@ timeout 120 python3 scripts/gpu-kernels/flash_varlen_harness.py > "$OUT/flash-va
 tail -12 "$OUT/flash-varlen.log"
 timeout 60 python3 scripts/gpu-kernels/gemm_invariance_probe.py > "$OUT/gemm-probe.log" 2>&1
 cat "$OUT/gemm-probe.log"
-export FORKSCORE_FLASH_BATCHED=on
 mkdir -p "$B"
 if [[ -f carry/gpu-tests.xz ]]; then
   echo "== gpu tests"
   python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
     carry/gpu-tests.xz "$B/gpu-tests"
   chmod +x "$B/gpu-tests"
-  FORKSCORE_FLASH_BATCHED=on timeout "${GPU_TESTS_S:-150}" carry/run.sh "$B/gpu-tests" --test-threads 1 > "$OUT/gpu-tests.log" 2>&1
+  timeout "${GPU_TESTS_S:-150}" carry/run.sh "$B/gpu-tests" --test-threads 1 > "$OUT/gpu-tests.log" 2>&1
   grep -E "^test |test result|panicked|differ between" "$OUT/gpu-tests.log" | head -30
 fi
 echo "== throughput"

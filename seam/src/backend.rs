@@ -80,6 +80,15 @@ pub trait Backend: Send + Sync {
         score_tree_by_rows(self, request)
     }
 
+    /// Whether several contexts must never share a call: the engine then prefills and scores
+    /// each context of a group in calls of its own, so a context's result is bit for bit what
+    /// it is alone whatever the device's libraries pick for larger shapes (`--deterministic`
+    /// on a GPU, where cuBLAS chooses its kernel and split from the whole problem shape).
+    /// Default false: merged calls.
+    fn contexts_alone(&self) -> bool {
+        false
+    }
+
     /// How [`Backend::score_tree`] evaluates a tree on this model, for telemetry.
     fn tree_packing(&self) -> TreePacking {
         TreePacking::RowPerNode

@@ -40,6 +40,8 @@ pub struct CallCounts {
     pub score: AtomicUsize,
     pub forward_full: AtomicUsize,
     pub rows_scored: AtomicUsize,
+    /// The most states (contexts) any one score call has held.
+    pub max_states_per_score: AtomicUsize,
 }
 
 impl CallCounts {
@@ -58,6 +60,8 @@ impl CallCounts {
 pub struct FakeBackend {
     facts: ModelFacts,
     seed: u64,
+    /// What [`Backend::contexts_alone`] answers.
+    contexts_alone: bool,
     pub calls: CallCounts,
 }
 
@@ -80,6 +84,7 @@ impl FakeBackend {
                 max_positions: None,
             },
             seed,
+            contexts_alone: false,
             calls: CallCounts::default(),
         }
     }
@@ -87,6 +92,13 @@ impl FakeBackend {
     /// State a context limit (`max_position_embeddings`), as a real checkpoint does.
     pub fn with_max_positions(mut self, max_positions: usize) -> FakeBackend {
         self.facts.max_positions = Some(max_positions);
+        self
+    }
+
+    /// Ask the engine to keep contexts in calls of their own ([`Backend::contexts_alone`], as
+    /// `--deterministic` on a GPU does).
+    pub fn with_contexts_alone(mut self) -> FakeBackend {
+        self.contexts_alone = true;
         self
     }
 
@@ -180,6 +192,10 @@ impl Backend for FakeBackend {
         })
     }
 
+    fn contexts_alone(&self) -> bool {
+        self.contexts_alone
+    }
+
     fn extend(&self, state: &FakeState, ids: &[u32]) -> Result<FakeState, BackendError> {
         if ids.is_empty() {
             return Err(BackendError::InvalidRequest {
@@ -202,6 +218,9 @@ impl Backend for FakeBackend {
         self.calls
             .rows_scored
             .fetch_add(rows.len(), Ordering::SeqCst);
+        self.calls
+            .max_states_per_score
+            .fetch_max(states.len(), Ordering::SeqCst);
         let mut data = Vec::with_capacity(rows.len() * candidates.len());
         let mut vocab = request
             .vocab_top_k()

@@ -100,10 +100,11 @@ pub struct LoadOptions {
     /// Quantize the decoder's linear weights in memory at load time (the embedding, norms and
     /// candidate head stay in `dtype`); `None` keeps every weight in `dtype`.
     pub quantization: Option<Quantization>,
-    /// `--deterministic`: on GPUs, dense products in fixed row blocks and the candidate head in
-    /// fixed row blocks, so a context's result does not depend on the contexts packed or merged
-    /// with it (bf16 batch invariance, at a throughput cost). No effect on the CPU, which is
-    /// batch-invariant by construction.
+    /// `--deterministic`: on GPUs, no call ever holds two contexts
+    /// ([`Backend::contexts_alone`]: the engine prefills and scores each context in calls of its
+    /// own), so a context's result is bit for bit its result alone, whatever cuBLAS picks for
+    /// larger shapes (bf16 batch invariance, at the cost of the merged calls). No effect on the
+    /// CPU, whose kernels are batch-invariant by construction.
     pub deterministic: bool,
 }
 
@@ -144,6 +145,8 @@ pub struct CandleBackend {
     config: ModelConfig,
     checkpoint: ResolvedCheckpoint,
     prefill_chunk: usize,
+    /// `--deterministic` on a GPU: see [`LoadOptions::deterministic`].
+    contexts_alone: bool,
     /// Names of the checkpoint tensors read at load, sorted (vision / MTP tensors never are).
     tensors_read: Vec<String>,
     /// For a GGUF checkpoint: its tensor types and what was dequantized at load.
@@ -262,8 +265,7 @@ impl CandleBackend {
             }
         };
         let weights = Weights::new(view, "", options.dtype.dtype(), &device)
-            .with_quantization(options.quantization)
-            .with_fixed_rows(options.deterministic);
+            .with_quantization(options.quantization);
         let backbone = models::load(&config, &weights)?;
         let facts = ModelFacts {
             architecture: ModelClass::from_name(&config.architecture_name)
@@ -299,6 +301,7 @@ impl CandleBackend {
             config,
             checkpoint: checkpoint.clone(),
             prefill_chunk: options.prefill_chunk,
+            contexts_alone: options.deterministic && !device.is_cpu(),
             tensors_read,
             gguf,
             footprint: std::sync::Mutex::new(BranchFootprint::default()),
@@ -477,6 +480,10 @@ impl Backend for CandleBackend {
 
     fn prefill(&self, ids: &[u32]) -> Result<CandleState, BackendError> {
         Ok(self.prefill_chunked(ids, self.prefill_chunk)?)
+    }
+
+    fn contexts_alone(&self) -> bool {
+        self.contexts_alone
     }
 
     fn prefill_many(&self, prefixes: &[&[u32]]) -> Vec<Result<CandleState, BackendError>> {

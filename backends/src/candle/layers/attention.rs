@@ -167,12 +167,12 @@ pub fn attend_slot_table(
     .then(|| flash_attention::attend_slot_table(q, k_new, v_new, slots))
 }
 
-/// Whether the batched flash forms run (`FORKSCORE_FLASH_BATCHED=on`). Off by default until they
-/// have passed the GPU checks (`scripts/gpu-kernels/flash_varlen_harness.py`, `backends/tests/gpu.rs`)
-/// on a GPU: the per-segment / per-slot launches are the tested path.
+/// Whether the batched flash forms run: on unless `FORKSCORE_FLASH_BATCHED=off` (the
+/// per-segment / per-slot launches, which the batched forms equal bit for bit:
+/// `scripts/gpu-kernels/flash_varlen_harness.py`, `backends/tests/gpu.rs`).
 fn batched_flash() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::switches::is("FORKSCORE_FLASH_BATCHED", "on"))
+    *ON.get_or_init(|| !crate::switches::is("FORKSCORE_FLASH_BATCHED", "off"))
 }
 
 /// Whether [`attend`] computes this call with the flash kernel (else the candle path).

@@ -20,9 +20,6 @@ pub(crate) struct CandidateHead {
     /// `(V, D)` in the compute dtype; shares storage with the embedding when tied.
     weight: Table,
     tied: bool,
-    /// `--deterministic` on a GPU: the projection in fixed row blocks
-    /// ([`super::linear::fixed_rows`]), so a row's logits do not follow the call's row count.
-    fixed_rows: bool,
 }
 
 impl CandidateHead {
@@ -30,15 +27,6 @@ impl CandidateHead {
         CandidateHead {
             weight,
             tied,
-            fixed_rows: false,
-        }
-    }
-
-    /// The same head, projecting in fixed row blocks on a GPU when `on`.
-    pub fn with_fixed_rows(self, on: bool) -> Self {
-        CandidateHead {
-            fixed_rows: on,
-            ..self
         }
     }
 
@@ -59,12 +47,6 @@ impl CandidateHead {
         let rows = self.weight.rows_f32(&ids).map_err(op)?;
         if device.is_cpu() {
             return row_invariant_product(hidden, &rows)
-                .map_err(CandleError::tensor("candidate projection"));
-        }
-        if self.fixed_rows {
-            return hidden
-                .to_dtype(DType::F32)
-                .and_then(|h| super::linear::fixed_rows::linear(&h, &rows, None))
                 .map_err(CandleError::tensor("candidate projection"));
         }
         // (N, D) x (D, C) -> (N, C)

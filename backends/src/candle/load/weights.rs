@@ -35,8 +35,6 @@ pub(crate) struct Weights<'a> {
     device: &'a Device,
     /// Linear weights loaded through [`Weights::linear`] are quantized when set.
     quantization: Option<Quantization>,
-    /// Dense linear layers on a GPU compute in fixed row blocks ([`Linear::FixedRows`]).
-    fixed_rows: bool,
 }
 
 const ACCEPTED: &str = "F32, BF16, F16";
@@ -49,14 +47,7 @@ impl<'a> Weights<'a> {
             dtype,
             device,
             quantization: None,
-            fixed_rows: false,
         }
-    }
-
-    /// The same view, loading dense linear layers on a GPU as [`Linear::FixedRows`]
-    /// (`--deterministic`); no effect on the CPU, whose products never depend on the row count.
-    pub fn with_fixed_rows(self, fixed_rows: bool) -> Self {
-        Weights { fixed_rows, ..self }
     }
 
     /// The same view, loading linear weights quantized under `q` (dense when `None`).
@@ -65,11 +56,6 @@ impl<'a> Weights<'a> {
             quantization,
             ..self
         }
-    }
-
-    /// Whether dense layers compute in fixed row blocks ([`Weights::with_fixed_rows`]).
-    pub fn fixed_rows(&self) -> bool {
-        self.fixed_rows
     }
 
     pub fn quantization(&self) -> Option<Quantization> {
@@ -110,9 +96,6 @@ impl<'a> Weights<'a> {
             }
         }
         match self.quantization {
-            None if self.fixed_rows && !self.device.is_cpu() => Ok(Linear::FixedRows(
-                candle_nn::Linear::new(self.get(&weight_name, &[out_dim, in_dim])?, bias),
-            )),
             None => Ok(Linear::dense(
                 self.get(&weight_name, &[out_dim, in_dim])?,
                 bias,

@@ -294,12 +294,11 @@ pub(crate) fn output_head(
         (_, false) => true,
         (_, true) => root.stored_identical(HEAD, embed_name)?,
     };
-    let fixed = root.fixed_rows() && !root.device().is_cpu();
     if tied {
-        return Ok(CandidateHead::new(embed.clone(), true).with_fixed_rows(fixed));
+        return Ok(CandidateHead::new(embed.clone(), true));
     }
     let w = root.table(HEAD, &[cfg.text.vocab_size, cfg.text.hidden_size])?;
-    Ok(CandidateHead::new(w, false).with_fixed_rows(fixed))
+    Ok(CandidateHead::new(w, false))
 }
 
 /// Build the backbone of `cfg.architecture` from `weights` (rooted at the checkpoint's top level).

@@ -48,7 +48,6 @@ use super::super::cpu::q4gemm::PackedQ4;
 use super::super::cpu::qgemm::PackedQ8;
 use crate::error::CandleError;
 
-pub(crate) mod fixed_rows;
 mod quantize;
 
 /// One linear layer.
@@ -56,9 +55,6 @@ mod quantize;
 pub(crate) enum Linear {
     /// `W (out, in)` in the compute dtype (candle's GEMM).
     Dense(candle_nn::Linear),
-    /// A dense layer of a `--deterministic` GPU model: products in fixed-size row blocks
-    /// ([`fixed_rows`]), so a row's result does not follow the call's row count.
-    FixedRows(candle_nn::Linear),
     /// `W (out, in)` f32 packed for the CPU kernel of [`super::super::cpu::gemm`]; `bias (out,)` f32.
     Packed {
         weight: Arc<PackedWeight>,
@@ -198,13 +194,6 @@ impl Linear {
             return Ok(Some(Linear::Dense(candle_nn::Linear::new(w, bias))));
         }
         if let Some(ws) = all(parts, |l| match l {
-            Linear::FixedRows(d) => Some(d.weight()),
-            _ => None,
-        }) {
-            let w = Tensor::cat(&ws, 0).map_err(CandleError::tensor("stack weights"))?;
-            return Ok(Some(Linear::FixedRows(candle_nn::Linear::new(w, bias))));
-        }
-        if let Some(ws) = all(parts, |l| match l {
             Linear::PackedAmx { weight, .. } => Some(weight.as_ref()),
             _ => None,
         }) {
@@ -260,7 +249,7 @@ impl Linear {
 
     fn bias(&self) -> Option<&Tensor> {
         match self {
-            Linear::Dense(d) | Linear::FixedRows(d) => d.bias(),
+            Linear::Dense(d) => d.bias(),
             Linear::Packed { bias, .. }
             | Linear::PackedAmx { bias, .. }
             | Linear::PackedQ8 { bias, .. }
@@ -279,7 +268,6 @@ impl Linear {
                 Some(GgmlDType::BF16)
             }
             Linear::Dense(_)
-            | Linear::FixedRows(_)
             | Linear::Packed { .. }
             | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
@@ -320,7 +308,6 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
-            Linear::FixedRows(l) => fixed_rows::linear(x, l.weight(), l.bias()),
             Linear::Packed { weight, bias } => {
                 add_bias(cpu::gemm::linear(x, weight)?, bias.as_ref())
             }
@@ -361,7 +348,6 @@ impl Linear {
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::FixedRows(l) => fixed_rows::linear(x, l.weight(), l.bias()),
             Linear::Packed { .. }
             | Linear::PackedAmx { .. }
             | Linear::PackedQ8 { .. }
@@ -381,7 +367,6 @@ impl Linear {
     pub fn forward_dequantized(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
-            Linear::FixedRows(l) => fixed_rows::linear(x, l.weight(), l.bias()),
             Linear::PackedAmx { weight, bias } if weight.parts() == Parts::One => {
                 dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
