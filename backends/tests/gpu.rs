@@ -1069,9 +1069,21 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
             },
         )
         .expect("load deterministic");
-        assert!(det.contexts_alone(), "{}: deterministic merges contexts", t.name);
-        assert!(!t.gpu_bf16.contexts_alone(), "{}: default keeps contexts apart", t.name);
-        let prefixes = [ids(70, 45, t.vocab), ids(72, 70, t.vocab), ids(73, 19, t.vocab)];
+        assert!(
+            det.contexts_alone(),
+            "{}: deterministic merges contexts",
+            t.name
+        );
+        assert!(
+            !t.gpu_bf16.contexts_alone(),
+            "{}: default keeps contexts apart",
+            t.name
+        );
+        let prefixes = [
+            ids(70, 45, t.vocab),
+            ids(72, 70, t.vocab),
+            ids(73, 19, t.vocab),
+        ];
         let suffixes = [ids(74, 4, t.vocab), ids(75, 2, t.vocab)];
         let rows: Vec<ScoreRow<'_>> = suffixes
             .iter()
@@ -1094,7 +1106,11 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
                     (0..rows.len()).flat_map(|r| bits(scored.row(r))).collect()
                 })
                 .collect();
-            assert_eq!(runs[0], runs[2], "{}: context {i} differs between two runs", t.name);
+            assert_eq!(
+                runs[0], runs[2],
+                "{}: context {i} differs between two runs",
+                t.name
+            );
             assert_eq!(
                 runs[0], runs[1],
                 "{}: context {i}: a packed prefill of one differs from prefill",
@@ -1106,13 +1122,24 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
         let packed = t.gpu_bf16.prefill_packed(&refs).expect("packed prefill");
         let states: Vec<_> = packed.iter().collect();
         let merged_rows: Vec<ScoreRow<'_>> = (0..refs.len())
-            .flat_map(|s| suffixes.iter().map(move |x| ScoreRow { state: s, suffix: x }))
+            .flat_map(|s| {
+                suffixes.iter().map(move |x| ScoreRow {
+                    state: s,
+                    suffix: x,
+                })
+            })
             .collect();
-        let merged = t.gpu_bf16.score_rows(&states, &merged_rows, &cands).expect("merged");
+        let merged = t
+            .gpu_bf16
+            .score_rows(&states, &merged_rows, &cands)
+            .expect("merged");
         let mut moved = 0;
         for (i, p) in refs.iter().enumerate() {
             let solo_state = t.gpu_bf16.prefill(p).expect("solo prefill");
-            let solo = t.gpu_bf16.score_rows(&[&solo_state], &rows, &cands).expect("solo");
+            let solo = t
+                .gpu_bf16
+                .score_rows(&[&solo_state], &rows, &cands)
+                .expect("solo");
             for r in 0..rows.len() {
                 moved += merged
                     .row(i * rows.len() + r)
@@ -1122,6 +1149,9 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
                     .count();
             }
         }
-        eprintln!("{} bf16 default: {moved} logits differ between packed+merged and alone", t.name);
+        eprintln!(
+            "{} bf16 default: {moved} logits differ between packed+merged and alone",
+            t.name
+        );
     }
 }

@@ -265,7 +265,11 @@ fn contexts_alone_backends_get_one_context_per_call() {
         assert_eq!(after[0] - before[0], 7, "one prefill per context");
         assert_eq!(after[3] - before[3], 7 * rows, "every row once");
         let per_context = fbs.map_or(1, |b| rows.div_ceil(b));
-        assert_eq!(after[1] - before[1], 7 * per_context, "score calls at fbs {fbs:?}");
+        assert_eq!(
+            after[1] - before[1],
+            7 * per_context,
+            "score calls at fbs {fbs:?}"
+        );
         assert_eq!(
             engine
                 .backend()

@@ -35,7 +35,8 @@ pub struct ModelSpec {
     pub quantize: Option<Quantization>,
     /// Extra temperature calibrations (same format as engine/data/calibration.json).
     pub calibration_file: Option<PathBuf>,
-    /// Batch-invariant GPU products (see `LoadOptions::deterministic`); no effect on the CPU.
+    /// Every context in GPU calls of its own, so results never depend on the batch (see
+    /// `LoadOptions::deterministic`); no effect on the CPU.
     pub deterministic: bool,
 }
 

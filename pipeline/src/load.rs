@@ -39,8 +39,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub calibration_file: Option<PathBuf>,
     /// On a GPU: make a context's result independent of the contexts packed or merged with it
-    /// (bit-identical to scoring it alone, also in bf16) by running every dense product and the
-    /// candidate head in fixed blocks of rows — slower; see docs/cuda-kernels.md. The CPU is
+    /// (bit-identical to scoring it alone, also in bf16) by prefilling and scoring every context
+    /// in calls of its own, never packed or merged with others — about the speed of
+    /// `--batch-mode direct`; see docs/cuda-kernels.md. The CPU is
     /// batch-invariant without it (the flag changes nothing there).
     #[arg(long)]
     pub deterministic: bool,

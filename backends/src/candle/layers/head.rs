@@ -24,10 +24,7 @@ pub(crate) struct CandidateHead {
 
 impl CandidateHead {
     pub fn new(weight: Table, tied: bool) -> Self {
-        CandidateHead {
-            weight,
-            tied,
-        }
+        CandidateHead { weight, tied }
     }
 
     pub fn tied(&self) -> bool {

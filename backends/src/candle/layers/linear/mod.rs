@@ -267,9 +267,7 @@ impl Linear {
             Linear::PackedAmx { weight, .. } if weight.parts() == Parts::One => {
                 Some(GgmlDType::BF16)
             }
-            Linear::Dense(_)
-            | Linear::Packed { .. }
-            | Linear::PackedAmx { .. } => None,
+            Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::PackedQ4 { weight, .. } => Some(weight.format()),
             Linear::Quantized { ggml, .. } => Some(*ggml),
