@@ -79,7 +79,7 @@ impl Table {
     }
 
     /// The ggml type of a block table (`None` when dense).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub fn ggml(&self) -> Option<GgmlDType> {
         match self {
             Table::Dense(_) => None,

@@ -262,7 +262,6 @@ impl AmxWeight {
     }
 
     /// `(out, in)`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }

@@ -27,7 +27,7 @@
 //! candle's matmul.
 
 use candle_core::quantized::GgmlDType;
-use candle_core::{Device, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::aligned::Aligned;
 use super::isa::Isa;
@@ -288,7 +288,6 @@ impl PackedWeight {
     }
 
     /// `(out, in)`.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }
@@ -307,9 +306,9 @@ impl PackedWeight {
     }
 
     /// `W` as a dense `(n, k)` f32 tensor on the host.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub fn unpack(&self) -> Result<Tensor> {
-        Tensor::from_vec(self.rows(), (self.n, self.k), &Device::Cpu)
+        Tensor::from_vec(self.rows(), (self.n, self.k), &candle_core::Device::Cpu)
     }
 
     /// `gate` and `up` (each `(F, k)`, `F` a positive multiple of 16) as one `(2F, k)` weight

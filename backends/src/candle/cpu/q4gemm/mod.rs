@@ -45,6 +45,7 @@ use candle_core::{Result, Tensor};
 use super::aligned::Aligned;
 use super::isa::Isa;
 use super::panel::NR;
+#[cfg(test)]
 use super::qgemm::quantize_block_scalar;
 
 /// `k` per block (of the activations, of `Q4_0`, of a `Q4_K` sub-block).
@@ -302,7 +303,7 @@ pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
 
 /// The sums the kernels compute, `x (m, k) -> (m, n)` row-major, in plain Rust: the same
 /// rounded activations, the same block order, the same f32 operations per block.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ4) -> Vec<f32> {
     let (n, k) = (w.n, w.k);
     let mut y = vec![0f32; m * n];

@@ -266,6 +266,7 @@ impl PackedQ8 {
 /// One block of 32 activations rounded as `Q8_0` rounds: `(d, q)` with `x ≈ d · q` (`q` to the
 /// nearest integer, ties to even: what the vector form's conversion does), one element at a
 /// time (the kernels' rounding, `x86::quantize_units`, is held to it).
+#[cfg(test)]
 pub(super) fn quantize_block_scalar(xs: &[f32]) -> (f32, [i8; BLOCK]) {
     let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
     let d = amax / 127.0;
@@ -316,7 +317,7 @@ pub(crate) fn swiglu(x: &Tensor, w: &PackedQ8) -> Result<Tensor> {
 
 /// The sums the kernels compute, `x (m, k) -> (m, n)` row-major, in plain Rust: the same
 /// rounded activations, the same block order, one `mul_add` per block.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ8) -> Vec<f32> {
     let (n, k) = (w.n, w.k);
     let mut y = vec![0f32; m * n];

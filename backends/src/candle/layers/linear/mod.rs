@@ -342,7 +342,7 @@ impl Linear {
 
     /// `(.., in) -> (.., out)` through the quantized kernel whatever the row count (tests
     /// compare it with [`Linear::forward_dequantized`]); dense layers as [`Linear::forward`].
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
