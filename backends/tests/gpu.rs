@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 
 use std::path::{Path, PathBuf};
 
-use common::{candidates, ids};
+use common::{candidates, ids, rows_over_states};
 use forkscore_backends::candle::OpenDevice;
 use forkscore_backends::{
     Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
@@ -1085,13 +1085,7 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
             ids(73, 19, t.vocab),
         ];
         let suffixes = [ids(74, 4, t.vocab), ids(75, 2, t.vocab)];
-        let rows: Vec<ScoreRow<'_>> = suffixes
-            .iter()
-            .map(|x| ScoreRow {
-                state: 0,
-                suffix: x,
-            })
-            .collect();
+        let rows = rows_over_states(1, &suffixes); // every suffix over one state
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (i, p) in prefixes.iter().enumerate() {
             let runs: Vec<Vec<u32>> = (0..3)
@@ -1121,14 +1115,7 @@ fn cuda_bf16_deterministic_is_batch_invariant() {
         let refs: Vec<&[u32]> = prefixes.iter().map(Vec::as_slice).collect();
         let packed = t.gpu_bf16.prefill_packed(&refs).expect("packed prefill");
         let states: Vec<_> = packed.iter().collect();
-        let merged_rows: Vec<ScoreRow<'_>> = (0..refs.len())
-            .flat_map(|s| {
-                suffixes.iter().map(move |x| ScoreRow {
-                    state: s,
-                    suffix: x,
-                })
-            })
-            .collect();
+        let merged_rows = rows_over_states(refs.len(), &suffixes);
         let merged = t
             .gpu_bf16
             .score_rows(&states, &merged_rows, &cands)

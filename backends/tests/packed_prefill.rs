@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{candidates, ids, load, models, state_values};
+use common::{candidates, ids, load, models, rows_over_states, state_values};
 use forkscore_backends::{
     Backend, CandleBackend, CandleState, LoadOptions, PrefixState, ResolvedCheckpoint, ScoreRow,
 };
@@ -249,14 +249,7 @@ fn merged_scoring_is_invariant(model: usize, rows_per_state: usize, lens: &[usiz
     cands.extend(ids(seed + 5, 90, VOCAB));
     cands.sort_unstable();
     cands.dedup();
-    let rows: Vec<ScoreRow<'_>> = (0..states.len())
-        .flat_map(|s| {
-            suffixes.iter().map(move |x| ScoreRow {
-                state: s,
-                suffix: x,
-            })
-        })
-        .collect();
+    let rows = rows_over_states(states.len(), &suffixes);
     let merged = backend
         .score_rows(&state_refs, &rows, &cands)
         .expect("merged");

@@ -165,12 +165,7 @@ impl<B: Backend> Engine<B> {
         // A backend that keeps contexts apart (`Backend::contexts_alone`) gets each member in
         // calls of its own: the same calls `decide` makes for it.
         let decided = if self.backend().contexts_alone() {
-            members
-                .iter()
-                .flat_map(|p| {
-                    self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
-                })
-                .collect()
+            self.decide_each(compiled, &members, opts, temperature, start)
         } else {
             self.decide_members(compiled, &members, opts, temperature, start)
         };
@@ -225,13 +220,25 @@ impl<B: Backend> Engine<B> {
                 })
                 .collect(),
             Err(e) if members.len() == 1 => vec![Err(e)],
-            Err(_) => members
-                .iter()
-                .flat_map(|p| {
-                    self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
-                })
-                .collect(),
+            Err(_) => self.decide_each(compiled, members, opts, temperature, start),
         }
+    }
+
+    /// [`Self::decide_members`] for each member alone, in member order.
+    fn decide_each(
+        &self,
+        compiled: &CompiledSchema,
+        members: &[&PreparedContext],
+        opts: &ScoreOptions,
+        temperature: &Temperature,
+        start: Instant,
+    ) -> Vec<Result<Decision, EngineError>> {
+        members
+            .iter()
+            .flat_map(|p| {
+                self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
+            })
+            .collect()
     }
 }
 

@@ -148,7 +148,7 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
         dtype: facts.dtype,
         device: facts.device,
         quantization: facts.quantization,
-        deterministic: args.deterministic && !matches!(device, DeviceSpec::Cpu),
+        deterministic: engine.backend().contexts_alone(),
         chat_template,
         adapter_sha256,
         gguf,

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use forkscore_backends::{CandleBackend, LoadOptions, ResolvedCheckpoint};
+use forkscore_backends::{CandleBackend, LoadOptions, ResolvedCheckpoint, ScoreRow};
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 
 /// The two dense architectures under test, loaded on CPU f32 (Qwen2.5 tied, Qwen3 untied).
@@ -61,6 +61,19 @@ pub fn state_values(state: &forkscore_backends::CandleState) -> Vec<f32> {
             t.flatten_all()
                 .and_then(|t| t.to_vec1::<f32>())
                 .expect("state to host")
+        })
+        .collect()
+}
+
+/// Every suffix over every one of `states` states, state-major: the rows of a merged scoring
+/// call (row `s * suffixes.len() + j` continues state `s` with suffix `j`).
+pub fn rows_over_states(states: usize, suffixes: &[Vec<u32>]) -> Vec<ScoreRow<'_>> {
+    (0..states)
+        .flat_map(|s| {
+            suffixes.iter().map(move |x| ScoreRow {
+                state: s,
+                suffix: x,
+            })
         })
         .collect()
 }
