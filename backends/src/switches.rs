@@ -2,7 +2,11 @@
 //! from the environment once per process into one [`Switches`] value.
 //!
 //! No other module reads these variables: each asks [`Switches::current`] (or [`value`]) for its
-//! switch's trimmed value. A backend load checks every set switch ([`Switches::validate`], with
+//! switch's trimmed value. The one exception is the kernels crate (`forkscore-kernels`, which
+//! cannot see this crate): it reads the two switches that decide inside its kernels,
+//! `FORKSCORE_CPU_ISA` and `FORKSCORE_CPU_QPREFETCH` (`forkscore_kernels::cpu::switch::NAMES`),
+//! with the same rule (trimmed, empty as unset, once per process); they stay in the table, so a
+//! load checks them and the documentation lists them (a test holds the two lists together). A backend load checks every set switch ([`Switches::validate`], with
 //! the value parsers of the modules that use them) and refuses a misspelled value with an error
 //! naming the variable and what it accepts, instead of silently running the default. Results
 //! record the set switches that can change a result ([`Switches::recorded`]) in their provenance.
@@ -272,6 +276,14 @@ mod tests {
 
     fn no_spec(_: &'static str, _: &str) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The switches the kernels crate reads itself are in the table (checked at load, documented).
+    #[test]
+    fn the_kernels_switches_are_in_the_table() {
+        for name in forkscore_kernels::cpu::switch::NAMES {
+            assert!(switch(name).is_some(), "{name} is not in the switch table");
+        }
     }
 
     #[test]

@@ -19,8 +19,8 @@
 
 use anyhow::{bail, Context};
 use candle_core::{Device, Tensor};
-use forkscore_backends::candle::cpu::kernels::{self as cpu_kernels, AttentionPath};
 use forkscore_benches::{env_or, median, write_report};
+use forkscore_kernels::cpu::attention::{self, NewKeys, Shape, TileSizes};
 use std::time::Instant;
 
 fn counts(s: &str, what: &str) -> anyhow::Result<Vec<usize>> {
@@ -87,12 +87,14 @@ fn main() -> anyhow::Result<()> {
     .filter(|s| !s.trim().is_empty())
     .map(parse_case)
     .collect::<anyhow::Result<_>>()?;
-    let paths: Vec<(String, AttentionPath)> = env_or("FORKSCORE_BENCH_SIZES", "")
+    let paths: Vec<(String, TileSizes)> = env_or("FORKSCORE_BENCH_SIZES", "")
         .split(';')
         .map(|spec| {
             let spec = spec.trim();
             let name = if spec.is_empty() { "default" } else { spec };
-            Ok((name.to_string(), AttentionPath::parse(spec)?))
+            let sizes = TileSizes::parse(spec)
+                .map_err(|reason| anyhow::anyhow!("attention tile sizes `{spec}`: {reason}"))?;
+            Ok((name.to_string(), sizes))
         })
         .collect::<anyhow::Result<_>>()?;
     println!(
@@ -101,18 +103,39 @@ fn main() -> anyhow::Result<()> {
     );
     let dev = Device::Cpu;
     let mut report = Vec::new();
+    // random f32 values of a shape, row-major
+    let randn = |dims: &[usize]| -> anyhow::Result<Vec<f32>> {
+        Ok(Tensor::randn(0f32, 1.0, dims, &dev)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    };
     for c in &cases {
-        let q = Tensor::randn(0f32, 1.0, (c.rows, h, c.len, hd), &dev)?;
-        let k = Tensor::randn(0f32, 1.0, (c.rows, hkv, c.len, hd), &dev)?;
-        let v = Tensor::randn(0f32, 1.0, (c.rows, hkv, c.len, hd), &dev)?;
-        let pk = Tensor::randn(0f32, 1.0, (hkv, 1, c.past, hd), &dev)?;
-        let pv = Tensor::randn(0f32, 1.0, (hkv, 1, c.past, hd), &dev)?;
-        let past = (c.past > 0).then_some((&pk, &pv));
+        // causal attention of the queries over the new keys and, when there is one, a past
+        // every row sees whole (one slot): a prefill (one row, no past) or a scoring pass
+        let q = randn(&[c.rows, h, c.len, hd])?;
+        let k = randn(&[c.rows, hkv, c.len, hd])?;
+        let v = randn(&[c.rows, hkv, c.len, hd])?;
+        let pk = randn(&[hkv, 1, c.past, hd])?;
+        let pv = randn(&[hkv, 1, c.past, hd])?;
+        let shape = Shape {
+            b: c.rows,
+            h,
+            hkv,
+            l: c.len,
+            hd,
+            p: c.past,
+            slots: 1,
+        };
+        let starts = vec![0; c.rows];
+        let keys = match c.len > 1 {
+            true => NewKeys::Causal,
+            false => NewKeys::All,
+        };
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
         for rep in 0..=repeats {
-            for (i, (_, path)) in paths.iter().enumerate() {
+            for (i, (_, sizes)) in paths.iter().enumerate() {
                 let s = Instant::now();
-                let o = cpu_kernels::attention(&q, &k, &v, past, path)?;
+                let o = attention::attend(shape, (&q, &k, &v), (&pk, &pv), &starts, keys, *sizes)?;
                 let t = s.elapsed().as_secs_f64() * 1e3;
                 drop(o);
                 if rep > 0 {

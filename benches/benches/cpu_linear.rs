@@ -35,13 +35,49 @@
 //!   unless this lists others.
 
 use anyhow::{bail, Context};
-use candle_core::quantized::GgmlDType;
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use forkscore_backends::candle::cpu::kernels::{
-    self as cpu_kernels, AmxBlocking, AmxF32Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
-};
 use forkscore_benches::{env_or, median, write_report};
+use forkscore_kernels::cpu::amx::{self, AmxBlocking, AmxWeight};
+use forkscore_kernels::cpu::gemm::{self, Blocking, PackedWeight};
+use forkscore_kernels::cpu::isa::Isa;
+use forkscore_kernels::cpu::q4gemm::{self, PackedQ4, Q4Format};
+use forkscore_kernels::cpu::qgemm::{self, PackedQ8};
 use std::time::Instant;
+
+/// The level named `name` (`avx2`, `avxvnni`, `avx512`), if this CPU has it; an error names
+/// an unknown or missing one.
+fn named_isa(name: &str) -> anyhow::Result<Isa> {
+    match Isa::from_name(name) {
+        Some(l) if Isa::supported().contains(&l) => Ok(l),
+        Some(_) => bail!("this CPU has no {name}"),
+        None => bail!("unknown instruction level `{name}` (avx2, avxvnni, avx512)"),
+    }
+}
+
+/// `w (n, k)` quantized to `Q8_0` the way `--quantize q8_0` does (candle's blocks), packed
+/// for the kernel of the level named `level`.
+fn quantize_q8(w: &Tensor, level: &str) -> anyhow::Result<PackedQ8> {
+    let isa = named_isa(level)?;
+    let (n, k) = w.dims2()?;
+    let bytes = QTensor::quantize(w, GgmlDType::Q8_0)?.data()?.into_owned();
+    PackedQ8::from_blocks(&bytes, n, k, isa)
+        .with_context(|| format!("({n}, {k}) weight: in is not a multiple of 32"))
+}
+
+/// `w (n, k)` quantized to `Q4_K` (`in` a multiple of 256) or else `Q4_0` the way
+/// `--quantize q4k` does, packed for the kernel of the level named `level`.
+fn quantize_q4(w: &Tensor, level: &str) -> anyhow::Result<PackedQ4> {
+    let isa = named_isa(level)?;
+    let (n, k) = w.dims2()?;
+    let (ggml, format) = match k % 256 {
+        0 => (GgmlDType::Q4K, Q4Format::Q4K),
+        _ => (GgmlDType::Q4_0, Q4Format::Q4_0),
+    };
+    let bytes = QTensor::quantize(w, ggml)?.data()?.into_owned();
+    PackedQ4::from_blocks(format, &bytes, n, k, isa)
+        .with_context(|| format!("({n}, {k}) weight: the {ggml:?} blocks do not fit"))
+}
 
 struct Shape {
     name: String,
@@ -77,7 +113,7 @@ fn parse_shapes(s: &str) -> anyhow::Result<Vec<Shape>> {
 /// One kernel and blocking the bench times (parsed before any timing).
 enum Kernel {
     /// The f32 kernel: the blocking, and its resolved form for the report.
-    F32(F32Blocking, String),
+    F32(Blocking, String),
     /// The AMX f32 kernel: the blocking and its spec.
     Amx(AmxBlocking, String),
     /// The `Q8_0` integer kernel of an instruction level (its label, its position among the
@@ -100,9 +136,13 @@ impl Kernel {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Some(isa) = cpu_kernels::isa() else {
+    let Some(level) = Isa::chosen() else {
         bail!("the CPU kernels do not run on this CPU (no AVX2 + FMA)");
     };
+    let isa = level.name();
+    // the `Q8_0` layer dispatch: AVX-512 weights on the AMX-INT8 tiles where
+    // `FORKSCORE_CPU_Q8=amx` asks for them and they run
+    let q8_amx = forkscore_backends::candle::cpu::kernel_choice()?.q8_amx;
     let repeats: usize = env_or("FORKSCORE_BENCH_REPEATS", "7")
         .parse()
         .context("FORKSCORE_BENCH_REPEATS")?;
@@ -123,9 +163,9 @@ fn main() -> anyhow::Result<()> {
         match env_or(var, "0").trim() {
             "0" | "" => Vec::new(),
             "1" => vec![isa.to_string()],
-            "all" => cpu_kernels::levels()
+            "all" => Isa::supported()
                 .iter()
-                .map(|l| l.to_string())
+                .map(|l| l.name().to_string())
                 .collect(),
             list => list.split(',').map(|l| l.trim().to_string()).collect(),
         }
@@ -140,18 +180,27 @@ fn main() -> anyhow::Result<()> {
     if copies == 0 {
         bail!("FORKSCORE_BENCH_WEIGHT_COPIES must be at least 1");
     }
-    let amx = cpu_kernels::amx();
+    // the AMX bf16 × 6 kernel runs on this CPU (tiles granted), whether or not the model's
+    // layers use it
+    let amx = amx::available();
     // every kernel and blocking timed, in this order
     let mut configs: Vec<Kernel> = Vec::new();
     for spec in env_or("FORKSCORE_BENCH_BLOCKINGS", "").split(';') {
-        let bl = F32Blocking::parse(spec.trim())?;
-        let resolved = bl.to_string();
+        let spec = spec.trim();
+        let bl = Blocking::parse(spec, level.f32_level())
+            .map_err(|reason| anyhow::anyhow!("blocking `{spec}`: {reason}"))?;
+        let resolved = format!(
+            "mr={},kc={},mc={},nc={},short_k={},pf={}",
+            bl.mr, bl.kc, bl.mc, bl.nc, bl.short_k, bl.pf
+        );
         configs.push(Kernel::F32(bl, resolved));
     }
     if amx {
         for spec in env_or("FORKSCORE_BENCH_AMX_BLOCKINGS", "").split(';') {
             let spec = spec.trim().to_string();
-            configs.push(Kernel::Amx(AmxBlocking::parse(&spec)?, spec));
+            let bl = AmxBlocking::parse(&spec)
+                .map_err(|reason| anyhow::anyhow!("amx blocking `{spec}`: {reason}"))?;
+            configs.push(Kernel::Amx(bl, spec));
         }
     }
     // each with its position among the levels: where its packed weights lie
@@ -192,28 +241,26 @@ fn main() -> anyhow::Result<()> {
     for &m in &rows {
         let mut layer_ms = vec![0f64; configs.len()];
         for sh in &shapes {
-            let x = Tensor::randn(0f32, 1.0, (m, sh.inp), &dev)?;
+            let x = Tensor::randn(0f32, 1.0, (m, sh.inp), &dev)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
             // `copies` weights of the shape, taken in turn (so they come from memory, as a
             // model's layers do, when together they outgrow the last-level cache)
             let mut pf = Vec::new();
             let (mut pq, mut p4, mut pa) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..copies {
                 let w = Tensor::randn(0f32, 0.05, (sh.out, sh.inp), &dev)?;
-                pf.push(F32Weight::pack(&w)?);
+                let rows = w.flatten_all()?.to_vec1::<f32>()?;
+                pf.push(PackedWeight::from_rows(&rows, sh.out, sh.inp));
                 // one packed weight per level, in the order of `q8_levels` / `q4_levels`
                 for level in &q8_levels {
-                    pq.push(Q8Weight::quantize_for(&w, level)?);
+                    pq.push(quantize_q8(&w, level)?);
                 }
-                // as `--quantize q4k` does: `Q4_K` where `in` is a multiple of 256, else `Q4_0`
-                let ggml = match sh.inp % 256 {
-                    0 => GgmlDType::Q4K,
-                    _ => GgmlDType::Q4_0,
-                };
                 for level in &q4_levels {
-                    p4.push(Q4Weight::quantize_for(&w, ggml, level)?);
+                    p4.push(quantize_q4(&w, level)?);
                 }
                 if amx {
-                    pa.push(AmxF32Weight::pack(&w)?);
+                    pa.push(AmxWeight::from_rows(&rows, sh.out, sh.inp));
                 }
             }
             let mut call = 0usize;
@@ -224,17 +271,19 @@ fn main() -> anyhow::Result<()> {
                     call += 1;
                     let s = Instant::now();
                     let y = match c {
-                        Kernel::F32(bl, _) => cpu_kernels::linear_f32(&x, &pf[at], bl)?,
-                        Kernel::Amx(bl, _) => cpu_kernels::linear_amx(&x, &pa[at], bl)?,
+                        Kernel::F32(bl, _) => gemm::product(&x, m, &pf[at], level.f32_level(), bl)?,
+                        Kernel::Amx(bl, _) => amx::product(&x, m, &pa[at], bl)?,
                         Kernel::Q8(_, l, pf) => {
                             if let Some(d) = pf {
-                                cpu_kernels::set_q8_prefetch(*d);
+                                qgemm::set_prefetch(*d);
                             }
-                            cpu_kernels::linear_q8(&x, &pq[at * q8_levels.len() + l])?
+                            let w = &pq[at * q8_levels.len() + l];
+                            match q8_amx && w.isa() == Isa::Avx512 {
+                                true => amx::q8_product(&x, m, w)?,
+                                false => qgemm::product(&x, m, w)?,
+                            }
                         }
-                        Kernel::Q4(_, l) => {
-                            cpu_kernels::linear_q4(&x, &p4[at * q4_levels.len() + l])?
-                        }
+                        Kernel::Q4(_, l) => q4gemm::product(&x, m, &p4[at * q4_levels.len() + l])?,
                     };
                     let t = s.elapsed().as_secs_f64() * 1e3;
                     drop(y);

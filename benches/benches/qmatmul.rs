@@ -15,9 +15,12 @@
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-use forkscore_backends::candle::cpu::kernels::{
-    self as cpu_kernels, Bf16Weight, F32Blocking, F32Weight, Q4Weight, Q8Weight,
-};
+use forkscore_kernels::cpu::amx::{self, AmxWeight, Parts};
+use forkscore_kernels::cpu::bf16::{self, PackedBf16};
+use forkscore_kernels::cpu::gemm::{self, Blocking, PackedWeight};
+use forkscore_kernels::cpu::isa::Isa;
+use forkscore_kernels::cpu::q4gemm::{self, PackedQ4, Q4Format};
+use forkscore_kernels::cpu::qgemm::{self, PackedQ8};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -46,15 +49,27 @@ fn main() -> anyhow::Result<()> {
     let dev = Device::Cpu;
     let mut report = Vec::new();
     // the engine's kernels need x86-64 with AVX2 + FMA; elsewhere their columns stay empty
-    let isa = cpu_kernels::isa();
-    let blocking = match isa {
-        Some(_) => Some(F32Blocking::parse("")?),
-        None => None,
+    let level = Isa::chosen();
+    let isa = level.map(Isa::name);
+    // the f32 kernel's default blocking at this level, and the bf16 weights' one at AVX-512
+    let blocking = level.map(|l| Blocking::default_for(l.f32_level()));
+    // the bf16 weights' kernels run at the process's blockings, as the layers do
+    // (`FORKSCORE_CPU_GEMM_BLOCKING` at AVX-512 for the dot kernel, `FORKSCORE_CPU_AMX`)
+    let switch = forkscore_backends::switches::value;
+    let bf16_blocking = match switch("FORKSCORE_CPU_GEMM_BLOCKING") {
+        Some(s) => Blocking::parse(s, Isa::Avx512).map_err(anyhow::Error::msg)?,
+        None => Blocking::default_for(Isa::Avx512),
     };
+    let amx_blocking = match switch("FORKSCORE_CPU_AMX") {
+        Some(s) => amx::AmxBlocking::parse(s).map_err(anyhow::Error::msg)?,
+        None => amx::AmxBlocking::DEFAULT,
+    };
+    // which kernels the model's layers take here (the switches and the CPU decide)
+    let choice = forkscore_backends::candle::cpu::kernel_choice()?;
     println!(
         "engine kernels: {}; bf16 weights: {}",
         isa.unwrap_or("none (no AVX2 + FMA)"),
-        cpu_kernels::bf16_kernel().unwrap_or("candle's matmul")
+        choice.bf16.unwrap_or("candle's matmul")
     );
     println!(
         "{:>10} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
@@ -73,8 +88,9 @@ fn main() -> anyhow::Result<()> {
         // (out, in) f32 weight, uniform in ±1/sqrt(in)
         let w = (Tensor::rand(0f32, 1f32, (out_dim, in_dim), &dev)? - 0.5)?
             .affine(2.0 / (in_dim as f64).sqrt(), 0.0)?;
+        let rows_w = w.flatten_all()?.to_vec1::<f32>()?;
         let packed = match isa {
-            Some(_) => Some(F32Weight::pack(&w)?),
+            Some(_) => Some(PackedWeight::from_rows(&rows_w, out_dim, in_dim)),
             None => None,
         };
         for ggml in [
@@ -89,20 +105,38 @@ fn main() -> anyhow::Result<()> {
             let q = std::sync::Arc::new(QTensor::quantize(&w, ggml)?);
             let qmm = QMatMul::from_arc(q.clone())?;
             enum Int {
-                Q8(Q8Weight),
-                Q4(Q4Weight),
-                Bf16(Bf16Weight),
+                Q8(PackedQ8),
+                Q4(PackedQ4),
+                Bf16Amx(AmxWeight),
+                Bf16Dot(PackedBf16),
             }
-            let int = match (isa, ggml) {
-                (_, GgmlDType::BF16) if cpu_kernels::bf16_kernel().is_some() => {
-                    Some(Int::Bf16(Bf16Weight::pack(&w)?))
+            // the weight as the layer packs it (`--quantize`): the blocks candle quantized
+            let bytes = q.data()?;
+            let int = match (level, ggml, choice.bf16) {
+                (_, GgmlDType::BF16, Some("amx")) => Some(Int::Bf16Amx(AmxWeight::split_rows(
+                    &rows_w,
+                    out_dim,
+                    in_dim,
+                    Parts::One,
+                ))),
+                (_, GgmlDType::BF16, Some(_)) => Some(Int::Bf16Dot(PackedBf16::from_rows(
+                    &rows_w, out_dim, in_dim,
+                ))),
+                (None, _, _) | (_, GgmlDType::BF16, None) => None,
+                (Some(l), GgmlDType::Q8_0, _) => {
+                    PackedQ8::from_blocks(&bytes, out_dim, in_dim, l).map(Int::Q8)
                 }
-                (None, _) | (_, GgmlDType::BF16) => None,
-                (Some(_), GgmlDType::Q8_0) => Some(Int::Q8(Q8Weight::quantize(&w)?)),
-                (Some(_), _) => Some(Int::Q4(Q4Weight::quantize(&w, ggml)?)),
+                (Some(l), _, _) => {
+                    let format = match ggml {
+                        GgmlDType::Q4K => Q4Format::Q4K,
+                        _ => Q4Format::Q4_0,
+                    };
+                    PackedQ4::from_blocks(format, &bytes, out_dim, in_dim, l).map(Int::Q4)
+                }
             };
             for &m in &rows {
                 let x = Tensor::rand(-1f32, 1f32, (m, in_dim), &dev)?;
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
                 // (m, in) x (in, out) -> (m, out)
                 let f32_ms = median_ms(repeats, || {
                     x.matmul(&w.t()?)?;
@@ -110,22 +144,30 @@ fn main() -> anyhow::Result<()> {
                 })?;
                 let packed_ms = match (&packed, &blocking) {
                     (Some(pw), Some(bl)) => Some(median_ms(repeats, || {
-                        cpu_kernels::linear_f32(&x, pw, bl)?;
+                        let l = level.map(Isa::f32_level).expect("a level with a blocking");
+                        gemm::product(&xs, m, pw, l, bl)?;
                         Ok(())
                     })?),
                     _ => None,
                 };
                 let int_ms = match &int {
                     Some(Int::Q8(qw)) => Some(median_ms(repeats, || {
-                        cpu_kernels::linear_q8(&x, qw)?;
+                        match choice.q8_amx && qw.isa() == Isa::Avx512 {
+                            true => amx::q8_product(&xs, m, qw)?,
+                            false => qgemm::product(&xs, m, qw)?,
+                        };
                         Ok(())
                     })?),
                     Some(Int::Q4(qw)) => Some(median_ms(repeats, || {
-                        cpu_kernels::linear_q4(&x, qw)?;
+                        q4gemm::product(&xs, m, qw)?;
                         Ok(())
                     })?),
-                    Some(Int::Bf16(bw)) => Some(median_ms(repeats, || {
-                        cpu_kernels::linear_bf16(&x, bw)?;
+                    Some(Int::Bf16Amx(bw)) => Some(median_ms(repeats, || {
+                        amx::product(&xs, m, bw, &amx_blocking)?;
+                        Ok(())
+                    })?),
+                    Some(Int::Bf16Dot(bw)) => Some(median_ms(repeats, || {
+                        bf16::product(&xs, m, bw, &bf16_blocking)?;
                         Ok(())
                     })?),
                     None => None,

@@ -85,7 +85,7 @@ pub struct LoadedModel {
 pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
     let device = args.device;
     let bf16_kernel = match device {
-        DeviceSpec::Cpu => forkscore_backends::candle::cpu::kernels::bf16_kernel(),
+        DeviceSpec::Cpu => forkscore_backends::candle::cpu::bf16_kernel(),
         _ => None,
     };
     let precision = crate::precision::resolve(device, args.dtype, args.quantize, bf16_kernel)?;

@@ -1,8 +1,17 @@
-//! forkscore's own CUDA kernels, as nvcc's fat binaries of the sources in `cuda/` (see
-//! `build.rs`): machine code for the build's compute capability plus compute_80 PTX. The
-//! tensor-facing shells that load and launch them live in `forkscore-backends`; this crate has no
-//! dependency at all, so the kernels build and can be inspected on their own
-//! (`cargo build -p forkscore-kernels --features cuda`). Without the `cuda` feature it is empty.
+//! forkscore's own kernels, without candle: what they compute on plain slices and buffers, apart
+//! from the tensors that carry their operands through a model. The tensor-facing shells that
+//! check shapes, read tensors' storage and choose a kernel per process live in
+//! `forkscore-backends` (`candle::cpu`, `candle::cuda`).
+//!
+//! - [`cpu`]: the CPU kernels at slice level, grouped by what they compute (the f32, bf16, AMX,
+//!   `Q8_0` and 4-bit GEMMs, attention, vector math), each with its x86 code in per-ISA
+//!   submodules behind `cfg(target_arch = "x86_64")`. Always built (no feature).
+//! - [`fatbin`] (feature `cuda`): the CUDA kernels, as nvcc's fat binaries of the sources in
+//!   `cuda/` (see `build.rs`): machine code for the build's compute capability plus compute_80
+//!   PTX (`cargo build -p forkscore-kernels --features cuda`). Without the feature nothing
+//!   needs nvcc.
+
+pub mod cpu;
 
 /// One fat binary per kernel source (`cuda/<name>.cu`).
 #[cfg(feature = "cuda")]

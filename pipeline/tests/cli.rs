@@ -442,7 +442,7 @@ fn cpu_dtype_bf16_takes_the_fast_weights_or_is_refused() {
         forkscore(&refs, env)
     };
     let out = run("bf16", &[]);
-    match forkscore_backends::candle::cpu::kernels::bf16_kernel() {
+    match forkscore_backends::candle::cpu::bf16_kernel() {
         Some(_) => {
             let v = ok_json(&out);
             assert_eq!(v["provenance"]["dtype"], "f32", "{v}");

@@ -78,7 +78,7 @@ impl InTiles {
         match self {
             InTiles::F32(_) => None,
             InTiles::Q8(_) => Some(GgmlDType::Q8_0),
-            InTiles::Q4(w) => Some(w.format()),
+            InTiles::Q4(w) => Some(cpu::q4gemm::ggml(w)),
         }
     }
 

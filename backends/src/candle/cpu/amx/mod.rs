@@ -1,359 +1,55 @@
-//! f32 linear layers through Intel AMX bf16 tiles, at f32 accuracy: `y = x Wᵀ` with every f32
-//! operand split exactly into three bf16 parts and the six products that matter at f32
-//! precision summed by `tdpbf16ps` in f32 ("bf16 × 6").
-//!
-//! The same tiles with one part ([`Parts::One`]) run `--quantize bf16`: the weight rounded to
-//! bf16 once at load, the activations rounded per call, one `tdpbf16ps` per tile pair (the
-//! arithmetic of [`super::bf16gemm`], whose AVX-512 BF16 kernel runs where AMX does not).
-//! That form is the default for bf16 weights wherever AMX runs: one product instead of six,
-//! and 2 bytes of weight per value instead of 6.
-//!
-//! `Q8_0` weights (`--quantize q8_0`) can run on the int8 tiles where the CPU has AMX-INT8
-//! ([`q8_runs`], [`q8_product`]; opt-in, `FORKSCORE_CPU_Q8=amx`): each 32-value block of 16
-//! activation rows is one A tile, each panel block of the AVX-512 layout of
-//! [`super::qgemm`] one B tile as packed, `tdpbssd` gives the block's exact i32 sums for a
-//! 32 × 32 output block, and AVX-512 then adds them scaled, block after block, exactly as the
-//! VNNI kernel and `product_reference` do: equal to them bit for bit (tested on an AMX CPU).
-//! Opt-in because it measured slower end to end than the VNNI kernel (15–20 % more time per
-//! decision at 8 and 28 fields): every 32-value block's four C
-//! tiles go through memory and an AVX-512 pass of 64 scaled additions, which costs more than
-//! the tile products save.
-//!
-//! Why: on a Xeon with AMX (Sapphire Rapids and later) one core runs bf16 tile products at
-//! ~13× its AVX-512 f32 FMA rate (`scripts/cpu-real/peak.c`: 2,218 against 167 GFLOP/s per
-//! core), so six bf16 products could cost less than half of one f32
-//! product.
-//!
-//! **Opt-in, and not faster yet** (`FORKSCORE_CPU_GEMM=amx`). Measured on 2-core slices of
-//! AMX Xeons: with the tiles' operands in L1 (the `hot=1` probe of the `cpu_linear` bench) the
-//! tile loop reaches ~80 % of the AMX peak, but the split weight is 6 bytes per value against
-//! f32's 4 and the operands come from L2 and memory: one layer's products at 512 rows ran
-//! 0.8–1.0× the time of the AVX-512 f32 kernel depending on the machine and blocking, and a
-//! whole decision ran 1.1–1.4× slower (e.g. 3,055 against 2,735 ms at 8 fields). The f32
-//! layers therefore stay on [`super::gemm`] by default; the blockings tried are
-//! [`AmxBlocking`]'s keys (`FORKSCORE_CPU_AMX`).
-//!
-//! The split: `v = hi + mid + lo`, each bf16 (`hi` = `v` rounded to 8 significant bits, `mid`
-//! the remainder rounded likewise, `lo` the rest). Each remainder is exact in f32 and has at
-//! most 16, then 8 significant bits, so the three parts sum back to `v` exactly (for `|v|`
-//! from 2⁻¹¹⁰ ≈ 7.7e-34 up; below that the remainders are bf16 subnormals, which AMX reads as
-//! 0: an absolute error under 1e-37 per operand). A product `x·w` is then
-//! `Σ xᵢ·wⱼ` over the nine pairs; the six kept (`hh, hm, mh, hl, lh, mm`) leave out terms of at
-//! most 2⁻²⁴·|x·w| together, the size of f32's own rounding of one product. Each bf16 × bf16
-//! product is exact in f32, and the tiles accumulate in f32.
-//!
-//! Layout: the weight, per panel of [`NR`] columns, as `k/2` rows of 16 columns × 2
-//! consecutive `k` (the B-tile layout of `tdpbf16ps`: a 32-`k` step of a panel is one 1 KiB
-//! tile), one plane per part. The activations are split per call into three row-major planes
-//! (`m` padded to 32 rows, `k` to 32 with zeros), read as A tiles in place. Each output block
-//! of 32 rows × 32 columns is four f32 C tiles that stay in tile registers for the whole `k`:
-//! per 32-`k` step, 6 A-tile and 12 B-tile loads, 24 tile products.
-//!
-//! Where it runs: x86-64 Linux, a CPU with AMX-TILE and AMX-BF16, and the kernel granting the
-//! process the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), detected once ([`available`]).
-//! It runs only when `FORKSCORE_CPU_GEMM=amx` asks for it.
-//! The tests hold this kernel to candle's matmul (where AMX runs) and the split arithmetic to
-//! an f64 reference (everywhere).
+//! The tensor-facing shell of the AMX kernels (`forkscore_kernels::cpu::amx`): f32 weights
+//! split into bf16 × 3 (`FORKSCORE_CPU_GEMM=amx`) or rounded to bf16 (`--quantize bf16`) from
+//! tensors, the blocking this process runs (`FORKSCORE_CPU_AMX`), whether `Q8_0` weights take
+//! the AMX-INT8 tiles (`FORKSCORE_CPU_Q8=amx`), and `x (.., k) · Wᵀ` on tensors. The tests hold
+//! the kernel to candle's matmul where AMX runs.
 
 use candle_core::{Result, Tensor};
+use forkscore_kernels::cpu::amx as kernel;
 
-use super::aligned::Aligned;
-use super::panel::NR;
+use super::host::{kernel_err, with_host_rows, PackTensor};
 
-/// `k` per tile step: 32 bf16, one 64-byte tile row.
-const KSTEP: usize = 32;
-/// `v` as bf16 bits, rounded to nearest even; a finite `v` that would round to infinity is
-/// truncated instead (so `v − hi` stays finite), and NaN stays NaN.
-pub(crate) fn bf16_bits(v: f32) -> u16 {
-    let b = v.to_bits();
-    if v.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-    match f32::from_bits((rounded as u32) << 16).is_infinite() && v.is_finite() {
-        true => (b >> 16) as u16,
-        false => rounded,
-    }
-}
-
-pub(crate) fn bf16_value(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
-/// [`bf16_bits`] without the guards, for the activations on every call (a branch-free form
-/// the compiler vectorizes): the same bits for every finite `|v|` up to the largest bf16
-/// (tested); a non-finite or larger `v` gives a non-finite part, so the product is non-finite
-/// too (which the model reports), never a finite wrong value.
-#[cfg_attr(
-    not(all(target_arch = "x86_64", target_os = "linux")),
-    allow(dead_code)
-)]
-#[inline(always)]
-pub(crate) fn bf16_bits_fast(v: f32) -> u16 {
-    let b = v.to_bits();
-    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-}
-
-/// How the AMX kernel blocks one product: `FORKSCORE_CPU_AMX` (`mc=…,pf=…`) over the
-/// default, to compare on one machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AmxBlocking {
-    /// Rows per block (a multiple of 32): their packed tiles stay in L2 while the thread's
-    /// panel pairs pass over them.
-    pub mc: usize,
-    /// Steps of 32 `k` ahead that the next tiles are prefetched into L1 (0: none).
-    pub pf: usize,
-    /// Steps of 32 `k` per pass over a row block (0: all, the C tiles stay in registers for
-    /// the whole `k`); fewer keep a panel pair's B slice in L1 across the block's row pairs,
-    /// the C tiles stored and reloaded between passes.
-    pub kb: usize,
-    /// Steps of 32 `k` per L2 block (0: all): the row block's A tiles for that `k` range stay
-    /// in L2 while the thread's panel pairs pass; C is stored and reloaded between blocks.
-    pub kc: usize,
-    /// Panel pairs per weight block (0: the row-block order): with `nb`, a block of `nb`
-    /// pairs × `kc` steps of the weight stays in L2 while every row pair passes, so the weight
-    /// is read from memory once per call and the activations stream from L3 (`mc` and `kb`
-    /// unused).
-    pub nb: usize,
-    /// Timing probe only (the bench's `hot=1`; refused in `FORKSCORE_CPU_AMX`): every step
-    /// reads the first step's tiles, so the loads hit L1 and the result is wrong. It measures
-    /// the tile loop's ceiling apart from memory.
-    pub hot: bool,
-}
-
-impl AmxBlocking {
-    pub const DEFAULT: AmxBlocking = AmxBlocking {
-        mc: 128,
-        pf: 0,
-        kb: 0,
-        kc: 0,
-        nb: 0,
-        hot: false,
-    };
-
-    /// `spec` (`key=value`, comma-separated, keys `mc`, `pf`, `kb`, `kc`, `nb`, `hot`) over
-    /// [`AmxBlocking::DEFAULT`];
-    /// errors name the wrong key or value (`mc` must be a positive multiple of 32).
-    pub fn parse(spec: &str) -> std::result::Result<Self, String> {
-        let mut b = Self::DEFAULT;
-        for (part, key, v) in super::host::spec_counts(spec)? {
-            match key {
-                "mc" if v > 0 && v.is_multiple_of(32) => b.mc = v,
-                "mc" => return Err(format!("`{part}`: mc must be a positive multiple of 32")),
-                "pf" => b.pf = v,
-                "kb" => b.kb = v,
-                "kc" => b.kc = v,
-                "nb" => b.nb = v,
-                "hot" => b.hot = v != 0,
-                other => return Err(format!("unknown key `{other}` (mc, pf, kb, kc, nb)")),
-            }
-        }
-        Ok(b)
-    }
-
-    /// The blocking of this process: the default, or `FORKSCORE_CPU_AMX` over it (read once;
-    /// an invalid value is an error naming it).
-    pub fn chosen() -> Result<Self> {
-        use std::sync::OnceLock;
-        static SPEC: OnceLock<Option<&str>> = OnceLock::new();
-        match SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_AMX")) {
-            None => Ok(Self::DEFAULT),
-            Some(s) => match Self::parse(s) {
-                Ok(b) if b.hot => candle_core::bail!(
-                    "FORKSCORE_CPU_AMX={s:?}: hot is a timing probe with wrong results"
-                ),
-                Ok(b) => Ok(b),
-                Err(e) => candle_core::bail!("FORKSCORE_CPU_AMX={s:?}: {e}"),
-            },
-        }
-    }
-}
-
-/// How many bf16 parts each operand is split into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Parts {
-    /// `hi` alone (the value rounded to bf16): one product per tile pair (`--quantize bf16`).
-    One,
-    /// `hi`, `mid`, `lo` (exact): the six products of f32 accuracy.
-    Three,
-}
-
-impl Parts {
-    fn count(self) -> usize {
-        match self {
-            Parts::One => 1,
-            Parts::Three => 3,
-        }
-    }
-}
-
-/// `v = hi + (mid + lo)`, the three as bf16 bits: exact for 0 and every finite `|v| ≥ 2⁻¹¹⁰`
-/// (below it the remainders fall under bf16's normal range, which AMX flushes to 0 anyway).
-pub(crate) fn split(v: f32) -> [u16; 3] {
-    let hi = bf16_bits(v);
-    if !v.is_finite() {
-        return [hi, 0, 0];
-    }
-    let r1 = v - bf16_value(hi);
-    let mid = bf16_bits(r1);
-    let r2 = r1 - bf16_value(mid);
-    [hi, mid, bf16_bits(r2)]
-}
-
-/// A weight `W (n, k)` split into bf16 planes for the AMX kernel: `planes[part]` is
-/// `(⌈n/16⌉, kp/2, 16, 2)` with `kp` = `k` rounded up to 32 (zero-padded, as are the missing
-/// columns of a ragged last panel); one plane per part of [`Parts`].
-#[derive(Debug, Clone)]
-pub(crate) struct AmxWeight {
-    n: usize,
-    k: usize,
-    kp: usize,
-    parts: Parts,
-    planes: Vec<Aligned<u16>>,
-}
-
-impl AmxWeight {
-    /// Split `w (n, k)` (any float dtype, any device: read as f32 on the host) in three.
-    pub fn pack(w: &Tensor) -> Result<Self> {
-        super::host::with_host_rows(w, Self::from_rows)
-    }
-
-    /// `w (n, k)` (any float dtype, any device) rounded to bf16: one plane (`--quantize bf16`).
-    pub fn pack_bf16(w: &Tensor) -> Result<Self> {
-        super::host::with_host_rows(w, |w, n, k| Self::split_rows(w, n, k, Parts::One))
-    }
-
-    /// Split row-major `w (n, k)` in three, on the rayon threads (a panel each).
-    pub fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
-        Self::split_rows(w, n, k, Parts::Three)
-    }
-
-    /// Row-major `w (n, k)` into `parts` planes, on the rayon threads (a panel each): the first
-    /// `parts` of [`split`] (one: the value rounded to nearest even bf16).
-    pub fn split_rows(w: &[f32], n: usize, k: usize, parts: Parts) -> Self {
-        use rayon::prelude::*;
-        let kp = k.next_multiple_of(KSTEP);
-        let panel = (kp * NR).max(1);
-        // one plane per part, each filled a panel per task (part i of `split`)
-        let planes = (0..parts.count())
-            .map(|i| {
-                let mut plane = Aligned::<u16>::zeroed(n.div_ceil(NR) * kp * NR);
-                plane
-                    .par_chunks_mut(panel)
-                    .enumerate()
-                    .for_each(|(p, dst)| {
-                        for c in 0..NR.min(n - p * NR) {
-                            let row = &w[(p * NR + c) * k..][..k];
-                            for (kk, &v) in row.iter().enumerate() {
-                                dst[((kk / 2) * NR + c) * 2 + kk % 2] = split(v)[i];
-                            }
-                        }
-                    });
-                plane
-            })
-            .collect();
-        AmxWeight {
-            n,
-            k,
-            kp,
-            parts,
-            planes,
-        }
-    }
-
-    /// `(out, in)`.
-    pub fn dims(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    /// How many parts the weight is split into.
-    pub fn parts(&self) -> Parts {
-        self.parts
-    }
-
-    /// The rows of `W`, `(n, k)` row-major: the parts summed (the values exactly for three,
-    /// see [`split`]; the bf16 values for one).
-    pub fn rows(&self) -> Vec<f32> {
-        let (n, k, kp) = (self.n, self.k, self.kp);
-        let mut w = vec![0f32; n * k];
-        for (r, row) in w.chunks_exact_mut(k.max(1)).enumerate().take(n) {
-            let base = (r / NR) * kp * NR;
-            for (kk, v) in row.iter_mut().enumerate() {
-                let at = base + ((kk / 2) * NR + r % NR) * 2 + kk % 2;
-                *v = match &self.planes[..] {
-                    [h, m, l] => bf16_value(h[at]) + (bf16_value(m[at]) + bf16_value(l[at])),
-                    planes => bf16_value(planes[0][at]),
-                };
-            }
-        }
-        w
-    }
-
-    /// The weights stacked along `out` (`[a; b; …]`), all with one `in` and one [`Parts`];
-    /// `None` for an empty list or differing `in` or parts. Planes are concatenated as they
-    /// are when every part but the last has a multiple of 16 rows; otherwise the rows are split
-    /// again (exactly: the parts sum back to what was split).
-    pub fn stack(parts: &[&AmxWeight]) -> Option<Self> {
-        let first = parts.first()?;
-        let (k, split) = (first.k, first.parts);
-        if parts.iter().any(|p| p.k != k || p.parts != split) {
-            return None;
-        }
-        let n = parts.iter().map(|p| p.n).sum();
-        if parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0) {
-            let plane = |i: usize| {
-                Aligned::concat(&parts.iter().map(|p| &*p.planes[i]).collect::<Vec<_>>())
-            };
-            return Some(AmxWeight {
-                n,
-                k,
-                kp: first.kp,
-                parts: split,
-                planes: (0..split.count()).map(plane).collect(),
-            });
-        }
-        let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();
-        Some(Self::split_rows(&rows, n, k, split))
-    }
-}
-
-/// The f32 product the kernel computes, in plain Rust, summed in f64: per output the six kept
-/// part products (three parts; the tests hold the split arithmetic to an exact product with
-/// it, and the kernel to candle's matmul), or `Σ bf16(x) · bf16(w)` (one part; the kernel is
-/// held to it).
 #[cfg(test)]
-fn product_reference(x: &[f32], m: usize, w: &AmxWeight) -> Vec<f64> {
-    let (n, k) = (w.n, w.k);
-    let wr: Vec<[u16; 3]> = w.rows().iter().map(|&v| split(v)).collect();
-    let mut y = vec![0f64; m * n];
-    for r in 0..m {
-        let xs: Vec<[u16; 3]> = x[r * k..][..k].iter().map(|&v| split(v)).collect();
-        for c in 0..n {
-            let mut s = 0f64;
-            for kk in 0..k {
-                let (a, b) = (xs[kk], wr[c * k + kk]);
-                let v = |i: usize, j: usize| bf16_value(a[i]) as f64 * bf16_value(b[j]) as f64;
-                s += match w.parts {
-                    Parts::Three => v(0, 0) + v(0, 1) + v(1, 0) + v(0, 2) + v(2, 0) + v(1, 1),
-                    Parts::One => v(0, 0),
-                };
-            }
-            y[r * n + c] = s;
-        }
+use kernel::available;
+pub(crate) use kernel::{AmxBlocking, AmxWeight, Parts};
+
+impl PackTensor for AmxWeight {
+    /// Split in three.
+    fn from_host_rows(w: &[f32], n: usize, k: usize) -> Self {
+        AmxWeight::from_rows(w, n, k)
     }
-    y
 }
 
-pub(crate) use super::isa::amx_available as available;
+/// `w (n, k)` (any float dtype, any device) rounded to bf16: one plane (`--quantize bf16`).
+pub(crate) fn pack_bf16(w: &Tensor) -> Result<AmxWeight> {
+    with_host_rows(w, |w, n, k| AmxWeight::split_rows(w, n, k, Parts::One))
+}
+
+/// The blocking of this process: the default, or `FORKSCORE_CPU_AMX` over it (read once;
+/// an invalid value is an error naming it).
+pub(crate) fn chosen_blocking() -> Result<AmxBlocking> {
+    use std::sync::OnceLock;
+    static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+    match SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_AMX")) {
+        None => Ok(AmxBlocking::DEFAULT),
+        Some(s) => match AmxBlocking::parse(s) {
+            Ok(b) if b.hot => candle_core::bail!(
+                "FORKSCORE_CPU_AMX={s:?}: hot is a timing probe with wrong results"
+            ),
+            Ok(b) => Ok(b),
+            Err(e) => candle_core::bail!("FORKSCORE_CPU_AMX={s:?}: {e}"),
+        },
+    }
+}
 
 /// A `Q8_0` linear layer `x (.., k) · Wᵀ -> (.., n)`: with `FORKSCORE_CPU_Q8=amx` on a CPU with
 /// AMX-INT8 ([`q8_runs`]) a weight of the AVX-512 layout runs on the int8 tiles (the same sums
 /// as the VNNI kernel, bit for bit), every other weight on [`super::qgemm::linear`].
 pub(crate) fn q8_linear(x: &Tensor, w: &super::qgemm::PackedQ8) -> Result<Tensor> {
     if w.isa() == super::isa::Isa::Avx512 && q8_runs()? {
-        let ready = || w.isa().require("q8_0 linear");
+        let ready = || w.isa().require("q8_0 linear").map_err(kernel_err);
         return super::host::try_apply_rows(x, w.dims(), "q8_0 linear", ready, |xd, m| {
-            q8_product(xd, m, w)
+            kernel::q8_product(xd, m, w).map_err(kernel_err)
         });
     }
     super::qgemm::linear(x, w)
@@ -368,7 +64,7 @@ pub(crate) fn q8_runs() -> Result<bool> {
     ON.get_or_init(|| {
         let asked = crate::switches::value("FORKSCORE_CPU_Q8").unwrap_or_default();
         match asked.trim().to_ascii_lowercase().as_str() {
-            "amx" => Ok(q8_available()),
+            "amx" => Ok(kernel::q8_available()),
             "" | "vnni" => Ok(false),
             other => Err(format!(
                 "FORKSCORE_CPU_Q8={asked:?}: `{other}`: expected amx or vnni"
@@ -379,66 +75,19 @@ pub(crate) fn q8_runs() -> Result<bool> {
     .map_err(candle_core::Error::Msg)
 }
 
-/// AMX runs and the CPU has AMX-INT8 (whatever `FORKSCORE_CPU_Q8` says: the tests' question).
-fn q8_available() -> bool {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        let int8 = std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 25) != 0;
-        available() && int8
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    {
-        false
-    }
-}
-
-/// `x (m, k) · Wᵀ -> (m, n)` for a `Q8_0` weight of the AVX-512 layout through the AMX int8
-/// tiles: the same sums as [`super::qgemm::product_reference`], bit for bit. The caller
-/// checked [`q8_runs`]; a weight of the AVX2 layout is refused.
-pub(crate) fn q8_product(x: &[f32], m: usize, w: &super::qgemm::PackedQ8) -> Result<Vec<f32>> {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        match w.tile_parts() {
-            Some((q, d)) if q8_available() => Ok(tiles::product_q8(x, m, w.dims(), q, d)),
-            _ => candle_core::bail!("q8_0 on AMX: no AMX-INT8 here, or not the AVX-512 layout"),
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    {
-        candle_core::bail!(
-            "q8_0 on AMX: no AMX here ({}, {m}, {:?})",
-            x.len(),
-            w.dims()
-        )
-    }
-}
-
 /// `x (.., k) · Wᵀ -> (.., n)` f32 through AMX. Errors (never panics) on a non-f32, non-CPU or
-/// mis-sized `x`, or where the kernel does not run ([`available`]).
+/// mis-sized `x`, or where the kernel does not run (`forkscore_kernels::cpu::amx::available`).
 pub(crate) fn linear(x: &Tensor, w: &AmxWeight) -> Result<Tensor> {
-    linear_with(x, w, &AmxBlocking::chosen()?)
+    linear_with(x, w, &chosen_blocking()?)
 }
 
 /// [`linear`] with blocking `bl`.
 pub(crate) fn linear_with(x: &Tensor, w: &AmxWeight, bl: &AmxBlocking) -> Result<Tensor> {
-    let ready = || match available() {
-        true => Ok(()),
-        false => candle_core::bail!("amx linear: this CPU or OS does not run AMX bf16 tiles"),
-    };
-    super::host::apply_rows(x, (w.n, w.k), "amx linear", ready, |xd, m| {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        {
-            tiles::product(xd, m, w, bl)
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-        {
-            unreachable!("available() is false here ({}, {m}, {bl:?})", xd.len())
-        }
+    let ready = || kernel::check().map_err(kernel_err);
+    super::host::try_apply_rows(x, w.dims(), "amx linear", ready, |xd, m| {
+        kernel::product(xd, m, w, bl).map_err(kernel_err)
     })
 }
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-mod tiles;
 
 #[cfg(test)]
 mod tests;

@@ -1,24 +1,6 @@
-//! f32 linear layers on x86 CPUs with AVX2 + FMA: `y = x Wᵀ` against a weight packed once at
-//! load time into panels of [`NR`] output columns (`(⌈out/16⌉, in, 16)`, k-major inside a
-//! panel), so no call packs the weight again, and a register-tiled microkernel (`mr` × 16).
-//!
-//! Why: a linear layer through candle's matmul (the `gemm` crate) packs both operands on every
-//! call, and so does OpenBLAS through `cblas_sgemm`. Scoring passes multiply a few dozen rows
-//! by each weight, where packing the weight costs about as much as the product (measured on an
-//! AVX2 core, one thread, Qwen2.5-0.5B shapes: 32 × 896 → 4,864 ran at 43–52 GFLOP/s
-//! here against OpenBLAS's 30–38; a 480-row prefill product at 64–80 against 62–77).
-//!
-//! Per call ([`Blocking`] holds the sizes): the activations `x (m, k)` are packed once into
-//! groups of `mr` rows (k-major inside a group, the microkernel broadcasts one element per
-//! row); the panels are split into one contiguous run per rayon thread; each thread walks its
-//! panels in blocks of `nc`, rows in blocks of `mc` and `k` in blocks of `kc` (for `k` up to
-//! `short_k` the `k` loop is innermost, so each output tile is finished while it is in cache;
-//! for longer `k` it is outermost, so a panel block stays in cache across all rows). A ragged
-//! last panel is computed into a scratch strip and copied.
-//!
-//! Where the CPU has AVX-512 ([`Isa::Avx512`]) the same panels go through an `mr` × 32
-//! microkernel of 16-lane registers (14 rows by default, [`Blocking::default_for`]), two panels
-//! at a time (one for an odd last panel).
+//! The tensor-facing shell of the packed f32 GEMM (`forkscore_kernels::cpu::gemm`): which CPU
+//! GEMM f32 dense layers take in this process (`FORKSCORE_CPU_GEMM`), the blocking it runs with
+//! (`FORKSCORE_CPU_GEMM_BLOCKING`), weights packed from tensors and `x (.., k) · Wᵀ` on tensors.
 //!
 //! The weight is packed only where the CPU has AVX2 and FMA (detected once); elsewhere layers
 //! keep candle's dense weight and matmul. `FORKSCORE_CPU_GEMM=candle` (or `openblas` with that
@@ -28,135 +10,37 @@
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Result, Tensor};
+use forkscore_kernels::cpu::gemm as kernel;
 
-use super::aligned::Aligned;
+use super::host::{kernel_err, PackTensor};
 use super::isa::Isa;
 
-pub(crate) use super::panel::NR;
-/// Rows per microkernel tile, at most (AVX2: 6 rows × 2 registers of accumulators; AVX-512:
-/// 14 rows × 2 registers, 28 of the 32).
-const MAX_MR_AVX2: usize = 6;
-const MAX_MR_AVX512: usize = 14;
+pub(crate) use kernel::{Blocking, PackedWeight};
 
-/// How one product is blocked. Each ISA has a default ([`Blocking::default_for`]);
-/// `FORKSCORE_CPU_GEMM_BLOCKING` (e.g. `mr=12,mc=96`, keys as the fields, the rest from the
-/// default) overrides it for the process, to compare blockings on one machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Blocking {
-    /// Rows per microkernel tile (the activations are packed in groups of this many rows).
-    pub mr: usize,
-    /// `k` per block: a panel block (`kc × 16` floats per panel) and a row group stay in L1.
-    pub kc: usize,
-    /// Rows per block (rounded up to a multiple of `mr`): the block's packed rows stay in L2.
-    pub mc: usize,
-    /// Panels (16 columns each) per block.
-    pub nc: usize,
-    /// Longest `k` that runs with the `k` loop innermost (each output tile finished while in
-    /// cache); a longer `k` runs it outermost (a panel block stays in cache across all rows).
-    pub short_k: usize,
-    /// How many `k` steps ahead each step of an f32 tile prefetches its panels' weights into
-    /// L1 (`prefetcht0`; 0: none). The bf16 kernel, which shares these blockings, ignores it.
-    pub pf: usize,
+impl PackTensor for PackedWeight {
+    fn from_host_rows(w: &[f32], n: usize, k: usize) -> Self {
+        PackedWeight::from_rows(w, n, k)
+    }
 }
 
-impl Blocking {
-    /// The blocking `isa`'s kernel runs with unless overridden.
-    /// - AVX2: 6-row tiles (12 of the 16 registers accumulate), 256-`k` blocks (a 16 KiB panel
-    ///   block and a 6 KiB row group in L1), 72-row blocks (72 KiB of packed rows in L2).
-    /// - AVX-512: 14-row tiles (28 of the 32 registers accumulate: 16 loads per 28 FMAs
-    ///   instead of 8 per 12), 384-`k` blocks, 84-row blocks. Chosen with the `cpu_linear`
-    ///   bench's sweep of 21 blockings: the fastest on every AVX-512 CPU tried (7–9 % less time
-    ///   for a layer's products at 512 rows than 6-row tiles, the old default) and, end to end,
-    ///   4–12 % faster decisions (ABBA runs of the modes bench).
-    ///   Each `k` step prefetches its panels' weights 16 steps ahead: one layer's products ran
-    ///   6–7 % faster at 512 rows and 17 % at 40 on some CPUs (the `cpu_linear` bench,
-    ///   round-robin in one process), and decisions were ~1 % faster where the products gained
-    ///   least (alternating processes).
-    /// - Both: 8 panels (128 columns) per block, `k` innermost up to 1,536.
-    pub fn default_for(isa: Isa) -> Self {
-        let (mr, kc, mc, pf) = match isa {
-            Isa::Avx2 | Isa::AvxVnni => (6, 256, 72, 0),
-            Isa::Avx512 => (14, 384, 84, 16),
-        };
-        Blocking {
-            mr,
-            kc,
-            mc,
-            nc: 8,
-            short_k: 1536,
-            pf,
-        }
-    }
-
-    /// The most rows a tile of `isa` holds in registers.
-    pub fn max_mr(isa: Isa) -> usize {
-        match isa {
-            Isa::Avx2 | Isa::AvxVnni => MAX_MR_AVX2,
-            Isa::Avx512 => MAX_MR_AVX512,
-        }
-    }
-
-    /// `spec` (`key=value` pairs, comma-separated; keys `mr`, `kc`, `mc`, `nc`, `short_k`,
-    /// `pf`) over `isa`'s default. Errors name the key or value that is wrong: an unknown key, a
-    /// value that is not a count, a zero, or `mr` above what `isa`'s tile holds.
-    pub fn parse(spec: &str, isa: Isa) -> std::result::Result<Self, String> {
-        let mut b = Self::default_for(isa);
-        for (part, key, v) in super::host::spec_counts(spec)? {
-            let slot = match key {
-                "mr" => &mut b.mr,
-                "kc" => &mut b.kc,
-                "mc" => &mut b.mc,
-                "nc" => &mut b.nc,
-                "short_k" => {
-                    b.short_k = v;
-                    continue;
-                }
-                "pf" => {
-                    b.pf = v;
-                    continue;
-                }
-                other => {
-                    return Err(format!(
-                        "unknown key `{other}` (mr, kc, mc, nc, short_k, pf)"
-                    ))
-                }
-            };
-            if v == 0 {
-                return Err(format!("`{part}`: must be at least 1"));
-            }
-            *slot = v;
-        }
-        if b.mr > Self::max_mr(isa) {
-            return Err(format!(
-                "mr={} is more rows than a {} tile holds ({})",
-                b.mr,
-                isa.name(),
-                Self::max_mr(isa)
-            ));
-        }
-        b.mc = b.mc.next_multiple_of(b.mr);
-        Ok(b)
-    }
-
-    /// The blocking this process runs `isa` with: [`Blocking::default_for`], or
-    /// `FORKSCORE_CPU_GEMM_BLOCKING` over it (read once; an invalid value is an error naming it).
-    pub fn chosen(isa: Isa) -> Result<Self> {
-        use std::sync::OnceLock;
-        static SPEC: OnceLock<Option<&str>> = OnceLock::new();
-        let spec = SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_GEMM_BLOCKING"));
-        match spec {
-            None => Ok(Self::default_for(isa)),
-            Some(s) => Self::parse(s, isa).map_err(|e| {
-                candle_core::Error::Msg(format!("FORKSCORE_CPU_GEMM_BLOCKING={s:?}: {e}"))
-            }),
-        }
+/// The blocking this process runs `isa` with: [`Blocking::default_for`], or
+/// `FORKSCORE_CPU_GEMM_BLOCKING` over it (read once; an invalid value is an error naming it).
+pub(crate) fn chosen_blocking(isa: Isa) -> Result<Blocking> {
+    use std::sync::OnceLock;
+    static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+    let spec = SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_GEMM_BLOCKING"));
+    match spec {
+        None => Ok(Blocking::default_for(isa)),
+        Some(s) => Blocking::parse(s, isa).map_err(|e| {
+            candle_core::Error::Msg(format!("FORKSCORE_CPU_GEMM_BLOCKING={s:?}: {e}"))
+        }),
     }
 }
 
 /// Which CPU GEMM f32 dense layers use, read once from `FORKSCORE_CPU_GEMM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CpuGemm {
-    /// Weights packed at load, this module's kernel (the default where the CPU has AVX2 + FMA).
+    /// Weights packed at load, the packed kernel (the default where the CPU has AVX2 + FMA).
     Packed,
     /// The system OpenBLAS (`--features openblas`, `FORKSCORE_CPU_GEMM=openblas`).
     OpenBlas,
@@ -179,7 +63,7 @@ pub(crate) fn choice() -> CpuGemm {
 
 /// Whether f32 dense layers run through the AMX bf16 × 6 kernel of [`super::amx`]: only
 /// when asked (`FORKSCORE_CPU_GEMM=amx`) and the CPU and OS run AMX tiles; elsewhere, or
-/// unasked, this module's kernel. Opt-in because on the AMX CPUs tried it measured slower end
+/// unasked, the packed kernel. Opt-in because on the AMX CPUs tried it measured slower end
 /// to end than the AVX-512 kernel (see `cpu_amx`).
 pub(crate) fn amx() -> bool {
     use std::sync::OnceLock;
@@ -205,151 +89,33 @@ pub(crate) fn kernel_available() -> bool {
     Isa::chosen().is_some()
 }
 
-/// A weight `W (n, k)` packed into `⌈n/16⌉` panels of 16 columns, each `k × 16` (column `c` of
-/// panel `p` is row `16p + c` of `W`; the last panel is zero-padded). Each panel row is one
-/// 64-byte cache line.
-#[derive(Debug, Clone)]
-pub(crate) struct PackedWeight {
+/// Pack a ggml weight `(n, k)` straight from its blocks ([`PackedWeight::from_blocks`]), for
+/// `Q8_0` and `Q4_0`; `None` for other types or a byte count that does not fit `(n, k)`.
+pub(crate) fn from_blocks(
+    ggml: GgmlDType,
+    bytes: &[u8],
     n: usize,
     k: usize,
-    panels: Aligned<f32>,
+) -> Option<PackedWeight> {
+    let blocks = match ggml {
+        GgmlDType::Q8_0 => kernel::Blocks::Q8_0,
+        GgmlDType::Q4_0 => kernel::Blocks::Q4_0,
+        _ => return None,
+    };
+    PackedWeight::from_blocks(blocks, bytes, n, k)
 }
 
-impl PackedWeight {
-    /// Pack `w (n, k)` (any float dtype, any device: read as f32 on the host).
-    pub fn pack(w: &Tensor) -> Result<Self> {
-        super::host::with_host_rows(w, Self::from_rows)
-    }
-
-    /// The `⌈n/16⌉` zeroed panels of an `(n, k)` weight, each filled on the rayon threads by
-    /// `fill(p, panel, rows)` (`rows` ≤ 16: how many of the panel's columns are real rows).
-    fn filled(n: usize, k: usize, fill: impl Fn(usize, &mut [f32], usize) + Sync) -> Self {
-        use rayon::prelude::*;
-        let mut panels = Aligned::zeroed(n.div_ceil(NR) * k * NR);
-        panels
-            .par_chunks_mut((k * NR).max(1))
-            .enumerate()
-            .for_each(|(p, panel)| fill(p, panel, NR.min(n.saturating_sub(p * NR))));
-        PackedWeight { n, k, panels }
-    }
-
-    fn from_rows(w: &[f32], n: usize, k: usize) -> Self {
-        Self::filled(n, k, |p, panel, rows| {
-            // by runs of 64 k: the 16 rows' runs land in one 4 KiB stretch of the panel
-            for k0 in (0..k).step_by(64) {
-                let k1 = (k0 + 64).min(k);
-                for c in 0..rows {
-                    let row = &w[(p * NR + c) * k..][k0..k1];
-                    for (kk, &v) in (k0..k1).zip(row) {
-                        panel[kk * NR + c] = v;
-                    }
-                }
-            }
-        })
-    }
-
-    /// Pack a ggml weight `(n, k)` straight from its blocks, for `Q8_0` (`d · q`, 34-byte
-    /// blocks) and `Q4_0` (`d · (nibble − 8)`, 18-byte blocks): exactly candle's dequantization
-    /// (tested equal), on the rayon threads, without the dense intermediate. `None` for other
-    /// types or a byte count that does not fit `(n, k)`.
-    pub fn from_blocks(ggml: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
-        let block_bytes = match ggml {
-            GgmlDType::Q8_0 => 34,
-            GgmlDType::Q4_0 => 18,
-            _ => return None,
-        };
-        if !k.is_multiple_of(32) || bytes.len() != n * (k / 32) * block_bytes {
-            return None;
-        }
-        let row_bytes = (k / 32) * block_bytes;
-        Some(Self::filled(n, k, |p, panel, rows| {
-            // block column by block column: the 16 rows' blocks b fill one 2 KiB stretch
-            for b in 0..k / 32 {
-                for c in 0..rows {
-                    let block = &bytes[(p * NR + c) * row_bytes + b * block_bytes..][..block_bytes];
-                    let d = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
-                    let at = |j: usize| (b * 32 + j) * NR + c;
-                    match ggml {
-                        GgmlDType::Q8_0 => {
-                            for (j, &q) in block[2..].iter().enumerate() {
-                                panel[at(j)] = (q as i8) as f32 * d;
-                            }
-                        }
-                        _ => {
-                            for (j, &q) in block[2..].iter().enumerate() {
-                                panel[at(j)] = ((q & 0x0F) as i16 - 8) as f32 * d;
-                                panel[at(j + 16)] = ((q >> 4) as i16 - 8) as f32 * d;
-                            }
-                        }
-                    }
-                }
-            }
-        }))
-    }
-
-    /// `(out, in)`.
-    pub fn dims(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    /// The rows of `W`, `(n, k)` row-major.
-    fn rows(&self) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
-        let mut w = vec![0f32; n * k];
-        for (r, row) in w.chunks_exact_mut(k.max(1)).enumerate().take(n) {
-            let panel = &self.panels[(r / NR) * k * NR..];
-            for (kk, v) in row.iter_mut().enumerate() {
-                *v = panel[kk * NR + r % NR];
-            }
-        }
-        w
-    }
-
-    /// `W` as a dense `(n, k)` f32 tensor on the host.
-    #[cfg(test)]
-    pub fn unpack(&self) -> Result<Tensor> {
-        Tensor::from_vec(self.rows(), (self.n, self.k), &candle_core::Device::Cpu)
-    }
-
-    /// `gate` and `up` (each `(F, k)`, `F` a positive multiple of 16) as one `(2F, k)` weight
-    /// whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1` up's. What [`swiglu`]
-    /// reads; `None` when the two do not fit.
-    pub fn gate_up(gate: &PackedWeight, up: &PackedWeight) -> Option<Self> {
-        let (f, k) = (gate.n, gate.k);
-        if f == 0 || !f.is_multiple_of(NR) || (up.n, up.k) != (f, k) {
-            return None;
-        }
-        Some(PackedWeight {
-            n: 2 * f,
-            k,
-            panels: super::tile_store::alternate(&gate.panels, &up.panels, k * NR),
-        })
-    }
-
-    /// The weights stacked along `out` (`[a; b; …]`), all with one `in`; `None` for an empty
-    /// list or differing `in`. Whole panels are concatenated as they are when every part but
-    /// the last has a multiple of 16 rows; otherwise the rows are repacked.
-    pub fn stack(parts: &[&PackedWeight]) -> Option<Self> {
-        let k = parts.first()?.k;
-        if parts.iter().any(|p| p.k != k) {
-            return None;
-        }
-        let n = parts.iter().map(|p| p.n).sum();
-        let aligned = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
-        if aligned {
-            let panels = Aligned::concat(&parts.iter().map(|p| &*p.panels).collect::<Vec<_>>());
-            return Some(PackedWeight { n, k, panels });
-        }
-        let rows: Vec<f32> = parts.iter().flat_map(|p| p.rows()).collect();
-        Some(Self::from_rows(&rows, n, k))
-    }
+/// `W` as a dense `(n, k)` f32 tensor on the host.
+#[cfg(test)]
+fn unpack(w: &PackedWeight) -> Result<Tensor> {
+    Tensor::from_vec(w.rows(), w.dims(), &candle_core::Device::Cpu)
 }
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU. Errors (never panics) on a non-f32, non-CPU or
 /// mis-sized `x`.
 pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     match Isa::chosen().map(Isa::f32_level) {
-        Some(isa) => linear_with(x, w, isa, &Blocking::chosen(isa)?),
+        Some(isa) => linear_with(x, w, isa, &chosen_blocking(isa)?),
         None => candle_core::bail!("packed linear: this CPU has no AVX2 + FMA"),
     }
 }
@@ -359,79 +125,41 @@ pub(crate) fn linear(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
 /// is whole while it is in cache.
 pub(crate) fn swiglu_fits(k: usize) -> bool {
     match Isa::chosen().map(Isa::f32_level) {
-        Some(isa) => Blocking::chosen(isa).is_ok_and(|bl| k <= bl.short_k),
+        Some(isa) => chosen_blocking(isa).is_ok_and(|bl| k <= bl.short_k),
         None => false,
     }
 }
 
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
-/// [`PackedWeight::gate_up`]: each block of output rows and panels is computed into a scratch
-/// block in cache and taken through the SwiGLU from there, so the `(.., 2F)` product is never
-/// stored. Equal bit for bit to [`linear`] on the stacked weight followed by
-/// [`super::super::layers::swiglu::swiglu`] (tested). Errors as [`linear`], and where [`swiglu_fits`] does not
-/// hold.
+/// [`PackedWeight::gate_up`] ([`kernel::swiglu_product`]: the `(.., 2F)` product is never
+/// stored). Equal bit for bit to [`linear`] on the stacked weight followed by
+/// [`super::super::layers::swiglu::swiglu`] (tested). Errors as [`linear`], and where
+/// [`swiglu_fits`] does not hold.
 pub(crate) fn swiglu(x: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     let Some(isa) = Isa::chosen().map(Isa::f32_level) else {
         candle_core::bail!("packed gate|up: this CPU has no AVX2 + FMA");
     };
-    swiglu_with(x, w, isa, &Blocking::chosen(isa)?)
+    swiglu_with(x, w, isa, &chosen_blocking(isa)?)
 }
 
 /// [`swiglu`] with the microkernel of `isa` and blocking `bl` (`k ≤ bl.short_k`; an odd
 /// panel block `nc` is taken one larger, so no block splits a (gate, up) pair).
 pub(crate) fn swiglu_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
-    let bl = &Blocking {
-        nc: bl.nc.next_multiple_of(2),
-        ..*bl
-    };
-    let ready = || {
-        if w.k > bl.short_k || !w.n.is_multiple_of(2 * NR) {
-            candle_core::bail!("packed gate|up: ({}, {}) does not fit {bl:?}", w.n, w.k);
-        }
-        check(isa, bl)
-    };
-    super::host::apply_rows(x, (w.n / 2, w.k), "packed gate|up", ready, |xd, m| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            x86::product_out(xd, m, w, isa, bl, super::tile_store::Out::SwiGlu)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            unreachable!("kernel_available() is false off x86-64 ({}, {m})", xd.len())
-        }
+    let (n, k) = w.dims();
+    let ready = || kernel::check_swiglu(w, isa, bl).map_err(kernel_err);
+    super::host::try_apply_rows(x, (n / 2, k), "packed gate|up", ready, |xd, m| {
+        kernel::swiglu_product(xd, m, w, isa, bl).map_err(kernel_err)
     })
-}
-
-/// That the CPU has `isa` and `bl` fits its tile.
-fn check(isa: Isa, bl: &Blocking) -> Result<()> {
-    isa.require("packed linear")?;
-    if bl.mr > Blocking::max_mr(isa) || [bl.mr, bl.kc, bl.mc, bl.nc].contains(&0) {
-        candle_core::bail!("packed linear: {bl:?} does not fit a {} tile", isa.name());
-    }
-    if !bl.mc.is_multiple_of(bl.mr) {
-        candle_core::bail!("packed linear: {bl:?}: mc is not a multiple of mr");
-    }
-    Ok(())
 }
 
 /// [`linear`] with the microkernel of `isa` (which the CPU must support: an error otherwise)
 /// and blocking `bl` (an error if `isa`'s tile cannot hold it or a count is 0).
 pub(crate) fn linear_with(x: &Tensor, w: &PackedWeight, isa: Isa, bl: &Blocking) -> Result<Tensor> {
-    let ready = || check(isa, bl);
-    super::host::apply_rows(x, (w.n, w.k), "packed linear", ready, |xd, m| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            x86::product(xd, m, w, isa, bl)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            unreachable!("kernel_available() is false off x86-64 ({}, {m})", xd.len())
-        }
+    let ready = || kernel::check(isa, bl).map_err(kernel_err);
+    super::host::try_apply_rows(x, w.dims(), "packed linear", ready, |xd, m| {
+        kernel::product(xd, m, w, isa, bl).map_err(kernel_err)
     })
 }
-
-#[cfg(target_arch = "x86_64")]
-pub(in crate::candle) mod x86;
 
 #[cfg(test)]
 mod tests;

@@ -103,7 +103,7 @@ fn packed_linear_equals_candle_matmul() -> Result<()> {
                 let d = max_rel(&got, &want);
                 let tol = sum_tolerance(k);
                 assert!(d <= tol, "{isa:?} {spec} {xdims:?} x ({n}, {k}): {d:e}");
-                assert_eq!(p.unpack()?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
+                assert_eq!(unpack(&p)?.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
             }
             let x = Tensor::randn(0f32, 1.0, (24, 10), &dev)?.t()?; // (10, 24), not contiguous
             let w = Tensor::randn(0f32, 1.0, (20, 24), &dev)?;
@@ -178,8 +178,8 @@ fn stacking_packed_weights_equals_packing_the_stack() -> Result<()> {
         let stacked = PackedWeight::stack(&refs).expect("one in");
         let want = Tensor::cat(&ws, 0)?;
         assert_eq!(stacked.dims(), want.dims2()?);
-        assert_eq!(stacked.unpack()?.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
-        assert_eq!(stacked.panels, PackedWeight::pack(&want)?.panels);
+        assert_eq!(unpack(&stacked)?.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
+        assert_eq!(stacked.panels(), PackedWeight::pack(&want)?.panels());
     }
     let a = PackedWeight::pack(&Tensor::zeros((4, 8), DType::F32, &dev)?)?;
     let b = PackedWeight::pack(&Tensor::zeros((4, 9), DType::F32, &dev)?)?;
@@ -198,14 +198,14 @@ fn packing_blocks_equals_packing_the_dequantized_weight() -> Result<()> {
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
         for ggml in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
             let q = QTensor::quantize(&w, ggml)?;
-            let direct = PackedWeight::from_blocks(ggml, &q.data()?, n, k).expect("packs");
+            let direct = from_blocks(ggml, &q.data()?, n, k).expect("packs");
             let via = PackedWeight::pack(&q.dequantize(&dev)?)?;
-            assert_eq!(direct.panels, via.panels, "{ggml:?} ({n}, {k})");
+            assert_eq!(direct.panels(), via.panels(), "{ggml:?} ({n}, {k})");
         }
     }
     let q = QTensor::quantize(&Tensor::zeros((4, 256), DType::F32, &dev)?, GgmlDType::Q4K)?;
-    assert!(PackedWeight::from_blocks(GgmlDType::Q4K, &q.data()?, 4, 256).is_none());
-    assert!(PackedWeight::from_blocks(GgmlDType::Q8_0, &[0u8; 33], 1, 32).is_none());
+    assert!(from_blocks(GgmlDType::Q4K, &q.data()?, 4, 256).is_none());
+    assert!(from_blocks(GgmlDType::Q8_0, &[0u8; 33], 1, 32).is_none());
     Ok(())
 }
 

@@ -1,337 +1,71 @@
-//! 4-bit linear layers (`Q4_0`, `Q4_K`) on x86 CPUs as integer products: `y = x Wᵀ` with `W`
-//! kept as its 4-bit values (two per byte) and, per block of 32 `k`, one scale and one offset,
-//! packed once at load; `x` rounded on each call to 8-bit blocks of 32 exactly as the `Q8_0`
-//! kernel rounds ([`super::qgemm`]: `d = max|x| / 127`, `q = round(x / d)`).
-//!
-//! Both formats dequantize, per block `b` of 32 `k` and column `c`, as `w = A·q − B` with
-//! `q ∈ [0, 15]`:
-//! - `Q4_0`: `A = d`, `B = 8·d` (`w = (q − 8)·d`);
-//! - `Q4_K`: per sub-block of 32 of a 256-block, `A = d·scale`, `B = dmin·min` (6-bit `scale` and
-//!   `min`, as ggml dequantizes).
-//!
-//! So with the activations `x ≈ dx·qx` per block, and `S = Σ_j q·qx`, `s = Σ_j qx` exact in
-//! integers,
-//!
-//! `y[r][c] = Σ_b dx[r][b] · (A[c][b]·S[r][c][b] − B[c][b]·s[r][b])`
-//!
-//! one f32 `fmsub` and one `fma` per block after the integer sum. This is the product of the
-//! dequantized weight and the rounded activations up to f32 rounding (tested), the "W4A8"
-//! product llama.cpp's CPU kernels compute; for `Q4_K` the activations are rounded per 32
-//! values rather than ggml's 256, which is finer.
-//!
-//! Why: candle's x86 `Q4_0` kernel takes one dot product per (row, column) and its `Q4_K`
-//! kernel kept up with the f32 GEMM at best, so a `q4k` model ran slower than f32 (0.72–0.73× in
-//! the CPU bench). Here the 4-bit values are unpacked in registers (`and` / shift) and
-//! multiplied as unsigned bytes by the signed activations:
-//! - AVX-512 VNNI: `vpdpbusd` (16 lanes × 4 products), tiles of 6 rows × 32 columns.
-//! - AVX2: `vpmaddubsw` (pairs of products in 16 bits) summed over the block in 16 bits (at most
-//!   16 · 15 · 127 = 30,480: exact), then `vpmaddwd` by ones once per block; tiles of 4 rows ×
-//!   16 columns.
-//! - AVX-VNNI (AVX2 CPUs with the 256-bit `vpdpbusd`): the VNNI sums on 8 lanes, tiles of 4 rows
-//!   × 16 columns (one `vpdpbusd` where AVX2 takes a `vpmaddubsw` and an addition).
-//!
-//! Weight layout (one for both kernels): per panel of [`NR`] columns and block, four groups
-//! `u` of 64 bytes, each 16 columns × 4 bytes, byte `j` of column `c` holding `q[4u + j]` in its
-//! low half and `q[16 + 4u + j]` in its high half; then `A` and `B` per (panel, block, column).
-//! Activations, per group of `MR` rows and block: eight broadcast units of four `i8` (values
-//! `4g..4g+4`), the scale `dx` and the sum `s` per row.
-//!
-//! [`product_reference`] computes the same sums in plain Rust; the tests hold both kernels to
-//! it bit for bit, and it to the dequantized product.
+//! The tensor-facing shell of the 4-bit integer kernels (`forkscore_kernels::cpu::q4gemm`,
+//! `Q4_0` and `Q4_K`): weights packed from candle's blocks of a [`GgmlDType`], and
+//! `x (.., k) · Wᵀ` on tensors. The tests hold the kernels to their plain-Rust reference
+//! ([`portable`]) and that to candle's dequantization.
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Result, Tensor};
+use forkscore_kernels::cpu::q4gemm as kernel;
 
-use super::aligned::Aligned;
+use super::host::kernel_err;
 use super::isa::Isa;
-use super::panel::NR;
+
 #[cfg(test)]
-use super::qgemm::quantize_block_scalar;
+use forkscore_kernels::cpu::qgemm::portable::quantize_block;
+#[cfg(test)]
+use kernel::{portable, BLOCK, MC};
+pub(crate) use kernel::{PackedQ4, Q4Format};
 
-/// `k` per block (of the activations, of `Q4_0`, of a `Q4_K` sub-block).
-const BLOCK: usize = 32;
-/// Bytes of one (panel, block): 16 columns × 32 values × 4 bits.
-const PANEL_BLOCK: usize = NR * BLOCK / 2;
-/// Bytes of one serialized `Q4_0` block: an f16 scale and 16 bytes of 4-bit values.
-const Q4_0_BYTES: usize = 18;
-/// Values per `Q4_K` block and bytes of one: f16 `d` and `dmin`, 12 bytes of 6-bit scales and
-/// mins, 128 bytes of 4-bit values.
-const Q4K_VALUES: usize = 256;
-const Q4K_BYTES: usize = 144;
-/// Rows per tile (AVX2 and AVX-VNNI; AVX-512).
-const MR_AVX2: usize = 4;
-const MR_AVX512: usize = 6;
-/// Rows per block of the row loop (as the `Q8_0` kernel's).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const MC: usize = 48;
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn mr(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx2 | Isa::AvxVnni => MR_AVX2,
-        Isa::Avx512 => MR_AVX512,
+/// The 4-bit format of a ggml type (`Q4_0`, `Q4_K`), `None` for another.
+pub(crate) fn format(ggml: GgmlDType) -> Option<Q4Format> {
+    match ggml {
+        GgmlDType::Q4_0 => Some(Q4Format::Q4_0),
+        GgmlDType::Q4K => Some(Q4Format::Q4K),
+        _ => None,
     }
 }
 
-/// A `Q4_0` or `Q4_K` weight `W (n, k)` packed for the kernels (`k` a multiple of the format's
-/// block; the last panel zero-padded, with zero `A` and `B`).
-#[derive(Debug, Clone)]
-pub(crate) struct PackedQ4 {
+/// The ggml type of a packed 4-bit weight.
+pub(crate) fn ggml(w: &PackedQ4) -> GgmlDType {
+    match w.format() {
+        Q4Format::Q4_0 => GgmlDType::Q4_0,
+        Q4Format::Q4K => GgmlDType::Q4K,
+    }
+}
+
+/// Pack `Q4_0` or `Q4_K` blocks of `(n, k)` (candle's serialized form, per row) for `isa`
+/// ([`PackedQ4::from_blocks`]). `None` for another type, a `k` that is not a multiple of its
+/// block, or a byte count that does not fit `(n, k)`.
+pub(crate) fn from_blocks(
+    ggml: GgmlDType,
+    bytes: &[u8],
     n: usize,
     k: usize,
     isa: Isa,
-    format: GgmlDType,
-    /// `[panel][block][u][column][4]`, two 4-bit values per byte (see the module doc).
-    q: Aligned<u8>,
-    /// `[panel][block][column]`: `A`.
-    a: Aligned<f32>,
-    /// `[panel][block][column]`: `B`.
-    b: Aligned<f32>,
+) -> Option<PackedQ4> {
+    PackedQ4::from_blocks(format(ggml)?, bytes, n, k, isa)
 }
 
-/// The 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K` block's 12 packed bytes.
-fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
-    match j < 4 {
-        true => (s[j] & 63, s[j + 4] & 63),
-        false => (
-            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        ),
-    }
-}
-
-/// One row's blocks of 32 as `(A, B, q[32])`, decoded from ggml's serialized form.
-fn decode_row(format: GgmlDType, row: &[u8], mut put: impl FnMut(usize, f32, f32, [u8; BLOCK])) {
-    let f16 = |lo: u8, hi: u8| half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32();
-    match format {
-        GgmlDType::Q4_0 => {
-            for (b, blk) in row.chunks_exact(Q4_0_BYTES).enumerate() {
-                let d = f16(blk[0], blk[1]);
-                let mut q = [0u8; BLOCK];
-                for (j, &v) in blk[2..].iter().enumerate() {
-                    q[j] = v & 0x0F;
-                    q[j + 16] = v >> 4;
-                }
-                put(b, d, 8.0 * d, q);
-            }
-        }
-        _ => {
-            for (sb, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
-                let (d, dmin) = (f16(blk[0], blk[1]), f16(blk[2], blk[3]));
-                let (scales, qs) = (&blk[4..16], &blk[16..]);
-                // 64 values per 32 bytes: the low halves one sub-block, the high halves the next
-                for (c, chunk) in qs.chunks_exact(32).enumerate() {
-                    for half in 0..2 {
-                        let j = 2 * c + half;
-                        let (sc, m) = q4k_scale_min(scales, j);
-                        let q = std::array::from_fn(|i| (chunk[i] >> (4 * half)) & 0x0F);
-                        put(sb * 8 + j, d * sc as f32, dmin * m as f32, q);
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl PackedQ4 {
-    /// Pack `Q4_0` or `Q4_K` blocks of `(n, k)` (candle's serialized form, per row) for `isa`.
-    /// `None` for another format, a `k` that is not a multiple of its block, or a byte count
-    /// that does not fit `(n, k)`.
-    pub fn from_blocks(
-        format: GgmlDType,
-        bytes: &[u8],
-        n: usize,
-        k: usize,
-        isa: Isa,
-    ) -> Option<Self> {
-        use rayon::prelude::*;
-        let (values, block_bytes) = match format {
-            GgmlDType::Q4_0 => (BLOCK, Q4_0_BYTES),
-            GgmlDType::Q4K => (Q4K_VALUES, Q4K_BYTES),
-            _ => return None,
-        };
-        if k == 0 || !k.is_multiple_of(values) || bytes.len() != n * (k / values) * block_bytes {
-            return None;
-        }
-        let blocks = k / BLOCK;
-        let row_bytes = (k / values) * block_bytes;
-        let panels = n.div_ceil(NR);
-        let mut q = Aligned::<u8>::zeroed(panels * blocks * PANEL_BLOCK);
-        let mut a = Aligned::<f32>::zeroed(panels * blocks * NR);
-        let mut b = Aligned::<f32>::zeroed(panels * blocks * NR);
-        q.par_chunks_mut(blocks * PANEL_BLOCK)
-            .zip(a.par_chunks_mut(blocks * NR))
-            .zip(b.par_chunks_mut(blocks * NR))
-            .enumerate()
-            .for_each(|(p, ((q, a), b))| {
-                for c in 0..NR.min(n - p * NR) {
-                    let row = &bytes[(p * NR + c) * row_bytes..][..row_bytes];
-                    decode_row(format, row, |blk, av, bv, vals| {
-                        a[blk * NR + c] = av;
-                        b[blk * NR + c] = bv;
-                        let qb = &mut q[blk * PANEL_BLOCK..][..PANEL_BLOCK];
-                        for (i, &v) in vals.iter().enumerate() {
-                            let (u, j, high) = ((i % 16) / 4, i % 4, i >= 16);
-                            qb[u * 64 + c * 4 + j] |= v << (4 * high as u8);
-                        }
-                    });
-                }
-            });
-        Some(PackedQ4 {
-            n,
-            k,
-            isa,
-            format,
-            q,
-            a,
-            b,
-        })
-    }
-
-    /// `(out, in)`.
-    pub fn dims(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-
-    /// `Q4_0` or `Q4_K`.
-    pub fn format(&self) -> GgmlDType {
-        self.format
-    }
-
-    /// The 4-bit value of `W[c][kk]` and its block's `(A, B)`.
-    fn at(&self, c: usize, kk: usize) -> (u8, f32, f32) {
-        let (p, c, blk, i) = (c / NR, c % NR, kk / BLOCK, kk % BLOCK);
-        let pb = p * (self.k / BLOCK) + blk;
-        let byte = self.q[pb * PANEL_BLOCK + ((i % 16) / 4) * 64 + c * 4 + i % 4];
-        let q = (byte >> (4 * (i >= 16) as u8)) & 0x0F;
-        (q, self.a[pb * NR + c], self.b[pb * NR + c])
-    }
-
-    /// `W` dequantized as ggml does (`Q4_0`: `(q − 8)·d`; `Q4_K`: `A·q − B`), `(n, k)`
-    /// row-major.
-    pub fn rows(&self) -> Vec<f32> {
-        let mut w = Vec::with_capacity(self.n * self.k);
-        for c in 0..self.n {
-            w.extend((0..self.k).map(|kk| {
-                let (q, a, b) = self.at(c, kk);
-                match self.format {
-                    GgmlDType::Q4_0 => (q as i32 - 8) as f32 * a,
-                    _ => a * q as f32 - b,
-                }
-            }));
-        }
-        w
-    }
-
-    /// `gate` and `up` (each `(F, k)`, one format and kernel, `F` a positive multiple of 16)
-    /// as one `(2F, k)` weight whose panels alternate: panel `2p` is gate's panel `p`, `2p + 1`
-    /// up's. What [`swiglu`] reads; `None` when the two do not fit.
-    pub fn gate_up(gate: &PackedQ4, up: &PackedQ4) -> Option<Self> {
-        use super::tile_store::alternate;
-        let (f, k) = (gate.n, gate.k);
-        let same = (up.n, up.k, up.isa, up.format) == (f, k, gate.isa, gate.format);
-        if f == 0 || !f.is_multiple_of(NR) || !same {
-            return None;
-        }
-        let blocks = k / BLOCK;
-        Some(PackedQ4 {
-            n: 2 * f,
-            k,
-            isa: gate.isa,
-            format: gate.format,
-            q: alternate(&gate.q, &up.q, blocks * PANEL_BLOCK),
-            a: alternate(&gate.a, &up.a, blocks * NR),
-            b: alternate(&gate.b, &up.b, blocks * NR),
-        })
-    }
-
-    /// The weights stacked along `out` (`[a; b; …]`): `None` for an empty list, differing
-    /// `in`, formats or kernels, or a part other than the last whose row count is not a
-    /// multiple of 16.
-    pub fn stack(parts: &[&PackedQ4]) -> Option<Self> {
-        let first = parts.first()?;
-        let aligned = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
-        let same = |p: &&PackedQ4| p.k == first.k && p.isa == first.isa && p.format == first.format;
-        if !aligned || !parts.iter().all(same) {
-            return None;
-        }
-        Some(PackedQ4 {
-            n: parts.iter().map(|p| p.n).sum(),
-            k: first.k,
-            isa: first.isa,
-            format: first.format,
-            q: Aligned::concat(&parts.iter().map(|p| &*p.q).collect::<Vec<_>>()),
-            a: Aligned::concat(&parts.iter().map(|p| &*p.a).collect::<Vec<_>>()),
-            b: Aligned::concat(&parts.iter().map(|p| &*p.b).collect::<Vec<_>>()),
-        })
-    }
-}
-
-/// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s [`Isa`].
+/// `x (.., k) · Wᵀ -> (.., n)` f32 on the CPU through the integer kernel of `w`'s ISA.
 /// Errors (never panics) on a non-f32, non-CPU or mis-sized `x`, or a CPU without that ISA.
 pub(crate) fn linear(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
-    let ready = || w.isa.require("4-bit linear");
-    super::host::apply_rows(x, (w.n, w.k), "4-bit linear", ready, |xd, m| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            x86::product(xd, m, w)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            unreachable!("no ISA is supported off x86-64 ({}, {m})", xd.len())
-        }
+    let ready = || w.isa().require("4-bit linear").map_err(kernel_err);
+    super::host::try_apply_rows(x, w.dims(), "4-bit linear", ready, |xd, m| {
+        kernel::product(xd, m, w).map_err(kernel_err)
     })
 }
 
 /// `x (.., k) -> (.., F)`: `SiLU(x · gateᵀ) · (x · upᵀ)` for a weight of
-/// [`PackedQ4::gate_up`], the SwiGLU taken as each output tile is written
-/// ([`super::tile_store`]); equal bit for bit to [`linear`] on the stacked weight followed
-/// by [`super::super::layers::swiglu::swiglu`] (tested). Errors as [`linear`].
+/// [`PackedQ4::gate_up`], the SwiGLU taken as each output tile is written; equal bit for bit
+/// to [`linear`] on the stacked weight followed by [`super::super::layers::swiglu::swiglu`]
+/// (tested). Errors as [`linear`].
 pub(crate) fn swiglu(x: &Tensor, w: &PackedQ4) -> Result<Tensor> {
-    let ready = || w.isa.require("4-bit gate|up");
-    super::host::apply_rows(x, (w.n / 2, w.k), "4-bit gate|up", ready, |xd, m| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            x86::product_with(xd, m, w, super::tile_store::Out::SwiGlu)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            unreachable!("no ISA is supported off x86-64 ({}, {m})", xd.len())
-        }
+    let (n, k) = w.dims();
+    let ready = || w.isa().require("4-bit gate|up").map_err(kernel_err);
+    super::host::try_apply_rows(x, (n / 2, k), "4-bit gate|up", ready, |xd, m| {
+        kernel::swiglu_product(xd, m, w).map_err(kernel_err)
     })
 }
-
-/// The sums the kernels compute, `x (m, k) -> (m, n)` row-major, in plain Rust: the same
-/// rounded activations, the same block order, the same f32 operations per block.
-#[cfg(test)]
-pub(crate) fn product_reference(x: &[f32], m: usize, w: &PackedQ4) -> Vec<f32> {
-    let (n, k) = (w.n, w.k);
-    let mut y = vec![0f32; m * n];
-    for r in 0..m {
-        let blocks: Vec<(f32, [i8; BLOCK])> = x[r * k..][..k]
-            .chunks_exact(BLOCK)
-            .map(quantize_block_scalar)
-            .collect();
-        for c in 0..n {
-            let mut f = 0f32;
-            for (blk, (dx, qx)) in blocks.iter().enumerate() {
-                let (mut dot, mut sum) = (0i32, 0i32);
-                for (j, &v) in qx.iter().enumerate() {
-                    dot += v as i32 * w.at(c, blk * BLOCK + j).0 as i32;
-                    sum += v as i32;
-                }
-                let (_, a, b) = w.at(c, blk * BLOCK);
-                let t = (dot as f32).mul_add(a, -(b * sum as f32));
-                f = t.mul_add(*dx, f);
-            }
-            y[r * n + c] = f;
-        }
-    }
-    y
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
 #[cfg(test)]
 mod tests;

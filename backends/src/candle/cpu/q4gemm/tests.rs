@@ -34,14 +34,14 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
             let k = *xdims.last().unwrap();
             let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
             let (bytes, _) = blocks(&Tensor::randn(0f32, 0.2, (n, k), &dev)?, format)?;
-            let w = PackedQ4::from_blocks(format, &bytes, n, k, isa).expect("fits");
-            assert_eq!((w.dims(), w.format()), ((n, k), format));
+            let w = from_blocks(format, &bytes, n, k, isa).expect("fits");
+            assert_eq!((w.dims(), ggml(&w)), ((n, k), format));
             let got = linear(&x, &w)?;
             let mut want_dims = xdims.clone();
             *want_dims.last_mut().unwrap() = n;
             assert_eq!(got.dims(), &want_dims[..]);
             let m = x.elem_count() / k;
-            let want = product_reference(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
+            let want = portable::product(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
             let got = got.flatten_all()?.to_vec1::<f32>()?;
             assert!(
                 got == want,
@@ -50,11 +50,11 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
         }
         let x = Tensor::randn(0f32, 1.0, (256, 10), &dev)?.t()?; // (10, 256), strided
         let (bytes, _) = blocks(&Tensor::randn(0f32, 0.2, (20, 256), &dev)?, GgmlDType::Q4K)?;
-        let w = PackedQ4::from_blocks(GgmlDType::Q4K, &bytes, 20, 256, isa).expect("fits");
+        let w = from_blocks(GgmlDType::Q4K, &bytes, 20, 256, isa).expect("fits");
         let got = linear(&x, &w)?.flatten_all()?.to_vec1::<f32>()?;
         let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         assert!(
-            got == product_reference(&xs, 10, &w),
+            got == portable::product(&xs, 10, &w),
             "{isa:?} strided input"
         );
     }
@@ -75,7 +75,7 @@ fn the_reference_is_the_product_of_the_dequantized_weight() -> Result<()> {
         .flat_map(|row| {
             row.chunks_exact(BLOCK)
                 .flat_map(|b| {
-                    let (d, q) = quantize_block_scalar(b);
+                    let (d, q) = quantize_block(b);
                     q.map(|q| q as f32 * d)
                 })
                 .collect::<Vec<_>>()
@@ -90,52 +90,19 @@ fn the_reference_is_the_product_of_the_dequantized_weight() -> Result<()> {
         let want = xr.matmul(&dense.t()?)?.flatten_all()?.to_vec1::<f32>()?;
         let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
         for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
-            let w = PackedQ4::from_blocks(format, &bytes, n, k, isa).expect("fits");
+            let w = from_blocks(format, &bytes, n, k, isa).expect("fits");
             assert_eq!(
                 w.rows(),
                 dense.flatten_all()?.to_vec1::<f32>()?,
                 "{format:?}"
             );
-            let got = product_reference(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
+            let got = portable::product(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
             let diff = got
                 .iter()
                 .zip(&want)
                 .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
             assert!(diff <= 1e-5 * scale, "{format:?}: {diff} vs scale {scale}");
         }
-    }
-    Ok(())
-}
-
-/// The rows' rounding into signed units equals the scalar rounding, value for value, with
-/// the sums of the rounded values.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn signed_units_equal_scalar_rounding() -> Result<()> {
-    if Isa::supported().is_empty() {
-        return Ok(());
-    }
-    let dev = Device::Cpu;
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    for scale in [1e-6f32, 1.0, 3e4] {
-        rows.extend(Tensor::randn(0f32, scale, (40, BLOCK), &dev)?.to_vec2::<f32>()?);
-    }
-    rows.push((1..=BLOCK).map(|i| i as f32 + 0.5).collect());
-    rows.push(vec![0.0; BLOCK]);
-    let mut big = vec![-1e-3f32; BLOCK];
-    big[5] = 9e9;
-    rows.push(big);
-    for xs in &rows {
-        let (d, q) = quantize_block_scalar(xs);
-        let want: Vec<u32> = q
-            .chunks_exact(4)
-            .map(|v| u32::from_le_bytes([v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8]))
-            .collect();
-        let mut units = vec![0u32; BLOCK / 4];
-        // SAFETY: the CPU has AVX2 + FMA; `xs` holds 32 floats, `units` the block's units.
-        let (dv, s) = unsafe { x86::signed_units(xs, units.as_mut_ptr(), 1) };
-        let sum: i32 = q.iter().map(|&v| v as i32).sum();
-        assert_eq!((d.to_bits(), want, sum), (dv.to_bits(), units, s), "{xs:?}");
     }
     Ok(())
 }
@@ -158,7 +125,7 @@ fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
             let pack = |shift: f64| -> Result<PackedQ4> {
                 let w = (Tensor::randn(0f32, 0.2, (f, k), &dev)? + shift)?;
                 let (bytes, _) = blocks(&w, format)?;
-                Ok(PackedQ4::from_blocks(format, &bytes, f, k, isa).expect("fits"))
+                Ok(from_blocks(format, &bytes, f, k, isa).expect("fits"))
             };
             let (gate, up) = (pack(0.0)?, pack(0.05)?);
             let fused = PackedQ4::gate_up(&gate, &up).expect("fits");
@@ -172,13 +139,13 @@ fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
         }
         let w = Tensor::randn(0f32, 0.2, (24, 256), &dev)?;
         let (b0, _) = blocks(&w, GgmlDType::Q4_0)?;
-        let odd = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 24, 256, isa).expect("fits");
+        let odd = from_blocks(GgmlDType::Q4_0, &b0, 24, 256, isa).expect("fits");
         assert!(PackedQ4::gate_up(&odd, &odd).is_none(), "F = 24");
         let w = Tensor::randn(0f32, 0.2, (16, 256), &dev)?;
         let (b0, _) = blocks(&w, GgmlDType::Q4_0)?;
         let (bk, _) = blocks(&w, GgmlDType::Q4K)?;
-        let q0 = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 16, 256, isa).expect("fits");
-        let qk = PackedQ4::from_blocks(GgmlDType::Q4K, &bk, 16, 256, isa).expect("fits");
+        let q0 = from_blocks(GgmlDType::Q4_0, &b0, 16, 256, isa).expect("fits");
+        let qk = from_blocks(GgmlDType::Q4K, &bk, 16, 256, isa).expect("fits");
         assert!(PackedQ4::gate_up(&q0, &qk).is_none(), "mixed formats");
     }
     Ok(())
@@ -199,18 +166,15 @@ fn stacking_and_refusals() -> Result<()> {
             .iter()
             .map(|w| {
                 let (b, _) = blocks(w, format)?;
-                Ok(PackedQ4::from_blocks(format, &b, w.dim(0)?, 256, Isa::Avx2).expect("fits"))
+                Ok(from_blocks(format, &b, w.dim(0)?, 256, Isa::Avx2).expect("fits"))
             })
             .collect::<Result<_>>()?;
         let refs: Vec<&PackedQ4> = parts.iter().collect();
         let stacked = PackedQ4::stack(&refs).expect("aligned");
         let (b, _) = blocks(&all, format)?;
-        let whole = PackedQ4::from_blocks(format, &b, 55, 256, Isa::Avx2).expect("fits");
+        let whole = from_blocks(format, &b, 55, 256, Isa::Avx2).expect("fits");
         assert_eq!(stacked.dims(), (55, 256));
-        assert_eq!(
-            (&*stacked.q, &*stacked.a, &*stacked.b),
-            (&*whole.q, &*whole.a, &*whole.b)
-        );
+        assert_eq!(stacked, whole);
         assert!(
             PackedQ4::stack(&[&parts[2], &parts[0]]).is_none(),
             "7 rows first"
@@ -218,22 +182,22 @@ fn stacking_and_refusals() -> Result<()> {
     }
     let (b0, _) = blocks(&ws[1], GgmlDType::Q4_0)?;
     let (bk, _) = blocks(&ws[1], GgmlDType::Q4K)?;
-    let q0 = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 16, 256, Isa::Avx2).expect("fits");
-    let qk = PackedQ4::from_blocks(GgmlDType::Q4K, &bk, 16, 256, Isa::Avx2).expect("fits");
-    let q5 = PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 16, 256, Isa::Avx512).expect("fits");
+    let q0 = from_blocks(GgmlDType::Q4_0, &b0, 16, 256, Isa::Avx2).expect("fits");
+    let qk = from_blocks(GgmlDType::Q4K, &bk, 16, 256, Isa::Avx2).expect("fits");
+    let q5 = from_blocks(GgmlDType::Q4_0, &b0, 16, 256, Isa::Avx512).expect("fits");
     assert!(PackedQ4::stack(&[&q0, &qk]).is_none(), "two formats");
     assert!(PackedQ4::stack(&[&q0, &q5]).is_none(), "two kernels");
     assert!(PackedQ4::stack(&[]).is_none());
     assert!(
-        PackedQ4::from_blocks(GgmlDType::Q4_0, &b0, 16, 128, Isa::Avx2).is_none(),
+        from_blocks(GgmlDType::Q4_0, &b0, 16, 128, Isa::Avx2).is_none(),
         "bytes of (16, 256)"
     );
     assert!(
-        PackedQ4::from_blocks(GgmlDType::Q4K, &bk, 32, 128, Isa::Avx2).is_none(),
+        from_blocks(GgmlDType::Q4K, &bk, 32, 128, Isa::Avx2).is_none(),
         "k 128"
     );
     assert!(
-        PackedQ4::from_blocks(GgmlDType::Q8_0, &b0, 16, 256, Isa::Avx2).is_none(),
+        from_blocks(GgmlDType::Q8_0, &b0, 16, 256, Isa::Avx2).is_none(),
         "q8_0"
     );
     Ok(())
@@ -248,7 +212,7 @@ fn a_mis_sized_input_is_an_error() -> Result<()> {
         return Ok(());
     };
     let (b, _) = blocks(&Tensor::randn(0f32, 1.0, (4, 64), &dev)?, GgmlDType::Q4_0)?;
-    let w = PackedQ4::from_blocks(GgmlDType::Q4_0, &b, 4, 64, isa).expect("fits");
+    let w = from_blocks(GgmlDType::Q4_0, &b, 4, 64, isa).expect("fits");
     let e = linear(&Tensor::zeros((3, 32), DType::F32, &dev)?, &w).expect_err("k 32 vs 64");
     assert!(e.to_string().contains("does not fit"), "{e}");
     let e = linear(&Tensor::zeros((3, 64), DType::F64, &dev)?, &w).expect_err("f64");

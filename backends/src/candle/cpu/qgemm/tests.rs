@@ -37,7 +37,7 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
             assert_eq!(w.dims(), (n, k));
             let m = x.elem_count() / k;
             let xs = x.flatten_all()?.to_vec1::<f32>()?;
-            let want = product_reference(&xs, m, &w);
+            let want = portable::product(&xs, m, &w);
             // with and without the weight prefetch (a hint: the same sums), also past the
             // panel's end (the process-wide setting only changes speed for other tests)
             for pf in [0, 1, 4, 100] {
@@ -60,7 +60,7 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
         let got = linear(&x, &w)?.flatten_all()?.to_vec1::<f32>()?;
         let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         assert!(
-            got == product_reference(&xs, 10, &w),
+            got == portable::product(&xs, 10, &w),
             "{isa:?} strided input"
         );
     }
@@ -84,7 +84,7 @@ fn the_reference_is_the_product_of_the_rounded_operands() -> Result<()> {
         .flat_map(|row| {
             row.chunks_exact(BLOCK)
                 .flat_map(|b| {
-                    let (d, q) = quantize_block_scalar(b);
+                    let (d, q) = portable::quantize_block(b);
                     q.map(|q| q as f32 * d)
                 })
                 .collect::<Vec<_>>()
@@ -96,123 +96,12 @@ fn the_reference_is_the_product_of_the_rounded_operands() -> Result<()> {
     for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
         let w = PackedQ8::from_blocks(&bytes, n, k, isa).expect("fits");
         assert_eq!(w.rows(), dense.flatten_all()?.to_vec1::<f32>()?, "{isa:?}");
-        let got = product_reference(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
+        let got = portable::product(&x.flatten_all()?.to_vec1::<f32>()?, m, &w);
         let diff = got
             .iter()
             .zip(&want)
             .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
         assert!(diff <= 1e-5 * scale, "{isa:?}: {diff} vs scale {scale}");
-    }
-    Ok(())
-}
-
-/// One broadcast unit of `isa`'s kernel from `G` rounded values.
-#[cfg(target_arch = "x86_64")]
-fn pack_unit(vals: &[i8], isa: Isa) -> u32 {
-    match isa {
-        // two i16, the first in the low half (vpmaddwd's pair order)
-        Isa::Avx2 => (vals[0] as i16 as u16 as u32) | ((vals[1] as i16 as u16 as u32) << 16),
-        // four u8 offset by 128, the first in the low byte
-        Isa::AvxVnni | Isa::Avx512 => u32::from_le_bytes([
-            (vals[0] as i32 + 128) as u8,
-            (vals[1] as i32 + 128) as u8,
-            (vals[2] as i32 + 128) as u8,
-            (vals[3] as i32 + 128) as u8,
-        ]),
-    }
-}
-
-/// The vector rounding of a block equals the scalar one: random blocks of several scales,
-/// exact ties (x · 127 / max|x| = k + 0.5), an all-zero block, one large value.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn vector_rounding_equals_scalar_rounding() -> Result<()> {
-    let dev = Device::Cpu;
-    let mut blocks: Vec<Vec<f32>> = Vec::new();
-    for scale in [1e-6f32, 1.0, 3e4] {
-        let x = Tensor::randn(0f32, scale, (200, BLOCK), &dev)?.to_vec2::<f32>()?;
-        blocks.extend(x);
-    }
-    // max 127: every x = k + 0.5 is an exact tie of x · 127 / 127
-    blocks.push(
-        (0..BLOCK)
-            .map(|i| i as f32 + 0.5)
-            .chain([127.0])
-            .skip(1)
-            .collect(),
-    );
-    blocks.push(vec![0.0; BLOCK]);
-    let mut big = vec![1e-3f32; BLOCK];
-    big[17] = -9e9;
-    blocks.push(big);
-    for &isa in Isa::supported() {
-        let g = group(isa);
-        for b in &blocks {
-            assert_eq!(b.len(), BLOCK);
-            let (d, q) = quantize_block_scalar(b);
-            let want: Vec<u32> = q.chunks_exact(g).map(|v| pack_unit(v, isa)).collect();
-            let mut units = vec![0u32; BLOCK / g];
-            // SAFETY: the CPU has `isa`; `b` holds 32 floats, `units` the block's units.
-            let dv = unsafe { x86::quantize_units(b, isa, units.as_mut_ptr(), 1) };
-            assert_eq!(
-                (d.to_bits(), want),
-                (dv.to_bits(), units),
-                "{} {b:?}",
-                isa.name()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The rows' rounding and packing in registers (`quantize_units`) equals rounding each
-/// block with the scalar form and packing its units one by one, at every ISA level: random
-/// rows of three scales, exact ties, zeros and a huge value, row counts not a multiple of
-/// the tile's.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn packed_rounding_equals_scalar_rounding_and_packing() -> Result<()> {
-    let dev = Device::Cpu;
-    let k = 4 * BLOCK;
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    for scale in [1e-6f32, 1.0, 3e4] {
-        rows.extend(Tensor::randn(0f32, scale, (5, k), &dev)?.to_vec2::<f32>()?);
-    }
-    let ties: Vec<f32> = (0..BLOCK)
-        .map(|i| i as f32 + 0.5)
-        .skip(1)
-        .chain([127.0])
-        .collect();
-    let mut special = ties.clone();
-    special.extend(vec![0.0; BLOCK]);
-    let mut big = vec![1e-3f32; BLOCK];
-    big[17] = -9e9;
-    special.extend(big);
-    special.extend(ties.iter().map(|x| -x));
-    rows.push(special);
-    for &isa in Isa::supported() {
-        for m in [1, rows.len() - 3, rows.len()] {
-            let x: Vec<f32> = rows[..m].concat();
-            // SAFETY: the CPU has `isa`
-            let (a, s) = unsafe { x86::quantize_rows(&x, m, k, isa) };
-            let (mr, g) = (mr(isa), group(isa));
-            let units = BLOCK / g;
-            let (mut want_a, mut want_s) = (vec![0u32; a.len()], vec![0f32; s.len()]);
-            for r in 0..m {
-                let (gi, rr) = (r / mr, r % mr);
-                for (b, xs) in x[r * k..][..k].chunks_exact(BLOCK).enumerate() {
-                    let (d, q) = quantize_block_scalar(xs);
-                    want_s[(gi * (k / BLOCK) + b) * mr + rr] = d;
-                    for (u, vals) in q.chunks_exact(g).enumerate() {
-                        let at = ((gi * (k / BLOCK) + b) * units + u) * mr + rr;
-                        want_a[at] = pack_unit(vals, isa);
-                    }
-                }
-            }
-            assert_eq!(a, want_a, "{} m {m}", isa.name());
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&s), bits(&want_s), "{} m {m}", isa.name());
-        }
     }
     Ok(())
 }
@@ -284,9 +173,7 @@ fn stacking_and_refusals() -> Result<()> {
         let (b, _) = q8(&all)?;
         let whole = PackedQ8::from_blocks(&b, 55, 64, isa).expect("fits");
         assert_eq!(stacked.dims(), (55, 64));
-        assert_eq!(stacked.q, whole.q);
-        assert_eq!(stacked.d, whole.d);
-        assert_eq!(stacked.offset, whole.offset);
+        assert_eq!(stacked, whole);
         assert!(
             PackedQ8::stack(&[&parts[2], &parts[0]]).is_none(),
             "7 rows first"

@@ -43,6 +43,7 @@ use forkscore_seam::Quantization;
 use super::super::cpu::amx::{AmxWeight, Parts};
 use super::super::cpu::bf16gemm::{Bf16Kernel, PackedBf16};
 use super::super::cpu::gemm::{CpuGemm, PackedWeight};
+use super::super::cpu::host::PackTensor;
 use super::super::cpu::isa::Isa;
 use super::super::cpu::q4gemm::PackedQ4;
 use super::super::cpu::qgemm::PackedQ8;
@@ -269,7 +270,7 @@ impl Linear {
             }
             Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
-            Linear::PackedQ4 { weight, .. } => Some(weight.format()),
+            Linear::PackedQ4 { weight, .. } => Some(cpu::q4gemm::ggml(weight)),
             Linear::Quantized { ggml, .. } => Some(*ggml),
         }
     }
@@ -391,7 +392,7 @@ impl Linear {
                     // kernel outruns candle's GEMM by more than the packing costs at the row
                     // counts that get here
                     let (n, k) = blocks.shape().dims2()?;
-                    let packed = match PackedWeight::from_blocks(*ggml, &blocks.data()?, n, k) {
+                    let packed = match cpu::gemm::from_blocks(*ggml, &blocks.data()?, n, k) {
                         Some(p) => p,
                         None => PackedWeight::pack(&blocks.dequantize(x.device())?)?,
                     };

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::candle::cpu;
+use crate::candle::cpu::host::PackTensor;
 
 impl Linear {
     /// `weight (out, in)` quantized under `q` onto `device` (the source may sit on any device,
@@ -54,7 +55,7 @@ impl Linear {
                         bias: bias.clone(),
                     })
                 }
-                _ => PackedQ4::from_blocks(ggml, &data, n, k, isa).map(|w| Linear::PackedQ4 {
+                _ => cpu::q4gemm::from_blocks(ggml, &data, n, k, isa).map(|w| Linear::PackedQ4 {
                     weight: Arc::new(w),
                     bias: bias.clone(),
                 }),
@@ -118,12 +119,12 @@ impl Linear {
                         bias: bias.clone(),
                     })
                 }
-                _ => {
-                    PackedQ4::from_blocks(ggml, bytes, out, in_dim, isa).map(|w| Linear::PackedQ4 {
+                _ => cpu::q4gemm::from_blocks(ggml, bytes, out, in_dim, isa).map(|w| {
+                    Linear::PackedQ4 {
                         weight: Arc::new(w),
                         bias: bias.clone(),
-                    })
-                }
+                    }
+                }),
             };
             if let Some(packed) = packed {
                 return Ok(packed);
@@ -173,7 +174,7 @@ impl Linear {
         };
         Ok(match kernel {
             Bf16Kernel::Amx => Linear::PackedAmx {
-                weight: Arc::new(AmxWeight::pack_bf16(weight)?),
+                weight: Arc::new(cpu::amx::pack_bf16(weight)?),
                 bias,
             },
             Bf16Kernel::Dot => Linear::PackedBf16 {

@@ -41,13 +41,13 @@ pub(super) struct KeyMajorKeys {
 
 #[cfg(target_arch = "x86_64")]
 impl KeyMajorKeys {
-    pub(super) fn pack<L: super::super::key_major::Lanes>(
+    pub(super) fn pack<L: super::key_major::Lanes>(
         d: &Dims,
         b: usize,
         kd: &[f32],
         pkd: &[f32],
     ) -> Self {
-        use super::super::key_major::pack_keys;
+        use super::key_major::pack_keys;
         let (p, l, hd) = (d.p, d.l, d.hd);
         KeyMajorKeys {
             past: (0..d.hkv * d.slots)
@@ -62,11 +62,11 @@ impl KeyMajorKeys {
     }
 }
 
-/// One tile in the key-major form of width `L` ([`super::super::key_major`]): the same function
+/// One tile in the key-major form of width `L` ([`super::key_major`]): the same function
 /// as [`tile`], its `(M, hd)` output rows (same order) handed to `done`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn tile_key_major<L: super::super::key_major::Lanes>(
+pub(super) fn tile_key_major<L: super::key_major::Lanes>(
     t: Tile,
     d: &Dims,
     scale: f32,
@@ -77,7 +77,7 @@ pub(super) fn tile_key_major<L: super::super::key_major::Lanes>(
     key_block: usize,
     done: impl FnOnce(&[f32]),
 ) {
-    use super::super::key_major::{with_state, Sees};
+    use super::key_major::{with_state, Sees};
     let Dims {
         h,
         hkv,

@@ -35,7 +35,7 @@
 
 use std::arch::x86_64::*;
 
-use super::math::x86::{exp16, exp8};
+use super::super::math::x86::{exp16, exp8};
 
 /// One vector width's register kernels of the key-major form.
 pub(super) trait Lanes {

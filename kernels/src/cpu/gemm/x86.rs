@@ -140,7 +140,7 @@ unsafe fn micro512<const R: usize, const P: usize, const PF: bool>(
 /// values (`R` rows `ldc` apart, `P` panels of 16 columns).
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(in crate::candle) unsafe fn load_acc512<const R: usize, const P: usize>(
+pub(crate) unsafe fn load_acc512<const R: usize, const P: usize>(
     c: *const f32,
     ldc: usize,
     first: bool,
@@ -159,7 +159,7 @@ pub(in crate::candle) unsafe fn load_acc512<const R: usize, const P: usize>(
 /// The accumulators of [`load_acc512`] written back to `C`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(in crate::candle) unsafe fn store_acc512<const R: usize, const P: usize>(
+pub(crate) unsafe fn store_acc512<const R: usize, const P: usize>(
     acc: &[[__m512; P]; R],
     c: *mut f32,
     ldc: usize,
@@ -253,7 +253,7 @@ pub(super) fn product_out(
 /// [B₀ B₁] (kc, 16·panels)`, `a` a packed row group at its `k` block (`mr` units per `k`),
 /// `b` the first panel at its block, the second `bstride` units after it, `c` row-major
 /// with row stride `ldc`; `first` overwrites `C`.
-pub(in crate::candle) struct Tile<T> {
+pub(crate) struct Tile<T> {
     pub rows: usize,
     pub panels: usize,
     pub kc: usize,
@@ -276,7 +276,7 @@ pub(in crate::candle) struct Tile<T> {
 /// `a` and `panels` hold the elements that layout implies, and `tile` is safe to call on
 /// this CPU with such pointers.
 #[allow(clippy::too_many_arguments)]
-pub(in crate::candle) unsafe fn product_with<T: Sync>(
+pub(crate) unsafe fn product_with<T: Sync>(
     a: &[T],
     m: usize,
     n: usize,

@@ -3,4 +3,4 @@
 //! leaf, so the kernels that share it need not import each other.
 
 /// Output columns per panel (two 8-lane vectors).
-pub(crate) const NR: usize = 16;
+pub const NR: usize = 16;

@@ -44,7 +44,7 @@ pub(super) unsafe fn quantize_rows(
 /// (8,) i32 registers (values 8i..8i+8 in register i).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(in crate::candle) unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
+pub(crate) unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
     let p = xs.as_ptr();
     let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
     let sign = _mm256_set1_ps(-0.0);
@@ -66,7 +66,7 @@ pub(in crate::candle) unsafe fn rounded(xs: &[f32]) -> (f32, [__m256i; 4]) {
     (d, q)
 }
 
-/// [`super::quantize_block_scalar`] and the packing of its values into `isa`'s broadcast
+/// [`super::portable::quantize_block`] and the packing of its values into `isa`'s broadcast
 /// units, in registers: rounds `xs` (32 floats), writes the block's `32 / G` units to `out`,
 /// `stride` units apart, and returns the scale (the same rounding, so the same units:
 /// tested against the scalar form).

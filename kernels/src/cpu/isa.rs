@@ -10,12 +10,12 @@
 //!
 //! `FORKSCORE_CPU_ISA=avx2` or `avxvnni` caps the choice at that level (to compare levels on
 //! one machine); `avx512`, empty or unset takes the widest (another value is refused when a CPU
-//! backend loads, `cpu_switches`). Tests run every level the CPU
+//! backend loads, the backends' `cpu::switches`). Tests run every level the CPU
 //! has ([`Isa::supported`]), whatever the variable says.
 
 /// A level of x86 vector instructions, narrowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Isa {
+pub enum Isa {
     /// AVX2 + FMA.
     Avx2,
     /// AVX2 + FMA + AVX-VNNI (256-bit `vpdpbusd`).
@@ -63,7 +63,7 @@ impl Isa {
         use std::sync::OnceLock;
         static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let cap = crate::switches::value("FORKSCORE_CPU_ISA")
+            let cap = super::switch::value("FORKSCORE_CPU_ISA")
                 .and_then(|s| Isa::from_name(&s.to_ascii_lowercase()))
                 .unwrap_or(Isa::Avx512);
             Isa::supported().iter().copied().filter(|&l| l <= cap).max()
@@ -79,10 +79,10 @@ impl Isa {
 
     /// `Ok` where this CPU has the level, else an error `"{what}: this CPU has no {name}"`:
     /// the check every kernel entry point makes before it runs.
-    pub fn require(self, what: &str) -> candle_core::Result<()> {
+    pub fn require(self, what: &str) -> super::Result<()> {
         match Isa::supported().contains(&self) {
             true => Ok(()),
-            false => candle_core::bail!("{what}: this CPU has no {}", self.name()),
+            false => super::bail!("{what}: this CPU has no {}", self.name()),
         }
     }
 
@@ -108,7 +108,7 @@ impl Isa {
 /// Whether the AMX kernel runs in this process: x86-64 Linux, CPUID AMX-TILE + AMX-BF16,
 /// the OS saving the tile state (XCR0 bits 17–18), and the kernel granting it to this process.
 /// Detected (and the permission asked for) once.
-pub(crate) fn amx_available() -> bool {
+pub fn amx_available() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(detect_amx)
