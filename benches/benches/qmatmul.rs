@@ -89,10 +89,7 @@ fn main() -> anyhow::Result<()> {
         let w = (Tensor::rand(0f32, 1f32, (out_dim, in_dim), &dev)? - 0.5)?
             .affine(2.0 / (in_dim as f64).sqrt(), 0.0)?;
         let rows_w = w.flatten_all()?.to_vec1::<f32>()?;
-        let packed = match isa {
-            Some(_) => Some(PackedWeight::from_rows(&rows_w, out_dim, in_dim)),
-            None => None,
-        };
+        let packed = isa.map(|_| PackedWeight::from_rows(&rows_w, out_dim, in_dim));
         for ggml in [
             GgmlDType::Q8_0,
             GgmlDType::Q4K,

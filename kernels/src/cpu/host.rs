@@ -25,6 +25,7 @@ pub(crate) fn spec_counts(spec: &str) -> std::result::Result<Vec<(&str, &str, us
 /// `f(p0, p1)` for each of the runs `p0..p1` that split `panels` into one contiguous run per
 /// rayon thread, on the rayon threads (`paired`: every run but the last an even count, so the
 /// kernels' two-panel tiles never straddle two runs).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn for_panel_runs(panels: usize, paired: bool, f: impl Fn(usize, usize) + Sync) {
     use rayon::prelude::*;
     if panels == 0 {

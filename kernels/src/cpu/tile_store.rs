@@ -4,18 +4,21 @@
 //! SwiGLU ([`Out::SwiGlu`]), so an MLP's `(…, 2F)` product is never stored. The SwiGLU is
 //! [`super::math::silu_mul_rows16`] on the tile's rows of 16 gate and 16 up columns: with
 //! `F` a multiple of 16 every element goes through the same vector lanes as in the pass over
-//! whole rows ([`super::super::layers::swiglu`]), so the two agree bit for bit (tested in both kernels).
+//! whole rows (the backends' `layers::swiglu`), so the two agree bit for bit (tested in the
+//! backends for both kernels).
 
-// the loop and the stores run only in the x86 kernels; `alternate` everywhere
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// the tiles' loop and stores run only in the x86 kernels (`cfg`); `alternate` everywhere
 
 use super::aligned::{Aligned, Plain};
+#[cfg(target_arch = "x86_64")]
 use super::panel::NR;
 
 /// An integer kernel's output tile: up to 6 rows × two panels of [`NR`] columns.
+#[cfg(target_arch = "x86_64")]
 pub(crate) type Tile = [[f32; 2 * NR]; 6];
 
 /// What a product writes.
+#[cfg(target_arch = "x86_64")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Out {
     /// `y (m, n)`.
@@ -24,6 +27,7 @@ pub(crate) enum Out {
     SwiGlu,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Out {
     /// Columns of `y` for a weight of `n` outputs.
     pub fn cols(self, n: usize) -> usize {
@@ -51,6 +55,7 @@ pub(crate) fn alternate<T: Plain>(a: &[T], b: &[T], per: usize) -> Aligned<T> {
 /// A product of `m` rows over a weight of `n` outputs into a new `y`: `run(p0, p1, y)` for each
 /// run of panels on the rayon threads (runs of whole pairs where the kernel's tiles pair panels
 /// or `out` is the SwiGLU).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn by_panel_runs(
     m: usize,
     n: usize,
@@ -74,6 +79,7 @@ pub(crate) fn by_panel_runs(
 ///
 /// # Safety
 /// As [`store`], for every tile of the run; `tile` is safe to call for each.
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run_tiles(
     (m, n): (usize, usize),
@@ -115,6 +121,7 @@ pub(crate) unsafe fn run_tiles(
 ///
 /// # Safety
 /// `y` holds `m · out.cols(n)` floats, `g0 + rows ≤ m`, and the panels lie within `n`.
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn store(
     tile: &Tile,

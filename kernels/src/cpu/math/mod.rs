@@ -1,5 +1,6 @@
 //! Vectorised f32 `exp` (and row maximum) for the CPU kernels that spend their time in it: the
-//! softmax of [`super::attention`] and the SiLU of [`super::super::layers::swiglu`]'s CPU pass.
+//! softmax of [`super::attention`] and the SiLU of the backends' CPU SwiGLU pass
+//! (`forkscore_backends::candle::layers::swiglu`) and of the integer kernels' fused tiles.
 //!
 //! libm's `expf` is scalar (a call per element: 5 % of a 28-field CPU decision's samples went
 //! to it before this module). Here `e^x` is the classic range reduction
@@ -103,7 +104,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 ///
 /// # Safety
 /// Every addressed run is in bounds; the output runs do not overlap the inputs.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn silu_mul_rows16(
     rows: usize,
     (gate, gs): (*const f32, usize),

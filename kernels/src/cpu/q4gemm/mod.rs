@@ -55,7 +55,9 @@ const Q4_0_BYTES: usize = 18;
 const Q4K_VALUES: usize = 256;
 const Q4K_BYTES: usize = 144;
 /// Rows per tile (AVX2 and AVX-VNNI; AVX-512).
+#[cfg(target_arch = "x86_64")]
 const MR_AVX2: usize = 4;
+#[cfg(target_arch = "x86_64")]
 const MR_AVX512: usize = 6;
 /// Rows per block of the row loop (as the `Q8_0` kernel's; public for the tests' shapes
 /// across row blocks).

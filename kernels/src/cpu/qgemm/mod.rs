@@ -33,6 +33,7 @@
 use super::aligned::Aligned;
 use super::isa::Isa;
 use super::panel::NR;
+#[cfg(target_arch = "x86_64")]
 use super::tile_store::Out;
 use super::Result;
 
@@ -43,10 +44,13 @@ const PANEL_BLOCK: usize = NR * BLOCK;
 /// Bytes of one serialized `Q8_0` block: an f16 scale and 32 int8.
 const Q8_0_BYTES: usize = 34;
 /// Rows per tile (AVX2).
+#[cfg(target_arch = "x86_64")]
 const MR_AVX2: usize = 4;
 /// Rows per tile (AVX-VNNI).
+#[cfg(target_arch = "x86_64")]
 const MR_VNNI256: usize = 6;
 /// Rows per tile (AVX-512).
+#[cfg(target_arch = "x86_64")]
 const MR_AVX512: usize = 6;
 /// Rows per block of the row loop: a few row groups' activations stay in L2 while the
 /// thread's panels pass over them (public for the tests' shapes across row blocks).
@@ -86,7 +90,7 @@ pub fn prefetch(isa: Isa) -> usize {
 }
 
 /// A `FORKSCORE_CPU_QPREFETCH` value: a count of blocks (0: none), else what is wrong (a value
-/// the load refuses, `cpu_switches`).
+/// the load refuses, the backends' `cpu::switches`).
 pub fn parse_prefetch(v: &str) -> std::result::Result<usize, String> {
     v.trim().parse().map_err(|_| {
         format!("FORKSCORE_CPU_QPREFETCH={v:?}: not a count of blocks (0 turns the prefetch off)")
@@ -192,6 +196,7 @@ impl PackedQ8 {
 
     /// The AVX-512 layout's int8 values `[panel][block][8][16][4]` (a panel's block is one
     /// AMX int8 B tile as it is) and scales `[panel][block][16]`; `None` for the AVX2 layout.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     pub(crate) fn tile_parts(&self) -> Option<(&[i8], &[f32])> {
         (self.isa == Isa::Avx512).then(|| (&*self.q, &*self.d))
     }
