@@ -28,8 +28,8 @@
 # scheme) with the kernels capped at LEVEL, FORKSCORE_CPU_ISA=LEVEL, e.g. "q8_0@avxvnni f32@avx2"),
 # LINEAR_LEVELS (e.g. "avx2,avxvnni,avx512": the cpu_linear bench times the q8_0 and 4-bit
 # kernels of those levels side by side, beside the AVX2 f32 kernel; needs carry/cpu/cpu_linear.xz),
-# TESTS (default "lib quantized
-# reference_transformers") and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
+# TESTS (default "kernels lib quantized
+# reference_transformers": the kernels crate's unit tests, the backends' with the kernels' shells) and TEST_FILTER (a name filter for them), QROWS (the qmatmul bench's
 # row counts, when carry/cpu/qmatmul.xz is there; default 40,441), LLAMA_TYPES (the GGUF types
 # llama.cpp scores when carry/cpu/llama/ is there, from `pack-llama`; default "f32 q8_0"),
 # LLAMA_REPEATS (its timed runs, default REPEATS). A
@@ -43,12 +43,12 @@ case "${1:-}" in
 pack)
   set -e
   mkdir -p carry/cpu
-  tests=$(cargo test -p forkscore-backends --no-run --message-format=json 2>/dev/null |
+  tests=$(cargo test -p forkscore-kernels -p forkscore-backends --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_backends","quantized","reference_transformers"):
-        print(("lib" if m["target"]["name"]=="forkscore_backends" else m["target"]["name"])+"="+m["executable"])')
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in ("forkscore_kernels","forkscore_backends","quantized","reference_transformers"):
+        print({"forkscore_backends": "lib", "forkscore_kernels": "kernels"}.get(m["target"]["name"], m["target"]["name"])+"="+m["executable"])')
   modes=$(cargo bench -p forkscore-benches --bench modes --bench cpu_linear --bench qmatmul --bench cpu_attention --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
@@ -130,7 +130,7 @@ run)
   export RAYON_NUM_THREADS=2 OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
   T=(taskset -c "$CORES")
   echo "== $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo), cores $CORES"
-  for t in ${TESTS:-lib quantized reference_transformers}; do
+  for t in ${TESTS:-kernels lib quantized reference_transformers}; do
     "${T[@]}" "$BIN/$t" --test-threads=2 ${TEST_FILTER:-} > "$OUT/test-$t.log" 2>&1
     echo "$t: rc $? $(grep 'test result' "$OUT/test-$t.log" | tail -1)" | tee -a "$OUT/tests.txt"
   done
