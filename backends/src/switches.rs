@@ -2,15 +2,16 @@
 //! from the environment once per process into one [`Switches`] value.
 //!
 //! No other module reads these variables: each asks [`Switches::current`] (or [`value`]) for its
-//! switch's trimmed value. The one exception is the kernels crate (`forkscore-kernels`, which
-//! cannot see this crate): it reads the two switches that decide inside its kernels,
-//! `FORKSCORE_CPU_ISA` and `FORKSCORE_CPU_QPREFETCH` (`forkscore_kernels::cpu::switch::NAMES`),
-//! with the same rule (trimmed, empty as unset, once per process); they stay in the table, so a
-//! load checks them and the documentation lists them (a test holds the two lists together). A backend load checks every set switch ([`Switches::validate`], with
-//! the value parsers of the modules that use them) and refuses a misspelled value with an error
-//! naming the variable and what it accepts, instead of silently running the default. Results
-//! record the set switches that can change a result ([`Switches::recorded`]) in their provenance.
-//! `docs/configuration.md` carries the same table for users; a test holds the two together.
+//! switch's trimmed value, and the kernels crate (`forkscore-kernels`, which reads no
+//! environment) gets the two switches that decide inside its kernels, `FORKSCORE_CPU_ISA` and
+//! `FORKSCORE_CPU_QPREFETCH`, installed as its settings when [`Switches::current`] first reads
+//! them. A backend load checks every set switch ([`Switches::validate`], with the value parsers
+//! of the modules that use them) and refuses a misspelled value with an error naming the
+//! variable and what it accepts, instead of silently running the default. The A/B-only switches
+//! ([`Audience::Dev`]) are read only by builds with the `dev-switches` feature; elsewhere a load
+//! refuses them when set. Results record the set switches that can change a result
+//! ([`Switches::recorded`]) in their provenance. `docs/configuration.md` carries the same table
+//! for users; a test holds the two together.
 //!
 //! This module is a leaf: it imports nothing from the crate, so every module may use it.
 
@@ -29,6 +30,18 @@ pub enum Effect {
     Diagnostic,
 }
 
+/// Who a switch is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// Read by every build: reference paths, the instruction-level cap, kernel choices a user
+    /// may want, diagnostics.
+    User,
+    /// An A/B switch for measurements (blockings, fusions, alternative launch forms): read only
+    /// by builds with the `dev-switches` feature (the benches, `scripts/build-cuda.sh`); other
+    /// builds refuse it when set, naming the feature, rather than ignore it.
+    Dev,
+}
+
 /// What values a switch accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accepts {
@@ -42,6 +55,7 @@ pub enum Accepts {
 #[derive(Debug, Clone, Copy)]
 pub struct Switch {
     pub name: &'static str,
+    pub audience: Audience,
     pub effect: Effect,
     pub accepts: Accepts,
     /// What it does, for the documentation table.
@@ -49,114 +63,133 @@ pub struct Switch {
 }
 
 use Accepts::{OneOf, Spec};
+use Audience::{Dev, User};
 use Effect::{ComputePath, Diagnostic, Tuning};
 
 /// Every switch the library reads.
 pub const TABLE: &[Switch] = &[
     Switch {
         name: "FORKSCORE_ATTENTION",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["fastest", "candle"]),
         doc: "`candle`: attention through candle's matmul + softmax everywhere (the reference), instead of the flash / CPU kernels",
     },
     Switch {
         name: "FORKSCORE_CAUSAL_BLOCKS",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["1", "0"]),
         doc: "`0`: candle-path causal prefill attention over the full L × L scores instead of by query blocks",
     },
     Switch {
         name: "FORKSCORE_CPU_ISA",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["avx512", "avxvnni", "avx2"]),
         doc: "caps the CPU kernels' instruction level (the highest the CPU has by default)",
     },
     Switch {
         name: "FORKSCORE_CPU_GEMM",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["packed", "candle", "openblas", "amx"]),
         doc: "the f32 CPU GEMM: forkscore's packed kernel, candle's matmul, OpenBLAS (`--features openblas`) or the opt-in AMX bf16×6 kernel",
     },
     Switch {
         name: "FORKSCORE_CPU_BF16",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["amx", "dot", "candle"]),
         doc: "the kernel for bf16 weights on the CPU: AMX tiles, AVX-512 BF16 dot products, or candle's matmul",
     },
     Switch {
         name: "FORKSCORE_CPU_Q8",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["vnni", "amx"]),
         doc: "the kernel for q8_0 weights on the CPU: VNNI dot products or the opt-in AMX-INT8 tiles",
     },
     Switch {
         name: "FORKSCORE_CPU_GEMM_BLOCKING",
+        audience: Dev,
         effect: Tuning,
         accepts: Spec("`key=value,…` over the f32 kernel's blocking (`mr`, `nr`, `mc`, `kc`, `pf`)"),
         doc: "the f32 CPU GEMM's blocking",
     },
     Switch {
         name: "FORKSCORE_CPU_AMX",
+        audience: Dev,
         effect: Tuning,
         accepts: Spec("`key=value,…` over the AMX kernel's blocking (`mc`, `pf`)"),
         doc: "the AMX GEMM's blocking",
     },
     Switch {
         name: "FORKSCORE_CPU_ATTENTION",
+        audience: Dev,
         effect: Tuning,
         accepts: Spec("`key=value,…` over the CPU attention kernel's tile sizes and form"),
         doc: "the CPU attention kernel's tiles",
     },
     Switch {
         name: "FORKSCORE_CPU_QPREFETCH",
+        audience: Dev,
         effect: Tuning,
         accepts: Spec("a count of blocks to prefetch ahead (0: none)"),
         doc: "the quantized CPU GEMM's prefetch distance",
     },
     Switch {
         name: "FORKSCORE_MLP",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["tiles", "stacked", "separate"]),
         doc: "MLP gate | up: one product with the SwiGLU inside the kernel's tiles, one stacked product then SwiGLU, or two products",
     },
     Switch {
         name: "FORKSCORE_QKV",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["stacked", "separate"]),
         doc: "attention q | k | v as one stacked product or three",
     },
     Switch {
         name: "FORKSCORE_GDN",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["fused", "candle"]),
         doc: "Gated DeltaNet layers through the fused CUDA kernels or candle's ops (the reference)",
     },
     Switch {
         name: "FORKSCORE_GDN_PREFILL",
+        audience: User,
         effect: ComputePath,
         accepts: OneOf(&["auto", "chunked", "recurrent"]),
         doc: "the fused Gated DeltaNet prefill form: chosen by length, chunked, or recurrent",
     },
     Switch {
         name: "FORKSCORE_VOCAB_TOPK",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["device", "host"]),
         doc: "whole-vocabulary top-K on the GPU or on the host",
     },
     Switch {
         name: "FORKSCORE_FLASH_BATCHED",
+        audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["on", "off"]),
         doc: "`off`: one flash-attention launch per segment of a packed prefill and per slot of a merged scoring pass on CUDA bf16, instead of ONE launch for all (varlen form, per-slot past table; bit-equal)",
     },
     Switch {
         name: "FORKSCORE_CUDA_RUNTIME",
+        audience: Dev,
         effect: Diagnostic,
         accepts: OneOf(&["tuned", "candle"]),
         doc: "`candle`: candle's default CUDA allocator and stream settings instead of stream-ordered allocation",
     },
     Switch {
         name: "FORKSCORE_PROFILE",
+        audience: User,
         effect: Diagnostic,
         accepts: OneOf(&["0", "1"]),
         doc: "`1`: time each layer kind (device-synchronised) and print the totals at exit",
@@ -172,6 +205,9 @@ pub fn switch(name: &str) -> Option<&'static Switch> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Switches {
     values: BTreeMap<&'static str, String>,
+    /// Development switches set in the source that this build does not read (no
+    /// `dev-switches` feature): [`Switches::validate`] refuses them.
+    unread: BTreeMap<&'static str, String>,
 }
 
 /// A switch set to a value it does not accept.
@@ -185,22 +221,53 @@ pub struct SwitchError {
 
 impl Switches {
     /// The table's switches as `get` gives them (a variable's value, if set).
+    /// Development switches are read where this build has the `dev-switches` feature.
     pub fn from_source(get: impl Fn(&str) -> Option<String>) -> Switches {
-        let values = TABLE
-            .iter()
-            .filter_map(|s| {
-                let v = get(s.name)?;
-                let v = v.trim();
-                (!v.is_empty()).then(|| (s.name, v.to_string()))
-            })
-            .collect();
-        Switches { values }
+        Switches::from_source_with(get, cfg!(feature = "dev-switches"))
     }
 
-    /// This process's switches, read from the environment on first use.
+    /// [`Switches::from_source`] with the development switches read or not (`dev`).
+    pub fn from_source_with(get: impl Fn(&str) -> Option<String>, dev: bool) -> Switches {
+        let mut out = Switches::default();
+        for s in TABLE {
+            let Some(v) = get(s.name) else { continue };
+            let v = v.trim();
+            if v.is_empty() {
+                continue;
+            }
+            match (s.audience, dev) {
+                (Dev, false) => out.unread.insert(s.name, v.to_string()),
+                _ => out.values.insert(s.name, v.to_string()),
+            };
+        }
+        out
+    }
+
+    /// This process's switches, read from the environment on first use. The first use also
+    /// installs the kernels crate's settings (`FORKSCORE_CPU_ISA`, `FORKSCORE_CPU_QPREFETCH`:
+    /// [`Switches::kernel_settings`]), so a backend load, which starts here, fixes them before
+    /// any kernel runs.
     pub fn current() -> &'static Switches {
         static CURRENT: OnceLock<Switches> = OnceLock::new();
-        CURRENT.get_or_init(|| Switches::from_source(|name| std::env::var(name).ok()))
+        CURRENT.get_or_init(|| {
+            let s = Switches::from_source(|name| std::env::var(name).ok());
+            forkscore_kernels::cpu::settings::install(s.kernel_settings());
+            s
+        })
+    }
+
+    /// The kernels crate's settings these switches ask for (a value the load refuses counts as
+    /// unset here).
+    pub fn kernel_settings(&self) -> forkscore_kernels::cpu::settings::Settings {
+        use forkscore_kernels::cpu::{isa::Isa, qgemm::parse_prefetch};
+        forkscore_kernels::cpu::settings::Settings {
+            isa_cap: self
+                .get("FORKSCORE_CPU_ISA")
+                .and_then(|v| Isa::from_name(&v.to_ascii_lowercase())),
+            q_prefetch: self
+                .get("FORKSCORE_CPU_QPREFETCH")
+                .and_then(|v| parse_prefetch(v).ok()),
+        }
     }
 
     /// The trimmed value of switch `name`, when set.
@@ -221,6 +288,15 @@ impl Switches {
         &self,
         spec: impl Fn(&'static str, &str) -> Result<(), String>,
     ) -> Result<(), SwitchError> {
+        if let Some((&name, value)) = self.unread.iter().next() {
+            return Err(SwitchError {
+                name,
+                value: value.clone(),
+                reason: "a development switch (A/B measurements) that this build does not read: \
+                         unset it, or build with `--features dev-switches`"
+                    .into(),
+            });
+        }
         for (&name, value) in &self.values {
             let Some(s) = switch(name) else { continue };
             let wrong = |reason: String| SwitchError {
@@ -265,24 +341,75 @@ pub fn is(name: &str, word: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Switches from `pairs`, development switches read.
     fn with(pairs: &[(&str, &str)]) -> Switches {
-        Switches::from_source(|name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        Switches::from_source_with(
+            |name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            },
+            true,
+        )
     }
 
     fn no_spec(_: &'static str, _: &str) -> Result<(), String> {
         Ok(())
     }
 
-    /// The switches the kernels crate reads itself are in the table (checked at load, documented).
+    /// The kernels' settings come from their two switches; wrong values count as unset.
     #[test]
-    fn the_kernels_switches_are_in_the_table() {
-        for name in forkscore_kernels::cpu::switch::NAMES {
-            assert!(switch(name).is_some(), "{name} is not in the switch table");
+    fn kernel_settings_follow_their_switches() {
+        use forkscore_kernels::cpu::isa::Isa;
+        let s = with(&[
+            ("FORKSCORE_CPU_ISA", "AVX2"),
+            ("FORKSCORE_CPU_QPREFETCH", "3"),
+        ]);
+        let k = s.kernel_settings();
+        assert_eq!(k.isa_cap, Some(Isa::Avx2));
+        assert_eq!(k.q_prefetch, Some(3));
+        let k = with(&[("FORKSCORE_CPU_ISA", "avx3")]).kernel_settings();
+        assert_eq!(k, Default::default());
+    }
+
+    /// Without the development switches, a set one is refused by name with the feature to build
+    /// with, and not read; with them it is read as any other.
+    #[test]
+    fn development_switches_need_their_feature() {
+        let source = |name: &str| (name == "FORKSCORE_MLP").then(|| "separate".to_string());
+        let off = Switches::from_source_with(source, false);
+        assert_eq!(off.get("FORKSCORE_MLP"), None);
+        assert!(off.recorded().is_empty());
+        let e = off
+            .validate(no_spec)
+            .expect_err("a dev switch without the feature");
+        assert_eq!(e.name, "FORKSCORE_MLP");
+        assert!(e.to_string().contains("--features dev-switches"), "{e}");
+        let on = Switches::from_source_with(source, true);
+        assert_eq!(on.get("FORKSCORE_MLP"), Some("separate"));
+        assert_eq!(on.validate(no_spec), Ok(()));
+        // user switches are read either way
+        let user = |name: &str| (name == "FORKSCORE_GDN").then(|| "candle".to_string());
+        assert!(Switches::from_source_with(user, false).is("FORKSCORE_GDN", "candle"));
+    }
+
+    /// The development switches are the A/B ones: every tuning switch is one, and the reference
+    /// paths, the level cap and the diagnostics are for users.
+    #[test]
+    fn tuning_switches_are_development_switches() {
+        for s in TABLE {
+            if s.effect == Tuning {
+                assert_eq!(s.audience, Dev, "{}", s.name);
+            }
+        }
+        for name in [
+            "FORKSCORE_ATTENTION",
+            "FORKSCORE_GDN",
+            "FORKSCORE_CPU_ISA",
+            "FORKSCORE_PROFILE",
+        ] {
+            assert_eq!(switch(name).map(|s| s.audience), Some(User), "{name}");
         }
     }
 
@@ -348,11 +475,18 @@ mod tests {
     fn the_documentation_names_every_switch() {
         let doc = include_str!("../../docs/configuration.md");
         for s in TABLE {
-            assert!(
-                doc.contains(&format!("`{}`", s.name)),
-                "{} is not documented",
-                s.name
-            );
+            let row = format!("| `{}` | ", s.name);
+            let line = doc.lines().find(|l| l.starts_with(&row));
+            let Some(line) = line else {
+                panic!("{} has no row in the table", s.name)
+            };
+            // the build column says who reads it
+            let build = line[row.len()..].split(" | ").next();
+            let want = match s.audience {
+                User => "every",
+                Dev => "`dev-switches`",
+            };
+            assert_eq!(build, Some(want), "{}", s.name);
         }
     }
 }

@@ -63,6 +63,11 @@ fn parse_case(s: &str) -> anyhow::Result<Case> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // the FORKSCORE_* switches (the kernels' level cap and prefetch among them), read and
+    // checked as a model load does
+    forkscore_backends::switches::Switches::current()
+        .validate(|_, _| Ok(()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let repeats: usize = env_or("FORKSCORE_BENCH_REPEATS", "7")
         .parse()
         .context("FORKSCORE_BENCH_REPEATS")?;

@@ -136,6 +136,11 @@ impl Kernel {
 }
 
 fn main() -> anyhow::Result<()> {
+    // the FORKSCORE_* switches (the kernels' level cap and prefetch among them), read and
+    // checked as a model load does
+    forkscore_backends::switches::Switches::current()
+        .validate(|_, _| Ok(()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let Some(level) = Isa::chosen() else {
         bail!("the CPU kernels do not run on this CPU (no AVX2 + FMA)");
     };

@@ -37,6 +37,11 @@ fn median_ms(repeats: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyho
 }
 
 fn main() -> anyhow::Result<()> {
+    // the FORKSCORE_* switches (the kernels' level cap and prefetch among them), read and
+    // checked as a model load does
+    forkscore_backends::switches::Switches::current()
+        .validate(|_, _| Ok(()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let repeats: usize = std::env::var("FORKSCORE_BENCH_REPEATS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -8,10 +8,10 @@
 //! - [`Isa::Avx512`]: AVX-512 F + BW + VNNI as well (16 f32 lanes; int8 products as 4-way
 //!   `u8 × i8` dot products, `vpdpbusd`).
 //!
-//! `FORKSCORE_CPU_ISA=avx2` or `avxvnni` caps the choice at that level (to compare levels on
-//! one machine); `avx512`, empty or unset takes the widest (another value is refused when a CPU
-//! backend loads, the backends' `cpu::switches`). Tests run every level the CPU
-//! has ([`Isa::supported`]), whatever the variable says.
+//! The caller may cap the choice at a level ([`super::settings::Settings::isa_cap`]; the backends
+//! take it from `FORKSCORE_CPU_ISA=avx2` or `avxvnni`, to compare levels on one machine); nothing
+//! capped takes the widest. Tests run every level the CPU has ([`Isa::supported`]), whatever the
+//! cap says.
 
 /// A level of x86 vector instructions, narrowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -57,15 +57,13 @@ impl Isa {
         }
     }
 
-    /// The level the kernels run with in this process: the widest supported, capped by
-    /// `FORKSCORE_CPU_ISA=avx2` or `avxvnni`; `None` where the CPU has no AVX2 + FMA.
+    /// The level the kernels run with in this process: the widest supported, capped by the
+    /// installed settings' `isa_cap`; `None` where the CPU has no AVX2 + FMA.
     pub fn chosen() -> Option<Isa> {
         use std::sync::OnceLock;
         static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let cap = super::switch::value("FORKSCORE_CPU_ISA")
-                .and_then(|s| Isa::from_name(&s.to_ascii_lowercase()))
-                .unwrap_or(Isa::Avx512);
+            let cap = super::settings::current().isa_cap.unwrap_or(Isa::Avx512);
             Isa::supported().iter().copied().filter(|&l| l <= cap).max()
         })
     }

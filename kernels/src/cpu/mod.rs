@@ -33,7 +33,7 @@ pub mod math;
 pub mod panel;
 pub mod q4gemm;
 pub mod qgemm;
-pub mod switch;
+pub mod settings;
 #[cfg(test)]
 mod testing;
 pub(crate) mod tile_store;

@@ -37,12 +37,15 @@ mod tests {
     use crate::switches::Switches;
 
     fn with(pairs: &[(&str, &str)]) -> Result<(), String> {
-        Switches::from_source(|name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        Switches::from_source_with(
+            |name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            },
+            true,
+        )
         .validate(check_spec)
         .map_err(|e| e.to_string())
     }

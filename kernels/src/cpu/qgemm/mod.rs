@@ -57,8 +57,8 @@ const MR_AVX512: usize = 6;
 pub const MC: usize = 48;
 
 /// How many 32-value blocks ahead the AVX-512 and AVX-VNNI tiles prefetch their panels' weights
-/// (one `prefetcht0` per 64 bytes read; 0: none), where set for the whole process: by
-/// `FORKSCORE_CPU_QPREFETCH` (read once) or [`set_prefetch`] (the `cpu_linear` bench compares
+/// (one `prefetcht0` per 64 bytes read; 0: none), where set for the whole process: by the
+/// installed settings' `q_prefetch` (taken once) or [`set_prefetch`] (the `cpu_linear` bench compares
 /// distances in one process). Unset (`usize::MAX`), each level takes [`default_prefetch`].
 static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
@@ -76,9 +76,9 @@ pub fn default_prefetch(isa: Isa) -> usize {
 /// The prefetch distance the integer tiles of `isa` use now (see [`PREFETCH`]).
 pub fn prefetch(isa: Isa) -> usize {
     use std::sync::atomic::Ordering;
-    static FROM_ENV: std::sync::Once = std::sync::Once::new();
-    FROM_ENV.call_once(|| {
-        if let Some(Ok(v)) = super::switch::value("FORKSCORE_CPU_QPREFETCH").map(parse_prefetch) {
+    static FROM_SETTINGS: std::sync::Once = std::sync::Once::new();
+    FROM_SETTINGS.call_once(|| {
+        if let Some(v) = super::settings::current().q_prefetch {
             // only where nothing set it first
             let _ = PREFETCH.compare_exchange(usize::MAX, v, Ordering::Relaxed, Ordering::Relaxed);
         }

@@ -1,9 +1,19 @@
+//! The packed f32 GEMM on x86: row packing, the split over panels and threads, and the tile
+//! loop; the micro-kernels of each instruction set live in [`avx2`] and [`avx512`].
+
 use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
 use super::super::tile_store::Out;
 use super::{Blocking, Isa, PackedWeight, NR};
+
+mod avx2;
+mod avx512;
+
+use avx2::micro_rows;
+use avx512::micro512_rows;
+pub(crate) use avx512::{load_acc512, store_acc512};
 
 /// `x (m, k)` into groups of `mr` rows, k-major: `a[g][kk][r] = x[g·mr + r][kk]`
 /// (missing rows of the last group are 0).
@@ -19,190 +29,6 @@ fn pack_rows(x: &[f32], m: usize, k: usize, mr: usize) -> Vec<f32> {
         }
     });
     a
-}
-
-/// `C (R, 16) (+)= A (R, kc) · B (kc, 16)`: `a` a packed row group at its block (`astride`
-/// floats per `k`: the group's row count), `b` a panel at its block, `c` row-major with row
-/// stride `ldc`; `first` overwrites `C`; with `PF`, each step prefetches the panel `pf`
-/// steps ahead.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn micro<const R: usize, const PF: bool>(
-    kc: usize,
-    a: *const f32,
-    astride: usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    first: bool,
-    pf: usize,
-) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    if !first {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            acc[0] = _mm256_loadu_ps(c.add(r * ldc));
-            acc[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
-        }
-    }
-    let (mut a, mut b) = (a, b);
-    for _ in 0..kc {
-        let b0 = _mm256_loadu_ps(b);
-        let b1 = _mm256_loadu_ps(b.add(8));
-        if PF {
-            // as in `micro512`: a hint, also past the panel's end
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf * NR) as *const i8);
-        }
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let av = _mm256_broadcast_ss(&*a.add(r));
-            acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
-            acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
-        }
-        a = a.add(astride);
-        b = b.add(NR);
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(c.add(r * ldc), acc[0]);
-        _mm256_storeu_ps(c.add(r * ldc + 8), acc[1]);
-    }
-}
-
-/// `rows` (≤ [`super::MAX_MR_AVX2`]) rows of one tile.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn micro_rows(
-    rows: usize,
-    kc: usize,
-    a: *const f32,
-    astride: usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    first: bool,
-    pf: usize,
-) {
-    macro_rules! go {
-        ($($r:literal)*) => {
-            match rows {
-                $($r => match pf {
-                    0 => micro::<$r, false>(kc, a, astride, b, c, ldc, first, 0),
-                    _ => micro::<$r, true>(kc, a, astride, b, c, ldc, first, pf),
-                },)*
-                _ => unreachable!("a tile of {rows} rows (the blocking was validated)"),
-            }
-        };
-    }
-    go!(1 2 3 4 5 6)
-}
-
-/// `C (R, 16·P) (+)= A (R, kc) · [B₀ … B_P] (kc, 16·P)` in 16-lane registers: `P` panels
-/// `bstride` floats apart, otherwise as [`micro`].
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn micro512<const R: usize, const P: usize, const PF: bool>(
-    kc: usize,
-    a: *const f32,
-    astride: usize,
-    b: *const f32,
-    bstride: usize,
-    c: *mut f32,
-    ldc: usize,
-    first: bool,
-    pf: usize,
-) {
-    let mut acc = load_acc512::<R, P>(c, ldc, first);
-    let (mut a, mut b) = (a, b);
-    for _ in 0..kc {
-        let mut bv = [_mm512_setzero_ps(); P];
-        for (j, bv) in bv.iter_mut().enumerate() {
-            *bv = _mm512_loadu_ps(b.add(j * bstride));
-            if PF {
-                // `pf` steps ahead: past the block's end it prefetches the next block or
-                // beyond the panel (a hint, never a load: no fault), hence `wrapping_add`
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(j * bstride + pf * NR) as *const i8);
-            }
-        }
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*a.add(r));
-            for (acc, bv) in acc.iter_mut().zip(&bv) {
-                *acc = _mm512_fmadd_ps(av, *bv, *acc);
-            }
-        }
-        a = a.add(astride);
-        b = b.add(NR);
-    }
-    store_acc512(&acc, c, ldc);
-}
-
-/// The `R × P` 16-lane accumulators of an AVX-512 tile: zeros when `first`, else `C`'s
-/// values (`R` rows `ldc` apart, `P` panels of 16 columns).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn load_acc512<const R: usize, const P: usize>(
-    c: *const f32,
-    ldc: usize,
-    first: bool,
-) -> [[__m512; P]; R] {
-    let mut acc = [[_mm512_setzero_ps(); P]; R];
-    if !first {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            for (j, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_loadu_ps(c.add(r * ldc + j * NR));
-            }
-        }
-    }
-    acc
-}
-
-/// The accumulators of [`load_acc512`] written back to `C`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn store_acc512<const R: usize, const P: usize>(
-    acc: &[[__m512; P]; R],
-    c: *mut f32,
-    ldc: usize,
-) {
-    for (r, acc) in acc.iter().enumerate() {
-        for (j, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(c.add(r * ldc + j * NR), *acc);
-        }
-    }
-}
-
-/// `rows` (≤ [`super::MAX_MR_AVX512`]) rows of one tile of `panels` (1 or 2) panels,
-/// AVX-512.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn micro512_rows(
-    rows: usize,
-    panels: usize,
-    kc: usize,
-    a: *const f32,
-    astride: usize,
-    b: *const f32,
-    bstride: usize,
-    c: *mut f32,
-    ldc: usize,
-    first: bool,
-    pf: usize,
-) {
-    macro_rules! go {
-        ($($r:literal)*) => {
-            match rows {
-                $($r => match (panels, pf > 0) {
-                    (2, false) => micro512::<$r, 2, false>(kc, a, astride, b, bstride, c, ldc, first, 0),
-                    (2, true) => micro512::<$r, 2, true>(kc, a, astride, b, bstride, c, ldc, first, pf),
-                    (_, false) => micro512::<$r, 1, false>(kc, a, astride, b, bstride, c, ldc, first, 0),
-                    (_, true) => micro512::<$r, 1, true>(kc, a, astride, b, bstride, c, ldc, first, pf),
-                },)*
-                _ => unreachable!("a tile of {rows} rows (the blocking was validated)"),
-            }
-        };
-    }
-    go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
 }
 
 /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each), with

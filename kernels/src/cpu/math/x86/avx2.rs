@@ -1,11 +1,9 @@
-//! The x86 forms of the vector math: eight lanes under AVX2 + FMA, sixteen under AVX-512.
+//! Vector math (exp, max, SiLU) under AVX2 + FMA (8 f32 lanes).
 
-use std::arch::x86_64::*;
+use super::*;
 
-use super::{HI, LN2_HI, LN2_LO, LO, LOG2E, P};
-
-/// Eight lanes of [`super::exp`] (also the AVX2 attention tile's,
-/// [`super::super::attention::key_major`]).
+/// Eight lanes of [`super::super::exp`] (also the AVX2 attention tile's,
+/// [`super::super::super::attention::key_major`]).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
@@ -34,37 +32,8 @@ pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_andnot_ps(flush, y)
 }
 
-/// Sixteen lanes of [`super::exp`] (AVX-512 F), for the AVX-512 attention tile
-/// ([`super::super::attention::key_major`]).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-    let flush = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LO));
-    let x = _mm512_min_ps(x, _mm512_set1_ps(HI));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let mut p = _mm512_set1_ps(P[0]);
-    for c in &P[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
-    }
-    let r2 = _mm512_mul_ps(r, r);
-    let e = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
-    // 2^n as two factors so that n = 128 (x = HI) stays finite
-    let ni = _mm512_cvtps_epi32(n);
-    let n1 = _mm512_min_epi32(ni, _mm512_set1_epi32(127));
-    let n2 = _mm512_sub_epi32(ni, n1);
-    let bias = _mm512_set1_epi32(127);
-    let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
-    let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
-    let y = _mm512_mul_ps(_mm512_mul_ps(e, s1), s2);
-    _mm512_maskz_mov_ps(!flush, y)
-}
-
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
+pub(crate) unsafe fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
     let s = _mm256_set1_ps(shift);
     let mut acc = _mm256_setzero_ps();
     let mut chunks = xs.chunks_exact_mut(8);
@@ -77,14 +46,14 @@ pub(super) unsafe fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
     _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     let mut sum: f32 = lanes.iter().sum();
     for x in chunks.into_remainder() {
-        *x = super::exp(*x - shift);
+        *x = super::super::exp(*x - shift);
         sum += *x;
     }
     sum
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn max(xs: &[f32]) -> f32 {
+pub(crate) unsafe fn max(xs: &[f32]) -> f32 {
     // `_mm256_max_ps(x, acc)` returns `acc` where `x` is NaN: NaNs are skipped, as
     // `f32::max` skips them
     let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
@@ -103,47 +72,9 @@ pub(super) unsafe fn max(xs: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
 }
 
-/// [`silu_mul`] sixteen lanes at a time ([`exp16`]), the ragged tail in masked lanes.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn silu_mul512(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    let n = out.len().min(gate.len()).min(up.len());
-    let one = _mm512_set1_ps(1.0);
-    let mut i = 0;
-    while i < n {
-        let w = (n - i).min(16);
-        let m: __mmask16 = if w == 16 { !0 } else { (1u16 << w) - 1 };
-        let g = _mm512_maskz_loadu_ps(m, gate.as_ptr().add(i));
-        let u = _mm512_maskz_loadu_ps(m, up.as_ptr().add(i));
-        let d = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-        _mm512_mask_storeu_ps(
-            out.as_mut_ptr().add(i),
-            m,
-            _mm512_mul_ps(_mm512_div_ps(g, d), u),
-        );
-        i += w;
-    }
-}
-
-/// [`super::silu_mul_rows16`] under AVX-512: [`silu_mul512`]'s lanes, inlined per run.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn silu_mul_rows16_512(
-    rows: usize,
-    (gate, gs): (*const f32, usize),
-    (up, us): (*const f32, usize),
-    (out, os): (*mut f32, usize),
-) {
-    let one = _mm512_set1_ps(1.0);
-    for r in 0..rows {
-        let g = _mm512_loadu_ps(gate.add(r * gs));
-        let u = _mm512_loadu_ps(up.add(r * us));
-        let d = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-        _mm512_storeu_ps(out.add(r * os), _mm512_mul_ps(_mm512_div_ps(g, d), u));
-    }
-}
-
-/// [`super::silu_mul_rows16`] under AVX2: [`silu_mul`]'s lanes, two halves per run.
+/// [`super::super::silu_mul_rows16`] under AVX2: [`silu_mul`]'s lanes, two halves per run.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn silu_mul_rows16_256(
+pub(crate) unsafe fn silu_mul_rows16_256(
     rows: usize,
     (gate, gs): (*const f32, usize),
     (up, us): (*const f32, usize),
@@ -162,7 +93,7 @@ pub(super) unsafe fn silu_mul_rows16_256(
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = out.len().min(gate.len()).min(up.len());
     let full = n - n % 8;
     let one = _mm256_set1_ps(1.0);
@@ -179,6 +110,6 @@ pub(super) unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         i += 8;
     }
     for j in full..n {
-        out[j] = gate[j] / (1.0 + super::exp(-gate[j])) * up[j];
+        out[j] = gate[j] / (1.0 + super::super::exp(-gate[j])) * up[j];
     }
 }

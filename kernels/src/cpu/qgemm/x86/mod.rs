@@ -1,9 +1,21 @@
+//! The Q8_0 W8A8 GEMM on x86: the activations rounded per row and block, the split over panels
+//! and threads, and the tile loop; the tiles of each instruction set live in [`avx2`], [`vnni`]
+//! (AVX-VNNI) and [`avx512`].
+
 use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
 use super::super::tile_store::{by_panel_runs, run_tiles, Out, Tile};
 use super::{group, mr, Isa, PackedQ8, BLOCK, MC, MR_AVX2, MR_AVX512, MR_VNNI256, NR, PANEL_BLOCK};
+
+mod avx2;
+mod avx512;
+mod vnni;
+
+use avx2::tile_avx2;
+use avx512::tile_avx512;
+use vnni::tile_vnni256;
 
 /// `x (m, k)` rounded per row and block and laid out for `isa`'s kernel: the broadcast units
 /// `[row group][block][group][row]` and the scales `[row group][block][row]` (rows past `m`
@@ -97,161 +109,6 @@ pub(super) unsafe fn quantize_units(xs: &[f32], isa: Isa, out: *mut u32, stride:
         *out.add(u * stride) = unit;
     }
     d
-}
-
-/// AVX2: rows `0..R` × one panel over `blocks` blocks. `a` / `sa`: the row group's units
-/// and scales; `w` / `dw`: the panel's int8 values and scales.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const R: usize>(
-    blocks: usize,
-    a: *const u32,
-    sa: *const f32,
-    w: *const i8,
-    dw: *const f32,
-    out: &mut Tile,
-) {
-    const UNITS: usize = BLOCK / 2;
-    let mut f = [[_mm256_setzero_ps(); 2]; R];
-    for b in 0..blocks {
-        let mut acc = [[_mm256_setzero_si256(); 2]; R];
-        let ab = a.add(b * UNITS * MR_AVX2);
-        let wb = w.add(b * PANEL_BLOCK);
-        for u in 0..UNITS {
-            let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(u * 32) as *const __m128i));
-            let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(u * 32 + 16) as *const __m128i));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(*ab.add(u * MR_AVX2 + r) as i32);
-                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(av, w0));
-                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(av, w1));
-            }
-        }
-        let d0 = _mm256_loadu_ps(dw.add(b * NR));
-        let d1 = _mm256_loadu_ps(dw.add(b * NR + 8));
-        for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
-            let s = _mm256_set1_ps(*sa.add(b * MR_AVX2 + r));
-            f[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_mul_ps(s, d0), f[0]);
-            f[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_mul_ps(s, d1), f[1]);
-        }
-    }
-    for (f, out) in f.iter().zip(out.iter_mut()) {
-        _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
-        _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
-    }
-}
-
-/// AVX-VNNI: rows `0..R` × one panel over `blocks` blocks, [`tile_avx512`]'s sums on 8
-/// lanes (the panel's 16 columns in two registers). `off`: the panel's offsets. With `PF`,
-/// each unit prefetches its weights `pf` blocks ahead.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,fma,avxvnni")]
-unsafe fn tile_vnni256<const R: usize, const PF: bool>(
-    blocks: usize,
-    a: *const u32,
-    sa: *const f32,
-    w: *const i8,
-    dw: *const f32,
-    off: *const i32,
-    out: &mut Tile,
-    pf: usize,
-) {
-    const UNITS: usize = BLOCK / 4;
-    // the f32 sums live in `out` (12 of the 16 registers hold the block's integer sums)
-    for row in out.iter_mut().take(R) {
-        row[..NR].fill(0.0);
-    }
-    for b in 0..blocks {
-        let o = [0, 8].map(|h| _mm256_loadu_si256(off.add(b * NR + h) as *const __m256i));
-        let mut acc = [o; R];
-        let ab = a.add(b * UNITS * MR_VNNI256);
-        let wb = w.add(b * PANEL_BLOCK);
-        for u in 0..UNITS {
-            let w0 = _mm256_loadu_si256(wb.add(u * 64) as *const __m256i);
-            let w1 = _mm256_loadu_si256(wb.add(u * 64 + 32) as *const __m256i);
-            if PF {
-                // a hint past the panel's end never faults, hence `wrapping_add`
-                let at = wb.wrapping_add(pf * PANEL_BLOCK + u * 64);
-                _mm_prefetch::<_MM_HINT_T0>(at);
-            }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(*ab.add(u * MR_VNNI256 + r) as i32);
-                acc[0] = _mm256_dpbusd_avx_epi32(acc[0], av, w0);
-                acc[1] = _mm256_dpbusd_avx_epi32(acc[1], av, w1);
-            }
-        }
-        let d = [0, 8].map(|h| _mm256_loadu_ps(dw.add(b * NR + h)));
-        for (r, (row, acc)) in out.iter_mut().zip(&acc).enumerate() {
-            let s = _mm256_set1_ps(*sa.add(b * MR_VNNI256 + r));
-            for h in 0..2 {
-                let at = row.as_mut_ptr().add(h * 8);
-                let scale = _mm256_mul_ps(s, d[h]);
-                let f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h]), scale, _mm256_loadu_ps(at));
-                _mm256_storeu_ps(at, f);
-            }
-        }
-    }
-}
-
-/// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
-/// `blocks` blocks; `off` the panels' offsets, laid out as their scales; with `PF`, each
-/// unit prefetches its weights `pf` blocks ahead.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_avx512<const R: usize, const P: usize, const PF: bool>(
-    blocks: usize,
-    a: *const u32,
-    sa: *const f32,
-    w: *const i8,
-    wstride: usize,
-    dw: *const f32,
-    off: *const i32,
-    dstride: usize,
-    out: &mut Tile,
-    pf: usize,
-) {
-    const UNITS: usize = BLOCK / 4;
-    let mut f = [[_mm512_setzero_ps(); P]; R];
-    for b in 0..blocks {
-        let mut acc = [[_mm512_setzero_si512(); P]; R];
-        for j in 0..P {
-            let o = _mm512_loadu_si512(off.add(j * dstride + b * NR) as *const __m512i);
-            for acc in acc.iter_mut() {
-                acc[j] = o;
-            }
-        }
-        let ab = a.add(b * UNITS * MR_AVX512);
-        for u in 0..UNITS {
-            let mut wv = [_mm512_setzero_si512(); P];
-            for (j, wv) in wv.iter_mut().enumerate() {
-                let at = w.add(j * wstride + b * PANEL_BLOCK + u * 64);
-                *wv = _mm512_loadu_si512(at as *const __m512i);
-                if PF {
-                    // a hint past the panel's end never faults, hence `wrapping_add`
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(pf * PANEL_BLOCK));
-                }
-            }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_epi32(*ab.add(u * MR_AVX512 + r) as i32);
-                for (acc, wv) in acc.iter_mut().zip(&wv) {
-                    *acc = _mm512_dpbusd_epi32(*acc, av, *wv);
-                }
-            }
-        }
-        for j in 0..P {
-            let dv = _mm512_loadu_ps(dw.add(j * dstride + b * NR));
-            for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
-                let s = _mm512_set1_ps(*sa.add(b * MR_AVX512 + r));
-                f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j]), _mm512_mul_ps(s, dv), f[j]);
-            }
-        }
-    }
-    for (f, out) in f.iter().zip(out.iter_mut()) {
-        for (j, f) in f.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(j * NR), *f);
-        }
-    }
 }
 
 /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).

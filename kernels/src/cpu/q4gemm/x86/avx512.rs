@@ -1,0 +1,61 @@
+//! The 4-bit W4A8 tiles under AVX-512 F + BW + VNNI (512-bit `vpdpbusd`, 16 lanes).
+
+use super::*;
+
+/// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
+/// `blocks` blocks.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn tile_avx512<const R: usize, const P: usize>(
+    blocks: usize,
+    u: *const u32,
+    sx: *const f32,
+    ss: *const f32,
+    w: *const u8,
+    wstride: usize,
+    wa: *const f32,
+    wb: *const f32,
+    dstride: usize,
+    out: &mut Tile,
+) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let mut f = [[_mm512_setzero_ps(); P]; R];
+    for b in 0..blocks {
+        let mut acc = [[_mm512_setzero_si512(); P]; R];
+        let ub = u.add(b * UNITS * MR_AVX512);
+        for g in 0..4 {
+            let mut lo = [_mm512_setzero_si512(); P];
+            let mut hi = [_mm512_setzero_si512(); P];
+            for j in 0..P {
+                let at = w.add(j * wstride + b * PANEL_BLOCK + g * 64);
+                let v = _mm512_loadu_si512(at as *const __m512i);
+                lo[j] = _mm512_and_si512(v, nib);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let al = _mm512_set1_epi32(*ub.add(g * MR_AVX512 + r) as i32);
+                let ah = _mm512_set1_epi32(*ub.add((g + 4) * MR_AVX512 + r) as i32);
+                for j in 0..P {
+                    acc[j] = _mm512_dpbusd_epi32(acc[j], lo[j], al);
+                    acc[j] = _mm512_dpbusd_epi32(acc[j], hi[j], ah);
+                }
+            }
+        }
+        for j in 0..P {
+            let av = _mm512_loadu_ps(wa.add(j * dstride + b * NR));
+            let bv = _mm512_loadu_ps(wb.add(j * dstride + b * NR));
+            for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
+                let dx = _mm512_set1_ps(*sx.add(b * MR_AVX512 + r));
+                let s = _mm512_set1_ps(*ss.add(b * MR_AVX512 + r));
+                let t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[j]), av, _mm512_mul_ps(bv, s));
+                f[j] = _mm512_fmadd_ps(t, dx, f[j]);
+            }
+        }
+    }
+    for (f, out) in f.iter().zip(out.iter_mut()) {
+        for (j, f) in f.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(j * NR), *f);
+        }
+    }
+}
