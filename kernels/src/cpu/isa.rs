@@ -57,17 +57,6 @@ impl Isa {
         }
     }
 
-    /// The level the kernels run with in this process: the widest supported, capped by the
-    /// installed settings' `isa_cap`; `None` where the CPU has no AVX2 + FMA.
-    pub fn chosen() -> Option<Isa> {
-        use std::sync::OnceLock;
-        static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            let cap = super::settings::current().isa_cap.unwrap_or(Isa::Avx512);
-            Isa::supported().iter().copied().filter(|&l| l <= cap).max()
-        })
-    }
-
     /// The level named `name` (as [`Isa::name`] spells it), if any.
     pub fn from_name(name: &str) -> Option<Isa> {
         [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]

@@ -33,6 +33,19 @@ pub fn current() -> Settings {
     *SETTINGS.get_or_init(Settings::default)
 }
 
+impl Isa {
+    /// The level the kernels run with in this process: the widest supported, capped by the
+    /// settings' `isa_cap`; `None` where the CPU has no AVX2 + FMA. (Defined here rather than in
+    /// [`super::isa`], which stays a leaf.)
+    pub fn chosen() -> Option<Isa> {
+        static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let cap = current().isa_cap.unwrap_or(Isa::Avx512);
+            Isa::supported().iter().copied().filter(|&l| l <= cap).max()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
