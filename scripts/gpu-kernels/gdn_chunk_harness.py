@@ -214,6 +214,37 @@ def main():
         tf = fla_time(fla, qkv, beta, g, s0, 16, 32, 128, 128) if fla else None
         peer = f"{tf:.3f} | {tf / tc:.2f}×" if tf else "– | –"
         print(f"| {L:,} | {tr:.3f} | {tc:.3f} | {tp:.3f} | {ts:.3f} | {t16:.3f} | {tr / tc:.1f}× | {peer} |")
+    packed = os.environ.get("GDN_PACKED", "3x1365,4x1024,6x683")
+    tiles = [int(t) for t in os.environ.get("GDN_TILES", "16,32,64").split(",")]
+    mods = {32: mod, 16: mod16}
+    for t in tiles:
+        if t not in mods:
+            mods[t] = build(t)
+    print("== packed prefill passes (B prefixes of L tokens from zero state, the shape of a packed")
+    print("   pass after right-padding), Qwen3.5-4B layer shape (ms, median); scan per value tile")
+    print("| B × L | prep | " + " | ".join(f"scan, tile {t}" for t in tiles) + " | fla chunk (bf16 in) |")
+    print("|---|---:|" + "---:|" * len(tiles) + "---:|")
+    for spec in packed.split(","):
+        B, L = (int(x) for x in spec.split("x"))
+        qkv, beta, g, s0, slot = rec.inputs(B, L, 16, 32, 128, 128, B, 0, gen)
+        nc = (L + C - 1) // C
+        ws = torch.empty(B * 32 * nc * ws_per_chunk(128, 128), device="cuda")
+        out = torch.empty(B, L, 32, 128, device="cuda")
+        s1 = torch.empty(B, 32, 128, 128, device="cuda")
+        args = (qkv, beta, g, s0, None, 16, 32, 128, 128, 128 ** -0.5)
+        tp = time_loop_ms(lambda: launch(mod, *args, ws, out, s1, parts=("prep",)))
+        ref_o, ref_s = launch(mods[tiles[0]], *args, None, None, None)
+        scans = []
+        for t in tiles:
+            scans.append(time_loop_ms(lambda: launch(mods[t], *args, ws, out, s1, parts=("scan",))))
+            o, st = launch(mods[t], *args, None, None, None)
+            torch.cuda.synchronize()
+            if not (torch.equal(o, ref_o) and torch.equal(st, ref_s)):
+                print(f"  tile {t} NOT bit-identical to tile {tiles[0]} at {spec}")
+                worst = 1.0
+        tf = fla_time(fla, qkv, beta, g, s0, 16, 32, 128, 128) if fla else None
+        peer = f"{tf:.3f}" if tf else "–"
+        print(f"| {B} × {L:,} | {tp:.3f} | " + " | ".join(f"{x:.3f}" for x in scans) + f" | {peer} |")
     print("== short calls from one forked state (a scoring pass: B rows of L tokens, every row")
     print("   starting from slot 0 through slot_of_row), Qwen3.5-4B layer shape (ms, median)")
     print("| rows | tokens | recurrent | chunked | prep | scan | recurrent ÷ chunked |")

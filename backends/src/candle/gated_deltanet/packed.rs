@@ -6,6 +6,7 @@
 use candle_core::{DType, Tensor};
 
 use super::{DeltaRule, GdnLayer, GdnState, Projections, RightPadding};
+use crate::candle::profile;
 use crate::error::CandleError;
 
 impl GdnLayer {
@@ -94,24 +95,28 @@ impl GdnLayer {
                 .collect::<candle_core::Result<Vec<_>>>()?;
             Tensor::cat(&rows, 0)
         };
-        let padded = Projections {
-            p: batch(&proj.p)?,
-            z: proj.z.clone(), // not read by the mixing part
-            b_logits: batch(&proj.b_logits)?,
-            a_in: batch(&proj.a_in)?,
-        };
+        let padded = profile::region("gdn.pack", dev, || {
+            Ok::<_, candle_core::Error>(Projections {
+                p: batch(&proj.p)?,
+                z: proj.z.clone(), // not read by the mixing part
+                b_logits: batch(&proj.b_logits)?,
+                a_in: batch(&proj.a_in)?,
+            })
+        })?;
         let padding = RightPadding::new(lens.clone(), lmax).ok_or_else(|| {
             candle_core::Error::Msg("packed GDN: a segment over its batch".into())
         })?;
         let zero = GdnState::zeros(&self.dims, segments.len(), dev)?;
         let (o, next) = self.mix(&padded, &zero, None, Some(&padding), DeltaRule::Fused, act)?;
         // (K, Lmax, Hv, dv) -> (1, T, Hv, dv)
-        let rows = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| o.narrow(0, i, 1)?.narrow(1, 0, n))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let o = Tensor::cat(&rows, 1)?;
+        let o = profile::region("gdn.unpack", dev, || {
+            let rows = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| o.narrow(0, i, 1)?.narrow(1, 0, n))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&rows, 1)
+        })?;
         let out = self.finish(&o, &proj.z, DeltaRule::Fused, act)?;
         Ok((out, next))
     }
