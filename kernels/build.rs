@@ -15,6 +15,7 @@ const KERNELS: &[&str] = &[
     "swiglu",
     "gdn_chunked",
     "add_rms_norm",
+    "heads_norm_rope",
 ];
 
 fn main() {

@@ -153,6 +153,13 @@ pub const TABLE: &[Switch] = &[
         doc: "attention q | k | v as one stacked product or three",
     },
     Switch {
+        name: "FORKSCORE_HEADS",
+        audience: Dev,
+        effect: ComputePath,
+        accepts: OneOf(&["fused", "candle"]),
+        doc: "`candle`: attention heads on CUDA bf16 through candle's norm, transpose, rope and concatenation instead of the fused heads kernel",
+    },
+    Switch {
         name: "FORKSCORE_GDN",
         audience: User,
         effect: ComputePath,

@@ -1048,6 +1048,91 @@ fn cuda_add_rms_norm_equals_add_then_norm() {
     }
 }
 
+/// The fused heads kernel (per-head RMSNorm + RoPE + head-major layout in one pass) against the
+/// candle form on the same bf16 inputs: the query half of a gated layer's `q | gate` read in
+/// place, keys, full and partial rotary dims, with and without the norm, several rows.
+#[test]
+fn cuda_fused_heads_equal_candle_form() {
+    use candle_core::{DType, Tensor, D};
+    use forkscore_backends::candle::cuda::heads::{norm_rope, reference, takes};
+    let Ok(dev) = DeviceSpec::Cuda(0).open() else {
+        eprintln!("SKIPPED: no CUDA device");
+        return;
+    };
+    let mut seed = 0x4ead_u64;
+    let mut rand = |shape: &[usize], scale: f32, offset: f32| -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale + offset
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &dev)
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("tensor")
+    };
+    // (rows, len, heads, hd, rotary dim, gated: read through q | gate, norm)
+    for (b, l, h, hd, rot, gated, norm) in [
+        (1usize, 300usize, 16usize, 256usize, 64usize, true, true),
+        (1, 300, 4, 256, 64, false, true),
+        (3, 17, 8, 128, 128, false, true),
+        (2, 9, 2, 64, 64, false, false),
+        (28, 12, 16, 256, 64, true, true),
+    ] {
+        let width = if gated { 2 * hd } else { hd };
+        let proj = rand(&[b, l, h * width], 3.0, 0.0);
+        let x = proj
+            .reshape((b, l, h, width))
+            .and_then(|t| t.narrow(D::Minus1, 0, hd))
+            .expect("view");
+        let w = rand(&[hd], 0.5, 1.0);
+        let angles = rand(&[b, l, rot / 2], 3.0, 0.0)
+            .to_dtype(DType::F32)
+            .expect("f32");
+        let cos = angles
+            .cos()
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("cos");
+        let sin = angles
+            .sin()
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("sin");
+        let norm = norm.then_some((&w, 1e-6f32));
+        assert!(
+            takes(&x, norm.map(|(w, _)| w), &cos, &sin),
+            "{b} {l} {h} {hd}"
+        );
+        let fused = norm_rope(&x, norm, &cos, &sin).expect("fused");
+        let want = reference(&x, norm, &cos, &sin).expect("reference");
+        assert_eq!(fused.dims(), &[b, h, l, hd]);
+        let f = |t: &Tensor| t.to_dtype(DType::F32).expect("f32");
+        let d = (f(&fused) - f(&want))
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("diff");
+        let r = f(&want)
+            .abs()
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("max");
+        println!(
+            "fused heads ({b}, {l}, {h}, {hd}) rot {rot} gated {gated}: |Δ| {d:e} (max {r:.2})"
+        );
+        // the candle form rounds the rope's products to bf16, the kernel once at the end
+        assert!(
+            d <= r / 64.0,
+            "({b}, {l}, {h}, {hd}): {d:e} > {:e}",
+            r / 64.0
+        );
+    }
+}
+
 /// `--deterministic` in bf16 on the GPU: the backend asks for one context per call
 /// (`contexts_alone`, so the engine never packs or merges contexts), and a context computed alone
 /// is bit-identical from run to run — prefill, a one-prefix packed prefill (what a group of one

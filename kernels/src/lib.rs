@@ -31,6 +31,9 @@ pub mod fatbin {
     /// A residual add fused with the RMSNorm that reads it.
     pub const ADD_RMS_NORM: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/add_rms_norm.fatbin"));
+    /// A projection's output into head-major heads with the per-head RMSNorm and RoPE fused.
+    pub const HEADS_NORM_ROPE: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/heads_norm_rope.fatbin"));
     /// Exact top-K over the vocabulary.
     pub const VOCAB_TOPK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vocab_topk.fatbin"));
 }

@@ -53,6 +53,11 @@ impl RmsNorm {
             .map_err(CandleError::tensor("residual add + rms_norm"))
     }
 
+    /// The effective multiplier in `dtype` and eps, for a kernel that fuses this norm.
+    pub fn weight_and_eps(&self, dtype: candle_core::DType) -> Result<(Tensor, f32), CandleError> {
+        Ok((self.weight_in(dtype)?, self.eps))
+    }
+
     /// The weight in `dtype` (the stored one when it already is).
     fn weight_in(&self, dtype: candle_core::DType) -> Result<Tensor, CandleError> {
         if dtype == self.weight.dtype() {

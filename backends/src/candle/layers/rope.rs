@@ -148,24 +148,29 @@ impl Rope {
 impl RopeTables {
     /// `(B, H, L, hd) -> (B, H, L, hd)`, rotating the first `R` dims (`R = 2 * cos.dim(2)`).
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, CandleError> {
-        let op = CandleError::tensor("rope");
-        let r = 2 * self
-            .cos
-            .dim(D::Minus1)
-            .map_err(CandleError::tensor("rope dims"))?;
-        let head_dim = x.dim(D::Minus1).map_err(CandleError::tensor("rope dims"))?;
-        if r == head_dim {
-            let x = x
-                .contiguous()
-                .map_err(CandleError::tensor("rope contiguous"))?;
-            return candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin).map_err(op);
-        }
-        let rot = x.narrow(D::Minus1, 0, r).and_then(|v| v.contiguous());
-        let pass = x.narrow(D::Minus1, r, head_dim - r);
-        rot.and_then(|rot| candle_nn::rotary_emb::rope(&rot, &self.cos, &self.sin))
-            .and_then(|rot| Tensor::cat(&[&rot, &pass?], D::Minus1))
-            .map_err(op)
+        rotate(x, &self.cos, &self.sin)
     }
+}
+
+/// `x (B, H, L, hd)` with its first `R` dims rotated by `cos, sin (B, L, R/2)` (`R = hd` or a
+/// partial rotary dim): candle's rope kernel over the rotary part, the rest passed through.
+pub fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, CandleError> {
+    let op = CandleError::tensor("rope");
+    let r = 2 * cos
+        .dim(D::Minus1)
+        .map_err(CandleError::tensor("rope dims"))?;
+    let head_dim = x.dim(D::Minus1).map_err(CandleError::tensor("rope dims"))?;
+    if r == head_dim {
+        let x = x
+            .contiguous()
+            .map_err(CandleError::tensor("rope contiguous"))?;
+        return candle_nn::rotary_emb::rope(&x, cos, sin).map_err(op);
+    }
+    let rot = x.narrow(D::Minus1, 0, r).and_then(|v| v.contiguous());
+    let pass = x.narrow(D::Minus1, r, head_dim - r);
+    rot.and_then(|rot| candle_nn::rotary_emb::rope(&rot, cos, sin))
+        .and_then(|rot| Tensor::cat(&[&rot, &pass?], D::Minus1))
+        .map_err(op)
 }
 
 #[cfg(test)]

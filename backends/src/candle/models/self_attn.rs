@@ -7,6 +7,7 @@
 //! before `o_proj`). The K/V it returns as its update are after norm and RoPE.
 
 use crate::candle::cpu;
+use crate::candle::cuda;
 use candle_core::{Tensor, D};
 
 use super::Mixer;
@@ -56,6 +57,12 @@ pub(crate) struct SelfAttention {
     o_proj: Linear,
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     spec: SelfAttentionSpec,
+}
+
+/// `FORKSCORE_HEADS=candle` keeps the candle form of the heads on CUDA (to compare), read once.
+fn fused_heads_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| crate::switches::is("FORKSCORE_HEADS", "candle"))
 }
 
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
@@ -134,6 +141,37 @@ impl SelfAttention {
         t.transpose(1, 2)
             .and_then(|t| t.contiguous())
             .map_err(op("heads transpose"))
+    }
+
+    /// [`Self::heads`] then the rotary embedding: `t (B, L, n·hd)` or a `(B, L, n, hd)` view ->
+    /// `(B, n, L, hd)`. On CUDA in bf16 one fused kernel does both
+    /// ([`crate::candle::cuda::heads`]); the candle form is the reference.
+    fn rotated_heads(
+        &self,
+        t: Tensor,
+        n: usize,
+        norm: Option<&RmsNorm>,
+        step: &Step,
+    ) -> Result<Tensor, CandleError> {
+        if t.device().is_cuda() && !fused_heads_off() {
+            // a (B, L, n, hd) view (the query half of q | gate) is read in place
+            let view = match t.rank() {
+                4 => t.clone(),
+                _ => t
+                    .reshape((step.rows, step.len, n, self.spec.head_dim))
+                    .map_err(op("split heads"))?,
+            };
+            let weight = match norm {
+                Some(n) => Some(n.weight_and_eps(view.dtype())?),
+                None => None,
+            };
+            let (cos, sin) = (&step.rope.cos, &step.rope.sin);
+            if cuda::heads::takes(&view, weight.as_ref().map(|(w, _)| w), cos, sin) {
+                let norm = weight.as_ref().map(|(w, e)| (w, *e));
+                return cuda::heads::norm_rope(&view, norm, cos, sin).map_err(op("fused heads"));
+            }
+        }
+        step.rope.apply(&self.heads(t, n, norm, step)?)
     }
 }
 
@@ -337,7 +375,7 @@ impl SelfAttention {
         let s = &self.spec;
         let kn = self.qk_norm.as_ref().map(|(_, kn)| kn);
         let k = apply(k_proj, x, "k_proj")?; // (B, L, Hkv*hd)
-        let k = step.rope.apply(&self.heads(k, s.kv_heads, kn, step)?)?; // (B, Hkv, L, hd)
+        let k = self.rotated_heads(k, s.kv_heads, kn, step)?; // (B, Hkv, L, hd)
         let v = apply(v_proj, x, "v_proj")?;
         let v = self.heads(v, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
         Ok((k, v))
@@ -386,9 +424,9 @@ impl SelfAttention {
                     let qg = q
                         .reshape((b, l, s.heads, 2 * s.head_dim))
                         .map_err(op("split gate"))?;
-                    let query = qg
-                        .narrow(D::Minus1, 0, s.head_dim)
-                        .and_then(|t| t.contiguous());
+                    // a view: the fused heads kernel reads it in place, the candle form
+                    // copies it
+                    let query = qg.narrow(D::Minus1, 0, s.head_dim);
                     let gate = qg
                         .narrow(D::Minus1, s.head_dim, s.head_dim)
                         .and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
@@ -396,7 +434,7 @@ impl SelfAttention {
                 } else {
                     (q, None)
                 };
-                let q = step.rope.apply(&self.heads(q, s.heads, qn, step)?)?; // (B, H, L, hd)
+                let q = self.rotated_heads(q, s.heads, qn, step)?; // (B, H, L, hd)
                 let (k, v) = self.project_kv(k_proj, v_proj, x, step)?;
                 (q, k, v, gate)
             }
