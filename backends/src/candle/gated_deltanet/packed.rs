@@ -87,20 +87,12 @@ impl GdnLayer {
         let dev = proj.p.device();
         let lens: Vec<usize> = segments.iter().map(|&(_, n)| n).collect();
         let lmax = lens.iter().copied().max().unwrap_or(0);
-        // (1, T, C) -> (K, Lmax, C), each segment's tokens first, zeros after
-        let batch = |t: &Tensor| -> candle_core::Result<Tensor> {
-            let rows = segments
-                .iter()
-                .map(|&(start, n)| t.narrow(1, start, n)?.pad_with_zeros(1, 0, lmax - n))
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            Tensor::cat(&rows, 0)
-        };
         let padded = profile::region("gdn.pack", dev, || {
             Ok::<_, candle_core::Error>(Projections {
-                p: batch(&proj.p)?,
+                p: pad_segments(&proj.p, segments, lmax)?,
                 z: proj.z.clone(), // not read by the mixing part
-                b_logits: batch(&proj.b_logits)?,
-                a_in: batch(&proj.a_in)?,
+                b_logits: pad_segments(&proj.b_logits, segments, lmax)?,
+                a_in: pad_segments(&proj.a_in, segments, lmax)?,
             })
         })?;
         let padding = RightPadding::new(lens.clone(), lmax).ok_or_else(|| {
@@ -109,15 +101,135 @@ impl GdnLayer {
         let zero = GdnState::zeros(&self.dims, segments.len(), dev)?;
         let (o, next) = self.mix(&padded, &zero, None, Some(&padding), DeltaRule::Fused, act)?;
         // (K, Lmax, Hv, dv) -> (1, T, Hv, dv)
-        let o = profile::region("gdn.unpack", dev, || {
-            let rows = lens
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| o.narrow(0, i, 1)?.narrow(1, 0, n))
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            Tensor::cat(&rows, 1)
-        })?;
+        let o = profile::region("gdn.unpack", dev, || cut_segments(&o, &lens))?;
         let out = self.finish(&o, &proj.z, DeltaRule::Fused, act)?;
         Ok((out, next))
+    }
+}
+
+/// `t (1, T, ..)` -> `(K, Lmax, ..)`: segment `i`'s tokens first in batch row `i`, zeros after
+/// (right padding). One copy per segment into a zeroed batch.
+fn pad_segments(
+    t: &Tensor,
+    segments: &[(usize, usize)],
+    lmax: usize,
+) -> candle_core::Result<Tensor> {
+    let t = t.contiguous()?;
+    let dims = t.dims().to_vec();
+    let end = segments.iter().map(|&(s, n)| s + n).max().unwrap_or(0);
+    if dims.len() < 2 || dims[0] != 1 || end > dims[1] || segments.iter().any(|&(_, n)| n > lmax) {
+        candle_core::bail!("packed GDN: segments {segments:?} over an input of {dims:?}");
+    }
+    let (rest, width): (Vec<usize>, usize) = (dims[2..].to_vec(), dims[2..].iter().product());
+    // (K·Lmax, width), filled segment by segment
+    let batch = Tensor::zeros((segments.len() * lmax, width), t.dtype(), t.device())?;
+    for (i, &(start, n)) in segments.iter().enumerate() {
+        // a leading-1 row: tokens start .. start + n are one contiguous block
+        let part = t.narrow(1, start, n)?.reshape((n, width))?;
+        batch.slice_set(&part, 0, i * lmax)?;
+    }
+    let mut shape = vec![segments.len(), lmax];
+    shape.extend(rest);
+    batch.reshape(shape)
+}
+
+/// `o (K, Lmax, ..)` -> `(1, T, ..)`: each batch row's first `lens[i]` tokens, back to back in
+/// row order (the packed layout). One gather.
+fn cut_segments(o: &Tensor, lens: &[usize]) -> candle_core::Result<Tensor> {
+    let dims = o.dims().to_vec();
+    if dims.len() < 2 {
+        candle_core::bail!("packed GDN: cutting a batch of {dims:?}");
+    }
+    let (k, lmax) = (dims[0], dims[1]);
+    if k != lens.len() || lens.iter().any(|&n| n > lmax) {
+        candle_core::bail!("packed GDN: lengths {lens:?} over a batch of {:?}", dims);
+    }
+    let width: usize = dims[2..].iter().product();
+    let rows: Vec<u32> = lens
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| (0..n).map(move |t| (i * lmax + t) as u32))
+        .collect();
+    let total = rows.len();
+    let idx = Tensor::from_vec(rows, total, o.device())?;
+    let flat = o.contiguous()?.reshape((k * lmax, width))?;
+    let mut shape = vec![1, total];
+    shape.extend_from_slice(&dims[2..]);
+    flat.index_select(&idx, 0)?.reshape(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use proptest::prelude::*;
+
+    /// The segments' tokens padded into a batch, the old way: narrow, pad, concatenate.
+    fn pad_by_cat(t: &Tensor, segments: &[(usize, usize)], lmax: usize) -> Tensor {
+        let rows: Vec<Tensor> = segments
+            .iter()
+            .map(|&(s, n)| {
+                t.narrow(1, s, n)
+                    .and_then(|r| r.pad_with_zeros(1, 0, lmax - n))
+            })
+            .collect::<candle_core::Result<_>>()
+            .expect("rows");
+        Tensor::cat(&rows, 0).expect("cat")
+    }
+
+    fn cut_by_cat(o: &Tensor, lens: &[usize]) -> Tensor {
+        let rows: Vec<Tensor> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| o.narrow(0, i, 1).and_then(|r| r.narrow(1, 0, n)))
+            .collect::<candle_core::Result<_>>()
+            .expect("rows");
+        Tensor::cat(&rows, 1).expect("cat")
+    }
+
+    proptest! {
+        /// Padding into a batch and cutting back equal the narrow / pad / concatenate forms bit
+        /// for bit, for any segment lengths and trailing shape, and cutting undoes padding.
+        #[test]
+        fn pad_and_cut_equal_the_concatenating_forms(
+            lens in proptest::collection::vec(1usize..9, 1..5),
+            width in 1usize..6,
+            heads in 1usize..3,
+        ) {
+            let dev = Device::Cpu;
+            let total: usize = lens.iter().sum();
+            let lmax = *lens.iter().max().expect("one segment");
+            let mut start = 0;
+            let segments: Vec<(usize, usize)> = lens
+                .iter()
+                .map(|&n| {
+                    start += n;
+                    (start - n, n)
+                })
+                .collect();
+            let t = Tensor::arange(1f32, (total * heads * width) as f32 + 1.0, &dev)
+                .and_then(|t| t.reshape((1, total, heads, width)))
+                .expect("t");
+            let padded = pad_segments(&t, &segments, lmax).expect("pad");
+            let want = pad_by_cat(&t, &segments, lmax);
+            prop_assert_eq!(padded.dims(), want.dims());
+            let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("vec");
+            prop_assert_eq!(flat(&padded), flat(&want));
+            let back = cut_segments(&padded, &lens).expect("cut");
+            prop_assert_eq!(back.dims(), t.dims());
+            prop_assert_eq!(flat(&back), flat(&t));
+            prop_assert_eq!(flat(&back), flat(&cut_by_cat(&padded, &lens)));
+            // other dtypes copy the same way
+            let b = t.to_dtype(DType::BF16).expect("bf16");
+            let pb = pad_segments(&b, &segments, lmax).and_then(|p| p.to_dtype(DType::F32)).expect("pad bf16");
+            prop_assert_eq!(flat(&pb), flat(&want));
+        }
+    }
+
+    #[test]
+    fn a_length_over_the_batch_is_an_error() {
+        let o = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).expect("o");
+        assert!(cut_segments(&o, &[3, 4]).is_err());
+        assert!(cut_segments(&o, &[3]).is_err());
     }
 }
