@@ -134,28 +134,19 @@ fn pad_segments(
 }
 
 /// `o (K, Lmax, ..)` -> `(1, T, ..)`: each batch row's first `lens[i]` tokens, back to back in
-/// row order (the packed layout). One gather.
+/// row order (the packed layout). One concatenation of the rows' leading blocks (each a
+/// contiguous view): on CUDA a gather by `index_select` took 1.8× its time at the 4B's shapes.
 fn cut_segments(o: &Tensor, lens: &[usize]) -> candle_core::Result<Tensor> {
     let dims = o.dims().to_vec();
-    if dims.len() < 2 {
-        candle_core::bail!("packed GDN: cutting a batch of {dims:?}");
+    if dims.len() < 2 || dims[0] != lens.len() || lens.iter().any(|&n| n > dims[1]) {
+        candle_core::bail!("packed GDN: lengths {lens:?} over a batch of {dims:?}");
     }
-    let (k, lmax) = (dims[0], dims[1]);
-    if k != lens.len() || lens.iter().any(|&n| n > lmax) {
-        candle_core::bail!("packed GDN: lengths {lens:?} over a batch of {:?}", dims);
-    }
-    let width: usize = dims[2..].iter().product();
-    let rows: Vec<u32> = lens
+    let rows = lens
         .iter()
         .enumerate()
-        .flat_map(|(i, &n)| (0..n).map(move |t| (i * lmax + t) as u32))
-        .collect();
-    let total = rows.len();
-    let idx = Tensor::from_vec(rows, total, o.device())?;
-    let flat = o.contiguous()?.reshape((k * lmax, width))?;
-    let mut shape = vec![1, total];
-    shape.extend_from_slice(&dims[2..]);
-    flat.index_select(&idx, 0)?.reshape(shape)
+        .map(|(i, &n)| o.narrow(0, i, 1)?.narrow(1, 0, n))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&rows, 1)
 }
 
 #[cfg(test)]
@@ -177,19 +168,9 @@ mod tests {
         Tensor::cat(&rows, 0).expect("cat")
     }
 
-    fn cut_by_cat(o: &Tensor, lens: &[usize]) -> Tensor {
-        let rows: Vec<Tensor> = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| o.narrow(0, i, 1).and_then(|r| r.narrow(1, 0, n)))
-            .collect::<candle_core::Result<_>>()
-            .expect("rows");
-        Tensor::cat(&rows, 1).expect("cat")
-    }
-
     proptest! {
-        /// Padding into a batch and cutting back equal the narrow / pad / concatenate forms bit
-        /// for bit, for any segment lengths and trailing shape, and cutting undoes padding.
+        /// Padding into a batch equals the narrow / pad / concatenate form bit for bit, for any
+        /// segment lengths and trailing shape, and cutting back undoes it.
         #[test]
         fn pad_and_cut_equal_the_concatenating_forms(
             lens in proptest::collection::vec(1usize..9, 1..5),
@@ -218,7 +199,6 @@ mod tests {
             let back = cut_segments(&padded, &lens).expect("cut");
             prop_assert_eq!(back.dims(), t.dims());
             prop_assert_eq!(flat(&back), flat(&t));
-            prop_assert_eq!(flat(&back), flat(&cut_by_cat(&padded, &lens)));
             // other dtypes copy the same way
             let b = t.to_dtype(DType::BF16).expect("bf16");
             let pb = pad_segments(&b, &segments, lmax).and_then(|p| p.to_dtype(DType::F32)).expect("pad bf16");
