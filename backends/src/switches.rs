@@ -167,6 +167,13 @@ pub const TABLE: &[Switch] = &[
         doc: "Gated DeltaNet layers through the fused CUDA kernels or candle's ops (the reference)",
     },
     Switch {
+        name: "FORKSCORE_GDN_PACKED_CONV",
+        audience: Dev,
+        effect: Tuning,
+        accepts: OneOf(&["in_place", "copy"]),
+        doc: "`copy`: a packed prefill pass's Gated DeltaNet conv input is copied into a right-padded batch first, instead of read in place through row starts (bit-equal)",
+    },
+    Switch {
         name: "FORKSCORE_GDN_PREFILL",
         audience: User,
         effect: ComputePath,

@@ -348,6 +348,11 @@ extern "C" __global__ void gdn_causal_conv_silu_bf16(const __nv_bfloat16* p, con
 // batch row writes that row's new state. A row may start from another row's state:
 // slot_of_row (B) int32 picks the state row of each batch row (nullptr: row b reads state row
 // b), so a scoring pass forked from S retained states needs no gathered copy of them.
+// A packed input needs no padded copy: with row_start (B) int32, batch row b's tokens are read
+// from p at rows row_start[b] … row_start[b] + lens[b] − 1 of a (T, Cc) input (tokens of several
+// prefixes back to back) and positions past lens[b] read as zeros — exactly what a right-padded
+// copy holds, so the outputs are bit-identical to the padded call's; out stays (B, L, Cc).
+// nullptr: row b starts at b · L.
 // Needs Cc even and p, out 8-byte aligned (the launcher checks), 2 ≤ Kc ≤ 8.
 // Launch: grid (ceil(Cc / (2 · blockDim.x)), ceil(L / CONV_RUN) + 1, B), 1-D blocks.
 constexpr int CONV_RUN = 16;
@@ -362,23 +367,26 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
 template <typename TP, int KC>
 __device__ void conv_pairs_body(const TP* __restrict__ p, const float* __restrict__ state,
                                 const float* __restrict__ w, const int32_t* __restrict__ lens,
-                                const int32_t* __restrict__ slot_of_row, float* __restrict__ out,
+                                const int32_t* __restrict__ slot_of_row,
+                                const int32_t* __restrict__ row_start, float* __restrict__ out,
                                 float* __restrict__ new_state, int L, int Cc) {
     constexpr int keep = KC - 1;
     const int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= Cc) return;
     const int b = blockIdx.z;
     const int sb = slot_of_row ? slot_of_row[b] : b;
+    const int len = lens ? lens[b] : L;
     const float* st = state + (int64_t)sb * keep * Cc + c;
-    const TP* pb = p + (int64_t)b * L * Cc + c;
-    // x(s) for s in [0, keep + L): the state rows first, then p.
+    const TP* pb = p + (row_start ? (int64_t)row_start[b] : (int64_t)b * L) * Cc + c;
+    // x(s) for s in [0, keep + L): the state rows first, then p (zeros past the row's length
+    // when it is read from a packed input).
     auto x = [&](int s) -> float2 {
         if (s < keep) return make_float2(st[(int64_t)s * Cc], st[(int64_t)s * Cc + 1]);
+        if (row_start && s - keep >= len) return make_float2(0.f, 0.f);
         return load_pair(pb + (int64_t)(s - keep) * Cc);
     };
     const int runs = (L + CONV_RUN - 1) / CONV_RUN;
     if ((int)blockIdx.y == runs) {
-        const int len = lens ? lens[b] : L;
 #pragma unroll
         for (int i = 0; i < keep; ++i) {
             const float2 v = x(len + i);
@@ -416,29 +424,31 @@ __device__ void conv_pairs_body(const TP* __restrict__ p, const float* __restric
 
 template <typename TP>
 __device__ void conv_pairs(const TP* p, const float* state, const float* w, const int32_t* lens,
-                           const int32_t* slot_of_row, float* out, float* new_state, int L,
-                           int Cc, int Kc) {
+                           const int32_t* slot_of_row, const int32_t* row_start, float* out,
+                           float* new_state, int L, int Cc, int Kc) {
     switch (Kc) {
-        case 2: conv_pairs_body<TP, 2>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 3: conv_pairs_body<TP, 3>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 4: conv_pairs_body<TP, 4>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 5: conv_pairs_body<TP, 5>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 6: conv_pairs_body<TP, 6>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 7: conv_pairs_body<TP, 7>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
-        case 8: conv_pairs_body<TP, 8>(p, state, w, lens, slot_of_row, out, new_state, L, Cc); break;
+        case 2: conv_pairs_body<TP, 2>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 3: conv_pairs_body<TP, 3>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 4: conv_pairs_body<TP, 4>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 5: conv_pairs_body<TP, 5>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 6: conv_pairs_body<TP, 6>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 7: conv_pairs_body<TP, 7>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
+        case 8: conv_pairs_body<TP, 8>(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc); break;
         default: break;  // the launcher takes the per-channel kernel for other widths
     }
 }
 
 extern "C" __global__ void gdn_conv_pairs(const float* p, const float* state, const float* w,
                                           const int32_t* lens, const int32_t* slot_of_row,
-                                          float* out, float* new_state, int L, int Cc, int Kc) {
-    conv_pairs(p, state, w, lens, slot_of_row, out, new_state, L, Cc, Kc);
+                                          const int32_t* row_start, float* out, float* new_state,
+                                          int L, int Cc, int Kc) {
+    conv_pairs(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc, Kc);
 }
 
 extern "C" __global__ void gdn_conv_pairs_bf16(const __nv_bfloat16* p, const float* state,
                                                const float* w, const int32_t* lens,
-                                               const int32_t* slot_of_row, float* out,
+                                               const int32_t* slot_of_row,
+                                               const int32_t* row_start, float* out,
                                                float* new_state, int L, int Cc, int Kc) {
-    conv_pairs(p, state, w, lens, slot_of_row, out, new_state, L, Cc, Kc);
+    conv_pairs(p, state, w, lens, slot_of_row, row_start, out, new_state, L, Cc, Kc);
 }

@@ -57,10 +57,11 @@ def launch(mod, p, state, w, lens, out=None, ns=None):
 RUN = 16  # CONV_RUN: tokens per thread of the paired kernel
 
 
-def launch_pairs(mod, p, state, w, lens, slots=None, out=None, ns=None):
+def launch_pairs(mod, p, state, w, lens, slots=None, out=None, ns=None, row_start=None, batch=None):
     """gdn_conv_pairs_bf16: two channels per thread, a register window; row b reads state row
-    slots[b] when slots is given."""
-    B, L, Cc = p.shape
+    slots[b] when slots is given, and its tokens from row row_start[b] of a packed (1, T, Cc) p
+    when row_start is given (batch = (B, L) then)."""
+    B, L, Cc = p.shape if batch is None else (batch[0], batch[1], p.shape[-1])
     Kc = w.shape[1]
     if out is None:
         out = torch.full((B, L, Cc), float("nan"), device="cuda")
@@ -68,7 +69,7 @@ def launch_pairs(mod, p, state, w, lens, slots=None, out=None, ns=None):
     f = mod.get_function("gdn_conv_pairs_bf16")
     ptr = lambda t: cp.uint64(t.data_ptr()) if t is not None else cp.uint64(0)
     grid = ((Cc // 2 + 127) // 128, (L + RUN - 1) // RUN + 1, B)
-    f(grid, (128,), (ptr(p), ptr(state), ptr(w), ptr(lens), ptr(slots), ptr(out), ptr(ns),
+    f(grid, (128,), (ptr(p), ptr(state), ptr(w), ptr(lens), ptr(slots), ptr(row_start), ptr(out), ptr(ns),
                      cp.int32(L), cp.int32(Cc), cp.int32(Kc)))
     return out, ns
 
@@ -114,9 +115,23 @@ def main():
         go, gs = launch(mod, p, state[:1].expand(B, -1, -1).contiguous(), w, lens)
         torch.cuda.synchronize()
         same_slots = torch.equal(so[valid], go[valid]) and torch.equal(ss, gs)
-        worst = max(worst, 0 if same and same_slots else 1)
+        # packed: the rows' real tokens back to back in one (1, T, Cc) input, read through
+        # row_start, against the zero-padded batch (the same function, bit for bit)
+        ls = lens.tolist() if lens is not None else [L] * B
+        zp = p.clone()
+        for b, n in enumerate(ls):
+            zp[b, n:] = 0
+        zo, zs = launch_pairs(mod, zp, state, w, lens)
+        packed = torch.cat([p[b, :n] for b, n in enumerate(ls)], 0)[None].contiguous()
+        starts = torch.tensor([sum(ls[:b]) for b in range(B)], dtype=torch.int32, device="cuda")
+        plens = torch.tensor(ls, dtype=torch.int32, device="cuda")
+        ko, ks = launch_pairs(mod, packed, state, w, plens, row_start=starts, batch=(B, L))
+        torch.cuda.synchronize()
+        same_packed = torch.equal(ko, zo) and torch.equal(ks, zs)
+        worst = max(worst, 0 if same and same_slots and same_packed else 1)
         print(f"  B {B} L {L} Cc {Cc} Kc {Kc} padded {padded}: out {eo:.2e}, state {es:.2e}; "
-              f"pairs kernel bit-identical {same}, with slots = gathered state {same_slots}")
+              f"pairs kernel bit-identical {same}, with slots = gathered state {same_slots}, "
+              f"packed input = zero-padded batch {same_packed}")
     print("== timing, Cc 8,192, Kc 4 (ms, median)")
     print("| rows × tokens | per-channel kernel | pairs kernel | bf16 → f32 copy of p (bound) | pairs ÷ bound |")
     print("|---|---:|---:|---:|---:|")

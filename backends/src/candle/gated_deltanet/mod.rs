@@ -463,13 +463,21 @@ impl GdnLayer {
             p, b_logits, a_in, ..
         } = proj;
         let (b, l, _) = p.dims3()?;
+        if proj.p_rows.is_some() && rule != DeltaRule::Fused {
+            candle_core::bail!("a packed p reaches only the fused conv");
+        }
         let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
         let dev = p.device();
 
         let (c, conv_state) = profile::region("gdn.conv", dev, || {
             if rule == DeltaRule::Fused {
                 let lengths = padding.filter(|p| !p.is_full()).map(|p| p.lengths());
-                fused::causal_conv_silu(p, &state.conv, slots, &self.conv, lengths)
+                let packed = match (&proj.p_rows, padding) {
+                    (Some(starts), Some(pad)) => Some((starts.as_slice(), pad.padded_len())),
+                    (Some(_), None) => candle_core::bail!("a packed p without its batch lengths"),
+                    _ => None,
+                };
+                fused::causal_conv_silu(p, &state.conv, slots, &self.conv, lengths, packed)
             } else {
                 conv::causal_conv_silu(p, &state.conv, &self.conv, padding)
             }

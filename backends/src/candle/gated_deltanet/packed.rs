@@ -73,7 +73,8 @@ impl GdnLayer {
     }
 
     /// The fused kernels over a packed call: the segments' projections right-padded into one
-    /// `(K, Lmax, ..)` batch from zero state (pads have β = g = 0 and each row's conv state is
+    /// `(K, Lmax, ..)` batch (the conv input read in place through row starts instead, where the
+    /// paired conv kernel runs: bit-identical) from zero state (pads have β = g = 0 and each row's conv state is
     /// taken at its own last token), so one launch of each kernel runs every (segment, head)
     /// pair in parallel instead of one launch sequence per segment; the outputs are cut back to
     /// the packed row. (The per-segment loop stays for the candle forms: there it keeps each
@@ -87,12 +88,20 @@ impl GdnLayer {
         let dev = proj.p.device();
         let lens: Vec<usize> = segments.iter().map(|&(_, n)| n).collect();
         let lmax = lens.iter().copied().max().unwrap_or(0);
+        // the fused conv reads p's rows in place where it can (no padded copy of the widest
+        // projection); β and g are narrow and padded either way
+        let in_place = !packed_conv_copies()
+            && super::fused::conv_reads_packed(&proj.p, &self.conv, segments.len(), lmax);
         let padded = profile::region("gdn.pack", dev, || {
             Ok::<_, candle_core::Error>(Projections {
-                p: pad_segments(&proj.p, segments, lmax)?,
+                p: match in_place {
+                    true => proj.p.clone(),
+                    false => pad_segments(&proj.p, segments, lmax)?,
+                },
                 z: proj.z.clone(), // not read by the mixing part
                 b_logits: pad_segments(&proj.b_logits, segments, lmax)?,
                 a_in: pad_segments(&proj.a_in, segments, lmax)?,
+                p_rows: in_place.then(|| segments.iter().map(|&(s, _)| s).collect()),
             })
         })?;
         let padding = RightPadding::new(lens.clone(), lmax).ok_or_else(|| {
@@ -105,6 +114,13 @@ impl GdnLayer {
         let out = self.finish(&o, &proj.z, DeltaRule::Fused, act)?;
         Ok((out, next))
     }
+}
+
+/// `FORKSCORE_GDN_PACKED_CONV=copy`: the conv input goes through a padded copy (to compare),
+/// read once.
+fn packed_conv_copies() -> bool {
+    static COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *COPY.get_or_init(|| crate::switches::is("FORKSCORE_GDN_PACKED_CONV", "copy"))
 }
 
 /// `t (1, T, ..)` -> `(K, Lmax, ..)`: segment `i`'s tokens first in batch row `i`, zeros after

@@ -36,6 +36,7 @@ impl GdnLayer {
                 z,
                 b_logits,
                 a_in,
+                p_rows: None,
             })
         })
     }
@@ -48,6 +49,9 @@ pub(super) struct Projections {
     pub z: Tensor,
     pub b_logits: Tensor,
     pub a_in: Tensor,
+    /// Where `p` is still packed `(1, T, Cc)` (a packed pass whose fused conv reads it in
+    /// place): each batch row's first token in it; the other projections are padded.
+    pub p_rows: Option<Vec<usize>>,
 }
 
 impl Projections {
@@ -60,6 +64,7 @@ impl Projections {
             z: self.z.clone(),
             b_logits: cut(&self.b_logits)?,
             a_in: cut(&self.a_in)?,
+            p_rows: None,
         })
     }
 }

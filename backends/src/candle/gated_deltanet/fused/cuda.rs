@@ -299,6 +299,22 @@ struct CausalConvSilu {
     weight: Tensor,
     /// `(B,)` u32 lengths, or None when no row is padded.
     lengths: Option<Tensor>,
+    /// `(B, L)` of the call (`p` is `(B, L, Cc)`, or a packed `(1, T, Cc)` with `row_start`).
+    batch: (usize, usize),
+    /// `(B,)` u32: the first row of batch row `b` in a packed `p` (paired kernel only).
+    row_start: Option<Tensor>,
+}
+
+/// Whether the conv can read a packed `p (1, T, Cc)` of `rows` rows of at most `lmax` tokens
+/// through row starts (the paired kernel) instead of a right-padded copy.
+pub(super) fn reads_packed(p: &Tensor, weight: &Tensor, rows: usize, lmax: usize) -> bool {
+    let (Ok((one, _, cc)), Ok((_, kc))) = (p.dims3(), weight.dims2()) else {
+        return false;
+    };
+    one == 1
+        && p.is_contiguous()
+        && matches!(p.dtype(), DType::BF16 | DType::F32)
+        && takes_pairs(rows, lmax, cc, kc, p.layout().start_offset())
 }
 
 /// Tokens per thread of the paired conv kernel (`CONV_RUN` of the kernel source).
@@ -332,7 +348,8 @@ impl CustomOp1 for CausalConvSilu {
     }
 
     fn cuda_fwd(&self, p: &CudaStorage, p_l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (b, l, cc) = p_l.shape().dims3()?;
+        let (_, _, cc) = p_l.shape().dims3()?;
+        let (b, l) = self.batch;
         let kc = self.weight.dim(1)?;
         let dev = p.device().clone();
         if !p_l.is_contiguous() {
@@ -373,9 +390,14 @@ impl CustomOp1 for CausalConvSilu {
             Some((s, layout)) => Some(cuda_u32(s, layout, "slot_of_row")?),
             None => None,
         };
+        let starts_guard = self.row_start.as_ref().map(|t| t.storage_and_layout());
+        let starts = match &starts_guard {
+            Some((s, layout)) => Some(cuda_u32(s, layout, "row_start")?),
+            None => None,
+        };
         let pairs = self.pairs;
-        if slots.is_some() && !pairs {
-            candle_core::bail!("fused conv: a slot map needs the paired kernel");
+        if (slots.is_some() || starts.is_some()) && !pairs {
+            candle_core::bail!("fused conv: a slot map or a packed input needs the paired kernel");
         }
         let n_out = b * l * cc;
         let n_state = b * (kc - 1) * cc;
@@ -435,6 +457,10 @@ impl CustomOp1 for CausalConvSilu {
                 Some(v) => builder.arg(v),
                 None => builder.arg(&null),
             };
+            match &starts {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
         }
         builder.arg(&mut out);
         builder.arg(&mut ns);
@@ -445,7 +471,8 @@ impl CustomOp1 for CausalConvSilu {
         builder.arg(&cc_i);
         builder.arg(&kc_i);
         // SAFETY: argument types and order match the chosen kernel's signature (the paired
-        // kernel takes the slot map after the lengths and no batch size: its grid has it);
+        // kernel takes the slot map and the row starts after the lengths and no batch size: its
+        // grid has it);
         // shapes were checked by `conv`.
         unsafe { builder.launch(cfg) }.w()?;
         drop(builder);
@@ -462,8 +489,26 @@ pub(super) fn conv(
     slot_of_row: Option<&Tensor>,
     weight: &Tensor,
     lengths: Option<&[usize]>,
+    packed: Option<(&[usize], usize)>,
 ) -> Result<(Tensor, Tensor)> {
-    let (b, l, cc) = p.dims3()?;
+    let (b, l, cc) = match packed {
+        Some((starts, lmax)) => {
+            let (one, total, cc) = p.dims3()?;
+            let lens = lengths.map_or_else(|| vec![lmax; starts.len()], <[usize]>::to_vec);
+            let over = starts.iter().zip(&lens).any(|(&s, &n)| s + n > total);
+            if one != 1 || lens.len() != starts.len() || over {
+                candle_core::bail!(
+                    "fused conv: packed rows {starts:?} of lengths {lens:?} over p {:?}",
+                    p.dims()
+                );
+            }
+            if !reads_packed(p, weight, starts.len(), lmax) {
+                candle_core::bail!("fused conv: this packed call cannot take the paired kernel");
+            }
+            (starts.len(), lmax, cc)
+        }
+        None => p.dims3()?,
+    };
     let (wc, kc) = weight.dims2()?;
     let states = check_slots(slot_of_row, b, state.dim(0)?)?;
     if wc != cc || kc == 0 || state.dims() != [states, kc - 1, cc] {
@@ -491,7 +536,14 @@ pub(super) fn conv(
     } else {
         f32c(p)?
     };
-    let pairs = takes_pairs(b, l, cc, kc, p.layout().start_offset());
+    let pairs = packed.is_some() || takes_pairs(b, l, cc, kc, p.layout().start_offset());
+    let row_start = match packed {
+        Some((starts, _)) => {
+            let v: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+            Some(Tensor::new(v.as_slice(), p.device())?)
+        }
+        None => None,
+    };
     // The per-channel kernel reads state row b for row b: gather the rows for it.
     let (state, slots) = match slot_of_row {
         Some(idx) if !pairs => (state.index_select(idx, 0)?, None),
@@ -503,6 +555,8 @@ pub(super) fn conv(
         pairs,
         weight: f32c(weight)?,
         lengths,
+        batch: (b, l),
+        row_start,
     };
     // (B·L·Cc + B·(Kc−1)·Cc,) -> (B, L, Cc), (B, Kc−1, Cc)
     let flat = p.apply_op1_no_bwd(&op)?;

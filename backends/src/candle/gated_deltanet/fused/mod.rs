@@ -120,6 +120,9 @@ pub fn gated_delta_rule(
 /// the kernel, so no cast pass runs —, `state: (S, Kc−1, Cc)` with `slot_of_row` as for the
 /// delta rule (`S == B` without it), `weight: (Cc, Kc)` f32; `lengths`: each row's real tokens
 /// when right-padded). Outputs at padded positions are unspecified, as there.
+/// `packed`: `p` is `(1, T, Cc)` holding the rows back to back, `(row starts, L)` — each row's
+/// tokens are read in place and positions past its length as zeros, bit-identical to the call on
+/// the right-padded copy (only where [`conv_reads_packed`] holds).
 #[cfg(feature = "cuda")]
 pub fn causal_conv_silu(
     p: &Tensor,
@@ -127,8 +130,22 @@ pub fn causal_conv_silu(
     slot_of_row: Option<&Tensor>,
     weight: &Tensor,
     lengths: Option<&[usize]>,
+    packed: Option<(&[usize], usize)>,
 ) -> Result<(Tensor, Tensor)> {
-    cuda::conv(p, state, slot_of_row, weight, lengths)
+    cuda::conv(p, state, slot_of_row, weight, lengths, packed)
+}
+
+/// Whether [`causal_conv_silu`] can read a packed `p (1, T, Cc)` of `rows` rows of at most
+/// `lmax` tokens in place.
+#[cfg(feature = "cuda")]
+pub fn conv_reads_packed(p: &Tensor, weight: &Tensor, rows: usize, lmax: usize) -> bool {
+    cuda::reads_packed(p, weight, rows, lmax)
+}
+
+/// Without the `cuda` feature there is no fused kernel.
+#[cfg(not(feature = "cuda"))]
+pub fn conv_reads_packed(_p: &Tensor, _weight: &Tensor, _rows: usize, _lmax: usize) -> bool {
+    false
 }
 
 /// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
@@ -139,6 +156,7 @@ pub fn causal_conv_silu(
     _slot_of_row: Option<&Tensor>,
     _weight: &Tensor,
     _lengths: Option<&[usize]>,
+    _packed: Option<(&[usize], usize)>,
 ) -> Result<(Tensor, Tensor)> {
     candle_core::bail!("the fused Gated DeltaNet kernels need the `cuda` feature")
 }
