@@ -29,7 +29,7 @@ pub fn takes(x: &Tensor, weight: Option<&Tensor>, cos: &Tensor, sin: &Tensor) ->
     };
     let st = x.stride();
     let rot = 2 * cos.dim(2).unwrap_or(usize::MAX / 4);
-    let even = |v: usize| v % 2 == 0;
+    let even = |v: usize| v.is_multiple_of(2);
     st[3] == 1
         && (b == 1 || st[0] == l * st[1])
         && even(st[1])

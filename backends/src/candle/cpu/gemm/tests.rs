@@ -75,7 +75,7 @@ fn packed_linear_equals_candle_matmul() -> Result<()> {
                 ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 3f32.sqrt()
             })
             .collect();
-        Ok(Tensor::from_vec(v, dims, &dev)?)
+        Tensor::from_vec(v, dims, &dev)
     };
     let specs = [
         "",
