@@ -1,6 +1,6 @@
 // The f32 linear kernel's structure, varied, on one CPU: which weight layout, tile shape, `k`
 // block and prefetch make `y = x Wᵀ` fastest at the 0.5B model's shapes. A lab, not the
-// product: the product's kernel is kernels/src/cpu/gemm/ (Rust: x86.rs); the variant named
+// product: the product's kernel is kernels/src/cpu/gemm/ (Rust: x86/avx512.rs); the variant named
 // `ours` here mirrors its AVX-512 form (weight panels of 16 columns, k-major; activations in
 // groups of `mr` rows, k-major; tiles of `mr` rows × 2 panels; panel blocks of 8, row blocks,
 // `k` blocks; `k` innermost up to 1,536, outermost above), so the others compare against it in
