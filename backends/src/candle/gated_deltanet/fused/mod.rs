@@ -132,14 +132,14 @@ pub fn causal_conv_silu(
     lengths: Option<&[usize]>,
     packed: Option<(&[usize], usize)>,
 ) -> Result<(Tensor, Tensor)> {
-    cuda::conv(p, state, slot_of_row, weight, lengths, packed)
+    cuda_conv::conv(p, state, slot_of_row, weight, lengths, packed)
 }
 
 /// Whether [`causal_conv_silu`] can read a packed `p (1, T, Cc)` of `rows` rows of at most
 /// `lmax` tokens in place.
 #[cfg(feature = "cuda")]
 pub fn conv_reads_packed(p: &Tensor, weight: &Tensor, rows: usize, lmax: usize) -> bool {
-    cuda::reads_packed(p, weight, rows, lmax)
+    cuda_conv::reads_packed(p, weight, rows, lmax)
 }
 
 /// Without the `cuda` feature there is no fused kernel.
@@ -177,3 +177,5 @@ pub fn gated_delta_rule(
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_conv;
