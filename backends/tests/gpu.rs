@@ -969,6 +969,49 @@ fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
     report.finish("cuda_quantized_q8_0_tracks_cpu_q8_0");
 }
 
+/// `shape` values uniform on `[offset − scale, offset + scale)` from an LCG at `seed` (advanced),
+/// in `dtype` on `dev`: the kernel tests' fixed inputs.
+fn seeded_uniform(
+    seed: &mut u64,
+    shape: &[usize],
+    scale: f32,
+    offset: f32,
+    dtype: candle_core::DType,
+    dev: &candle_core::Device,
+) -> candle_core::Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale + offset
+        })
+        .collect();
+    candle_core::Tensor::from_vec(v, shape, dev)
+        .and_then(|t| t.to_dtype(dtype))
+        .expect("tensor")
+}
+
+/// `(max |a − b|, max |b|)` in f32.
+fn max_abs(a: &candle_core::Tensor, b: &candle_core::Tensor) -> (f32, f32) {
+    use candle_core::DType;
+    let f = |t: &candle_core::Tensor| t.to_dtype(DType::F32).expect("f32");
+    let d = (f(a) - f(b))
+        .and_then(|d| d.abs())
+        .and_then(|d| d.flatten_all())
+        .and_then(|d| d.max(0))
+        .and_then(|d| d.to_scalar::<f32>())
+        .expect("diff");
+    let r = f(b)
+        .abs()
+        .and_then(|d| d.flatten_all())
+        .and_then(|d| d.max(0))
+        .and_then(|d| d.to_scalar::<f32>())
+        .expect("max");
+    (d, r)
+}
+
 /// The fused residual add + RMSNorm kernel against candle's add then rmsnorm, in f32 and bf16,
 /// over the hidden sizes of the supported models' shapes and one-row calls.
 #[test]
@@ -981,34 +1024,7 @@ fn cuda_add_rms_norm_equals_add_then_norm() {
     };
     let mut seed = 0xadd_u64;
     let mut rand = |shape: &[usize], scale: f32, dtype: DType| -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &dev)
-            .and_then(|t| t.to_dtype(dtype))
-            .expect("tensor")
-    };
-    let max_abs = |a: &Tensor, b: &Tensor| -> (f32, f32) {
-        let f = |t: &Tensor| t.to_dtype(DType::F32).expect("f32");
-        let d = (f(a) - f(b))
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .expect("diff");
-        let r = f(b)
-            .abs()
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .expect("max");
-        (d, r)
+        seeded_uniform(&mut seed, shape, scale, 0.0, dtype, &dev)
     };
     for dtype in [DType::F32, DType::BF16] {
         for shape in [
@@ -1061,18 +1077,7 @@ fn cuda_fused_heads_equal_candle_form() {
     };
     let mut seed = 0x4ead_u64;
     let mut rand = |shape: &[usize], scale: f32, offset: f32| -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale + offset
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &dev)
-            .and_then(|t| t.to_dtype(DType::BF16))
-            .expect("tensor")
+        seeded_uniform(&mut seed, shape, scale, offset, DType::BF16, &dev)
     };
     // (rows, len, heads, hd, rotary dim, gated: read through q | gate, norm)
     for (b, l, h, hd, rot, gated, norm) in [
@@ -1108,19 +1113,7 @@ fn cuda_fused_heads_equal_candle_form() {
         let fused = norm_rope(&x, norm, &cos, &sin).expect("fused");
         let want = reference(&x, norm, &cos, &sin).expect("reference");
         assert_eq!(fused.dims(), &[b, h, l, hd]);
-        let f = |t: &Tensor| t.to_dtype(DType::F32).expect("f32");
-        let d = (f(&fused) - f(&want))
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .expect("diff");
-        let r = f(&want)
-            .abs()
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .expect("max");
+        let (d, r) = max_abs(&fused, &want);
         println!(
             "fused heads ({b}, {l}, {h}, {hd}) rot {rot} gated {gated}: |Δ| {d:e} (max {r:.2})"
         );

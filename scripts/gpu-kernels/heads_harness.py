@@ -22,6 +22,9 @@ import tempfile
 import cupy as cp
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gdn_chunk_harness import time_loop_ms as time_ms  # noqa: E402  (events around back-to-back calls)
+
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "cuda", "heads_norm_rope.cu")
 WARPS = 8
 
@@ -76,21 +79,6 @@ def steps(a, b):
     zero."""
     a, b = a.float(), b.float()
     return ((a - b).abs().max() / (b.abs().max() * 2.0 ** -7)).item()
-
-
-def time_ms(fn, reps=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / reps)
-    return sorted(ts)[len(ts) // 2]
 
 
 def case(f, B, L, H, hd, rot, gated, norm, gen, eps=1e-6):
