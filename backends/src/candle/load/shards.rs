@@ -254,6 +254,18 @@ impl ShardSet {
     }
 }
 
+impl ShardSet {
+    /// Drop the mapped pages of the stored tensor `name` once its bytes were copied
+    /// ([`super::pages::release`]); unknown names are ignored.
+    pub fn release(&self, name: &str) {
+        if let Some(&i) = self.by_name.get(name) {
+            let shard = &self.shards[i];
+            let entry = &shard.entries[name];
+            super::pages::release(&shard.mmap, entry.start, entry.end);
+        }
+    }
+}
+
 /// The raw header bytes and the size of a safetensors file, read without mapping it
 /// (used by the checkpoint fingerprint).
 pub(crate) fn header_and_size(path: &Path) -> Result<(Vec<u8>, u64), CandleError> {

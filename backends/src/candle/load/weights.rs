@@ -149,9 +149,12 @@ impl<'a> Weights<'a> {
             Store::Safetensors(s) => s,
             Store::Gguf(g) => return Ok(g.stored_identical(&self.full_name(a), &self.full_name(b))),
         };
-        let a = shards.get(&self.full_name(a))?;
-        let b = shards.get(&self.full_name(b))?;
-        Ok(a.dtype == b.dtype && a.shape == b.shape && a.data == b.data)
+        let (a, b) = (self.full_name(a), self.full_name(b));
+        let (ra, rb) = (shards.get(&a)?, shards.get(&b)?);
+        let same = ra.dtype == rb.dtype && ra.shape == rb.shape && ra.data == rb.data;
+        shards.release(&a);
+        shards.release(&b);
+        Ok(same)
     }
 
     /// The `(V, D)` token table `prefix + name` (embedding or output head): a GGUF tensor
@@ -220,8 +223,10 @@ impl<'a> Weights<'a> {
         if stored == dtype && !self.device.is_cpu() {
             // Stored as computed: straight from the mapped file to the device, with no host copy
             // in between (an 8 GB checkpoint would otherwise pass through a second host buffer).
-            return Tensor::from_raw_buffer(raw.data, stored, shape, self.device)
+            let t = Tensor::from_raw_buffer(raw.data, stored, shape, self.device)
                 .map_err(CandleError::tensor("load weight"));
+            shards.release(&full);
+            return t;
         }
         let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
             CandleError::InvalidCheckpoint {
@@ -229,6 +234,8 @@ impl<'a> Weights<'a> {
                 reason: format!("tensor `{full}`: {e}"),
             }
         })?;
+        // the bytes are copied: the file's pages of this tensor are not needed any more
+        shards.release(&full);
         t.to_dtype(dtype)
             .and_then(|t| t.to_device(self.device))
             .map_err(CandleError::tensor("load weight"))

@@ -32,7 +32,14 @@
 //!
 //! Weight layout (one for both kernels): per panel of [`NR`] columns and block, four groups
 //! `u` of 64 bytes, each 16 columns × 4 bytes, byte `j` of column `c` holding `q[4u + j]` in its
-//! low half and `q[16 + 4u + j]` in its high half; then `A` and `B` per (panel, block, column).
+//! low half and `q[16 + 4u + j]` in its high half. `A` and `B` are not stored as such: per
+//! (panel, block, column) two 8-bit multipliers `ma`, `mb`, and per (panel, group of blocks,
+//! column) the f32 factors `da`, `db`, with `A = da·ma`, `B = db·mb` (`Q4_K`: `d`, `dmin` per
+//! 256 values and the 6-bit scale and min per 32; `Q4_0`: `d` per 32, `ma = 1`, `mb = 8`, `db`
+//! the same array as `da`). Both products are exact in f32 (an f16 value times an integer
+//! below 64), so the kernels see the very `A` and `B` that ggml's dequantization computes, at
+//! 0.59 byte a weight for `Q4_K` (its file form: 0.5625) and 0.69 for `Q4_0` (0.5625), where
+//! an f32 `A` and `B` per block took 0.75.
 //! Activations, per group of `MR` rows and block: eight broadcast units of four `i8` (values
 //! `4g..4g+4`), the scale `dx` and the sum `s` per row.
 //!
@@ -82,10 +89,15 @@ pub struct PackedQ4 {
     format: Q4Format,
     /// `[panel][block][u][column][4]`, two 4-bit values per byte (see the module doc).
     q: Aligned<u8>,
-    /// `[panel][block][column]`: `A`.
-    a: Aligned<f32>,
-    /// `[panel][block][column]`: `B`.
-    b: Aligned<f32>,
+    /// `[panel][block][column]`: the multipliers of `A` and `B`.
+    ma: Aligned<u8>,
+    mb: Aligned<u8>,
+    /// `[panel][group][column]`: the factors of `A` and `B` per group of `1 << shift` blocks
+    /// (`db` empty for `Q4_0`, whose `B` factor is `da`).
+    da: Aligned<f32>,
+    db: Aligned<f32>,
+    /// log2 of the blocks per group: 3 for `Q4_K` (256 values), 0 for `Q4_0`.
+    shift: u32,
 }
 
 /// The 4-bit formats [`PackedQ4`] packs: ggml's serialized blocks.
@@ -109,24 +121,28 @@ fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
-/// One row's blocks of 32 as `(A, B, q[32])`, decoded from ggml's serialized form.
-fn decode_row(format: Q4Format, row: &[u8], mut put: impl FnMut(usize, f32, f32, [u8; BLOCK])) {
-    let f16 = |lo: u8, hi: u8| half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32();
+/// The f32 value of the little-endian f16 `lo, hi`.
+fn f16(lo: u8, hi: u8) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+}
+
+/// One row's blocks of 32 as `(block, da, ma, mb, q[32])` (`A = da·ma`; `B = db·mb`, `db` from
+/// [`row_db`] for `Q4_K`, `da` for `Q4_0`), decoded from ggml's serialized form.
+fn decode_row(format: Q4Format, row: &[u8], mut put: impl FnMut(usize, f32, u8, u8, [u8; BLOCK])) {
     match format {
         Q4Format::Q4_0 => {
             for (b, blk) in row.chunks_exact(Q4_0_BYTES).enumerate() {
-                let d = f16(blk[0], blk[1]);
                 let mut q = [0u8; BLOCK];
                 for (j, &v) in blk[2..].iter().enumerate() {
                     q[j] = v & 0x0F;
                     q[j + 16] = v >> 4;
                 }
-                put(b, d, 8.0 * d, q);
+                put(b, f16(blk[0], blk[1]), 1, 8, q);
             }
         }
         Q4Format::Q4K => {
             for (sb, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
-                let (d, dmin) = (f16(blk[0], blk[1]), f16(blk[2], blk[3]));
+                let d = f16(blk[0], blk[1]);
                 let (scales, qs) = (&blk[4..16], &blk[16..]);
                 // 64 values per 32 bytes: the low halves one sub-block, the high halves the next
                 for (c, chunk) in qs.chunks_exact(32).enumerate() {
@@ -134,12 +150,17 @@ fn decode_row(format: Q4Format, row: &[u8], mut put: impl FnMut(usize, f32, f32,
                         let j = 2 * c + half;
                         let (sc, m) = q4k_scale_min(scales, j);
                         let q = std::array::from_fn(|i| (chunk[i] >> (4 * half)) & 0x0F);
-                        put(sb * 8 + j, d * sc as f32, dmin * m as f32, q);
+                        put(sb * 8 + j, d, sc, m, q);
                     }
                 }
             }
         }
     }
+}
+
+/// A `Q4_K` row's `dmin` per 256 values (its `B` factor per group).
+fn row_db(row: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    row.chunks_exact(Q4K_BYTES).map(|blk| f16(blk[2], blk[3]))
 }
 
 impl PackedQ4 {
@@ -162,21 +183,29 @@ impl PackedQ4 {
             return None;
         }
         let blocks = k / BLOCK;
+        let shift = match format {
+            Q4Format::Q4_0 => 0,
+            Q4Format::Q4K => (Q4K_VALUES / BLOCK).trailing_zeros(),
+        };
+        let groups = blocks >> shift;
         let row_bytes = (k / values) * block_bytes;
         let panels = n.div_ceil(NR);
+        let row = |p: usize, c: usize| &bytes[(p * NR + c) * row_bytes..][..row_bytes];
         let mut q = Aligned::<u8>::zeroed(panels * blocks * PANEL_BLOCK);
-        let mut a = Aligned::<f32>::zeroed(panels * blocks * NR);
-        let mut b = Aligned::<f32>::zeroed(panels * blocks * NR);
+        let mut ma = Aligned::<u8>::zeroed(panels * blocks * NR);
+        let mut mb = Aligned::<u8>::zeroed(panels * blocks * NR);
+        let mut da = Aligned::<f32>::zeroed(panels * groups * NR);
         q.par_chunks_mut(blocks * PANEL_BLOCK)
-            .zip(a.par_chunks_mut(blocks * NR))
-            .zip(b.par_chunks_mut(blocks * NR))
+            .zip(ma.par_chunks_mut(blocks * NR))
+            .zip(mb.par_chunks_mut(blocks * NR))
+            .zip(da.par_chunks_mut(groups * NR))
             .enumerate()
-            .for_each(|(p, ((q, a), b))| {
+            .for_each(|(p, (((q, ma), mb), da))| {
                 for c in 0..NR.min(n - p * NR) {
-                    let row = &bytes[(p * NR + c) * row_bytes..][..row_bytes];
-                    decode_row(format, row, |blk, av, bv, vals| {
-                        a[blk * NR + c] = av;
-                        b[blk * NR + c] = bv;
+                    decode_row(format, row(p, c), |blk, fa, a, b, vals| {
+                        ma[blk * NR + c] = a;
+                        mb[blk * NR + c] = b;
+                        da[(blk >> shift) * NR + c] = fa;
                         let qb = &mut q[blk * PANEL_BLOCK..][..PANEL_BLOCK];
                         for (i, &v) in vals.iter().enumerate() {
                             let (u, j, high) = ((i % 16) / 4, i % 4, i >= 16);
@@ -185,15 +214,38 @@ impl PackedQ4 {
                     });
                 }
             });
+        let mut db = Aligned::<f32>::zeroed(match format {
+            Q4Format::Q4_0 => 0,
+            Q4Format::Q4K => panels * groups * NR,
+        });
+        if format == Q4Format::Q4K {
+            db.par_chunks_mut(groups * NR)
+                .enumerate()
+                .for_each(|(p, db)| {
+                    for c in 0..NR.min(n - p * NR) {
+                        for (g, v) in row_db(row(p, c)).enumerate() {
+                            db[g * NR + c] = v;
+                        }
+                    }
+                });
+        }
         Some(PackedQ4 {
             n,
             k,
             isa,
             format,
             q,
-            a,
-            b,
+            ma,
+            mb,
+            da,
+            db,
+            shift,
         })
+    }
+
+    /// Bytes held by the packed weight (values, multipliers and factors).
+    pub fn bytes(&self) -> usize {
+        self.q.len() + self.ma.len() + self.mb.len() + 4 * (self.da.len() + self.db.len())
     }
 
     /// `(out, in)`.
@@ -217,7 +269,14 @@ impl PackedQ4 {
         let pb = p * (self.k / BLOCK) + blk;
         let byte = self.q[pb * PANEL_BLOCK + ((i % 16) / 4) * 64 + c * 4 + i % 4];
         let q = (byte >> (4 * (i >= 16) as u8)) & 0x0F;
-        (q, self.a[pb * NR + c], self.b[pb * NR + c])
+        let pg = p * ((self.k / BLOCK) >> self.shift) + (blk >> self.shift);
+        let db = match self.format {
+            Q4Format::Q4_0 => &self.da,
+            Q4Format::Q4K => &self.db,
+        };
+        let a = self.da[pg * NR + c] * self.ma[pb * NR + c] as f32;
+        let b = db[pg * NR + c] * self.mb[pb * NR + c] as f32;
+        (q, a, b)
     }
 
     /// `W` dequantized as ggml does (`Q4_0`: `(q − 8)·d`; `Q4_K`: `A·q − B`), `(n, k)`
@@ -247,14 +306,18 @@ impl PackedQ4 {
             return None;
         }
         let blocks = k / BLOCK;
+        let groups = blocks >> gate.shift;
         Some(PackedQ4 {
             n: 2 * f,
             k,
             isa: gate.isa,
             format: gate.format,
             q: alternate(&gate.q, &up.q, blocks * PANEL_BLOCK),
-            a: alternate(&gate.a, &up.a, blocks * NR),
-            b: alternate(&gate.b, &up.b, blocks * NR),
+            ma: alternate(&gate.ma, &up.ma, blocks * NR),
+            mb: alternate(&gate.mb, &up.mb, blocks * NR),
+            da: alternate(&gate.da, &up.da, groups * NR),
+            db: alternate(&gate.db, &up.db, groups * NR),
+            shift: gate.shift,
         })
     }
 
@@ -274,8 +337,11 @@ impl PackedQ4 {
             isa: first.isa,
             format: first.format,
             q: Aligned::concat(&parts.iter().map(|p| &*p.q).collect::<Vec<_>>()),
-            a: Aligned::concat(&parts.iter().map(|p| &*p.a).collect::<Vec<_>>()),
-            b: Aligned::concat(&parts.iter().map(|p| &*p.b).collect::<Vec<_>>()),
+            ma: Aligned::concat(&parts.iter().map(|p| &*p.ma).collect::<Vec<_>>()),
+            mb: Aligned::concat(&parts.iter().map(|p| &*p.mb).collect::<Vec<_>>()),
+            da: Aligned::concat(&parts.iter().map(|p| &*p.da).collect::<Vec<_>>()),
+            db: Aligned::concat(&parts.iter().map(|p| &*p.db).collect::<Vec<_>>()),
+            shift: first.shift,
         })
     }
 }

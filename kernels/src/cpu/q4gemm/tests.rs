@@ -38,3 +38,34 @@ fn signed_units_equal_scalar_rounding() {
         assert_eq!((d.to_bits(), want, sum), (dv.to_bits(), units, s), "{xs:?}");
     }
 }
+
+/// The packed weight's size: 4 bits a value, two 8-bit multipliers per 32 values, and two f32
+/// factors per 256 values (`Q4_K`) or one per 32 (`Q4_0`), whatever the blocks hold.
+#[test]
+fn packed_sizes_stay_near_the_file_form() {
+    let (n, k) = (48, 512);
+    let mut rng = Rng::new(5);
+    let mut raw = |len: usize| -> Vec<u8> {
+        rng.normal(len, 100.0)
+            .iter()
+            .map(|v| v.to_bits() as u8)
+            .collect()
+    };
+    let q4k = PackedQ4::from_blocks(Q4Format::Q4K, &raw(n * (k / 256) * 144), n, k, Isa::Avx2)
+        .expect("fits");
+    assert_eq!(
+        q4k.bytes(),
+        n * k / 2 + 2 * n * k / 32 + 2 * 4 * n * k / 256
+    );
+    assert!((q4k.bytes() as f64 / (n * k) as f64) < 0.6);
+    let q40 = PackedQ4::from_blocks(Q4Format::Q4_0, &raw(n * (k / 32) * 18), n, k, Isa::Avx2)
+        .expect("fits");
+    assert_eq!(q40.bytes(), n * k / 2 + 2 * n * k / 32 + 4 * n * k / 32);
+    // a partial last panel is padded to 16 columns
+    let odd = PackedQ4::from_blocks(Q4Format::Q4K, &raw(20 * (k / 256) * 144), 20, k, Isa::Avx2)
+        .expect("fits");
+    assert_eq!(
+        odd.bytes(),
+        32 * k / 2 + 2 * 32 * k / 32 + 2 * 4 * 32 * k / 256
+    );
+}

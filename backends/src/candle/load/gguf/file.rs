@@ -294,28 +294,9 @@ impl GgufFile {
     }
 
     /// Drop the mapped pages of `info` from this process's memory once its bytes were copied
-    /// (the next read, if any, maps them again from the page cache): a load then holds the
-    /// mapped pages of one tensor at a time, not of the whole file, on top of what it built.
+    /// ([`crate::candle::load::pages::release`]).
     pub fn release(&self, info: &TensorInfo) {
-        #[cfg(unix)]
-        {
-            const PAGE: usize = 4096;
-            let start = info.start.div_ceil(PAGE) * PAGE;
-            let end = info.end / PAGE * PAGE;
-            if end > start {
-                // SAFETY: a read-only shared file mapping: dropped pages are read back from the
-                // file on the next access, so every slice into the map stays valid and unchanged.
-                let _ = unsafe {
-                    self.mmap.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        start,
-                        end - start,
-                    )
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = info;
+        crate::candle::load::pages::release(&self.mmap, info.start, info.end);
     }
 
     /// The header and tensor-info bytes (what the fingerprint hashes).

@@ -3,7 +3,7 @@
 use super::*;
 
 /// AVX2: rows `0..R` × one panel over `blocks` blocks. `u` / `sx` / `ss`: the row group's
-/// units, scales and sums; `w` / `wa` / `wb`: the panel's values, `A` and `B`.
+/// units, scales and sums; `w` / `sc`: the panel's values and `A` / `B` factors.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -13,8 +13,7 @@ pub(super) unsafe fn tile_avx2<const R: usize>(
     sx: *const f32,
     ss: *const f32,
     w: *const u8,
-    wa: *const f32,
-    wb: *const f32,
+    sc: &Scales,
     out: &mut Tile,
 ) {
     let nib = _mm256_set1_epi8(0x0F);
@@ -40,8 +39,7 @@ pub(super) unsafe fn tile_avx2<const R: usize>(
                 }
             }
         }
-        let av = [0, 8].map(|o| _mm256_loadu_ps(wa.add(b * NR + o)));
-        let bv = [0, 8].map(|o| _mm256_loadu_ps(wb.add(b * NR + o)));
+        let (av, bv) = factors_avx2(sc, b);
         for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
             let dx = _mm256_set1_ps(*sx.add(b * MR_AVX2 + r));
             let s = _mm256_set1_ps(*ss.add(b * MR_AVX2 + r));
@@ -56,4 +54,26 @@ pub(super) unsafe fn tile_avx2<const R: usize>(
         _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
         _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
     }
+}
+
+/// Block `b`'s `A` and `B` of a panel's 16 columns (two halves of 8 each): `da·ma`, `db·mb`.
+///
+/// # Safety
+/// The CPU has AVX2; `b` is a block of the panel's weight.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn factors_avx2(sc: &Scales, b: usize) -> ([__m256; 2], [__m256; 2]) {
+    let (ma, mb, da, db) = sc.block(b);
+    (
+        [half_factor(ma, da), half_factor(ma.add(8), da.add(8))],
+        [half_factor(mb, db), half_factor(mb.add(8), db.add(8))],
+    )
+}
+
+/// Eight columns' `d·m` (`m` 8-bit, `d` f32): exact in f32 for an f16 `d` and `m < 64`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn half_factor(m: *const u8, d: *const f32) -> __m256 {
+    let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(m as *const __m128i));
+    _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(m))
 }

@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// AVX-512 VNNI: rows `0..R` × `P` panels (`wstride` bytes / `dstride` scales apart) over
-/// `blocks` blocks.
+/// AVX-512 VNNI: rows `0..R` × `P` panels (values `wstride` bytes apart, `A` / `B` factors
+/// `sc`) over `blocks` blocks.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -14,9 +14,7 @@ pub(super) unsafe fn tile_avx512<const R: usize, const P: usize>(
     ss: *const f32,
     w: *const u8,
     wstride: usize,
-    wa: *const f32,
-    wb: *const f32,
-    dstride: usize,
+    sc: &[Scales; P],
     out: &mut Tile,
 ) {
     let nib = _mm512_set1_epi8(0x0F);
@@ -43,8 +41,8 @@ pub(super) unsafe fn tile_avx512<const R: usize, const P: usize>(
             }
         }
         for j in 0..P {
-            let av = _mm512_loadu_ps(wa.add(j * dstride + b * NR));
-            let bv = _mm512_loadu_ps(wb.add(j * dstride + b * NR));
+            let (ma, mb, da, db) = sc[j].block(b);
+            let (av, bv) = (factor(ma, da), factor(mb, db));
             for (r, (f, acc)) in f.iter_mut().zip(&acc).enumerate() {
                 let dx = _mm512_set1_ps(*sx.add(b * MR_AVX512 + r));
                 let s = _mm512_set1_ps(*ss.add(b * MR_AVX512 + r));
@@ -58,4 +56,12 @@ pub(super) unsafe fn tile_avx512<const R: usize, const P: usize>(
             _mm512_storeu_ps(out.as_mut_ptr().add(j * NR), *f);
         }
     }
+}
+
+/// 16 columns' `d·m` (`m` 8-bit, `d` f32): exact in f32 for an f16 `d` and `m < 64`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn factor(m: *const u8, d: *const f32) -> __m512 {
+    let m = _mm512_cvtepu8_epi32(_mm_loadu_si128(m as *const __m128i));
+    _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(m))
 }

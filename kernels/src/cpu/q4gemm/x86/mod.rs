@@ -80,6 +80,55 @@ pub(super) unsafe fn signed_units(xs: &[f32], out: *mut u32, stride: usize) -> (
     (d, lanes.iter().sum())
 }
 
+/// One panel's `A` / `B` multipliers and factors (see [`PackedQ4`]): the tiles compute each
+/// block's `A = da·ma` and `B = db·mb` for the panel's 16 columns.
+#[derive(Clone, Copy)]
+pub(super) struct Scales {
+    ma: *const u8,
+    mb: *const u8,
+    da: *const f32,
+    db: *const f32,
+    shift: u32,
+}
+
+impl Scales {
+    /// Panel `p` of `w`.
+    ///
+    /// # Safety
+    /// `p` is a panel of `w`.
+    unsafe fn panel(w: &PackedQ4, p: usize) -> Self {
+        let blocks = w.k / BLOCK;
+        let groups = blocks >> w.shift;
+        // `Q4_0` keeps one factor, `d`, for both
+        let db = match w.format {
+            super::Q4Format::Q4_0 => w.da.as_ptr(),
+            super::Q4Format::Q4K => w.db.as_ptr(),
+        };
+        Scales {
+            ma: w.ma.as_ptr().add(p * blocks * NR),
+            mb: w.mb.as_ptr().add(p * blocks * NR),
+            da: w.da.as_ptr().add(p * groups * NR),
+            db: db.add(p * groups * NR),
+            shift: w.shift,
+        }
+    }
+
+    /// Block `b`'s `(ma, mb, da, db)`, each at the panel's first column.
+    ///
+    /// # Safety
+    /// `b` is a block of the weight.
+    #[inline(always)]
+    unsafe fn block(&self, b: usize) -> (*const u8, *const u8, *const f32, *const f32) {
+        let g = (b >> self.shift) * NR;
+        (
+            self.ma.add(b * NR),
+            self.mb.add(b * NR),
+            self.da.add(g),
+            self.db.add(g),
+        )
+    }
+}
+
 /// `x (m, k) · Wᵀ -> (m, n)` row-major, on the rayon threads (one run of panels each).
 pub(super) fn product(x: &[f32], m: usize, w: &PackedQ4) -> Vec<f32> {
     product_with(x, m, w, Out::Product)
@@ -138,13 +187,12 @@ unsafe fn tile_at(
 ) {
     let blocks = w.k / BLOCK;
     let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
-    let ap = w.a.as_ptr().add(p * blocks * NR);
-    let bp = w.b.as_ptr().add(p * blocks * NR);
+    let sp = Scales::panel(w, p);
     match w.isa {
         Isa::Avx2 => {
             macro_rules! go {
                 ($r:literal) => {
-                    tile_avx2::<$r>(blocks, ug, sg, tg, wp, ap, bp, out)
+                    tile_avx2::<$r>(blocks, ug, sg, tg, wp, &sp, out)
                 };
             }
             match count {
@@ -157,7 +205,7 @@ unsafe fn tile_at(
         Isa::AvxVnni => {
             macro_rules! go {
                 ($r:literal) => {
-                    tile_vnni256::<$r>(blocks, ug, sg, tg, wp, ap, bp, out)
+                    tile_vnni256::<$r>(blocks, ug, sg, tg, wp, &sp, out)
                 };
             }
             match count {
@@ -168,12 +216,20 @@ unsafe fn tile_at(
             }
         }
         Isa::Avx512 => {
-            let (ws, ds) = (blocks * PANEL_BLOCK, blocks * NR);
+            let ws = blocks * PANEL_BLOCK;
+            let pair = [
+                sp,
+                if width == 2 {
+                    Scales::panel(w, p + 1)
+                } else {
+                    sp
+                },
+            ];
             macro_rules! go {
                 ($r:literal) => {
                     match width {
-                        2 => tile_avx512::<$r, 2>(blocks, ug, sg, tg, wp, ws, ap, bp, ds, out),
-                        _ => tile_avx512::<$r, 1>(blocks, ug, sg, tg, wp, ws, ap, bp, ds, out),
+                        2 => tile_avx512::<$r, 2>(blocks, ug, sg, tg, wp, ws, &pair, out),
+                        _ => tile_avx512::<$r, 1>(blocks, ug, sg, tg, wp, ws, &[sp], out),
                     }
                 };
             }

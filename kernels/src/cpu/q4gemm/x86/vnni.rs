@@ -12,8 +12,7 @@ pub(super) unsafe fn tile_vnni256<const R: usize>(
     sx: *const f32,
     ss: *const f32,
     w: *const u8,
-    wa: *const f32,
-    wb: *const f32,
+    sc: &Scales,
     out: &mut Tile,
 ) {
     let nib = _mm256_set1_epi8(0x0F);
@@ -39,8 +38,7 @@ pub(super) unsafe fn tile_vnni256<const R: usize>(
                 }
             }
         }
-        let av = [0, 8].map(|o| _mm256_loadu_ps(wa.add(b * NR + o)));
-        let bv = [0, 8].map(|o| _mm256_loadu_ps(wb.add(b * NR + o)));
+        let (av, bv) = super::avx2::factors_avx2(sc, b);
         for (r, (row, acc)) in out.iter_mut().zip(&acc).enumerate() {
             let dx = _mm256_set1_ps(*sx.add(b * MR_AVX2 + r));
             let s = _mm256_set1_ps(*ss.add(b * MR_AVX2 + r));
