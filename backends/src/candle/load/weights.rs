@@ -228,6 +228,14 @@ impl<'a> Weights<'a> {
             shards.release(&full);
             return t;
         }
+        if dtype == DType::F32 && stored != DType::F32 && self.device.is_cpu() {
+            // f16 / bf16 widened straight from the mapped bytes: no copy in the stored dtype
+            // beside the f32 one (for a large embedding that transient set the load's peak)
+            let t = widen_to_f32(raw.data, stored, shape)
+                .map_err(CandleError::tensor("load weight"))?;
+            shards.release(&full);
+            return Ok(t);
+        }
         let t = Tensor::from_raw_buffer(raw.data, stored, shape, &Device::Cpu).map_err(|e| {
             CandleError::InvalidCheckpoint {
                 path: raw.path.to_path_buf(),
@@ -239,5 +247,66 @@ impl<'a> Weights<'a> {
         t.to_dtype(dtype)
             .and_then(|t| t.to_device(self.device))
             .map_err(CandleError::tensor("load weight"))
+    }
+}
+
+/// Stored little-endian f16 / bf16 bytes (any alignment) as an f32 tensor on the host of
+/// `shape`, converted in one pass on the rayon threads. Both widenings are exact, so this is
+/// the tensor `from_raw_buffer` + `to_dtype(F32)` gives, without the copy in the stored dtype.
+fn widen_to_f32(bytes: &[u8], stored: DType, shape: &[usize]) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
+    let widen: fn([u8; 2]) -> f32 = match stored {
+        DType::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
+        DType::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
+        other => candle_core::bail!("widen_to_f32: stored {other:?} is not a 16-bit float"),
+    };
+    if bytes.len() != 2 * shape.iter().product::<usize>() {
+        candle_core::bail!("widen_to_f32: {} bytes for shape {shape:?}", bytes.len());
+    }
+    const RUN: usize = 1 << 16;
+    let mut out = vec![0f32; bytes.len() / 2];
+    out.par_chunks_mut(RUN)
+        .zip(bytes.par_chunks(2 * RUN))
+        .for_each(|(o, b)| {
+            for (o, b) in o.iter_mut().zip(b.chunks_exact(2)) {
+                *o = widen([b[0], b[1]]);
+            }
+        });
+    Tensor::from_vec(out, shape, &Device::Cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Widening from the bytes equals candle's copy-then-convert, bit for bit, for any
+        /// 16-bit patterns (NaNs compared as NaN), both formats, at odd byte offsets.
+        #[test]
+        fn widening_equals_copy_then_convert(
+            bits in proptest::collection::vec(any::<u16>(), 1..300),
+            offset in 0usize..2,
+        ) {
+            let mut bytes = vec![0u8; offset];
+            bytes.extend(bits.iter().flat_map(|b| b.to_le_bytes()));
+            let bytes = &bytes[offset..];
+            for stored in [DType::F16, DType::BF16] {
+                let got = widen_to_f32(bytes, stored, &[bits.len()]).and_then(|t| t.to_vec1::<f32>()).expect("widen");
+                let want = Tensor::from_raw_buffer(bytes, stored, &[bits.len()], &Device::Cpu)
+                    .and_then(|t| t.to_dtype(DType::F32))
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .expect("candle");
+                for (g, w) in got.iter().zip(&want) {
+                    prop_assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_sizes_and_dtypes_are_errors() {
+        assert!(widen_to_f32(&[0u8; 6], DType::F16, &[2]).is_err());
+        assert!(widen_to_f32(&[0u8; 8], DType::F32, &[2]).is_err());
     }
 }

@@ -50,6 +50,7 @@ use super::super::cpu::qgemm::PackedQ8;
 use crate::error::CandleError;
 
 mod quantize;
+mod runs;
 
 /// One linear layer.
 #[derive(Debug, Clone)]
@@ -392,11 +393,11 @@ impl Linear {
                     // kernel outruns candle's GEMM by more than the packing costs at the row
                     // counts that get here
                     let (n, k) = blocks.shape().dims2()?;
-                    let packed = match cpu::gemm::from_blocks(*ggml, &blocks.data()?, n, k) {
-                        Some(p) => p,
-                        None => PackedWeight::pack(&blocks.dequantize(x.device())?)?,
+                    let y = match cpu::gemm::from_blocks(*ggml, &blocks.data()?, n, k) {
+                        Some(packed) => cpu::gemm::linear(x, &packed)?,
+                        None => runs::product_in_runs(x, blocks, *ggml, runs::run_rows(k))?,
                     };
-                    return add_bias(cpu::gemm::linear(x, &packed)?, bias.as_ref());
+                    return add_bias(y, bias.as_ref());
                 }
                 // (out, in) blocks -> (out, in) dense, transient
                 let w = blocks.dequantize(x.device())?.to_dtype(x.dtype())?;
