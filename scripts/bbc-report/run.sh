@@ -6,7 +6,7 @@
 #
 # Per model: `forkscore eval` with code-letter scoring and the generation baseline on the same
 # items, `forkscore eval` with literal scoring, and `forkscore calibrate` (temperature per field,
-# and contextual calibration) on the code-letter predictions, each into $OUT/<model>/. Peak RSS
+# and contextual calibration) on the code-letter and on the literal predictions, each into $OUT/<model>/. Peak RSS
 # of each process from GNU time. Nothing is written inside the repository.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -42,5 +42,12 @@ for m in 1.5b 0.5b; do
   timed calibrate-contextual env RAYON_NUM_THREADS=$THREADS "$BIN" calibrate "${common[@]}" \
     --predictions "$dir/code.jsonl" --resume --seed 17 --contextual --output "$dir/calibration-contextual.json" \
     --replace-output --report "$dir/calibrate-contextual.report.json" > "$dir/calibrate-contextual.txt"
+  echo "== $m: calibrate literal scoring (temperature, contextual)" >&2
+  timed calibrate-literal env RAYON_NUM_THREADS=$THREADS "$BIN" calibrate "${common[@]}" --scoring literal \
+    --predictions "$dir/literal.jsonl" --resume --seed 17 --output "$dir/calibration-literal.json" --replace-output \
+    --report "$dir/calibrate-literal.report.json" > "$dir/calibrate-literal.txt"
+  timed calibrate-literal-contextual env RAYON_NUM_THREADS=$THREADS "$BIN" calibrate "${common[@]}" --scoring literal \
+    --predictions "$dir/literal.jsonl" --resume --seed 17 --contextual --output "$dir/calibration-literal-contextual.json" \
+    --replace-output --report "$dir/calibrate-literal-contextual.report.json" > "$dir/calibrate-literal-contextual.txt"
 done
 echo "done: $OUT" >&2
