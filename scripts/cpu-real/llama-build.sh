@@ -32,3 +32,20 @@ if [ ! -x "$SRC/build/bin/llama-bench" ]; then
     -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF > "$L/cmake.log"
   cmake --build "$SRC/build" --target llama llama-bench -j"$(nproc)" > "$L/build.log"
 fi
+# LLAMA_AVX512=1: also (and use) a build for AVX-512 with VNNI / VBMI / BF16 and no AMX, in
+# $SRC/build-avx512: on Sapphire Rapids-class CPUs the native build, which enables AMX, stops
+# with "Illegal instruction". LLAMA_BIN is the folder of the binaries to use.
+LLAMA_BIN="$SRC/build/bin"
+if [ "${LLAMA_AVX512:-0}" = 1 ]; then
+  B="$SRC/build-avx512"
+  if [ ! -x "$B/bin/llama-bench" ]; then
+    echo "== build llama.cpp (AVX-512, no AMX, static)"
+    cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON \
+      -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DBUILD_SHARED_LIBS=OFF > "$L/cmake-avx512.log"
+    cmake --build "$B" --target llama llama-bench -j"$(nproc)" > "$L/build-avx512.log"
+  fi
+  LLAMA_BIN="$B/bin"
+fi
