@@ -25,7 +25,8 @@ fi
 "$PYTHON" -m pip install -q cmake ninja sentencepiece
 BIN=$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")
 export PATH="$BIN:$PATH"
-if [ ! -x "$SRC/build/bin/llama-bench" ]; then
+# the native build is skipped where LLAMA_AVX512=1 asks for the AVX-512 one instead
+if [ "${LLAMA_AVX512:-0}" != 1 ] && [ ! -x "$SRC/build/bin/llama-bench" ]; then
   echo "== build llama.cpp (native, static)"
   cmake -S "$SRC" -B "$SRC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

@@ -20,14 +20,15 @@
 //! Which ggml type a weight gets ([`ggml_type`]): blocks run along the input dimension, so
 //! `in` must be a multiple of the block (32 for `Q8_0` / `Q4_0`, 256 for `Q4_K`). `q4k` falls
 //! back to `Q4_0` (4-bit blocks of 32, one f16 scale) for a weight whose `in` is a multiple of
-//! 32 but not of 256, e.g. Qwen2.5-0.5B's 896-wide projections. llama.cpp's quantizer picks
-//! `Q5_0` there; candle's CPU `Q5_0` dot product has no SIMD form on x86 and requires an even
-//! block count, while `Q4_0` has an AVX2 kernel. A weight whose `in` is not a multiple of 32
+//! 32 but not of 256, e.g. Qwen2.5-0.5B's 896-wide projections. (llama.cpp's quantizer picks
+//! `Q5_0` there; GGUF files holding `Q5_0` take the 5-bit form of the same integer kernel.)
+//! A weight whose `in` is not a multiple of 32
 //! stays dense. [`QuantSummary`] counts what each weight got.
 //!
 //! On an x86 CPU with AVX2 + FMA, an f32 model's quantized weights are packed once at load for
 //! an integer kernel (the blocks are not kept): `Q8_0` for [`super::super::cpu::qgemm`]
-//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` for [`super::super::cpu::q4gemm`] (`Linear::PackedQ4`). Every
+//! (`Linear::PackedQ8`), `Q4_0` / `Q4_K` / `Q5_0` for [`super::super::cpu::q4gemm`]
+//! (`Linear::PackedQ4`). Every
 //! call, whatever its row count, rounds the activations to 8-bit blocks and multiplies in
 //! integers, as candle's own CPU kernels do for a few rows but register-tiled, so it is the fast
 //! path for a prefill too.

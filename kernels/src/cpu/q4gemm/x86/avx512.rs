@@ -1,35 +1,49 @@
-//! The 4-bit W4A8 tiles under AVX-512 F + BW + VNNI (512-bit `vpdpbusd`, 16 lanes).
+//! The 4- and 5-bit W4A8 tiles under AVX-512 F + BW + VNNI (512-bit `vpdpbusd`, 16 lanes).
 
 use super::*;
 
-/// AVX-512 VNNI: rows `0..R` × `P` panels (values `wstride` bytes apart, `A` / `B` factors
-/// `sc`) over `blocks` blocks.
+/// AVX-512 VNNI: rows `0..R` × `P` panels (values and, with `H`, fifth bits in `planes`;
+/// `A` / `B` factors `sc`) over `blocks` blocks.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn tile_avx512<const R: usize, const P: usize>(
+pub(super) unsafe fn tile_avx512<const R: usize, const P: usize, const H: bool>(
     blocks: usize,
     u: *const u32,
     sx: *const f32,
     ss: *const f32,
-    w: *const u8,
-    wstride: usize,
+    planes: Planes,
     sc: &[Scales; P],
     out: &mut Tile,
 ) {
     let nib = _mm512_set1_epi8(0x0F);
+    let bit4 = _mm512_set1_epi8(0x10);
     let mut f = [[_mm512_setzero_ps(); P]; R];
     for b in 0..blocks {
         let mut acc = [[_mm512_setzero_si512(); P]; R];
         let ub = u.add(b * UNITS * MR_AVX512);
+        let mut fifth = [_mm512_setzero_si512(); P];
+        if H {
+            for (j, fifth) in fifth.iter_mut().enumerate() {
+                let at = planes.h.add(j * planes.hstride + b * PANEL_BITS);
+                *fifth = _mm512_loadu_si512(at as *const __m512i);
+            }
+        }
         for g in 0..4 {
             let mut lo = [_mm512_setzero_si512(); P];
             let mut hi = [_mm512_setzero_si512(); P];
             for j in 0..P {
-                let at = w.add(j * wstride + b * PANEL_BLOCK + g * 64);
+                let at = planes.w.add(j * planes.wstride + b * PANEL_BLOCK + g * 64);
                 let v = _mm512_loadu_si512(at as *const __m512i);
                 lo[j] = _mm512_and_si512(v, nib);
                 hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                if H {
+                    // group g's fifth bits to bit 4 of each byte (see the module doc)
+                    let l = _mm512_sll_epi32(fifth[j], _mm_cvtsi32_si128(4 - g as i32));
+                    let h = _mm512_srl_epi32(fifth[j], _mm_cvtsi32_si128(g as i32));
+                    lo[j] = _mm512_or_si512(lo[j], _mm512_and_si512(l, bit4));
+                    hi[j] = _mm512_or_si512(hi[j], _mm512_and_si512(h, bit4));
+                }
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let al = _mm512_set1_epi32(*ub.add(g * MR_AVX512 + r) as i32);

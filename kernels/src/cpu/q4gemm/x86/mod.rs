@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::super::qgemm::x86_rounded;
 use super::super::tile_store::{by_panel_runs, run_tiles, Out, Tile};
-use super::{mr, Isa, PackedQ4, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BLOCK};
+use super::{mr, Isa, PackedQ4, BLOCK, MC, MR_AVX2, MR_AVX512, NR, PANEL_BITS, PANEL_BLOCK};
 
 mod avx2;
 mod avx512;
@@ -99,9 +99,9 @@ impl Scales {
     unsafe fn panel(w: &PackedQ4, p: usize) -> Self {
         let blocks = w.k / BLOCK;
         let groups = blocks >> w.shift;
-        // `Q4_0` keeps one factor, `d`, for both
+        // `Q4_0` and `Q5_0` keep one factor, `d`, for both
         let db = match w.format {
-            super::Q4Format::Q4_0 => w.da.as_ptr(),
+            super::Q4Format::Q4_0 | super::Q4Format::Q5_0 => w.da.as_ptr(),
             super::Q4Format::Q4K => w.db.as_ptr(),
         };
         Scales {
@@ -187,12 +187,21 @@ unsafe fn tile_at(
 ) {
     let blocks = w.k / BLOCK;
     let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
+    let five = w.format.five_bits();
+    // the panel's fifth bits (`Q5_0`; never read otherwise)
+    let hp = match five {
+        true => w.qh.as_ptr().add(p * blocks * PANEL_BITS),
+        false => std::ptr::null(),
+    };
     let sp = Scales::panel(w, p);
     match w.isa {
         Isa::Avx2 => {
             macro_rules! go {
                 ($r:literal) => {
-                    tile_avx2::<$r>(blocks, ug, sg, tg, wp, &sp, out)
+                    match five {
+                        true => tile_avx2::<$r, true>(blocks, ug, sg, tg, wp, hp, &sp, out),
+                        false => tile_avx2::<$r, false>(blocks, ug, sg, tg, wp, hp, &sp, out),
+                    }
                 };
             }
             match count {
@@ -205,7 +214,10 @@ unsafe fn tile_at(
         Isa::AvxVnni => {
             macro_rules! go {
                 ($r:literal) => {
-                    tile_vnni256::<$r>(blocks, ug, sg, tg, wp, &sp, out)
+                    match five {
+                        true => tile_vnni256::<$r, true>(blocks, ug, sg, tg, wp, hp, &sp, out),
+                        false => tile_vnni256::<$r, false>(blocks, ug, sg, tg, wp, hp, &sp, out),
+                    }
                 };
             }
             match count {
@@ -217,6 +229,7 @@ unsafe fn tile_at(
         }
         Isa::Avx512 => {
             let ws = blocks * PANEL_BLOCK;
+            let hs = blocks * PANEL_BITS;
             let pair = [
                 sp,
                 if width == 2 {
@@ -225,11 +238,27 @@ unsafe fn tile_at(
                     sp
                 },
             ];
+            let planes = Planes {
+                w: wp,
+                wstride: ws,
+                h: hp,
+                hstride: hs,
+            };
             macro_rules! go {
                 ($r:literal) => {
-                    match width {
-                        2 => tile_avx512::<$r, 2>(blocks, ug, sg, tg, wp, ws, &pair, out),
-                        _ => tile_avx512::<$r, 1>(blocks, ug, sg, tg, wp, ws, &[sp], out),
+                    match (width, five) {
+                        (2, true) => {
+                            tile_avx512::<$r, 2, true>(blocks, ug, sg, tg, planes, &pair, out)
+                        }
+                        (2, false) => {
+                            tile_avx512::<$r, 2, false>(blocks, ug, sg, tg, planes, &pair, out)
+                        }
+                        (_, true) => {
+                            tile_avx512::<$r, 1, true>(blocks, ug, sg, tg, planes, &[sp], out)
+                        }
+                        (_, false) => {
+                            tile_avx512::<$r, 1, false>(blocks, ug, sg, tg, planes, &[sp], out)
+                        }
                     }
                 };
             }
@@ -243,4 +272,14 @@ unsafe fn tile_at(
             }
         }
     }
+}
+
+/// Where a tile's panels keep their values: the first panel's 4-bit values `w` (the next panel's
+/// `wstride` bytes on) and fifth bits `h` (`hstride` on; null for the 4-bit formats).
+#[derive(Clone, Copy)]
+pub(super) struct Planes {
+    w: *const u8,
+    wstride: usize,
+    h: *const u8,
+    hstride: usize,
 }

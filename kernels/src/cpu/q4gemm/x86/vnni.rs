@@ -1,4 +1,4 @@
-//! The 4-bit W4A8 tiles under AVX-VNNI (256-bit `vpdpbusd`: 4-way u8 × i8 dot products, 8 lanes).
+//! The 4- and 5-bit W4A8 tiles under AVX-VNNI (256-bit `vpdpbusd`: 4-way u8 × i8 dot products, 8 lanes).
 
 use super::*;
 
@@ -6,12 +6,13 @@ use super::*;
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,avxvnni")]
-pub(super) unsafe fn tile_vnni256<const R: usize>(
+pub(super) unsafe fn tile_vnni256<const R: usize, const H: bool>(
     blocks: usize,
     u: *const u32,
     sx: *const f32,
     ss: *const f32,
     w: *const u8,
+    hb: *const u8,
     sc: &Scales,
     out: &mut Tile,
 ) {
@@ -28,8 +29,11 @@ pub(super) unsafe fn tile_vnni256<const R: usize>(
         for g in 0..4 {
             for h in 0..2 {
                 let v = _mm256_loadu_si256(wblk.add(g * 64 + h * 32) as *const __m256i);
-                let lo = _mm256_and_si256(v, nib);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                let mut lo = _mm256_and_si256(v, nib);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                if H {
+                    (lo, hi) = super::avx2::fifth_bits(hb.add(b * PANEL_BITS + h * 32), g, lo, hi);
+                }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let al = _mm256_set1_epi32(*ub.add(g * MR_AVX2 + r) as i32);
                     let ah = _mm256_set1_epi32(*ub.add((g + 4) * MR_AVX2 + r) as i32);
