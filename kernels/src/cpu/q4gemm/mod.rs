@@ -1,12 +1,15 @@
-//! 4- and 5-bit linear layers (`Q4_0`, `Q4_K`, `Q5_0`) on x86 CPUs as integer products:
-//! `y = x Wᵀ` with `W` kept as its 4-bit values (two per byte; `Q5_0`'s fifth bits in a plane of
-//! their own) and, per block of 32 `k`, one scale and one offset, packed once at load; `x` rounded on each call to 8-bit blocks of 32 exactly as the `Q8_0`
+//! 4-, 5- and 6-bit linear layers (`Q4_0`, `Q4_K`, `Q5_0`, `Q6_K`) on x86 CPUs as integer
+//! products: `y = x Wᵀ` with `W` kept as its low nibbles (two per byte; the bits above them in a
+//! plane of their own) and, per block of 32 `k`, one scale and one offset (`Q6_K`: per half
+//! block of 16), packed once at load; `x` rounded on each call to 8-bit blocks of 32 exactly as the `Q8_0`
 //! kernel rounds ([`super::qgemm`]: `d = max|x| / 127`, `q = round(x / d)`).
 //!
 //! The formats dequantize, per block `b` of 32 `k` and column `c`, as `w = A·q − B` with
-//! `q ∈ [0, 15]` (`Q5_0`: `[0, 31]`):
+//! `q ∈ [0, 15]` (`Q5_0`: `[0, 31]`; `Q6_K`: `[0, 63]`):
 //! - `Q4_0`: `A = d`, `B = 8·d` (`w = (q − 8)·d`);
 //! - `Q5_0`: `A = d`, `B = 16·d` (`w = (q − 16)·d`);
+//! - `Q6_K`: per half block of 16, `A = d·scale` (a signed 8-bit scale), `B = 32·A`
+//!   (`w = d·scale·(q − 32)`, as ggml dequantizes).
 //! - `Q4_K`: per sub-block of 32 of a 256-block, `A = d·scale`, `B = dmin·min` (6-bit `scale` and
 //!   `min`, as ggml dequantizes).
 //!
@@ -15,7 +18,9 @@
 //!
 //! `y[r][c] = Σ_b dx[r][b] · (A[c][b]·S[r][c][b] − B[c][b]·s[r][b])`
 //!
-//! one f32 `fmsub` and one `fma` per block after the integer sum. This is the product of the
+//! one f32 `fmsub` and one `fma` per block after the integer sum. `Q6_K` sums each half `h` of
+//! the block apart, `S_h` and `s_h`, and adds `dx · (A_h · (S_h − 32·s_h))` per half, low half
+//! first (`S_h − 32·s_h` is an exact integer in f32). This is the product of the
 //! dequantized weight and the rounded activations up to f32 rounding (tested), the "W4A8"
 //! product llama.cpp's CPU kernels compute; for `Q4_K` the activations are rounded per 32
 //! values rather than ggml's 256, which is finer.
@@ -27,8 +32,9 @@
 //! - AVX-512 VNNI: `vpdpbusd` (16 lanes × 4 products), tiles of 6 rows × 32 columns.
 //! - AVX2: `vpmaddubsw` (pairs of products in 16 bits) summed over the block in 16 bits (at most
 //!   16 · 15 · 127 = 30,480: exact), then `vpmaddwd` by ones once per block; tiles of 4 rows ×
-//!   16 columns. 5-bit values would overflow that sum (16 · 31 · 127), so for `Q5_0` each
-//!   group's four products (at most 15,748) are widened to 32 bits at once.
+//!   16 columns. 5- and 6-bit values would overflow that sum (16 · 31 · 127), so for `Q5_0`
+//!   and `Q6_K` each group's products (at most 4 · 31 · 127 = 15,748 and 2 · 63 · 127 = 16,002)
+//!   are widened to 32 bits at once.
 //! - AVX-VNNI (AVX2 CPUs with the 256-bit `vpdpbusd`): the VNNI sums on 8 lanes, tiles of 4 rows
 //!   × 16 columns (one `vpdpbusd` where AVX2 takes a `vpmaddubsw` and an addition).
 //!
@@ -45,7 +51,11 @@
 //! `Q5_0`'s fifth bits: per (panel, block) 64 bytes, column `c`'s 32 bits at bytes `4c..4c + 4`,
 //! value `i`'s bit at bit `(i % 16) / 4 + 4·[i ≥ 16]` of byte `i % 4`, so that group `u`'s bits
 //! reach bit 4 of each byte of its low halves by one left shift (`4 − u`) and of its high
-//! halves by one right shift (`u`); 0.81 byte a weight (its file form: 0.69).
+//! halves by one right shift (`u`); 0.81 byte a weight (its file form: 0.69). `Q6_K`'s high bit
+//! pairs: per (panel, block) 128 bytes, the low half's 64 then the high half's, column `c`'s
+//! bytes at `4c..4c + 4`, value `i`'s pair at bits `2u, 2u + 1` of byte `i % 4`
+//! (`u = (i % 16) / 4`); `ma` / `mb` hold the halves' signed scales, `da` the `d` per 256
+//! values: 0.83 byte a weight (its file form: 0.82).
 //! Activations, per group of `MR` rows and block: eight broadcast units of four `i8` (values
 //! `4g..4g+4`), the scale `dx` and the sum `s` per row.
 //!
@@ -56,6 +66,8 @@ use super::aligned::Aligned;
 use super::isa::Isa;
 use super::panel::NR;
 use super::Result;
+pub use formats::Q4Format;
+use formats::{decode_row, row_db};
 
 /// `k` per block (of the activations, of `Q4_0`, of a `Q4_K` sub-block).
 pub const BLOCK: usize = 32;
@@ -63,14 +75,6 @@ pub const BLOCK: usize = 32;
 const PANEL_BLOCK: usize = NR * BLOCK / 2;
 /// Bytes of one (panel, block)'s fifth bits (`Q5_0`): 16 columns × 32 bits.
 const PANEL_BITS: usize = NR * BLOCK / 8;
-/// Bytes of one serialized `Q4_0` block: an f16 scale and 16 bytes of 4-bit values.
-const Q4_0_BYTES: usize = 18;
-/// Bytes of one serialized `Q5_0` block: an f16 scale, 32 fifth bits, 16 bytes of low nibbles.
-const Q5_0_BYTES: usize = 22;
-/// Values per `Q4_K` block and bytes of one: f16 `d` and `dmin`, 12 bytes of 6-bit scales and
-/// mins, 128 bytes of 4-bit values.
-const Q4K_VALUES: usize = 256;
-const Q4K_BYTES: usize = 144;
 /// Rows per tile (AVX2 and AVX-VNNI; AVX-512).
 #[cfg(target_arch = "x86_64")]
 const MR_AVX2: usize = 4;
@@ -112,99 +116,6 @@ pub struct PackedQ4 {
     shift: u32,
 }
 
-/// The formats [`PackedQ4`] packs: ggml's serialized blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Q4Format {
-    /// 18 bytes per 32 values: an f16 scale `d` and 16 bytes of nibbles (`w = (q − 8)·d`).
-    Q4_0,
-    /// 144 bytes per 256 values: f16 `d` and `dmin`, 12 bytes of 6-bit scales and mins, 128
-    /// bytes of nibbles (`w = d·scale·q − dmin·min` per sub-block of 32).
-    Q4K,
-    /// 22 bytes per 32 values: an f16 scale `d`, 32 fifth bits and 16 bytes of low nibbles
-    /// (`w = (q − 16)·d`, `q ∈ [0, 31]`).
-    Q5_0,
-}
-
-impl Q4Format {
-    /// Whether the values carry a fifth bit.
-    pub fn five_bits(self) -> bool {
-        self == Q4Format::Q5_0
-    }
-
-    /// The offset `q` is taken from when the block's `B` is `A` times it (`Q4_0`, `Q5_0`).
-    fn zero_point(self) -> Option<i32> {
-        match self {
-            Q4Format::Q4_0 => Some(8),
-            Q4Format::Q5_0 => Some(16),
-            Q4Format::Q4K => None,
-        }
-    }
-}
-
-/// The 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K` block's 12 packed bytes.
-fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
-    match j < 4 {
-        true => (s[j] & 63, s[j + 4] & 63),
-        false => (
-            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        ),
-    }
-}
-
-/// The f32 value of the little-endian f16 `lo, hi`.
-fn f16(lo: u8, hi: u8) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
-}
-
-/// One row's blocks of 32 as `(block, da, ma, mb, q[32])` (`A = da·ma`; `B = db·mb`, `db` from
-/// [`row_db`] for `Q4_K`, `da` for `Q4_0`), decoded from ggml's serialized form.
-fn decode_row(format: Q4Format, row: &[u8], mut put: impl FnMut(usize, f32, u8, u8, [u8; BLOCK])) {
-    match format {
-        Q4Format::Q4_0 => {
-            for (b, blk) in row.chunks_exact(Q4_0_BYTES).enumerate() {
-                let mut q = [0u8; BLOCK];
-                for (j, &v) in blk[2..].iter().enumerate() {
-                    q[j] = v & 0x0F;
-                    q[j + 16] = v >> 4;
-                }
-                put(b, f16(blk[0], blk[1]), 1, 8, q);
-            }
-        }
-        Q4Format::Q5_0 => {
-            for (b, blk) in row.chunks_exact(Q5_0_BYTES).enumerate() {
-                let high = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                let mut q = [0u8; BLOCK];
-                for (j, &v) in blk[6..].iter().enumerate() {
-                    q[j] = (v & 0x0F) | ((((high >> j) & 1) as u8) << 4);
-                    q[j + 16] = (v >> 4) | ((((high >> (j + 16)) & 1) as u8) << 4);
-                }
-                put(b, f16(blk[0], blk[1]), 1, 16, q);
-            }
-        }
-        Q4Format::Q4K => {
-            for (sb, blk) in row.chunks_exact(Q4K_BYTES).enumerate() {
-                let d = f16(blk[0], blk[1]);
-                let (scales, qs) = (&blk[4..16], &blk[16..]);
-                // 64 values per 32 bytes: the low halves one sub-block, the high halves the next
-                for (c, chunk) in qs.chunks_exact(32).enumerate() {
-                    for half in 0..2 {
-                        let j = 2 * c + half;
-                        let (sc, m) = q4k_scale_min(scales, j);
-                        let q = std::array::from_fn(|i| (chunk[i] >> (4 * half)) & 0x0F);
-                        put(sb * 8 + j, d, sc, m, q);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// A `Q4_K` row's `dmin` per 256 values (its `B` factor per group).
-fn row_db(row: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    row.chunks_exact(Q4K_BYTES).map(|blk| f16(blk[2], blk[3]))
-}
-
 impl PackedQ4 {
     /// Pack `Q4_0`, `Q4_K` or `Q5_0` blocks of `(n, k)` (ggml's serialized form, as candle writes it,
     /// per row) for `isa`. `None` for a `k` that is not a multiple of the format's block, or a
@@ -217,23 +128,13 @@ impl PackedQ4 {
         isa: Isa,
     ) -> Option<Self> {
         use rayon::prelude::*;
-        let (values, block_bytes) = match format {
-            Q4Format::Q4_0 => (BLOCK, Q4_0_BYTES),
-            Q4Format::Q4K => (Q4K_VALUES, Q4K_BYTES),
-            Q4Format::Q5_0 => (BLOCK, Q5_0_BYTES),
-        };
+        let (values, block_bytes) = format.block();
         if k == 0 || !k.is_multiple_of(values) || bytes.len() != n * (k / values) * block_bytes {
             return None;
         }
         let blocks = k / BLOCK;
-        let shift = match format {
-            Q4Format::Q4_0 | Q4Format::Q5_0 => 0,
-            Q4Format::Q4K => (Q4K_VALUES / BLOCK).trailing_zeros(),
-        };
-        let bits = match format.five_bits() {
-            true => PANEL_BITS,
-            false => 0,
-        };
+        let shift = format.shift();
+        let bits = PANEL_BITS * format.high_bits();
         let groups = blocks >> shift;
         let row_bytes = (k / values) * block_bytes;
         let panels = n.div_ceil(NR);
@@ -264,16 +165,15 @@ impl PackedQ4 {
                         for (i, &v) in vals.iter().enumerate() {
                             let (u, j, high) = ((i % 16) / 4, i % 4, i >= 16);
                             qb[u * 64 + c * 4 + j] |= (v & 0x0F) << (4 * high as u8);
-                            if bits > 0 {
-                                let bit = (v >> 4) << (u + 4 * high as usize);
-                                qh[blk * bits + c * 4 + j] |= bit;
+                            if let Some((at, shift)) = high_bit_place(format, i) {
+                                qh[blk * bits + at + c * 4] |= (v >> 4) << shift;
                             }
                         }
                     });
                 }
             });
         let mut db = Aligned::<f32>::zeroed(match format {
-            Q4Format::Q4_0 | Q4Format::Q5_0 => 0,
+            Q4Format::Q4_0 | Q4Format::Q5_0 | Q4Format::Q6K => 0,
             Q4Format::Q4K => panels * groups * NR,
         });
         if format == Q4Format::Q4K {
@@ -302,12 +202,9 @@ impl PackedQ4 {
         })
     }
 
-    /// Bytes of fifth bits per (panel, block): [`PANEL_BITS`] for `Q5_0`, none otherwise.
+    /// Bytes of high bits per (panel, block): [`PANEL_BITS`] per bit above the nibble.
     fn bits_per_block(&self) -> usize {
-        match self.format.five_bits() {
-            true => PANEL_BITS,
-            false => 0,
-        }
+        PANEL_BITS * self.format.high_bits()
     }
 
     /// Bytes held by the packed weight (values, multipliers and factors).
@@ -334,25 +231,37 @@ impl PackedQ4 {
         self.format
     }
 
-    /// The value `q` of `W[c][kk]` (4 or 5 bits) and its block's `(A, B)`.
+    /// The stored code `q` of `W[c][kk]` (4, 5 or 6 bits, before its offset).
+    pub fn code(&self, c: usize, kk: usize) -> u8 {
+        self.at(c, kk).0
+    }
+
+    /// The code `q` of `W[c][kk]` (4, 5 or 6 bits) and its block's (`Q6_K`: half's) `(A, B)`.
     fn at(&self, c: usize, kk: usize) -> (u8, f32, f32) {
         let (p, c, blk, i) = (c / NR, c % NR, kk / BLOCK, kk % BLOCK);
         let pb = p * (self.k / BLOCK) + blk;
         let (u, high) = ((i % 16) / 4, (i >= 16) as usize);
         let byte = self.q[pb * PANEL_BLOCK + u * 64 + c * 4 + i % 4];
         let mut q = (byte >> (4 * high)) & 0x0F;
-        if self.format.five_bits() {
-            let bits = self.qh[pb * self.bits_per_block() + c * 4 + i % 4];
-            q |= ((bits >> (u + 4 * high)) & 1) << 4;
+        if let Some((at, shift)) = high_bit_place(self.format, i) {
+            let mask = (1u8 << self.format.high_bits()) - 1;
+            q |= ((self.qh[pb * self.bits_per_block() + at + c * 4] >> shift) & mask) << 4;
         }
         let pg = p * ((self.k / BLOCK) >> self.shift) + (blk >> self.shift);
-        let db = match self.format {
-            Q4Format::Q4_0 | Q4Format::Q5_0 => &self.da,
-            Q4Format::Q4K => &self.db,
+        let (ma, mb) = (self.ma[pb * NR + c], self.mb[pb * NR + c]);
+        let (a, b) = match self.format {
+            // the half's signed scale; `B = 32·A`
+            Q4Format::Q6K => {
+                let sc = [ma, mb][high] as i8 as f32;
+                (sc, 32.0 * sc)
+            }
+            _ => (ma as f32, mb as f32),
         };
-        let a = self.da[pg * NR + c] * self.ma[pb * NR + c] as f32;
-        let b = db[pg * NR + c] * self.mb[pb * NR + c] as f32;
-        (q, a, b)
+        let db = match self.format {
+            Q4Format::Q4K => &self.db,
+            _ => &self.da,
+        };
+        (q, self.da[pg * NR + c] * a, db[pg * NR + c] * b)
     }
 
     /// `W` dequantized as ggml does (`Q4_0`: `(q − 8)·d`; `Q5_0`: `(q − 16)·d`; `Q4_K`:
@@ -424,6 +333,19 @@ impl PackedQ4 {
     }
 }
 
+/// Where value `i` (0..32) of a block keeps its bits above the nibble within a (panel, block)'s
+/// high-bit plane: `(byte offset before the column's 4 bytes, bit shift)`, `None` for the 4-bit
+/// formats. `Q5_0`: byte `i % 4`, bit `u + 4·half` (`u = (i % 16) / 4`); `Q6_K`: the half's 64
+/// bytes, byte `i % 4`, bits `2u, 2u + 1` (see the module doc).
+fn high_bit_place(format: Q4Format, i: usize) -> Option<(usize, usize)> {
+    let (u, j, half) = ((i % 16) / 4, i % 4, i / 16);
+    match format.high_bits() {
+        1 => Some((j, u + 4 * half)),
+        2 => Some((64 * half + j, 2 * u)),
+        _ => None,
+    }
+}
+
 /// That `x` holds `m` rows of `k`.
 fn rows_fit(what: &str, x: &[f32], m: usize, k: usize) -> Result<()> {
     if x.len() != m * k {
@@ -464,6 +386,7 @@ pub fn swiglu_product(x: &[f32], m: usize, w: &PackedQ4) -> Result<Vec<f32>> {
     }
 }
 
+mod formats;
 pub mod portable;
 
 #[cfg(target_arch = "x86_64")]

@@ -1,4 +1,4 @@
-//! The 4-bit kernels' arithmetic in plain Rust, one element at a time (the activations rounded
+//! The 4-, 5- and 6-bit kernels' arithmetic in plain Rust, one element at a time (the activations rounded
 //! by [`super::super::qgemm::portable::quantize_block`]). Not dispatched to at run time: the
 //! reference the x86 kernels are held to bit for bit, by the backends' tests.
 
@@ -19,6 +19,20 @@ pub fn product(x: &[f32], m: usize, w: &PackedQ4) -> Vec<f32> {
         for c in 0..n {
             let mut f = 0f32;
             for (blk, (dx, qx)) in blocks.iter().enumerate() {
+                if w.format.split() {
+                    // `Q6_K`: each half of 16 with its own `A` (`B = 32·A`), low half first
+                    for half in 0..2 {
+                        let (mut dot, mut sum) = (0i32, 0i32);
+                        for (j, &v) in qx.iter().enumerate().skip(16 * half).take(16) {
+                            dot += v as i32 * w.at(c, blk * BLOCK + j).0 as i32;
+                            sum += v as i32;
+                        }
+                        let (_, a, _) = w.at(c, blk * BLOCK + 16 * half);
+                        let x = dot as f32 - 32.0 * sum as f32;
+                        f = (a * x).mul_add(*dx, f);
+                    }
+                    continue;
+                }
                 let (mut dot, mut sum) = (0i32, 0i32);
                 for (j, &v) in qx.iter().enumerate() {
                     dot += v as i32 * w.at(c, blk * BLOCK + j).0 as i32;

@@ -1,5 +1,5 @@
-//! The tensor-facing shell of the 4- and 5-bit integer kernels
-//! (`forkscore_kernels::cpu::q4gemm`: `Q4_0`, `Q4_K`, `Q5_0`): weights packed from candle's blocks of a [`GgmlDType`], and
+//! The tensor-facing shell of the 4-, 5- and 6-bit integer kernels
+//! (`forkscore_kernels::cpu::q4gemm`: `Q4_0`, `Q4_K`, `Q5_0`, `Q6_K`): weights packed from candle's blocks of a [`GgmlDType`], and
 //! `x (.., k) · Wᵀ` on tensors. The tests hold the kernels to their plain-Rust reference
 //! ([`portable`]) and that to candle's dequantization.
 
@@ -16,12 +16,13 @@ use forkscore_kernels::cpu::qgemm::portable::quantize_block;
 use kernel::{portable, BLOCK, MC};
 pub(crate) use kernel::{PackedQ4, Q4Format};
 
-/// The kernel format of a ggml type (`Q4_0`, `Q4_K`, `Q5_0`), `None` for another.
+/// The kernel format of a ggml type (`Q4_0`, `Q4_K`, `Q5_0`, `Q6_K`), `None` for another.
 pub(crate) fn format(ggml: GgmlDType) -> Option<Q4Format> {
     match ggml {
         GgmlDType::Q4_0 => Some(Q4Format::Q4_0),
         GgmlDType::Q4K => Some(Q4Format::Q4K),
         GgmlDType::Q5_0 => Some(Q4Format::Q5_0),
+        GgmlDType::Q6K => Some(Q4Format::Q6K),
         _ => None,
     }
 }
@@ -32,10 +33,11 @@ pub(crate) fn ggml(w: &PackedQ4) -> GgmlDType {
         Q4Format::Q4_0 => GgmlDType::Q4_0,
         Q4Format::Q4K => GgmlDType::Q4K,
         Q4Format::Q5_0 => GgmlDType::Q5_0,
+        Q4Format::Q6K => GgmlDType::Q6K,
     }
 }
 
-/// Pack `Q4_0`, `Q4_K` or `Q5_0` blocks of `(n, k)` (candle's serialized form, per row) for `isa`
+/// Pack `Q4_0`, `Q4_K`, `Q5_0` or `Q6_K` blocks of `(n, k)` (candle's serialized form, per row) for `isa`
 /// ([`PackedQ4::from_blocks`]). `None` for another type, a `k` that is not a multiple of its
 /// block, or a byte count that does not fit `(n, k)`.
 pub(crate) fn from_blocks(

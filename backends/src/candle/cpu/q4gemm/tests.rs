@@ -34,6 +34,10 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
             (GgmlDType::Q5_0, vec![1, 1, 896], 7),
             (GgmlDType::Q5_0, vec![MC + 7, 160], 176),
             (GgmlDType::Q5_0, vec![6, 32], 33),
+            (GgmlDType::Q6K, vec![37, 256], 130),
+            (GgmlDType::Q6K, vec![MC + 9, 768], 40),
+            (GgmlDType::Q6K, vec![1, 1, 512], 17),
+            (GgmlDType::Q6K, vec![5, 256], 32),
         ] {
             let k = *xdims.last().unwrap();
             let x = Tensor::randn(0f32, 1.0, xdims.clone(), &dev)?;
@@ -65,35 +69,47 @@ fn kernels_equal_the_reference_sums() -> Result<()> {
     Ok(())
 }
 
-/// 5-bit values at their largest (`q = 31`) against activations at theirs (`127`) in every
-/// position: the block sums reach 32 · 31 · 127, past what 16-bit lanes hold, and every kernel
-/// still equals the reference sums and the dequantized product.
+/// 5- and 6-bit values at their largest (`q = 31`, `63`) against activations at theirs (`127`)
+/// in nearly every position: the block sums reach 32 · 31 · 127 and 16 · 63 · 127 per half,
+/// past what 16-bit lanes hold, and every kernel still equals the reference sums and the
+/// dequantized product.
 #[test]
-fn five_bit_sums_at_their_largest_stay_exact() -> Result<()> {
+fn high_bit_sums_at_their_largest_stay_exact() -> Result<()> {
     let dev = Device::Cpu;
-    let (m, n, k) = (7usize, 32usize, 128usize);
-    // per block: -1 then 31 values of 0.95, so d = 1/16 and q = 31 for all but the first
+    let (m, n, k) = (7usize, 32usize, 512usize);
+    // per 16 values: -1 then 15 of 0.97, so the largest magnitude is negative and the rest
+    // take the top code (Q5_0: d = 1/16, q = 31; Q6_K: q = 63)
     let w: Vec<f32> = (0..n * k)
-        .map(|i| if i % BLOCK == 0 { -1.0 } else { 0.95 })
+        .map(|i| if i % 16 == 0 { -1.0 } else { 0.97 })
         .collect();
-    let (bytes, qt) = blocks(&Tensor::from_vec(w, (n, k), &dev)?, GgmlDType::Q5_0)?;
+    let w = Tensor::from_vec(w, (n, k), &dev)?;
     let x = vec![1f32; m * k];
-    let dense = qt.dequantize(&dev)?.flatten_all()?.to_vec1::<f32>()?;
-    // x is exactly representable per block (d = 1/127, q = 127): the product is the row sums
-    let want: Vec<f32> = (0..m)
-        .flat_map(|_| (0..n).map(|c| dense[c * k..][..k].iter().sum::<f32>()))
-        .collect();
-    for &isa in Isa::supported() {
-        let packed = from_blocks(GgmlDType::Q5_0, &bytes, n, k, isa).expect("fits");
-        assert_eq!(packed.rows(), dense);
-        let reference = portable::product(&x, m, &packed);
-        let got = linear(&Tensor::from_vec(x.clone(), (m, k), &dev)?, &packed)?;
-        assert_eq!(got.flatten_all()?.to_vec1::<f32>()?, reference, "{isa:?}");
-        let diff = reference
-            .iter()
-            .zip(&want)
-            .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
-        assert!(diff <= 1e-4 * want[0].abs(), "{isa:?}: {diff}");
+    for (format, top) in [(GgmlDType::Q5_0, 31u8), (GgmlDType::Q6K, 63)] {
+        let (bytes, qt) = blocks(&w, format)?;
+        let dense = qt.dequantize(&dev)?.flatten_all()?.to_vec1::<f32>()?;
+        // x is exactly representable per block (d = 1/127, q = 127): the product is the row
+        // sums
+        let want: Vec<f32> = (0..m)
+            .flat_map(|_| (0..n).map(|c| dense[c * k..][..k].iter().sum::<f32>()))
+            .collect();
+        for &isa in Isa::supported() {
+            let packed = from_blocks(format, &bytes, n, k, isa).expect("fits");
+            assert_eq!(packed.rows(), dense, "{format:?}");
+            let tops = (0..k).filter(|&i| packed.code(0, i) == top).count();
+            assert!(
+                tops >= k * 7 / 8,
+                "{format:?}: {tops} of {k} at the top code"
+            );
+            let reference = portable::product(&x, m, &packed);
+            let got = linear(&Tensor::from_vec(x.clone(), (m, k), &dev)?, &packed)?;
+            let got = got.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(got, reference, "{isa:?} {format:?}");
+            let diff = reference
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+            assert!(diff <= 1e-4 * want[0].abs(), "{isa:?} {format:?}: {diff}");
+        }
     }
     Ok(())
 }
@@ -119,7 +135,12 @@ fn the_reference_is_the_product_of_the_dequantized_weight() -> Result<()> {
         })
         .collect();
     let xr = Tensor::from_vec(rounded, (m, k), &dev)?;
-    for format in [GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q5_0] {
+    for format in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5_0,
+        GgmlDType::Q6K,
+    ] {
         // a weight with an offset, so Q4_K's mins are not all zero
         let wt = (Tensor::randn(0f32, 0.2, (n, k), &dev)? + 0.05)?;
         let (bytes, qt) = blocks(&wt, format)?;
@@ -159,6 +180,8 @@ fn fused_swiglu_equals_product_then_swiglu() -> Result<()> {
             (GgmlDType::Q4K, 13, 16, 512),
             (GgmlDType::Q5_0, 7, 48, 96),
             (GgmlDType::Q5_0, MC + 1, 32, 64),
+            (GgmlDType::Q6K, 7, 48, 256),
+            (GgmlDType::Q6K, MC + 3, 16, 512),
         ] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
             let pack = |shift: f64| -> Result<PackedQ4> {
@@ -200,7 +223,12 @@ fn stacking_and_refusals() -> Result<()> {
         .map(|&r| Tensor::randn(0f32, 1.0, (r, 256), &dev))
         .collect::<Result<_>>()?;
     let all = Tensor::cat(&ws, 0)?;
-    for format in [GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q5_0] {
+    for format in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5_0,
+        GgmlDType::Q6K,
+    ] {
         let parts: Vec<PackedQ4> = ws
             .iter()
             .map(|w| {

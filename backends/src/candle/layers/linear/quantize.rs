@@ -76,7 +76,7 @@ impl Linear {
     /// A layer whose weight `(out, in)` is stored already quantized, as the ggml blocks
     /// `bytes` of type `ggml` (a GGUF tensor; blocks run along `in`, rows one after another):
     /// kept in that format. Where an integer kernel runs (an f32 model on an x86 CPU, `Q8_0` /
-    /// `Q4_0` / `Q4_K` / `Q5_0`) the blocks are packed for it, as `--quantize` packs its own; any other
+    /// `Q4_0` / `Q4_K` / `Q5_0` / `Q6_K`) the blocks are packed for it, as `--quantize` packs its own; any other
     /// block format becomes candle's blocks on `device` behind [`QMatMul`] (its kernels, or the
     /// per-call dequantization of [`Linear::forward_dequantized`] above [`kernel_max_rows`]).
     /// `bias` is cast to `dtype` on `device`; `name` labels errors.
@@ -190,12 +190,12 @@ impl Linear {
 }
 
 /// The integer kernel a `ggml` weight of a `dtype` model on `device` gets: `Q8_0`
-/// ([`cpu_qgemm`]) or `Q4_0` / `Q4_K` / `Q5_0` ([`cpu_q4gemm`]), f32, on a CPU where those kernels run
+/// ([`cpu_qgemm`]) or `Q4_0` / `Q4_K` / `Q5_0` / `Q6_K` ([`cpu_q4gemm`]), f32, on a CPU where those kernels run
 /// (and `FORKSCORE_CPU_GEMM` does not ask for candle's matmul).
 pub(super) fn integer_kernel(ggml: GgmlDType, dtype: DType, device: &Device) -> Option<Isa> {
     let format = matches!(
         ggml,
-        GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4K | GgmlDType::Q5_0
+        GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4K | GgmlDType::Q5_0 | GgmlDType::Q6K
     );
     let fits = format && dtype == DType::F32 && device.is_cpu();
     match fits && cpu::gemm::choice() == CpuGemm::Packed {

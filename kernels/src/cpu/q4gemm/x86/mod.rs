@@ -14,19 +14,21 @@ mod avx2;
 mod avx512;
 mod vnni;
 
-use avx2::tile_avx2;
-use avx512::tile_avx512;
-use vnni::tile_vnni256;
+use avx2::{tile6_avx2, tile_avx2};
+use avx512::{tile6_avx512, tile_avx512};
+use vnni::{tile6_vnni256, tile_vnni256};
 
 /// Broadcast units per block: 8 of four `i8`.
 const UNITS: usize = BLOCK / 4;
 
-/// A row group's rounded activations: the units `[group][block][unit][row]`, the scales
-/// and the sums `[group][block][row]` (rows past `m` are zero).
+/// A row group's rounded activations: the units `[group][block][unit][row]`, the scales,
+/// the sums and the sums of the first 16 values `[group][block][row]` (rows past `m` are
+/// zero).
 pub(super) struct Rows {
     units: Vec<u32>,
     scale: Vec<f32>,
     sum: Vec<f32>,
+    low: Vec<f32>,
 }
 
 /// `x (m, k)` rounded per row and block for `isa`'s tiles.
@@ -39,35 +41,46 @@ pub(super) unsafe fn quantize_rows(x: &[f32], m: usize, k: usize, isa: Isa) -> R
     let mut units = vec![0u32; groups * blocks * UNITS * mr];
     let mut scale = vec![0f32; groups * blocks * mr];
     let mut sum = vec![0f32; groups * blocks * mr];
+    let mut low = vec![0f32; groups * blocks * mr];
     units
         .par_chunks_mut(blocks * UNITS * mr)
         .zip(scale.par_chunks_mut(blocks * mr))
         .zip(sum.par_chunks_mut(blocks * mr))
+        .zip(low.par_chunks_mut(blocks * mr))
         .enumerate()
-        .for_each(|(gi, ((u, d), s))| {
+        .for_each(|(gi, (((u, d), s), l))| {
             for r in 0..mr.min(m - gi * mr) {
                 let row = &x[(gi * mr + r) * k..][..k];
                 for (b, xs) in row.chunks_exact(BLOCK).enumerate() {
                     // SAFETY: the CPU has AVX2 + FMA; `xs` holds 32 floats and `u` the
                     // block's 8 units, `mr` apart, from this one.
-                    let (dv, sv) =
+                    let (dv, sv, lv) =
                         unsafe { signed_units(xs, u.as_mut_ptr().add(b * UNITS * mr + r), mr) };
                     d[b * mr + r] = dv;
                     s[b * mr + r] = sv as f32;
+                    l[b * mr + r] = lv as f32;
                 }
             }
         });
-    Rows { units, scale, sum }
+    Rows {
+        units,
+        scale,
+        sum,
+        low,
+    }
 }
 
 /// `xs` (32 floats) rounded as the `Q8_0` kernel rounds, written as 8 units of four `i8`
-/// (`stride` units apart); returns the scale and the sum of the rounded values.
+/// (`stride` units apart); returns the scale, the sum of the rounded values and the sum of the
+/// first 16.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn signed_units(xs: &[f32], out: *mut u32, stride: usize) -> (f32, i32) {
+pub(super) unsafe fn signed_units(xs: &[f32], out: *mut u32, stride: usize) -> (f32, i32, i32) {
     let (d, q) = x86_rounded(xs);
-    let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let (low, high) = (_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     let mut lanes = [0i32; 8];
-    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+    let mut low_lanes = [0i32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, high);
+    _mm256_storeu_si256(low_lanes.as_mut_ptr() as *mut __m256i, low);
     // i32 -> i16 -> i8, each pack interleaving 128-bit lanes; 0xD8 restores the order
     let w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
     let w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
@@ -77,7 +90,8 @@ pub(super) unsafe fn signed_units(xs: &[f32], out: *mut u32, stride: usize) -> (
     for (g, &unit) in units.iter().enumerate() {
         *out.add(g * stride) = unit;
     }
-    (d, lanes.iter().sum())
+    let low: i32 = low_lanes.iter().sum();
+    (d, low + lanes.iter().sum::<i32>(), low)
 }
 
 /// One panel's `A` / `B` multipliers and factors (see [`PackedQ4`]): the tiles compute each
@@ -99,10 +113,10 @@ impl Scales {
     unsafe fn panel(w: &PackedQ4, p: usize) -> Self {
         let blocks = w.k / BLOCK;
         let groups = blocks >> w.shift;
-        // `Q4_0` and `Q5_0` keep one factor, `d`, for both
+        // only `Q4_K` keeps a second factor; the others' `B` factor is `d`
         let db = match w.format {
-            super::Q4Format::Q4_0 | super::Q4Format::Q5_0 => w.da.as_ptr(),
             super::Q4Format::Q4K => w.db.as_ptr(),
+            _ => w.da.as_ptr(),
         };
         Scales {
             ma: w.ma.as_ptr().add(p * blocks * NR),
@@ -162,103 +176,83 @@ unsafe fn run(rows: &Rows, m: usize, w: &PackedQ4, p0: usize, p1: usize, out: Ou
         y,
         |p, width, g0, count, t| {
             let gi = g0 / mr;
-            let group = (
-                rows.units.as_ptr().add(gi * blocks * UNITS * mr),
-                rows.scale.as_ptr().add(gi * blocks * mr),
-                rows.sum.as_ptr().add(gi * blocks * mr),
-            );
+            let group = Group {
+                units: rows.units.as_ptr().add(gi * blocks * UNITS * mr),
+                scale: rows.scale.as_ptr().add(gi * blocks * mr),
+                sum: rows.sum.as_ptr().add(gi * blocks * mr),
+                low: rows.low.as_ptr().add(gi * blocks * mr),
+            };
             tile_at(w, p, width, count, group, t);
         },
     );
 }
 
-/// Rows `0..count` of one row group (`(units, scales, sums)`) × panels `p..p + width`
-/// (`width` 2 only under AVX-512) of `w` into `out`.
+/// One row group's rounded activations, as [`Rows`] holds them.
+#[derive(Clone, Copy)]
+pub(super) struct Group {
+    units: *const u32,
+    scale: *const f32,
+    sum: *const f32,
+    low: *const f32,
+}
+
+/// Rows `0..count` of one row group × panels `p..p + width` (`width` 2 only under AVX-512) of
+/// `w` into `out`.
 ///
 /// # Safety
 /// The CPU has `w`'s ISA; the row group and panels are within `w` and the rounded rows.
-unsafe fn tile_at(
-    w: &PackedQ4,
-    p: usize,
-    width: usize,
-    count: usize,
-    (ug, sg, tg): (*const u32, *const f32, *const f32),
-    out: &mut Tile,
-) {
+unsafe fn tile_at(w: &PackedQ4, p: usize, width: usize, count: usize, rg: Group, out: &mut Tile) {
     let blocks = w.k / BLOCK;
-    let wp = w.q.as_ptr().add(p * blocks * PANEL_BLOCK);
-    let five = w.format.five_bits();
-    // the panel's fifth bits (`Q5_0`; never read otherwise)
-    let hp = match five {
-        true => w.qh.as_ptr().add(p * blocks * PANEL_BITS),
-        false => std::ptr::null(),
+    let bits = PANEL_BITS * w.format.high_bits();
+    let planes = Planes {
+        w: w.q.as_ptr().add(p * blocks * PANEL_BLOCK),
+        wstride: blocks * PANEL_BLOCK,
+        // the panels' high bits (none for the 4-bit formats: never read)
+        h: w.qh.as_ptr().wrapping_add(p * blocks * bits),
+        hstride: blocks * bits,
     };
     let sp = Scales::panel(w, p);
+    let pair = [
+        sp,
+        match width {
+            2 => Scales::panel(w, p + 1),
+            _ => sp,
+        },
+    ];
+    let kind = w.format.high_bits() + 3 * w.format.split() as usize;
+    // `kind`: 0 four bits, 1 five bits, 5 six bits in split halves
+    macro_rules! narrow {
+        ($tile:ident, $tile6:ident) => {{
+            macro_rules! go {
+                ($r:literal) => {
+                    match kind {
+                        0 => $tile::<$r, false>(blocks, rg, planes, &sp, out),
+                        1 => $tile::<$r, true>(blocks, rg, planes, &sp, out),
+                        _ => $tile6::<$r>(blocks, rg, planes, &sp, out),
+                    }
+                };
+            }
+            match count {
+                4 => go!(4),
+                3 => go!(3),
+                2 => go!(2),
+                _ => go!(1),
+            }
+        }};
+    }
     match w.isa {
-        Isa::Avx2 => {
-            macro_rules! go {
-                ($r:literal) => {
-                    match five {
-                        true => tile_avx2::<$r, true>(blocks, ug, sg, tg, wp, hp, &sp, out),
-                        false => tile_avx2::<$r, false>(blocks, ug, sg, tg, wp, hp, &sp, out),
-                    }
-                };
-            }
-            match count {
-                4 => go!(4),
-                3 => go!(3),
-                2 => go!(2),
-                _ => go!(1),
-            }
-        }
-        Isa::AvxVnni => {
-            macro_rules! go {
-                ($r:literal) => {
-                    match five {
-                        true => tile_vnni256::<$r, true>(blocks, ug, sg, tg, wp, hp, &sp, out),
-                        false => tile_vnni256::<$r, false>(blocks, ug, sg, tg, wp, hp, &sp, out),
-                    }
-                };
-            }
-            match count {
-                4 => go!(4),
-                3 => go!(3),
-                2 => go!(2),
-                _ => go!(1),
-            }
-        }
+        Isa::Avx2 => narrow!(tile_avx2, tile6_avx2),
+        Isa::AvxVnni => narrow!(tile_vnni256, tile6_vnni256),
         Isa::Avx512 => {
-            let ws = blocks * PANEL_BLOCK;
-            let hs = blocks * PANEL_BITS;
-            let pair = [
-                sp,
-                if width == 2 {
-                    Scales::panel(w, p + 1)
-                } else {
-                    sp
-                },
-            ];
-            let planes = Planes {
-                w: wp,
-                wstride: ws,
-                h: hp,
-                hstride: hs,
-            };
             macro_rules! go {
                 ($r:literal) => {
-                    match (width, five) {
-                        (2, true) => {
-                            tile_avx512::<$r, 2, true>(blocks, ug, sg, tg, planes, &pair, out)
-                        }
-                        (2, false) => {
-                            tile_avx512::<$r, 2, false>(blocks, ug, sg, tg, planes, &pair, out)
-                        }
-                        (_, true) => {
-                            tile_avx512::<$r, 1, true>(blocks, ug, sg, tg, planes, &[sp], out)
-                        }
-                        (_, false) => {
-                            tile_avx512::<$r, 1, false>(blocks, ug, sg, tg, planes, &[sp], out)
-                        }
+                    match (width, kind) {
+                        (2, 0) => tile_avx512::<$r, 2, false>(blocks, rg, planes, &pair, out),
+                        (2, 1) => tile_avx512::<$r, 2, true>(blocks, rg, planes, &pair, out),
+                        (2, _) => tile6_avx512::<$r, 2>(blocks, rg, planes, &pair, out),
+                        (_, 0) => tile_avx512::<$r, 1, false>(blocks, rg, planes, &[sp], out),
+                        (_, 1) => tile_avx512::<$r, 1, true>(blocks, rg, planes, &[sp], out),
+                        (_, _) => tile6_avx512::<$r, 1>(blocks, rg, planes, &[sp], out),
                     }
                 };
             }
@@ -274,8 +268,8 @@ unsafe fn tile_at(
     }
 }
 
-/// Where a tile's panels keep their values: the first panel's 4-bit values `w` (the next panel's
-/// `wstride` bytes on) and fifth bits `h` (`hstride` on; null for the 4-bit formats).
+/// Where a tile's panels keep their values: the first panel's low nibbles `w` (the next panel's
+/// `wstride` bytes on) and high bits `h` (`hstride` on; not to be read for the 4-bit formats).
 #[derive(Clone, Copy)]
 pub(super) struct Planes {
     w: *const u8,
