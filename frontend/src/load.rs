@@ -5,7 +5,7 @@
 use crate::provenance::{GgufProvenance, ModelProvenance, GIT_COMMIT, VERSION};
 use forkscore_backends::candle::checkpoint::{CheckpointSource, ResolvedCheckpoint};
 use forkscore_backends::candle::device::{ComputeDType, DeviceSpec};
-use forkscore_backends::candle::gguf::GgufTokenizer;
+use forkscore_backends::candle::gguf::{GgufTensors, GgufTokenizer};
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::{Backend, CandleError, Quantization};
 use forkscore_engine::calibration::{adapter_sha256_from_ready, CalibrationError};
@@ -102,14 +102,25 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
         quantization: precision.quantization,
         deterministic: args.deterministic,
     };
+    // A GGUF file's tokenizer is built from its metadata before the weights are loaded: the
+    // build's transients (the metadata's strings, the tokenizer JSON) then never sit on top of
+    // the loaded weights, which would raise the peak memory by tens of MB.
+    let gguf_tokenizer = match &checkpoint.gguf {
+        Some(file) => {
+            let header = GgufTensors::open(file)?;
+            let family = Some(header.config()?.architecture.family());
+            let meta = GgufTokenizer::from_metadata(file, &header.file().metadata)?;
+            drop(header);
+            let built = crate::gguf_tokenizer::chat_tokenizer(file, &meta, family)?;
+            Some(built)
+        }
+        None => None,
+    };
     let backend = CandleBackend::load(&checkpoint, &options)?;
     check_quantization_applied(options.quantization, &backend.quant_summary().by_type)?;
     let family = backend.facts().family;
-    let (tokenizer, gguf) = match (&checkpoint.gguf, backend.gguf_summary()) {
-        (Some(file), Some(summary)) => {
-            let meta = GgufTokenizer::read(file)?;
-            let (tokenizer, tokenizer_source, template_source) =
-                crate::gguf_tokenizer::chat_tokenizer(file, &meta, family)?;
+    let (tokenizer, gguf) = match (gguf_tokenizer, backend.gguf_summary()) {
+        (Some((tokenizer, tokenizer_source, template_source)), Some(summary)) => {
             let gguf = GgufProvenance {
                 tokenizer: tokenizer_source,
                 chat_template: template_source,

@@ -169,14 +169,7 @@ impl<'a> Weights<'a> {
                     name: full.clone(),
                     reason: format!("stored blocks: {e}"),
                 };
-                let blocks = candle_core::quantized::ggml_file::qtensor_from_ggml(
-                    info.dtype.0,
-                    g.bytes(info),
-                    shape.to_vec(),
-                    self.device,
-                )
-                .map_err(op)?;
-                g.release(info);
+                let blocks = g.cpu_blocks(info, shape).map_err(op)?;
                 return Table::blocks(blocks, self.dtype).map_err(op);
             }
         }

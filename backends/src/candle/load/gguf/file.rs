@@ -296,7 +296,12 @@ impl GgufFile {
     /// Drop the mapped pages of `info` from this process's memory once its bytes were copied
     /// ([`crate::candle::load::pages::release`]).
     pub fn release(&self, info: &TensorInfo) {
-        crate::candle::load::pages::release(&self.mmap, info.start, info.end);
+        self.release_range(info.start, info.end);
+    }
+
+    /// Drop the mapped pages that lie wholly inside the file's bytes `start..end`.
+    pub fn release_range(&self, start: usize, end: usize) {
+        crate::candle::load::pages::release(&self.mmap, start, end);
     }
 
     /// The header and tensor-info bytes (what the fingerprint hashes).

@@ -17,6 +17,7 @@
 //! type for provenance. Each tensor's mapped pages are released once it is copied
 //! ([`file::GgufFile::release`]).
 
+mod blocks;
 pub mod config;
 pub mod file;
 pub mod names;
