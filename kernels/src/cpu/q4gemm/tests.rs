@@ -44,8 +44,9 @@ fn signed_units_equal_scalar_rounding() {
     }
 }
 
-/// The packed weight's size: 4 bits a value, two 8-bit multipliers per 32 values, and two f32
-/// factors per 256 values (`Q4_K`) or one per 32 (`Q4_0`), whatever the blocks hold.
+/// The packed weight's size: 4 bits a value (plus the high bits of `Q5_0` / `Q6_K`), two 8-bit
+/// multipliers per 32 values, and two f32 factors per 256 values (`Q4_K`) or one per 32
+/// (`Q4_0`, `Q5_0`) or 256 (`Q6_K`), whatever the blocks hold.
 #[test]
 fn packed_sizes_stay_near_the_file_form() {
     let (n, k) = (48, 512);
@@ -66,6 +67,22 @@ fn packed_sizes_stay_near_the_file_form() {
     let q40 = PackedQ4::from_blocks(Q4Format::Q4_0, &raw(n * (k / 32) * 18), n, k, Isa::Avx2)
         .expect("fits");
     assert_eq!(q40.bytes(), n * k / 2 + 2 * n * k / 32 + 4 * n * k / 32);
+    // Q5_0: the fifth bits add one bit a value; Q6_K: two bits a value, its two signed scales
+    // per 32 values as bytes and one f32 `d` per 256
+    let q50 = PackedQ4::from_blocks(Q4Format::Q5_0, &raw(n * (k / 32) * 22), n, k, Isa::Avx2)
+        .expect("fits");
+    assert_eq!(
+        q50.bytes(),
+        n * k / 2 + n * k / 8 + 2 * n * k / 32 + 4 * n * k / 32
+    );
+    assert!((q50.bytes() as f64 / (n * k) as f64) < 0.82);
+    let q6k = PackedQ4::from_blocks(Q4Format::Q6K, &raw(n * (k / 256) * 210), n, k, Isa::Avx2)
+        .expect("fits");
+    assert_eq!(
+        q6k.bytes(),
+        n * k / 2 + n * k / 4 + 2 * n * k / 32 + 4 * n * k / 256
+    );
+    assert!((q6k.bytes() as f64 / (n * k) as f64) < 0.83);
     // a partial last panel is padded to 16 columns
     let odd = PackedQ4::from_blocks(Q4Format::Q4K, &raw(20 * (k / 256) * 144), 20, k, Isa::Avx2)
         .expect("fits");
