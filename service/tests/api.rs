@@ -604,13 +604,14 @@ async fn a_request_past_its_timeout_is_a_504_and_the_server_keeps_serving() {
     )
     .await;
     assert_eq!(
-        (
-            status,
-            v["error"]["kind"].as_str(),
-            v["error"]["path"].as_str()
-        ),
-        (StatusCode::GATEWAY_TIMEOUT, Some("timeout"), Some("<root>"))
+        (status, v["error"]["kind"].as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, Some("timeout")),
+        "{v}"
     );
+    // the deadline strikes in the 400 ms prefill, or, on a loaded machine (a debug build
+    // beside other test binaries), already in the schema's compile: both are the 504 contract
+    let path = v["error"]["path"].as_str();
+    assert!(matches!(path, Some("<root>") | Some("schema")), "{v}");
     let (status, health, _) = call(&app, "GET", "/health", None).await;
     assert_eq!(
         (status, health["status"].as_str()),
