@@ -60,7 +60,7 @@ impl Q4Format {
     /// Whether each half block of 16 values has a scale of its own (`Q6_K`: `ma` the low
     /// half's signed scale, `mb` the high half's; `B = 32·A`), rather than one `A` and `B`
     /// per block of 32.
-    pub fn split(self) -> bool {
+    pub(super) fn split(self) -> bool {
         self == Q4Format::Q6K
     }
 

@@ -57,7 +57,8 @@
 //! (`u = (i % 16) / 4`); `ma` / `mb` hold the halves' signed scales, `da` the `d` per 256
 //! values: 0.83 byte a weight (its file form: 0.82).
 //! Activations, per group of `MR` rows and block: eight broadcast units of four `i8` (values
-//! `4g..4g+4`), the scale `dx` and the sum `s` per row.
+//! `4g..4g+4`), the scale `dx`, the sum `s` and the sum of the first 16 values (`Q6_K`'s low
+//! half) per row.
 //!
 //! [`portable::product`] computes the same sums in plain Rust; the tests hold the kernels to
 //! it bit for bit, and it to the dequantized product.
@@ -73,7 +74,7 @@ use formats::{decode_row, row_db};
 pub const BLOCK: usize = 32;
 /// Bytes of one (panel, block): 16 columns × 32 values × 4 bits.
 const PANEL_BLOCK: usize = NR * BLOCK / 2;
-/// Bytes of one (panel, block)'s fifth bits (`Q5_0`): 16 columns × 32 bits.
+/// Bytes of one (panel, block)'s plane per bit above the nibble: 16 columns × 32 bits.
 const PANEL_BITS: usize = NR * BLOCK / 8;
 /// Rows per tile (AVX2 and AVX-VNNI; AVX-512).
 #[cfg(target_arch = "x86_64")]
@@ -103,21 +104,23 @@ pub struct PackedQ4 {
     format: Q4Format,
     /// `[panel][block][u][column][4]`, two 4-bit values per byte (see the module doc).
     q: Aligned<u8>,
-    /// `[panel][block][column][4]`: the fifth bits of `Q5_0` (empty for the 4-bit formats).
+    /// `[panel][block]` planes of the bits above the nibble (`Q5_0`: one, `Q6_K`: two, see the
+    /// module doc; empty for the 4-bit formats).
     qh: Aligned<u8>,
     /// `[panel][block][column]`: the multipliers of `A` and `B`.
     ma: Aligned<u8>,
     mb: Aligned<u8>,
     /// `[panel][group][column]`: the factors of `A` and `B` per group of `1 << shift` blocks
-    /// (`db` empty for `Q4_0`, whose `B` factor is `da`).
+    /// (`db` empty but for `Q4_K`: the other formats' `B` factor is `da`).
     da: Aligned<f32>,
     db: Aligned<f32>,
-    /// log2 of the blocks per group: 3 for `Q4_K` (256 values), 0 for `Q4_0` and `Q5_0`.
+    /// log2 of the blocks per group: 3 for `Q4_K` and `Q6_K` (256 values), 0 for `Q4_0` and
+    /// `Q5_0`.
     shift: u32,
 }
 
 impl PackedQ4 {
-    /// Pack `Q4_0`, `Q4_K` or `Q5_0` blocks of `(n, k)` (ggml's serialized form, as candle writes it,
+    /// Pack `Q4_0`, `Q4_K`, `Q5_0` or `Q6_K` blocks of `(n, k)` (ggml's serialized form, as candle writes it,
     /// per row) for `isa`. `None` for a `k` that is not a multiple of the format's block, or a
     /// byte count that does not fit `(n, k)`.
     pub fn from_blocks(
@@ -144,7 +147,7 @@ impl PackedQ4 {
         let mut ma = Aligned::<u8>::zeroed(panels * blocks * NR);
         let mut mb = Aligned::<u8>::zeroed(panels * blocks * NR);
         let mut da = Aligned::<f32>::zeroed(panels * groups * NR);
-        // each panel's fifth bits (an empty slice per panel for the 4-bit formats)
+        // each panel's high-bit planes (an empty slice per panel for the 4-bit formats)
         let qh_chunks: Vec<&mut [u8]> = match bits {
             0 => (0..panels).map(|_| Default::default()).collect(),
             _ => qh.chunks_mut(blocks * bits).collect(),

@@ -219,16 +219,16 @@ unsafe fn tile_at(w: &PackedQ4, p: usize, width: usize, count: usize, rg: Group,
             _ => sp,
         },
     ];
-    let kind = w.format.high_bits() + 3 * w.format.split() as usize;
-    // `kind`: 0 four bits, 1 five bits, 5 six bits in split halves
+    use super::Q4Format::{Q4K, Q4_0, Q5_0, Q6K};
+    let format = w.format;
     macro_rules! narrow {
         ($tile:ident, $tile6:ident) => {{
             macro_rules! go {
                 ($r:literal) => {
-                    match kind {
-                        0 => $tile::<$r, false>(blocks, rg, planes, &sp, out),
-                        1 => $tile::<$r, true>(blocks, rg, planes, &sp, out),
-                        _ => $tile6::<$r>(blocks, rg, planes, &sp, out),
+                    match format {
+                        Q4_0 | Q4K => $tile::<$r, false>(blocks, rg, planes, &sp, out),
+                        Q5_0 => $tile::<$r, true>(blocks, rg, planes, &sp, out),
+                        Q6K => $tile6::<$r>(blocks, rg, planes, &sp, out),
                     }
                 };
             }
@@ -246,13 +246,17 @@ unsafe fn tile_at(w: &PackedQ4, p: usize, width: usize, count: usize, rg: Group,
         Isa::Avx512 => {
             macro_rules! go {
                 ($r:literal) => {
-                    match (width, kind) {
-                        (2, 0) => tile_avx512::<$r, 2, false>(blocks, rg, planes, &pair, out),
-                        (2, 1) => tile_avx512::<$r, 2, true>(blocks, rg, planes, &pair, out),
-                        (2, _) => tile6_avx512::<$r, 2>(blocks, rg, planes, &pair, out),
-                        (_, 0) => tile_avx512::<$r, 1, false>(blocks, rg, planes, &[sp], out),
-                        (_, 1) => tile_avx512::<$r, 1, true>(blocks, rg, planes, &[sp], out),
-                        (_, _) => tile6_avx512::<$r, 1>(blocks, rg, planes, &[sp], out),
+                    match (width, format) {
+                        (2, Q4_0 | Q4K) => {
+                            tile_avx512::<$r, 2, false>(blocks, rg, planes, &pair, out)
+                        }
+                        (2, Q5_0) => tile_avx512::<$r, 2, true>(blocks, rg, planes, &pair, out),
+                        (2, Q6K) => tile6_avx512::<$r, 2>(blocks, rg, planes, &pair, out),
+                        (_, Q4_0 | Q4K) => {
+                            tile_avx512::<$r, 1, false>(blocks, rg, planes, &[sp], out)
+                        }
+                        (_, Q5_0) => tile_avx512::<$r, 1, true>(blocks, rg, planes, &[sp], out),
+                        (_, Q6K) => tile6_avx512::<$r, 1>(blocks, rg, planes, &[sp], out),
                     }
                 };
             }
