@@ -202,6 +202,13 @@ pub const TABLE: &[Switch] = &[
         doc: "`candle`: candle's default CUDA allocator and stream settings instead of stream-ordered allocation",
     },
     Switch {
+        name: "FORKSCORE_SHARED_HEAD",
+        audience: User,
+        effect: ComputePath,
+        accepts: OneOf(&["on", "off"]),
+        doc: "`off`: every context of a group prefills its whole prompt, instead of continuing the cached state of the prompt head its group shares (f32 rounding)",
+    },
+    Switch {
         name: "FORKSCORE_PROFILE",
         audience: User,
         effect: Diagnostic,

@@ -384,6 +384,57 @@ fn cuda_packed_prefill_tracks_cpu_f32() {
     report.finish("packed prefill");
 }
 
+/// Several suffixes continuing one head (`extend_many`: padded rows over the shared past on the
+/// GPU, longer than the delta rule's chunk so the chunked kernel reads the shared state through
+/// its row map) track the CPU's whole prefill of head ++ suffix.
+#[test]
+fn cuda_extend_many_over_a_shared_head_tracks_cpu_f32() {
+    let Some(trios) = trios() else { return };
+    let mut report = Report::default();
+    let cands = candidates();
+    for t in trios {
+        let head = ids(70, 37, t.vocab);
+        let suffixes = [
+            ids(71, 90, t.vocab),
+            ids(72, 3, t.vocab),
+            ids(73, 66, t.vocab),
+            ids(74, 1, t.vocab),
+        ];
+        let refs: Vec<&[u32]> = suffixes.iter().map(Vec::as_slice).collect();
+        let probe = ids(75, 4, t.vocab);
+        let row = [ScoreRow {
+            state: 0,
+            suffix: &probe,
+        }];
+        for (dtype, gpu) in [
+            (ComputeDType::F32, &t.gpu_f32),
+            (ComputeDType::Bf16, &t.gpu_bf16),
+        ] {
+            let start = gpu.prefill(&head).expect("gpu head");
+            let many = gpu.extend_many(&start, &refs);
+            assert_eq!(many.len(), refs.len());
+            for (i, (s, got)) in refs.iter().zip(&many).enumerate() {
+                let got = got.as_ref().expect("gpu extend_many");
+                assert_eq!(got.len(), head.len() + s.len());
+                let whole = t.cpu.prefill(&concat(&head, s)).expect("cpu prefill");
+                let want = t
+                    .cpu
+                    .score_rows(&[&whole], &row, &cands)
+                    .expect("cpu score");
+                let got = gpu.score_rows(&[got], &row, &cands).expect("gpu score");
+                report.check(
+                    gpu_tolerance(dtype),
+                    &format!("{} extend_many cuda {dtype:?} vs cpu f32", t.name),
+                    &format!("suffix {i} ({} tokens)", s.len()),
+                    got.row(0),
+                    want.row(0),
+                );
+            }
+        }
+    }
+    report.finish("extend_many");
+}
+
 /// On the GPU itself, in each dtype: forked scoring equals the full forward of the same prompt.
 #[test]
 fn cuda_score_equals_cuda_forward_full() {

@@ -22,7 +22,11 @@ pub fn load_engine(dir: &Path, options: &LoadOptions) -> anyhow::Result<Engine<C
         tok,
         CheckpointIdentity::default(),
         CalibrationRegistry::built_in(),
-    )?)
+    )?
+    .with_shared_head(!forkscore_backends::switches::is(
+        "FORKSCORE_SHARED_HEAD",
+        "off",
+    )))
 }
 
 /// The first `n` fields of the 28-field support-triage preset, as a schema.

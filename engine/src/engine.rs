@@ -13,12 +13,15 @@ use crate::calibration::{CalibrationRegistry, CheckpointIdentity, Temperature};
 use crate::error::EngineError;
 use crate::fork::{score_group, GroupLogits, GroupScores, SharedPrefix};
 // defined in `options` (a leaf every stage reads); re-exported at their former path
+use crate::head::{HeadCache, PROBES};
+use crate::options::Mode;
 pub use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
 use crate::schema::Schema;
 use crate::tokenizer::ChatTokenizer;
 use forkscore_seam::{Backend, BackendError};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// An engine over one backend and its tokenizer.
@@ -30,6 +33,9 @@ pub struct Engine<B: Backend> {
     /// Whether special-token text inside a context is tokenized as control tokens (opt-out of
     /// the default, see [`crate::prepare::untrusted`]).
     context_special_tokens: bool,
+    /// Whether grouped decisions continue a cached prompt head ([`crate::head`]).
+    shared_head: bool,
+    heads: HeadCache<B::State>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -53,7 +59,44 @@ impl<B: Backend> Engine<B> {
             identity,
             registry,
             context_special_tokens: false,
+            shared_head: true,
+            heads: HeadCache::default(),
         })
+    }
+
+    /// Whether grouped decisions (`decide_many`, `decide_group`) prefill the prompt head their
+    /// contexts share once and continue its cached state ([`crate::head`]; on by default).
+    /// `false`: every context prefills its whole prompt (the reference the head is tested
+    /// against; results agree within f32 rounding).
+    pub fn with_shared_head(mut self, on: bool) -> Self {
+        self.shared_head = on;
+        self
+    }
+
+    /// Whether grouped decisions continue a cached prompt head.
+    pub fn shared_head(&self) -> bool {
+        self.shared_head
+    }
+
+    /// How many prompt-head states are cached.
+    pub fn cached_heads(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// The cached state of the prompt head that every context prepared for `compiled` starts
+    /// with, prefilled now on a miss; None when the head is off, `opts.mode` prefills nothing
+    /// (independent), the head is too short to pay, or its prefill failed.
+    pub(crate) fn group_head(
+        &self,
+        compiled: &CompiledSchema,
+        opts: &ScoreOptions,
+    ) -> Option<Arc<SharedPrefix<B::State>>> {
+        if !self.shared_head || opts.mode == Mode::Independent {
+            return None;
+        }
+        let [a, b] = PROBES.map(|p| self.prepare(p, compiled, usize::MAX >> 1));
+        let ids = HeadCache::<B::State>::head_ids([a.as_ref().ok()?, b.as_ref().ok()?])?;
+        self.heads.state(&self.backend, &ids)
     }
 
     /// Opt out of tokenizing contexts as text: with `true`, special-token text inside a

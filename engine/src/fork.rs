@@ -190,19 +190,36 @@ pub fn score_group<B: Backend>(
     }
 
     let t = Instant::now();
-    // Contexts that extend the shared prefix are extended one by one; all the others are
-    // prefilled together (one padded pass where the backend can, see `Backend::prefill_many`).
+    // Contexts that extend the shared prefix continue it together (`Backend::extend_many`); all
+    // the others are prefilled together (`Backend::prefill_many`).
     let mut states: Vec<Option<B::State>> = splits.iter().map(|_| None).collect();
     let mut fresh: Vec<usize> = Vec::with_capacity(splits.len());
-    for (c, s) in splits.iter().enumerate() {
-        match shared {
-            Some(shared) if shared.covers(&s.prefix_ids) => {
-                let n = shared.ids.len();
-                stats.reused_prefix_tokens += n;
-                states[c] = Some(backend.extend(&shared.state, &s.prefix_ids[n..])?);
-            }
-            _ => fresh.push(c),
+    if let Some(shared) = shared {
+        // every context that extends the shared prefix, in one `extend_many` call
+        let n = shared.ids.len();
+        let (covered, rest): (Vec<usize>, Vec<usize>) =
+            (0..splits.len()).partition(|&c| shared.covers(&splits[c].prefix_ids));
+        fresh = rest;
+        let suffixes: Vec<&[u32]> = covered
+            .iter()
+            .map(|&c| &splits[c].prefix_ids[n..])
+            .collect();
+        let results = backend.extend_many(&shared.state, &suffixes);
+        if results.len() != covered.len() {
+            return Err(BackendError::InvalidRequest {
+                reason: format!(
+                    "extend_many returned {} states for {} suffixes",
+                    results.len(),
+                    covered.len()
+                ),
+            });
         }
+        for (&c, r) in covered.iter().zip(results) {
+            stats.reused_prefix_tokens += n;
+            states[c] = Some(r?);
+        }
+    } else {
+        fresh.extend(0..splits.len());
     }
     let prefixes: Vec<&[u32]> = fresh
         .iter()

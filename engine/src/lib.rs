@@ -22,6 +22,7 @@ pub mod finite;
 pub mod fork;
 pub mod generate;
 pub mod group;
+pub mod head;
 pub mod literal;
 pub mod logprobs;
 pub mod many;

@@ -24,7 +24,7 @@ use crate::assemble::{Assembly, Decision};
 use crate::calibration::Temperature;
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::fork::GroupScores;
+use crate::fork::{GroupScores, SharedPrefix};
 use crate::group::{
     plan_groups, ContextGroup, GroupBudget, GroupItem, GroupTelemetry, MemoryModel,
 };
@@ -164,10 +164,13 @@ impl<B: Backend> Engine<B> {
         };
         // A backend that keeps contexts apart (`Backend::contexts_alone`) gets each member in
         // calls of its own: the same calls `decide` makes for it.
+        // the prompt head every member starts with, prefilled once per process (`head`)
+        let head = self.group_head(compiled, opts);
+        let head = head.as_deref();
         let decided = if self.backend().contexts_alone() {
-            self.decide_each(compiled, &members, opts, temperature, start)
+            self.decide_each(head, compiled, &members, opts, temperature, start)
         } else {
-            self.decide_members(compiled, &members, opts, temperature, start)
+            self.decide_members(head, compiled, &members, opts, temperature, start)
         };
         decided
             .into_iter()
@@ -184,13 +187,14 @@ impl<B: Backend> Engine<B> {
     /// Prefill + score + assemble `members` together; on a backend error, each member alone.
     fn decide_members(
         &self,
+        head: Option<&SharedPrefix<B::State>>,
         compiled: &CompiledSchema,
         members: &[&PreparedContext],
         opts: &ScoreOptions,
         temperature: &Temperature,
         start: Instant,
     ) -> Vec<Result<Decision, EngineError>> {
-        match self.fork(None, compiled, members, opts) {
+        match self.fork(head, compiled, members, opts) {
             Ok(GroupScores {
                 logits,
                 vocab,
@@ -220,13 +224,14 @@ impl<B: Backend> Engine<B> {
                 })
                 .collect(),
             Err(e) if members.len() == 1 => vec![Err(e)],
-            Err(_) => self.decide_each(compiled, members, opts, temperature, start),
+            Err(_) => self.decide_each(head, compiled, members, opts, temperature, start),
         }
     }
 
     /// [`Self::decide_members`] for each member alone, in member order.
     fn decide_each(
         &self,
+        head: Option<&SharedPrefix<B::State>>,
         compiled: &CompiledSchema,
         members: &[&PreparedContext],
         opts: &ScoreOptions,
@@ -236,7 +241,14 @@ impl<B: Backend> Engine<B> {
         members
             .iter()
             .flat_map(|p| {
-                self.decide_members(compiled, std::slice::from_ref(p), opts, temperature, start)
+                self.decide_members(
+                    head,
+                    compiled,
+                    std::slice::from_ref(p),
+                    opts,
+                    temperature,
+                    start,
+                )
             })
             .collect()
     }

@@ -143,7 +143,9 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
     };
     let facts = backend.facts().clone();
     let chat_template = tokenizer.template().origin().clone();
-    let engine = Engine::new(backend, tokenizer, identity, registry)?;
+    let engine = Engine::new(backend, tokenizer, identity, registry)?.with_shared_head(
+        !forkscore_backends::switches::is("FORKSCORE_SHARED_HEAD", "off"),
+    );
     let provenance = ModelProvenance {
         forkscore_version: VERSION,
         forkscore_commit: GIT_COMMIT,

@@ -49,6 +49,19 @@ pub trait Backend: Send + Sync {
     /// prefilled once and extended per schema.
     fn extend(&self, state: &Self::State, ids: &[u32]) -> Result<Self::State, BackendError>;
 
+    /// Continue one retained state with several suffixes (each non-empty): result `i` is
+    /// `extend(state, suffixes[i])` (equal within f32 rounding), in input order, one result per
+    /// suffix. Lets a prompt head shared by many contexts (instructions, catalogue) be
+    /// prefilled once and each context's own tokens run together. Backends that can run the
+    /// suffixes in one pass (a GPU) override this; the default extends one by one.
+    fn extend_many(
+        &self,
+        state: &Self::State,
+        suffixes: &[&[u32]],
+    ) -> Vec<Result<Self::State, BackendError>> {
+        suffixes.iter().map(|ids| self.extend(state, ids)).collect()
+    }
+
     /// Score a validated request in one call. Row `i` continues `request.states()[row.state]`
     /// with its suffix; the result holds, per row, the logits at the row's last suffix token for
     /// each candidate id. States are never mutated; branch state is discarded.

@@ -36,6 +36,7 @@ pub mod load;
 #[cfg(feature = "cuda")]
 pub use cuda::cuda_runtime;
 mod decode;
+mod extend;
 pub use layers::mask;
 pub use layers::mlp;
 mod models;
@@ -492,6 +493,14 @@ impl Backend for CandleBackend {
 
     fn extend(&self, state: &CandleState, ids: &[u32]) -> Result<CandleState, BackendError> {
         Ok(self.continue_chunked(Some(state), ids, self.prefill_chunk)?)
+    }
+
+    fn extend_many(
+        &self,
+        state: &CandleState,
+        suffixes: &[&[u32]],
+    ) -> Vec<Result<CandleState, BackendError>> {
+        self.extend_batch(state, suffixes)
     }
 
     fn score(
