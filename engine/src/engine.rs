@@ -233,6 +233,13 @@ impl<B: Backend> Engine<B> {
         temperature: Temperature,
         start: Instant,
     ) -> Result<Decision, EngineError> {
+        // without a shared prefix of the caller's, the cached prompt head: the same state a
+        // grouped decision of this context continues, so `decide` equals `decide_many`
+        let head = match shared {
+            Some(_) => None,
+            None => self.group_head(compiled, opts),
+        };
+        let shared = shared.or(head.as_deref());
         let GroupScores {
             logits,
             vocab,

@@ -216,7 +216,12 @@ fn one_prefill_per_context_and_one_scoring_pass_per_group() {
         &GroupBudget::default(),
     );
     let after = engine.backend().calls.snapshot();
-    assert_eq!(after[0] - before[0], 7, "prefills");
+    // one per context (each continuing the prompt head), and the head itself on first use
+    assert_eq!(engine.cached_heads(), 1);
+    assert_eq!(after[0] - before[0], 7 + 1, "prefills");
+    assert!(many
+        .iter()
+        .all(|d| d.as_ref().unwrap().telemetry.reused_prefix_tokens > 0));
     assert_eq!(after[1] - before[1], 1, "score calls");
     assert_eq!(after[3] - before[3], 7 * rows, "rows scored");
     let g = many[3].as_ref().unwrap().telemetry.group.clone().unwrap();
@@ -259,10 +264,12 @@ fn contexts_alone_backends_get_one_context_per_call() {
             field_batch_size: fbs,
             ..ScoreOptions::default()
         };
-        let before = engine.backend().calls.snapshot();
+        let (before, heads) = (engine.backend().calls.snapshot(), engine.cached_heads());
         let many = engine.decide_many(contexts, &compiled, &opts, &GroupBudget::default());
         let after = engine.backend().calls.snapshot();
-        assert_eq!(after[0] - before[0], 7, "one prefill per context");
+        // the prompt head is prefilled on its first use only
+        let head = engine.cached_heads() - heads;
+        assert_eq!(after[0] - before[0], 7 + head, "one prefill per context");
         assert_eq!(after[3] - before[3], 7 * rows, "every row once");
         let per_context = fbs.map_or(1, |b| rows.div_ceil(b));
         assert_eq!(
