@@ -30,7 +30,8 @@ pub fn engine_on<B: Backend>(backend: B) -> Engine<B> {
     .expect("engine")
 }
 
-/// The fake backend whose every prefill first sleeps `delay`: same logits, known slowness.
+/// The fake backend whose every prefill (whole, or continuing a state such as the cached prompt
+/// head) first sleeps `delay`: same logits, known slowness.
 pub struct Slow {
     pub inner: FakeBackend,
     pub delay: Duration,
@@ -46,6 +47,7 @@ impl Backend for Slow {
         self.inner.prefill(ids)
     }
     fn extend(&self, state: &Self::State, ids: &[u32]) -> Result<Self::State, BackendError> {
+        std::thread::sleep(self.delay);
         self.inner.extend(state, ids)
     }
     fn score(
