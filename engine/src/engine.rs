@@ -14,7 +14,7 @@ use crate::error::EngineError;
 use crate::fork::{score_group, GroupLogits, GroupScores, SharedPrefix};
 // defined in `options` (a leaf every stage reads); re-exported at their former path
 use crate::head::{HeadCache, PROBES};
-use crate::options::Mode;
+use crate::options::{Layout, Mode};
 pub use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::PreparedContext;
 use crate::rows::CompiledSchema;
@@ -94,7 +94,7 @@ impl<B: Backend> Engine<B> {
         if !self.shared_head || opts.mode == Mode::Independent {
             return None;
         }
-        let [a, b] = PROBES.map(|p| self.prepare(p, compiled, usize::MAX >> 1));
+        let [a, b] = PROBES.map(|p| self.prepare_in(p, compiled, usize::MAX >> 1, opts.layout));
         let ids = HeadCache::<B::State>::head_ids([a.as_ref().ok()?, b.as_ref().ok()?])?;
         self.heads.state(&self.backend, &ids)
     }
@@ -154,12 +154,25 @@ impl<B: Backend> Engine<B> {
             .resolve(opts.temperature, opts.allow_uncalibrated, &self.identity)?)
     }
 
-    /// Stage 2: render the prefix for `context`, split exactly, enforce the token bound.
+    /// Stage 2: render the prefix for `context` (context-first layout), split exactly, enforce
+    /// the token bound.
     pub fn prepare(
         &self,
         context: &str,
         compiled: &CompiledSchema,
         max_input_tokens: usize,
+    ) -> Result<PreparedContext, EngineError> {
+        self.prepare_in(context, compiled, max_input_tokens, Layout::ContextFirst)
+    }
+
+    /// [`Engine::prepare`] in a given prompt layout (`ScoreOptions::layout`): a prepared
+    /// context is decided only with options of its own layout.
+    pub fn prepare_in(
+        &self,
+        context: &str,
+        compiled: &CompiledSchema,
+        max_input_tokens: usize,
+        layout: Layout,
     ) -> Result<PreparedContext, EngineError> {
         crate::prepare::prepare(
             &self.tokenizer,
@@ -167,6 +180,7 @@ impl<B: Backend> Engine<B> {
             compiled,
             max_input_tokens,
             self.context_special_tokens,
+            layout,
         )
     }
 
@@ -199,7 +213,7 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Decision, EngineError> {
         let start = Instant::now();
         let temperature = self.check_request(opts)?;
-        let prepared = self.prepare(context, compiled, opts.max_input_tokens)?;
+        let prepared = self.prepare_in(context, compiled, opts.max_input_tokens, opts.layout)?;
         self.decide_one(None, compiled, &prepared, opts, temperature, start)
     }
 
@@ -281,7 +295,10 @@ impl<B: Backend> Engine<B> {
         if compiled.tokenizer_identity() != self.tokenizer.identity() {
             return Err(EngineError::ForeignSchema);
         }
-        if !members.iter().all(|p| p.belongs_to(compiled)) {
+        if !members
+            .iter()
+            .all(|p| p.belongs_to(compiled) && p.layout() == opts.layout)
+        {
             return Err(EngineError::ForeignPrepared);
         }
         let splits: Vec<_> = members.iter().map(|p| p.split()).collect();

@@ -48,7 +48,7 @@ pub enum EngineError {
     },
     #[error("compiled schema belongs to another tokenizer/template (compiled rows must come from this engine)")]
     ForeignSchema,
-    #[error("prepared context belongs to another compiled schema (prepare it with the schema it is decided with)")]
+    #[error("prepared context belongs to another compiled schema or prompt layout (prepare it with the schema and the layout it is decided with)")]
     ForeignPrepared,
     #[error("group member {index} has no prepared context")]
     MissingMember { index: usize },

@@ -47,7 +47,7 @@ pub use fork::SharedPrefix;
 pub use generate::{Baseline, GenerateError, GenerateOptions, Generation, StopReason};
 pub use group::{ContextGroup, GroupBudget, GroupPlanner, MemoryModel};
 pub use logprobs::{LogprobOptions, TextLogprobs};
-pub use options::{LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+pub use options::{Layout, LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 pub use prepare::PreparedContext;
 pub use request_options::{OptionError, OptionSpec, RequestOptions, OPTIONS};
 pub use rows::CompiledSchema;

@@ -81,7 +81,7 @@ impl<B: Backend> Engine<B> {
         };
         let prepared: Vec<Result<PreparedContext, EngineError>> = contexts
             .par_iter()
-            .map(|c| self.prepare(c.as_ref(), compiled, opts.max_input_tokens))
+            .map(|c| self.prepare_in(c.as_ref(), compiled, opts.max_input_tokens, opts.layout))
             .collect();
         let items = prepared
             .iter()

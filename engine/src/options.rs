@@ -1,5 +1,6 @@
 //! Per-request scoring options and the choices they name: how rows are evaluated ([`Mode`]),
-//! how a literal field's value is selected ([`LiteralValue`]) and the token bound
+//! how a literal field's value is selected ([`LiteralValue`]), where the context sits in the
+//! prompt ([`Layout`]) and the token bound
 //! ([`DEFAULT_MAX_INPUT_TOKENS`]). Plain data with no dependency inside the crate: every stage
 //! reads these, none of them is needed to build one.
 
@@ -26,6 +27,10 @@ pub struct ScoreOptions {
     /// How a literal field's value is selected: the most probable choice (default) or the
     /// constrained greedy decoder's choice.
     pub literal_value: LiteralValue,
+    /// Where the context sits in the prompt: before the catalogue of fields (default) or after
+    /// it, so that the whole catalogue is part of the prompt head that grouped decisions
+    /// prefill once (`engine::head`).
+    pub layout: Layout,
 }
 
 impl Default for ScoreOptions {
@@ -39,6 +44,7 @@ impl Default for ScoreOptions {
             include_prompt: false,
             allowed_mass: None,
             literal_value: LiteralValue::Argmax,
+            layout: Layout::ContextFirst,
         }
     }
 }
@@ -105,9 +111,56 @@ impl std::str::FromStr for LiteralValue {
     }
 }
 
+/// Where the context sits in the prompt's user turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Layout {
+    /// `Context:` and the context, then the catalogue of fields and the closing line.
+    #[default]
+    ContextFirst,
+    /// The catalogue of fields, then `Context:` and the context, then the closing line: the
+    /// instructions and the whole catalogue come before the context, so every context of a
+    /// schema shares them as one prompt head (prefilled once by grouped decisions). A
+    /// different prompt: decisions differ from the context-first layout's.
+    FieldsFirst,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::ContextFirst => "context-first",
+            Layout::FieldsFirst => "fields-first",
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "context-first" => Ok(Layout::ContextFirst),
+            "fields-first" => Ok(Layout::FieldsFirst),
+            other => Err(format!(
+                "unknown layout {other:?} (expected context-first or fields-first)"
+            )),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{LiteralValue, Mode};
+    use super::{Layout, LiteralValue, Mode};
+
+    #[test]
+    fn layouts_parse_by_name_and_default_to_context_first() {
+        for l in [Layout::ContextFirst, Layout::FieldsFirst] {
+            assert_eq!(l.name().parse::<Layout>(), Ok(l));
+        }
+        assert_eq!(Layout::default(), Layout::ContextFirst);
+        let e = "schema-first".parse::<Layout>().unwrap_err();
+        assert!(e.contains("context-first or fields-first"), "{e}");
+    }
 
     #[test]
     fn modes_parse_by_name_and_an_unknown_one_lists_them_all() {

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::options::{LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use crate::options::{Layout, LiteralValue, Mode, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::schema::Scoring;
 
 /// Unconstrained tokens listed per field when `allowed_mass` is on and `top_k` is not given.
@@ -95,6 +95,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         values: "argmax, greedy",
         default: "argmax",
     },
+    OptionSpec {
+        name: "layout",
+        flag: "--layout",
+        values: "context-first, fields-first",
+        default: "context-first",
+    },
 ];
 
 /// The names of [`OPTIONS`], comma-separated (for the unknown-key message).
@@ -168,6 +174,7 @@ impl RequestOptions {
                 "literal_value" => {
                     o.literal_value = word()?.parse::<LiteralValue>().map_err(|e| bad(&e))?
                 }
+                "layout" => o.layout = word()?.parse::<Layout>().map_err(|e| bad(&e))?,
                 "temperature" => {
                     let t = value.as_f64().filter(|t| temperature_ok(*t));
                     o.temperature = Some(t.ok_or_else(|| bad(TEMPERATURE_RULE))?);

@@ -109,7 +109,7 @@ proptest! {
 
         // prefix ++ suffix == tokenize(prefix text ++ selector), row by row.
         let prompt = parallel.prompt.as_ref().unwrap();
-        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields()).unwrap();
+        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields(), forkscore_engine::Layout::ContextFirst).unwrap();
         prop_assert_eq!(&prompt.prefix_text, &prefix_text);
         for (f, row) in schema.fields().iter().zip(&prompt.rows) {
             let full = engine.tokenizer().encode(&format!("{prefix_text}{}", selector(f))).unwrap();
@@ -239,7 +239,7 @@ proptest! {
         let engine = fake_engine(fam);
         let schema = Schema::from_json_str(&schema).unwrap();
         let compiled = engine.compile(&schema).unwrap();
-        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields()).unwrap();
+        let prefix_text = render_prefix(engine.tokenizer().template(), &context, schema.fields(), forkscore_engine::Layout::ContextFirst).unwrap();
         let selectors = compiled.selectors();
         let exact = split_exact(engine.tokenizer(), &prefix_text, &selectors).unwrap();
         let anchored = split_anchored(engine.tokenizer(), &prefix_text, &selectors).unwrap();

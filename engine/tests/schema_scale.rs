@@ -47,7 +47,13 @@ enum Reference {
 }
 
 fn reference(tok: &ChatTokenizer, schema: &Schema) -> (Vec<Vec<u32>>, Vec<Reference>) {
-    let prefix = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields()).unwrap();
+    let prefix = render_prefix(
+        tok.template(),
+        PROBE_CONTEXT,
+        schema.fields(),
+        forkscore_engine::Layout::ContextFirst,
+    )
+    .unwrap();
     let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
     let split = split_exact(tok, &prefix, &selectors).unwrap();
     let mut out = Vec::new();
@@ -269,7 +275,13 @@ fn four_thousand_literal_choices_compile_linearly() {
             t.elapsed()
         );
         let tok = engine.tokenizer();
-        let prefix = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields()).unwrap();
+        let prefix = render_prefix(
+            tok.template(),
+            PROBE_CONTEXT,
+            schema.fields(),
+            forkscore_engine::Layout::ContextFirst,
+        )
+        .unwrap();
         let full = split_exact(tok, &prefix, &["label:".to_string()])
             .unwrap()
             .full_ids(0);

@@ -125,7 +125,9 @@ fn decisions_continuing_the_head_equal_the_whole_prompt_and_reuse_it() {
                     assert_eq!(w.telemetry.reused_prefix_tokens, 0, "{what}: off");
                     // every context here starts after the head, the newline-led one included
                     // or not: reuse is all or nothing per context
-                    let reused = h.telemetry.reused_prefix_tokens;
+                    // the group's reused tokens, per context
+                    let size = h.telemetry.group.as_ref().unwrap().size;
+                    let reused = h.telemetry.reused_prefix_tokens / size;
                     assert!(
                         reused == 0 || (16..h.telemetry.prefix_tokens).contains(&reused),
                         "{what}: reused {reused}"
@@ -180,4 +182,32 @@ fn independent_mode_never_uses_the_head() {
     );
     assert!(out.iter().all(|d| d.telemetry.reused_prefix_tokens == 0));
     assert_eq!(engine.cached_heads(), 0);
+}
+
+#[test]
+fn fields_first_decisions_continuing_the_catalogue_head_equal_the_whole_prompt() {
+    let (name, dir) = dirs().pop().unwrap();
+    let on = engine_for(&dir, true);
+    let off = engine_for(&dir, false);
+    let schema = schema("support_triage.json");
+    let opts = ScoreOptions {
+        layout: forkscore_engine::Layout::FieldsFirst,
+        ..ScoreOptions::default()
+    };
+    let head = run(&on, &schema, &opts, &GroupBudget::default());
+    let whole = run(&off, &schema, &opts, &GroupBudget::default());
+    let alone = run(&on, &schema, &opts, &direct());
+    for (i, ((h, w), a)) in head.iter().zip(&whole).zip(&alone).enumerate() {
+        let what = format!("{name} fields-first context {i}");
+        HEAD_VS_WHOLE.assert_close(&what, &logits(h), &logits(w));
+        assert_eq!(h.output, w.output, "{what}: selections");
+        assert_eq!(bits(h), bits(a), "{what}: grouped vs direct");
+        // the head holds the catalogue: most of the prompt
+        let size = h.telemetry.group.as_ref().unwrap().size;
+        let reused = h.telemetry.reused_prefix_tokens / size;
+        assert!(
+            2 * reused > h.telemetry.prefix_tokens,
+            "{what}: head {reused}"
+        );
+    }
 }

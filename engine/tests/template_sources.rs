@@ -30,7 +30,13 @@ fn folder(config_has_template: bool, jinja: bool) -> tempfile::TempDir {
 }
 
 fn render(tok: &ChatTokenizer) -> String {
-    forkscore_engine::prepare::render::render_prefix(tok.template(), "ctx", &[]).unwrap()
+    forkscore_engine::prepare::render::render_prefix(
+        tok.template(),
+        "ctx",
+        &[],
+        forkscore_engine::Layout::ContextFirst,
+    )
+    .unwrap()
 }
 
 #[test]

@@ -99,6 +99,7 @@ fn guarded_split_reconstructs_and_benign_contexts_are_unchanged() {
             &split.prefix_text,
             ctx,
             compiled.schema_fields(),
+            forkscore_engine::Layout::ContextFirst,
         )
         .expect("span");
         let hits: Vec<std::ops::Range<usize>> = tok

@@ -87,6 +87,14 @@ pub struct BatchProvenance<'a> {
     /// `forkscore merge` removes it from the merged records.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::batch::shard::Shard>,
+    /// The prompt layout (`--layout`), absent for the default context-first one; `--resume`
+    /// compares it.
+    #[serde(skip_serializing_if = "is_context_first")]
+    pub layout: forkscore_engine::Layout,
+}
+
+fn is_context_first(layout: &forkscore_engine::Layout) -> bool {
+    *layout == forkscore_engine::Layout::ContextFirst
 }
 
 impl BatchProvenance<'_> {

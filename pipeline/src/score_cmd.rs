@@ -4,7 +4,9 @@ use crate::input_bounds::{check_flags, check_float_flag, check_output_dir};
 use crate::load::{self, ModelArgs};
 use anyhow::{bail, Context, Result};
 use forkscore_engine::schema::Scoring;
-use forkscore_engine::{LiteralValue, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use forkscore_engine::{
+    Layout, LiteralValue, Mode, Schema, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS,
+};
 use forkscore_frontend::result::decision_json;
 use std::path::PathBuf;
 
@@ -106,6 +108,12 @@ pub struct ScoringArgs {
     /// `literal` and `literal-first-token`).
     #[arg(long, default_value = "argmax")]
     pub literal_value: LiteralValue,
+    /// Where the context sits in the prompt: context-first (default: the context, then the
+    /// catalogue of fields) or fields-first (the catalogue first, so that grouped decisions —
+    /// batch jobs, `serve` — prefill the instructions and the whole catalogue once and each
+    /// context only its own tokens; a different prompt, so decisions differ).
+    #[arg(long, default_value = "context-first")]
+    pub layout: Layout,
 }
 
 impl ScoringArgs {
@@ -119,6 +127,7 @@ impl ScoringArgs {
             include_prompt: self.include_prompt,
             allowed_mass: self.allowed_mass.then_some(self.top_k),
             literal_value: self.literal_value,
+            layout: self.layout,
         }
     }
 }

@@ -27,6 +27,7 @@ ScoringMethod = Literal[
     "code", "literal", "literal-first-token", "literal-sum-loglik", "literal-mean-loglik"
 ]
 LiteralValue = Literal["argmax", "greedy"]
+Layout = Literal["context-first", "fields-first"]
 BatchMode = Literal["grouped", "direct", "serial"]
 DType = Literal["f32", "bf16", "f16"]
 Quantization = Literal["q8_0", "q4k", "bf16"]
@@ -131,6 +132,7 @@ class Scorer:
         top_k: int = 5,
         scoring: ScoringMethod = "code",
         literal_value: LiteralValue = "argmax",
+        layout: Layout = "context-first",
     ) -> Result:
         """One decision: the dict `forkscore score` prints. Raises a forkscore.Error subclass."""
     def decide_many(
@@ -151,6 +153,7 @@ class Scorer:
         top_k: int = 5,
         scoring: ScoringMethod = "code",
         literal_value: LiteralValue = "argmax",
+        layout: Layout = "context-first",
     ) -> Any:
         """One entry per context, in order (a list; a pandas Series with the input's index for
         pandas input): its result dict, or its exception instance (returned, not raised, with
@@ -173,6 +176,7 @@ class Scorer:
         top_k: int = 5,
         scoring: ScoringMethod = "code",
         literal_value: LiteralValue = "argmax",
+        layout: Layout = "context-first",
     ) -> List[str]:
         """`forkscore batch` in memory: (line number, JSONL input line) pairs in, the output
         records (JSON text) out, exactly as `forkscore batch` writes them."""

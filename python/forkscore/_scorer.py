@@ -126,6 +126,7 @@ class Scorer:
         top_k: int = 5,
         scoring: str = "code",
         literal_value: str = "argmax",
+        layout: str = "context-first",
     ) -> Dict[str, Any]:
         """One decision: the dict `forkscore score` prints. Raises a forkscore.Error subclass."""
         _check_switches(
@@ -146,6 +147,7 @@ class Scorer:
             top_k=top_k,
             scoring=scoring,
             literal_value=literal_value,
+            layout=layout,
         )
 
     def decide_many(
@@ -166,6 +168,7 @@ class Scorer:
         top_k: int = 5,
         scoring: str = "code",
         literal_value: str = "argmax",
+        layout: str = "context-first",
     ) -> Any:
         """Many contexts against one schema, in bounded merged groups. See docs/python.md.
 
@@ -210,6 +213,7 @@ class Scorer:
                     top_k=top_k,
                     scoring=scoring,
                     literal_value=literal_value,
+                    layout=layout,
                     progress=None if callback is None else on_progress,
                 )
             )
@@ -250,6 +254,7 @@ class Scorer:
         top_k: int = 5,
         scoring: str = "code",
         literal_value: str = "argmax",
+        layout: str = "context-first",
     ) -> Any:
         """`forkscore batch` in memory: (line number, JSONL line) pairs in, records out."""
         _check_switches(
@@ -272,6 +277,7 @@ class Scorer:
             top_k=top_k,
             scoring=scoring,
             literal_value=literal_value,
+            layout=layout,
         )
 
     def ask(

@@ -316,7 +316,7 @@ impl Scorer {
     }
 
     /// One context against one schema: the dict `forkscore score` prints as JSON.
-    #[pyo3(signature = (context, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax"))]
+    #[pyo3(signature = (context, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax", layout="context-first"))]
     #[allow(clippy::too_many_arguments)]
     fn score<'py>(
         &self,
@@ -333,6 +333,7 @@ impl Scorer {
         top_k: usize,
         scoring: &str,
         literal_value: &str,
+        layout: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = options(
             py,
@@ -346,6 +347,7 @@ impl Scorer {
             top_k,
             scoring,
             literal_value,
+            layout,
         )?;
         let schema = parse_schema(py, schema, opts.scoring)?;
         check_context_len(&context, max_input_tokens).map_err(|e| bounded_error(py, &e))?;
@@ -366,7 +368,7 @@ impl Scorer {
     /// after preparation and after each merged group, with the GIL held; the groups are the
     /// same with or without it, so the results are too. An exception it raises is raised once
     /// the call has finished (the results are dropped).
-    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax", progress=None))]
+    #[pyo3(signature = (contexts, schema, *, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax", layout="context-first", progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn decide_many<'py>(
         &self,
@@ -383,6 +385,7 @@ impl Scorer {
         top_k: usize,
         scoring: &str,
         literal_value: &str,
+        layout: &str,
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let opts = options(
@@ -397,6 +400,7 @@ impl Scorer {
             top_k,
             scoring,
             literal_value,
+            layout,
         )?;
         let schema = parse_schema(py, schema, opts.scoring)?;
         self.engine
@@ -461,7 +465,7 @@ impl Scorer {
     /// `forkscore batch` writes them. `schema` is the default schema (`--schema-file`);
     /// `schema_dir` is the folder a line's relative `schema_file` is read from (default: the
     /// working directory). Used by `forkscore.ray.ForkscoreActor`.
-    #[pyo3(signature = (lines, schema=None, *, batch_mode="grouped", schema_dir=None, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax"))]
+    #[pyo3(signature = (lines, schema=None, *, batch_mode="grouped", schema_dir=None, mode="parallel", temperature=None, max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, field_batch_size=None, allow_uncalibrated=false, include_prompt=false, allowed_mass=false, top_k=5, scoring="code", literal_value="argmax", layout="context-first"))]
     #[allow(clippy::too_many_arguments)]
     fn batch_records(
         &self,
@@ -480,6 +484,7 @@ impl Scorer {
         top_k: usize,
         scoring: &str,
         literal_value: &str,
+        layout: &str,
     ) -> PyResult<Vec<String>> {
         let opts = options(
             py,
@@ -493,6 +498,7 @@ impl Scorer {
             top_k,
             scoring,
             literal_value,
+            layout,
         )?;
         let batch_mode = match batch_mode {
             "grouped" => BatchMode::Grouped,

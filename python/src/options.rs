@@ -51,6 +51,7 @@ pub(crate) fn options(
     top_k: usize,
     scoring: &str,
     literal_value: &str,
+    layout: &str,
 ) -> PyResult<Options> {
     check_flags(&[
         ("--max-input-tokens", Some(max_input_tokens)),
@@ -73,6 +74,7 @@ pub(crate) fn options(
                 "literal_value",
                 literal_value,
             )?,
+            layout: parse::<forkscore_engine::Layout>(py, "layout", layout)?,
         },
         scoring: parse::<Scoring>(py, "scoring", scoring)?,
     })

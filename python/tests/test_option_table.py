@@ -32,6 +32,7 @@ VALUES = {
     "allowed_mass": (True, "yes"),
     "top_k": (3, 5000),
     "literal_value": ("greedy", "best"),
+    "layout": ("fields-first", "schema-first"),
 }
 # options that need another one beside them
 WITH = {"top_k": {"allowed_mass": True}}

@@ -99,7 +99,14 @@ impl<'e, B: Backend> Scheduler<'e, B> {
         let prepared: Vec<Result<PreparedContext, EngineError>> = job
             .contexts
             .par_iter()
-            .map(|c| engine.prepare(c, &job.compiled, job.options.max_input_tokens))
+            .map(|c| {
+                engine.prepare_in(
+                    c,
+                    &job.compiled,
+                    job.options.max_input_tokens,
+                    job.options.layout,
+                )
+            })
             .collect();
         let mut results = Vec::with_capacity(prepared.len());
         for (index, p) in prepared.into_iter().enumerate() {

@@ -23,7 +23,7 @@ use crate::calibration::Temperature;
 use crate::fork::RunStats;
 use crate::literal::assemble::literal_scores;
 use crate::literal::tree::NodeScores;
-use crate::options::{LiteralValue, Mode, ScoreOptions};
+use crate::options::{Layout, LiteralValue, Mode, ScoreOptions};
 use crate::prepare::PreparedContext;
 use crate::rows::{CompiledField, CompiledSchema};
 use crate::schema::FieldKind;
@@ -88,10 +88,14 @@ pub struct Telemetry {
     pub score_calls: usize,
     pub forward_calls: usize,
     pub state_bytes: usize,
-    /// Prefix tokens taken from a retained shared state instead of prefilled (batch serial /
-    /// shared modes: one context prefilled once for many schemas); omitted when 0.
+    /// Prefix tokens taken from a retained shared state instead of prefilled (the cached prompt
+    /// head of grouped work and `decide`; batch serial / shared modes: one context prefilled
+    /// once for many schemas); omitted when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub reused_prefix_tokens: usize,
+    /// The prompt layout, omitted for the default context-first one.
+    #[serde(skip_serializing_if = "is_context_first")]
+    pub layout: Layout,
     /// Token-tree calls of literal fields, their nodes and projected nodes (omitted when 0).
     #[serde(skip_serializing_if = "is_zero")]
     pub tree_calls: usize,
@@ -140,6 +144,10 @@ pub struct RowDebug {
     /// A literal field's choice paths after the selector (omitted for code fields).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub choice_ids: Vec<Vec<u32>>,
+}
+
+fn is_context_first(layout: &Layout) -> bool {
+    *layout == Layout::ContextFirst
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -322,6 +330,7 @@ impl Assembly<'_> {
             self.compiled.candidates().len(),
             self.stats,
         );
+        tel.layout = self.prepared.layout();
         tel.timings_ms.render = self.prepared.render_ms();
         tel.timings_ms.split = self.prepared.split_ms();
         tel.timings_ms.assemble = t.elapsed().as_secs_f64() * 1e3;
@@ -382,6 +391,7 @@ pub fn telemetry(
         forward_calls: stats.forward_calls,
         state_bytes: stats.state_bytes,
         reused_prefix_tokens: stats.reused_prefix_tokens,
+        layout: Layout::ContextFirst,
         tree_calls: stats.tree_calls,
         tree_nodes: stats.tree_nodes,
         tree_projected: stats.tree_projected,

@@ -15,6 +15,7 @@ pub mod split;
 pub mod untrusted;
 
 use crate::error::EngineError;
+use crate::options::Layout;
 use crate::rows::CompiledSchema;
 use crate::tokenizer::ChatTokenizer;
 use render::render_prefix;
@@ -26,6 +27,7 @@ use std::time::Instant;
 pub struct PreparedContext {
     split: SplitPrompt,
     schema_hash: String,
+    layout: Layout,
     render_ms: f64,
     split_ms: f64,
 }
@@ -38,6 +40,10 @@ impl PreparedContext {
     /// Hash of the schema this context was prepared for.
     pub fn schema_hash(&self) -> &str {
         &self.schema_hash
+    }
+    /// Where the context sits in its prompt.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
     /// True when this context was prepared for `compiled`.
     pub fn belongs_to(&self, compiled: &CompiledSchema) -> bool {
@@ -58,6 +64,7 @@ pub(crate) fn prepare(
     compiled: &CompiledSchema,
     max_input_tokens: usize,
     context_special_tokens: bool,
+    layout: Layout,
 ) -> Result<PreparedContext, EngineError> {
     if max_input_tokens == 0 {
         return Err(EngineError::ZeroMaxInputTokens);
@@ -76,10 +83,15 @@ pub(crate) fn prepare(
         ));
     }
     let t = Instant::now();
-    let prefix_text = render_prefix(tokenizer.template(), context, compiled.schema_fields())?;
+    let prefix_text = render_prefix(
+        tokenizer.template(),
+        context,
+        compiled.schema_fields(),
+        layout,
+    )?;
     let render_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    let span = untrusted::context_span(&prefix_text, context, compiled.schema_fields())?;
+    let span = untrusted::context_span(&prefix_text, context, compiled.schema_fields(), layout)?;
     let split = untrusted::split_context(
         tokenizer,
         &prefix_text,
@@ -87,6 +99,7 @@ pub(crate) fn prepare(
         context_special_tokens,
         compiled.schema_fields(),
         &compiled.selectors(),
+        layout,
     )?;
     let split_ms = t.elapsed().as_secs_f64() * 1e3;
     if split.input_tokens() > max_input_tokens {
@@ -101,6 +114,7 @@ pub(crate) fn prepare(
     Ok(PreparedContext {
         split,
         schema_hash: compiled.schema_hash().to_string(),
+        layout,
         render_ms,
         split_ms,
     })

@@ -5,6 +5,8 @@
 //! `template(system: INSTRUCTIONS, user: context + catalogue)` ++ `"{f}:"` and the model's next
 //! token is the code (`" A"`, `" B"`, …). The selector starts right after the template's
 //! assistant header (which ends in a newline), so its tokens do not depend on the context.
+//! [`Layout::FieldsFirst`] puts the field listing before the context instead
+//! (`user: listing + context + closing line`), with the same selectors after the header.
 //!
 //! A literal-scored field (`"scoring": "literal…"`) lists its choices by their text (`  - low`),
 //! without code letters, so it may have more than 26; the model's continuation is the choice
@@ -12,6 +14,7 @@
 //! closing line that mention answering with a choice's text: a code-only schema renders exactly
 //! as before literal scoring existed.
 
+use crate::options::Layout;
 use crate::schema::{Field, Scoring};
 use crate::template::{ChatTemplate, Message, TemplateError};
 
@@ -50,26 +53,73 @@ pub fn selector(field: &Field) -> String {
     format!("{}:", field.name)
 }
 
-/// The user turn: the context, then the catalogue of all fields.
+/// The user turn in the context-first layout: the context, then the catalogue of all fields.
 pub fn user_message(context: &str, fields: &[Field]) -> String {
-    let catalogue = catalogue(fields);
-    let mut out = String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
-    out.push_str(CONTEXT_HEAD);
-    out.push_str(context);
-    out.push_str(&catalogue);
-    out
+    user_message_in(context, fields, Layout::ContextFirst).0
+}
+
+/// The user turn in `layout`, and the byte offset of the context inside it.
+/// - context-first: `Context:\n{context}` + [`catalogue`];
+/// - fields-first: [`listing`] + `\nContext:\n{context}\n\n` + [`closing`] — the schema's whole
+///   text before the context, so every context of a schema shares it as prompt head.
+pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
+    match layout {
+        Layout::ContextFirst => {
+            let catalogue = catalogue(fields);
+            let mut out =
+                String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
+            out.push_str(CONTEXT_HEAD);
+            out.push_str(context);
+            out.push_str(&catalogue);
+            (out, CONTEXT_HEAD.len())
+        }
+        Layout::FieldsFirst => {
+            let (listing, closing) = (listing(fields), closing(fields));
+            let mut out = String::with_capacity(
+                listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
+            );
+            out.push_str(&listing);
+            out.push('\n');
+            out.push_str(CONTEXT_HEAD);
+            let at = out.len();
+            out.push_str(context);
+            out.push_str("\n\n");
+            out.push_str(closing);
+            (out, at)
+        }
+    }
 }
 
 /// The head of the user turn, before the context.
 pub const CONTEXT_HEAD: &str = "Context:\n";
 
-/// What the user turn holds after the context: every field's name, description and choices
-/// (the schema's own text), then the closing line. Built once per rendering, linear in the
-/// schema's size.
+/// The schema's own text as the user turn lists it, whatever the layout: the listing of
+/// [`catalogue`] (context-first) or the listing alone (fields-first, before the context).
+pub fn schema_text(fields: &[Field], layout: Layout) -> String {
+    match layout {
+        Layout::ContextFirst => catalogue(fields),
+        Layout::FieldsFirst => listing(fields),
+    }
+}
+
+/// What the user turn holds after the context in the context-first layout: a blank line, the
+/// [`listing`], a blank line and the [`closing`] line.
 pub fn catalogue(fields: &[Field]) -> String {
+    let (listing, closing) = (listing(fields), closing(fields));
+    let mut out = String::with_capacity(listing.len() + closing.len() + 3);
+    out.push_str("\n\n");
+    out.push_str(&listing);
+    out.push('\n');
+    out.push_str(closing);
+    out
+}
+
+/// `Fields:` and every field's name, description and choices (the schema's own text), each
+/// choice line ending in a newline. Linear in the schema's size.
+pub fn listing(fields: &[Field]) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(64 * fields.len() + 128);
-    out.push_str("\n\nFields:\n");
+    out.push_str("Fields:\n");
     for f in fields {
         let _ = write!(out, "\n{}", f.name);
         if let Some(d) = &f.description {
@@ -89,19 +139,24 @@ pub fn catalogue(fields: &[Field]) -> String {
             out.push('\n');
         }
     }
-    if has_literal(fields) {
-        out.push_str("\nAnswer every field on its own line as `field_name: ANSWER`.");
-    } else {
-        out.push_str("\nAnswer every field on its own line as `field_name: CODE`.");
-    }
     out
 }
 
-/// Render the shared prefix text for `context`.
+/// The closing line: how to write the answers.
+pub fn closing(fields: &[Field]) -> &'static str {
+    if has_literal(fields) {
+        "Answer every field on its own line as `field_name: ANSWER`."
+    } else {
+        "Answer every field on its own line as `field_name: CODE`."
+    }
+}
+
+/// Render the shared prefix text for `context` in `layout`.
 pub fn render_prefix(
     template: &ChatTemplate,
     context: &str,
     fields: &[Field],
+    layout: Layout,
 ) -> Result<String, TemplateError> {
     template.render(&[
         Message {
@@ -115,7 +170,7 @@ pub fn render_prefix(
         },
         Message {
             role: "user",
-            content: user_message(context, fields),
+            content: user_message_in(context, fields, layout).0,
         },
     ])
 }

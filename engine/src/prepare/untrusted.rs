@@ -26,9 +26,10 @@ use std::ops::Range;
 use super::anchor::AnchoredPrompt;
 pub use super::guard::encode_guarded;
 use super::guard::special_hits;
-use super::render::{catalogue, user_message, CONTEXT_HEAD};
+use super::render::{schema_text, user_message_in};
 use super::split::{SplitError, SplitPrompt};
 use crate::error::EngineError;
+use crate::options::Layout;
 use crate::schema::Field;
 pub use crate::template::TEMPLATE_FUEL;
 use crate::tokenizer::ChatTokenizer;
@@ -42,14 +43,12 @@ pub fn context_span(
     prefix_text: &str,
     context: &str,
     fields: &[Field],
+    layout: Layout,
 ) -> Result<Range<usize>, EngineError> {
-    const HEAD: &str = CONTEXT_HEAD;
-    let message = user_message(context, fields);
-    if message.starts_with(HEAD) {
-        if let Some(at) = prefix_text.find(&message) {
-            let start = at + HEAD.len();
-            return Ok(start..start + context.len());
-        }
+    let (message, offset) = user_message_in(context, fields, layout);
+    if let Some(at) = prefix_text.find(&message) {
+        let start = at + offset;
+        return Ok(start..start + context.len());
     }
     match prefix_text.find(context) {
         Some(start) => Ok(start..start + context.len()),
@@ -92,13 +91,25 @@ pub fn guarded_ranges(
     span: &Range<usize>,
     trust_context: bool,
     fields: &[Field],
+    layout: Layout,
 ) -> Result<Vec<Range<usize>>, SplitError> {
     let mut hits = if trust_context {
         Vec::new()
     } else {
         special_hits(tok, prefix_text, span)
     };
-    hits.extend(schema_hits(tok, prefix_text, span.end, &catalogue(fields))?);
+    // the schema's text: after the context (context-first) or before it (fields-first)
+    let from = match layout {
+        Layout::ContextFirst => span.end,
+        Layout::FieldsFirst => 0,
+    };
+    let schema = schema_hits(tok, prefix_text, from, &schema_text(fields, layout))?;
+    if layout == Layout::FieldsFirst {
+        // before the context's ranges: the list stays sorted
+        hits.splice(0..0, schema);
+    } else {
+        hits.extend(schema);
+    }
     Ok(hits)
 }
 
@@ -112,11 +123,12 @@ pub fn split_context(
     trust_special: bool,
     fields: &[Field],
     selectors: &[String],
+    layout: Layout,
 ) -> Result<SplitPrompt, SplitError> {
     if let Some(index) = selectors.iter().position(String::is_empty) {
         return Err(SplitError::EmptySelector { index });
     }
-    let hits = guarded_ranges(tok, prefix_text, &span, trust_special, fields)?;
+    let hits = guarded_ranges(tok, prefix_text, &span, trust_special, fields, layout)?;
     // The selectors follow the prefix, so the ranges (inside the prefix) hold for every row.
     let probe = selectors
         .iter()

@@ -16,6 +16,7 @@ pub mod error;
 
 use crate::literal::compile::{literal_paths, LiteralField};
 use crate::literal::tree::TreePlan;
+use crate::options::Layout;
 use crate::prepare::anchor::AnchoredPrompt;
 use crate::prepare::render::{catalogue, code, code_text, render_prefix, selector};
 use crate::prepare::untrusted::{context_span, schema_hits};
@@ -81,11 +82,22 @@ impl CompiledSchema {
         tok: &ChatTokenizer,
         max_input_tokens: Option<usize>,
     ) -> Result<CompiledSchema, CompileError> {
-        let prefix_text = render_prefix(tok.template(), PROBE_CONTEXT, schema.fields())?;
+        let prefix_text = render_prefix(
+            tok.template(),
+            PROBE_CONTEXT,
+            schema.fields(),
+            Layout::ContextFirst,
+        )?;
         let selectors: Vec<String> = schema.fields().iter().map(selector).collect();
         // the catalogue is looked for after the probe context (from the start when a template
         // moved it: preparing a real context then says so)
-        let from = context_span(&prefix_text, PROBE_CONTEXT, schema.fields()).map_or(0, |s| s.end);
+        let from = context_span(
+            &prefix_text,
+            PROBE_CONTEXT,
+            schema.fields(),
+            Layout::ContextFirst,
+        )
+        .map_or(0, |s| s.end);
         let hits = schema_hits(tok, &prefix_text, from, &catalogue(schema.fields()))?;
         let probe = selectors
             .iter()

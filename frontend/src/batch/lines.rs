@@ -72,6 +72,7 @@ pub fn score_lines<B: Backend>(
         temperature_source: &temperature.source,
         default_schema_hash: job.default_schema.map(|s| s.hash()),
         shard: None,
+        layout: job.options.layout,
     }
     .record()?;
     let max_bytes = max_line_bytes(job.options.max_input_tokens);

@@ -183,10 +183,12 @@ impl<B: Backend> Preparer<'_, B> {
             .as_deref()
             .or(self.shared_context)
             .unwrap_or_default();
-        match self
-            .engine
-            .prepare(context, &compiled, self.options.max_input_tokens)
-        {
+        match self.engine.prepare_in(
+            context,
+            &compiled,
+            self.options.max_input_tokens,
+            self.options.layout,
+        ) {
             Ok(prepared) => Item::Ready(Box::new(Ready {
                 line: r.line,
                 context_hash: context_hash(context),

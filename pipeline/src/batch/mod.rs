@@ -180,6 +180,7 @@ pub fn run_job<B: Backend>(
         temperature_source: &temperature.source,
         default_schema_hash: job.default_schema.as_ref().map(|s| s.hash()),
         shard: job.shard,
+        layout: job.options.layout,
     }
     .record()?;
     if resumed.is_some() && !job.resume_any_provenance {

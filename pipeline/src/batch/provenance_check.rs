@@ -3,7 +3,8 @@
 //! Every record carries its provenance. Before a resumed job appends anything, each existing
 //! record's provenance is compared with this run's on the keys that decide the results:
 //! [`RESUME_KEYS`] (model, revision, fingerprint, dtype, mode, temperature, the job's default
-//! schema hash, its `--shard`, absent in unsharded jobs, and the set `FORKSCORE_*` switches). A record that differs — or has no provenance — refuses the resume, naming the
+//! schema hash, its `--shard`, absent in unsharded jobs, the set `FORKSCORE_*` switches, and
+//! the prompt `--layout`, absent for the default one). A record that differs — or has no provenance — refuses the resume, naming the
 //! record, the key and both values; `--resume-any-provenance` overrides (the file then mixes
 //! runs, which its records still say).
 
@@ -22,6 +23,7 @@ pub const RESUME_KEYS: &[&str] = &[
     "default_schema_hash",
     "shard",
     "switches",
+    "layout",
 ];
 
 #[derive(Debug, thiserror::Error)]

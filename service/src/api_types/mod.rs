@@ -53,6 +53,21 @@ pub struct Options {
     /// How a literal field's value is chosen (as `--literal-value`; default `argmax`).
     #[schema(nullable = false)]
     pub literal_value: Option<LiteralValueName>,
+    /// Where the context sits in the prompt (as `--layout`; default `context-first`):
+    /// `fields-first` puts the catalogue of fields first, so the server prefills it once per
+    /// schema and each request only its context.
+    #[schema(nullable = false)]
+    pub layout: Option<LayoutName>,
+}
+
+/// Where the context sits in the prompt.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayoutName {
+    /// The context, then the catalogue of fields.
+    ContextFirst,
+    /// The catalogue of fields, then the context.
+    FieldsFirst,
 }
 
 /// How a literal field's value is chosen.
