@@ -142,16 +142,20 @@ def run_level(args, schema, contexts, clients: int, rate: float | None) -> dict:
     lock = threading.Lock()
     lat: list[float] = []
     prefix_tokens = 0
+    computed_tokens = 0.0
     errors: dict[str, int] = {}
     stop_at = time.monotonic() + args.duration_s
     counter = [0]
 
     def one(cl: Client, measure: bool) -> None:
-        nonlocal prefix_tokens
+        nonlocal prefix_tokens, computed_tokens
         with lock:
             i = counter[0]
             counter[0] += 1
-        body = json.dumps({"context": contexts[i % len(contexts)], "schema": schema}).encode()
+        req = {"context": contexts[i % len(contexts)], "schema": schema}
+        if args.options:
+            req["options"] = args.options
+        body = json.dumps(req).encode()
         t = time.monotonic()
         status, data = cl.post("/v1/score", body)
         dt = time.monotonic() - t
@@ -161,7 +165,12 @@ def run_level(args, schema, contexts, clients: int, rate: float | None) -> dict:
             if status == 200:
                 lat.append(dt)
                 try:
-                    prefix_tokens += json.loads(data)["telemetry"]["prefix_tokens"]
+                    tel = json.loads(data)["telemetry"]
+                    prefix_tokens += tel["prefix_tokens"]
+                    # tokens taken from the cached prompt head: counted per group, so per
+                    # decision the group's total over its size
+                    size = (tel.get("group") or {}).get("size") or 1
+                    computed_tokens += tel["prefix_tokens"] - tel.get("reused_prefix_tokens", 0) / size
                 except (ValueError, KeyError):
                     errors["bad_body"] = errors.get("bad_body", 0) + 1
             else:
@@ -220,6 +229,7 @@ def run_level(args, schema, contexts, clients: int, rate: float | None) -> dict:
         "decisions_per_s": round(done / wall, 2),
         "prefix_tokens_per_s": round(tps),
         "mean_prefix_tokens": round(prefix_tokens / done, 1) if done else None,
+        "computed_prefix_tokens_per_s": round(computed_tokens / wall),
         "p50_ms": round(pct(lat, 50) * 1000, 1),
         "p90_ms": round(pct(lat, 90) * 1000, 1),
         "p99_ms": round(pct(lat, 99) * 1000, 1),
@@ -228,7 +238,10 @@ def run_level(args, schema, contexts, clients: int, rate: float | None) -> dict:
         "mean_contexts_per_merged_call": round(merged, 2) if merged else None,
     }
     if args.fpt:
+        # prefix tokens served per second (what a user gets), and the FLOP actually computed
+        # (prefix tokens less those continued from the cached prompt head)
         row["mfu"] = round(tps * args.fpt / (args.peak_tflops * 1e12), 4)
+        row["mfu_computed"] = round(computed_tokens / wall * args.fpt / (args.peak_tflops * 1e12), 4)
     return row
 
 
@@ -248,6 +261,8 @@ def main() -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--ready-s", type=float, default=300.0, help="wait this long for /health")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--options", type=json.loads, default=None,
+                    help='the requests\' options object, e.g. \'{"layout": "fields-first"}\'')
     args = ap.parse_args()
     deadline = time.monotonic() + args.ready_s
     while True:  # wait for the server to answer /health

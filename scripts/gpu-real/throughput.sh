@@ -9,7 +9,8 @@
 # Needs carry/{forkscore.xz,run.sh} (scripts/build-cuda.sh), python3 with torch + transformers.
 # Env (defaults): MODELS (qwen35-4b,qwen25-1.5b), BATCH_MODELS (qwen35-4b), BATCH_CONTEXTS (512),
 #   CLIENTS (1,16,64), RATES (empty), LOAD_S (15 per level), WORDS (150:250), PEAK_TFLOPS (790),
-#   SKIP_BATCH, SKIP_SERVE (=1 skips), EXTRA_SERVE_FLAGS, BATCH_EXTRA (more batch flags), COMMIT.
+#   SKIP_BATCH, SKIP_SERVE (=1 skips), EXTRA_SERVE_FLAGS, BATCH_EXTRA (more batch flags),
+#   LOAD_OPTIONS (the load's requests' options object, e.g. '{"layout": "fields-first"}'), COMMIT.
 # CPU smoke test of the script (tiny dimensions, real vocabularies, local binary):
 #   DEVICE=cpu DTYPE=f32 TINY=1 BIN=target/debug/forkscore BATCH_CONTEXTS=8 CLIENTS=1,4 LOAD_S=3
 # Output ($OUT): run.log, batch-<model>.json, load-<model>.json.
@@ -84,6 +85,7 @@ if [[ "${SKIP_SERVE:-0}" != 1 ]]; then
     timeout 240 "$PY" "$S/serve_load.py" --url "http://127.0.0.1:$port" --model "$W/ckpt/$m" \
       --clients "${CLIENTS:-1,16,64}" --rate "${RATES:-}" --duration-s "${LOAD_S:-15}" \
       --words "${WORDS:-150:250}" --peak-tflops "${PEAK_TFLOPS:-790}" --label "$m" \
+      ${LOAD_OPTIONS:+--options "$LOAD_OPTIONS"} \
       --out "$OUT/load-$m.json"
     echo "load exit $?"
     kill -TERM "$SPID" 2>/dev/null
