@@ -17,11 +17,27 @@ VERSION="$(awk '/^name = "candle-core"$/ {getline; gsub(/"/, "", $3); print $3; 
 (cd "$REPO" && cargo fetch --quiet)
 REG="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/candle-core-"$VERSION" | head -1)"
 REG="$(dirname "$REG")"
-rm -rf "$DEST/candle-kernels" "$DEST/candle-core"
+# Patch a fresh copy, then move into $DEST only the files whose content changed: an unchanged
+# file keeps its mtime, so candle-kernels' build script (which recompiles a kernel whose source
+# is newer than its image: ~20 minutes for all of them on 2 cores) does not run again.
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+cp -r "$REG/candle-kernels-$VERSION" "$STAGE/candle-kernels"
+cp -r "$REG/candle-core-$VERSION" "$STAGE/candle-core"
+patch --quiet -d "$STAGE" -p1 < "$REPO/scripts/cuda-patches/candle-fatbin.patch"
 mkdir -p "$DEST"
-cp -r "$REG/candle-kernels-$VERSION" "$DEST/candle-kernels"
-cp -r "$REG/candle-core-$VERSION" "$DEST/candle-core"
-patch --quiet -d "$DEST" -p1 < "$REPO/scripts/cuda-patches/candle-fatbin.patch"
+for crate in candle-kernels candle-core; do
+  (cd "$STAGE/$crate" && find . -type f) | while read -r f; do
+    if ! cmp -s "$STAGE/$crate/$f" "$DEST/$crate/$f" 2>/dev/null; then
+      mkdir -p "$(dirname "$DEST/$crate/$f")"
+      cp -f "$STAGE/$crate/$f" "$DEST/$crate/$f"
+    fi
+  done
+  # files the patched copy no longer has
+  (cd "$DEST/$crate" && find . -type f) | while read -r f; do
+    [ -e "$STAGE/$crate/$f" ] || rm -f "$DEST/$crate/$f"
+  done
+done
 for crate in candle-kernels candle-core; do
   printf -- '--config\npatch.crates-io.%s.path="%s"\n' "$crate" "$DEST/$crate"
 done
