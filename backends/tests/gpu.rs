@@ -28,7 +28,8 @@ use std::path::{Path, PathBuf};
 use common::{candidates, ids, rows_over_states};
 use forkscore_backends::candle::OpenDevice;
 use forkscore_backends::{
-    Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, ResolvedCheckpoint, ScoreRow,
+    Backend, CandleBackend, ComputeDType, DeviceSpec, LoadOptions, PrefixState, ResolvedCheckpoint,
+    ScoreRow,
 };
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
