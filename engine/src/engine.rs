@@ -94,8 +94,19 @@ impl<B: Backend> Engine<B> {
         if !self.shared_head || opts.mode == Mode::Independent {
             return None;
         }
-        let [a, b] = PROBES.map(|p| self.prepare_in(p, compiled, usize::MAX >> 1, opts.layout));
-        let ids = HeadCache::<B::State>::head_ids([a.as_ref().ok()?, b.as_ref().ok()?])?;
+        // the first probe's prompt text names the head (rendering is cheap; tokenizing the
+        // two probes' prompts is not, so it runs once per prompt)
+        let key = crate::prepare::render::render_prefix(
+            self.tokenizer.template(),
+            PROBES[0],
+            compiled.schema_fields(),
+            opts.layout,
+        )
+        .ok()?;
+        let ids = self.heads.ids_for(&key, || {
+            let [a, b] = PROBES.map(|p| self.prepare_in(p, compiled, usize::MAX >> 1, opts.layout));
+            HeadCache::<B::State>::head_ids([a.as_ref().ok()?, b.as_ref().ok()?])
+        })?;
         self.heads.state(&self.backend, &ids)
     }
 

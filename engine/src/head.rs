@@ -25,14 +25,21 @@ pub const HEADS: usize = 4;
 /// of different classes, so no tokenizer merges them with the text before them alike.
 pub const PROBES: [&str; 2] = ["a", "0"];
 
-/// The cached head states, most recently used last.
+/// How many prompts' head ids are kept (the probes' tokenization, skipped on a hit).
+pub const HEAD_IDS: usize = 32;
+
+/// The head ids found per prompt (keyed by the first probe's rendered prompt text, which holds
+/// everything the head depends on: template, instructions, catalogue, layout), and the cached
+/// head states, most recently used last.
 pub(crate) struct HeadCache<S> {
+    ids: Mutex<Vec<(String, Option<Arc<[u32]>>)>>,
     states: Mutex<Vec<Arc<SharedPrefix<S>>>>,
 }
 
 impl<S> Default for HeadCache<S> {
     fn default() -> Self {
         HeadCache {
+            ids: Mutex::new(Vec::new()),
             states: Mutex::new(Vec::new()),
         }
     }
@@ -44,6 +51,34 @@ impl<S: PrefixState> HeadCache<S> {
     pub(crate) fn head_ids(probes: [&PreparedContext; 2]) -> Option<Vec<u32>> {
         let [a, b] = probes.map(|p| p.split().prefix_ids.as_slice());
         SharedPrefix::<S>::common_prefix(a, [b]).map(<[u32]>::to_vec)
+    }
+
+    /// The head ids of the prompt rendered as `key`, found by `find` (the probes' preparation)
+    /// on a miss and kept for the next [`HEAD_IDS`] prompts; None (also cached) when there is no
+    /// head worth sharing.
+    pub(crate) fn ids_for(
+        &self,
+        key: &str,
+        find: impl FnOnce() -> Option<Vec<u32>>,
+    ) -> Option<Arc<[u32]>> {
+        {
+            let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pos) = ids.iter().position(|(k, _)| k == key) {
+                let hit = ids.remove(pos);
+                let found = hit.1.clone();
+                ids.push(hit);
+                return found;
+            }
+        }
+        let found: Option<Arc<[u32]>> = find().map(Arc::from);
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        if !ids.iter().any(|(k, _)| k == key) {
+            if ids.len() >= HEAD_IDS {
+                ids.remove(0);
+            }
+            ids.push((key.to_string(), found.clone()));
+        }
+        found
     }
 
     /// The state of `ids`, from the cache or prefilled now (outside the lock: two threads may

@@ -7,7 +7,8 @@
 # (start-up: kernel loading, no JIT when candle's kernels are fat binaries).
 #   OUT=/path bash scripts/gpu-real/profile_many.sh
 # Needs carry/{forkscore.xz,run.sh} (scripts/build-cuda.sh), python3 with torch + transformers.
-# Env (defaults): MODELS (qwen35-4b,qwen25-1.5b), CONTEXTS (64), TOKENS (830), CKPT (/tmp/gpu-ckpt).
+# Env (defaults): MODELS (qwen35-4b,qwen25-1.5b), CONTEXTS (64), TOKENS (830), CKPT (/tmp/gpu-ckpt),
+#   BATCH_FLAGS (more `forkscore batch` flags for both runs, e.g. "--layout fields-first").
 # Output ($OUT): profile.log, batch-<model>.json, profile-<model>.txt.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -42,11 +43,12 @@ for m in "${ML[@]}"; do
   say "$m: batch grouped, ${CONTEXTS:-64} contexts"
   timeout 200 python3 scripts/gpu-real/batch_case.py --forkscore "$RUN" --model "$CKPT/$m" --device cuda \
     --dtype bf16 --out "$OUT/batch-$m.json" --contexts "${CONTEXTS:-64}" --fields 8 --tokens "${TOKENS:-830}" \
-    --modes grouped --timeout-s 180 --work "/tmp/profile-$m"
+    --modes grouped --timeout-s 180 --work "/tmp/profile-$m" --extra "${BATCH_FLAGS:-}"
   say "$m: the same job profiled"
   FORKSCORE_PROFILE=1 timeout 200 $RUN batch --model "$CKPT/$m" --revision bench --device cuda --dtype bf16 \
     --input "/tmp/profile-$m/in.jsonl" --output "/tmp/profile-$m/profiled.jsonl" \
-    --schema-file "/tmp/profile-$m/schema.json" --batch-mode grouped --quiet 2> "$OUT/profile-$m.txt"
+    --schema-file "/tmp/profile-$m/schema.json" --batch-mode grouped --quiet ${BATCH_FLAGS:-} \
+    2> "$OUT/profile-$m.txt"
   tail -40 "$OUT/profile-$m.txt"
 done
 say "done"

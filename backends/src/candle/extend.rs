@@ -90,21 +90,23 @@ impl CandleBackend {
             .collect();
         for (update, prev) in updates.into_iter().zip(start.layers()) {
             for (row, &n) in lens.iter().enumerate() {
-                // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd); conv / recurrent (N, …) -> (1, …)
-                let cut = |t: &Tensor, keep_len: bool| {
-                    let t = t.narrow(0, row, 1)?;
-                    let t = if keep_len { t } else { t.narrow(2, 0, n)? };
-                    t.contiguous()
-                };
+                // K/V (N, Hkv, Lmax, hd) -> a (1, Hkv, n, hd) view, copied once by the append
+                // to the past; conv / recurrent (N, …) -> (1, …), contiguous as cut
                 let own = match &update {
-                    state::LayerUpdate::Attention { k, v } => state::LayerUpdate::Attention {
-                        k: cut(k, false).map_err(op)?,
-                        v: cut(v, false).map_err(op)?,
-                    },
-                    state::LayerUpdate::Linear { conv, recurrent } => state::LayerUpdate::Linear {
-                        conv: cut(conv, true).map_err(op)?,
-                        recurrent: cut(recurrent, true).map_err(op)?,
-                    },
+                    state::LayerUpdate::Attention { k, v } => {
+                        let cut = |t: &Tensor| t.narrow(0, row, 1)?.narrow(2, 0, n);
+                        state::LayerUpdate::Attention {
+                            k: cut(k).map_err(op)?,
+                            v: cut(v).map_err(op)?,
+                        }
+                    }
+                    state::LayerUpdate::Linear { conv, recurrent } => {
+                        let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
+                        state::LayerUpdate::Linear {
+                            conv: cut(conv).map_err(op)?,
+                            recurrent: cut(recurrent).map_err(op)?,
+                        }
+                    }
                 };
                 per_row[row].push(LayerState::extend(Some(prev), own)?);
             }
