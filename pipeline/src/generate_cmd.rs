@@ -42,6 +42,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         max_input_tokens: s.scoring.max_input_tokens,
         eos_ids: eos_ids_from_folder(&engine.backend().checkpoint().dir),
         include_prompt: s.scoring.include_prompt,
+        layout: score_opts.layout,
     };
     // Warm-up, untimed: the first decision and the first decode steps of a process pay one-time
     // set-up (GPU kernel modules, cuBLAS handles, allocator growth), which would otherwise be

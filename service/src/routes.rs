@@ -361,6 +361,7 @@ async fn decide<B: Backend + 'static>(
             max_input_tokens: req.options.max_input_tokens,
             eos_ids: s.config.eos_ids.clone(),
             include_prompt: req.options.include_prompt,
+            layout: req.options.layout,
         },
         reply,
     })?;

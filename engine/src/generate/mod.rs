@@ -21,7 +21,7 @@ pub mod prompt;
 use crate::assemble::Decision;
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::options::{ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
+use crate::options::{Layout, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::guard::{encode_guarded, special_hits};
 use crate::prepare::untrusted::schema_hits;
 use crate::rows::CompiledSchema;
@@ -82,6 +82,8 @@ pub struct GenerateOptions {
     pub eos_ids: Vec<u32>,
     /// Keep the rendered prompt text in the result.
     pub include_prompt: bool,
+    /// Where the context sits in the prompt (as the scoring prompt of the same layout).
+    pub layout: Layout,
 }
 
 impl Default for GenerateOptions {
@@ -91,6 +93,7 @@ impl Default for GenerateOptions {
             max_input_tokens: DEFAULT_MAX_INPUT_TOKENS,
             eos_ids: Vec::new(),
             include_prompt: false,
+            layout: Layout::ContextFirst,
         }
     }
 }
@@ -329,10 +332,11 @@ impl<B: Backend> Engine<B> {
             return Err(GenerateError::MaxNewTokens(max_new));
         }
         // prompt: render, find the context, tokenize it as text (as scoring does)
-        let text = prompt::render(tok.template(), context, fields).map_err(EngineError::from)?;
-        let message = prompt::user_message(context, fields);
+        let text = prompt::render(tok.template(), context, fields, opts.layout)
+            .map_err(EngineError::from)?;
+        let (message, offset) = prompt::user_message_in(context, fields, opts.layout);
         let span = match text.find(&message) {
-            Some(at) => at + prompt::CONTEXT_HEAD.len(),
+            Some(at) => at + offset,
             None => text.find(context).ok_or(EngineError::ContextNotInPrompt)?,
         };
         let span = span..span + context.len();
@@ -342,8 +346,14 @@ impl<B: Backend> Engine<B> {
             special_hits(tok, &text, &span)
         };
         // the schema's text is tokenized as text too, always (as in scoring)
-        let catalogue = prompt::catalogue(fields);
-        hits.extend(schema_hits(tok, &text, span.end, &catalogue).map_err(EngineError::from)?);
+        // after the context (context-first) or before it (fields-first)
+        let (from, schema) = match opts.layout {
+            Layout::ContextFirst => (span.end, prompt::schema_text(fields, opts.layout)),
+            Layout::FieldsFirst => (0, prompt::schema_text(fields, opts.layout)),
+        };
+        let schema = schema_hits(tok, &text, from, &schema).map_err(EngineError::from)?;
+        hits.extend(schema);
+        hits.sort_by_key(|r| r.start);
         let ids = encode_guarded(tok, &text, &hits)?;
         let n = ids.len();
         if n > opts.max_input_tokens {

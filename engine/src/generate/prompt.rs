@@ -7,7 +7,10 @@
 //! description, and its allowed values as JSON (`"low"`, `"medium"`, … or `true or false`),
 //! with each choice's description where the schema has one; the closing line names the keys in
 //! schema order. No example object is shown, so no choice is favoured by the prompt.
+//! [`Layout::FieldsFirst`] lists the fields before the context (`listing + "\nContext:\n…\n\n" +
+//! closing line`), as the scoring prompt of that layout does.
 
+use crate::options::Layout;
 use crate::schema::{Field, FieldKind};
 use crate::template::{ChatTemplate, Message, TemplateError};
 
@@ -21,19 +24,63 @@ pub const CONTEXT_HEAD: &str = "Context:\n";
 
 /// The user turn: the context, the fields with their allowed values, the keys to write.
 pub fn user_message(context: &str, fields: &[Field]) -> String {
-    let catalogue = catalogue(fields);
-    let mut out = String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
-    out.push_str(CONTEXT_HEAD);
-    out.push_str(context);
-    out.push_str(&catalogue);
+    user_message_in(context, fields, Layout::ContextFirst).0
+}
+
+/// The user turn in `layout`, and the byte offset of the context inside it.
+pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
+    match layout {
+        Layout::ContextFirst => {
+            let catalogue = catalogue(fields);
+            let mut out =
+                String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
+            out.push_str(CONTEXT_HEAD);
+            out.push_str(context);
+            out.push_str(&catalogue);
+            (out, CONTEXT_HEAD.len())
+        }
+        Layout::FieldsFirst => {
+            let (listing, closing) = (listing(fields), closing(fields));
+            let mut out = String::with_capacity(
+                listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
+            );
+            out.push_str(&listing);
+            out.push('\n');
+            out.push_str(CONTEXT_HEAD);
+            let at = out.len();
+            out.push_str(context);
+            out.push_str("\n\n");
+            out.push_str(&closing);
+            (out, at)
+        }
+    }
+}
+
+/// The schema's own text as the user turn of `layout` holds it: the [`catalogue`] after the
+/// context, or the [`listing`] before it.
+pub fn schema_text(fields: &[Field], layout: Layout) -> String {
+    match layout {
+        Layout::ContextFirst => catalogue(fields),
+        Layout::FieldsFirst => listing(fields),
+    }
+}
+
+/// What the user turn holds after the context (context-first): a blank line, the
+/// [`listing`], a blank line and the [`closing`] line.
+pub fn catalogue(fields: &[Field]) -> String {
+    let (listing, closing) = (listing(fields), closing(fields));
+    let mut out = String::with_capacity(listing.len() + closing.len() + 3);
+    out.push_str("\n\n");
+    out.push_str(&listing);
+    out.push('\n');
+    out.push_str(&closing);
     out
 }
 
-/// What the user turn holds after the context: the fields (the schema's own text) and the
-/// closing line.
-pub fn catalogue(fields: &[Field]) -> String {
+/// `Fields:` and every field with its allowed values (the schema's own text).
+pub fn listing(fields: &[Field]) -> String {
     let mut out = String::with_capacity(256 * fields.len());
-    out.push_str("\n\nFields:\n");
+    out.push_str("Fields:\n");
     for f in fields {
         out.push_str(&format!("\n- \"{}\"", f.name));
         if let Some(d) = &f.description {
@@ -61,20 +108,25 @@ pub fn catalogue(fields: &[Field]) -> String {
             }
         }
     }
-    let keys: Vec<String> = fields.iter().map(|f| format!("\"{}\"", f.name)).collect();
-    out.push_str(&format!(
-        "\nReply with one JSON object with exactly these keys, in this order: {}. Each value must be \
-one of the field's allowed values, written as shown (strings in double quotes, booleans as true or false).",
-        keys.join(", ")
-    ));
     out
 }
 
-/// The rendered prompt text for `context`.
+/// The closing line: the keys to write, in schema order.
+pub fn closing(fields: &[Field]) -> String {
+    let keys: Vec<String> = fields.iter().map(|f| format!("\"{}\"", f.name)).collect();
+    format!(
+        "Reply with one JSON object with exactly these keys, in this order: {}. Each value must be \
+one of the field's allowed values, written as shown (strings in double quotes, booleans as true or false).",
+        keys.join(", ")
+    )
+}
+
+/// The rendered prompt text for `context` in `layout`.
 pub fn render(
     template: &ChatTemplate,
     context: &str,
     fields: &[Field],
+    layout: Layout,
 ) -> Result<String, TemplateError> {
     template.render(&[
         Message {
@@ -83,7 +135,7 @@ pub fn render(
         },
         Message {
             role: "user",
-            content: user_message(context, fields),
+            content: user_message_in(context, fields, layout).0,
         },
     ])
 }

@@ -94,6 +94,7 @@ pub fn run<B: Backend>(
         max_input_tokens: args.scoring.max_input_tokens,
         eos_ids: settings.eos_ids,
         include_prompt: false,
+        layout: args.scoring.layout,
     };
     let bar = crate::batch::writer::progress_bar(
         args.quiet,
