@@ -300,7 +300,8 @@ mod tests {
     fn every_option_of_the_table_parses_and_refuses_by_name() {
         let good = json!({"scoring": "literal", "mode": "tree", "field_batch_size": 3,
             "temperature": 0.5, "allow_uncalibrated": true, "max_input_tokens": 100,
-            "include_prompt": true, "allowed_mass": true, "top_k": 7, "literal_value": "greedy"});
+            "include_prompt": true, "allowed_mass": true, "top_k": 7, "literal_value": "greedy",
+            "layout": "fields-first"});
         let o = parse(good.clone()).expect("all good");
         assert_eq!(
             o.scoring,
@@ -312,6 +313,7 @@ mod tests {
         assert_eq!(o.score.max_input_tokens, 100);
         assert_eq!(o.score.allowed_mass, Some(7));
         assert_eq!(o.score.literal_value, LiteralValue::Greedy);
+        assert_eq!(o.score.layout, Layout::FieldsFirst);
         for spec in OPTIONS {
             assert!(good.get(spec.name).is_some(), "{} not covered", spec.name);
             let e = parse(json!({ spec.name: "not-a-value-of-any-option" })).expect_err(spec.name);

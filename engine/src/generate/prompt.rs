@@ -19,8 +19,8 @@ const INSTRUCTIONS: &str =
 choose the single best of its allowed values. Reply with one JSON object only, mapping every field \
 name to its chosen value: no explanation, no markdown, no text before or after the object.";
 
-/// The head of the user message, before the context.
-pub const CONTEXT_HEAD: &str = "Context:\n";
+/// The head of the user message, before the context (the scoring prompt's).
+pub use crate::prepare::render::CONTEXT_HEAD;
 
 /// The user turn: the context, the fields with their allowed values, the keys to write.
 pub fn user_message(context: &str, fields: &[Field]) -> String {
@@ -29,31 +29,7 @@ pub fn user_message(context: &str, fields: &[Field]) -> String {
 
 /// The user turn in `layout`, and the byte offset of the context inside it.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
-    match layout {
-        Layout::ContextFirst => {
-            let catalogue = catalogue(fields);
-            let mut out =
-                String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
-            out.push_str(CONTEXT_HEAD);
-            out.push_str(context);
-            out.push_str(&catalogue);
-            (out, CONTEXT_HEAD.len())
-        }
-        Layout::FieldsFirst => {
-            let (listing, closing) = (listing(fields), closing(fields));
-            let mut out = String::with_capacity(
-                listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
-            );
-            out.push_str(&listing);
-            out.push('\n');
-            out.push_str(CONTEXT_HEAD);
-            let at = out.len();
-            out.push_str(context);
-            out.push_str("\n\n");
-            out.push_str(&closing);
-            (out, at)
-        }
-    }
+    crate::prepare::render::arrange(layout, context, &listing(fields), &closing(fields))
 }
 
 /// The schema's own text as the user turn of `layout` holds it: the [`catalogue`] after the

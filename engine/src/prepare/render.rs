@@ -63,31 +63,38 @@ pub fn user_message(context: &str, fields: &[Field]) -> String {
 /// - fields-first: [`listing`] + `\nContext:\n{context}\n\n` + [`closing`] — the schema's whole
 ///   text before the context, so every context of a schema shares it as prompt head.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
-    match layout {
+    arrange(layout, context, &listing(fields), closing(fields))
+}
+
+/// A user turn from its parts in `layout`, and the byte offset of the context inside it:
+/// context-first `Context:\n{context}\n\n{listing}\n{closing}`, fields-first
+/// `{listing}\nContext:\n{context}\n\n{closing}` (the scoring and the generation prompts
+/// differ only in their listing and closing line).
+pub fn arrange(layout: Layout, context: &str, listing: &str, closing: &str) -> (String, usize) {
+    let mut out = String::with_capacity(
+        listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
+    );
+    let at = match layout {
         Layout::ContextFirst => {
-            let catalogue = catalogue(fields);
-            let mut out =
-                String::with_capacity(CONTEXT_HEAD.len() + context.len() + catalogue.len());
             out.push_str(CONTEXT_HEAD);
             out.push_str(context);
-            out.push_str(&catalogue);
-            (out, CONTEXT_HEAD.len())
+            out.push_str("\n\n");
+            out.push_str(listing);
+            out.push('\n');
+            CONTEXT_HEAD.len()
         }
         Layout::FieldsFirst => {
-            let (listing, closing) = (listing(fields), closing(fields));
-            let mut out = String::with_capacity(
-                listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
-            );
-            out.push_str(&listing);
+            out.push_str(listing);
             out.push('\n');
             out.push_str(CONTEXT_HEAD);
             let at = out.len();
             out.push_str(context);
             out.push_str("\n\n");
-            out.push_str(closing);
-            (out, at)
+            at
         }
-    }
+    };
+    out.push_str(closing);
+    (out, at)
 }
 
 /// The head of the user turn, before the context.
