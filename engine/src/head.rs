@@ -28,11 +28,14 @@ pub const PROBES: [&str; 2] = ["a", "0"];
 /// How many prompts' head ids are kept (the probes' tokenization, skipped on a hit).
 pub const HEAD_IDS: usize = 32;
 
+/// A prompt's key (the first probe's rendered text) and its head ids (None: no head to share).
+type HeadIds = (String, Option<Arc<[u32]>>);
+
 /// The head ids found per prompt (keyed by the first probe's rendered prompt text, which holds
 /// everything the head depends on: template, instructions, catalogue, layout), and the cached
 /// head states, most recently used last.
 pub(crate) struct HeadCache<S> {
-    ids: Mutex<Vec<(String, Option<Arc<[u32]>>)>>,
+    ids: Mutex<Vec<HeadIds>>,
     states: Mutex<Vec<Arc<SharedPrefix<S>>>>,
 }
 
