@@ -111,7 +111,8 @@ pub struct ScoringArgs {
     /// Where the context sits in the prompt: context-first (default: the context, then the
     /// catalogue of fields) or fields-first (the catalogue first, so that grouped decisions —
     /// batch jobs, `serve` — prefill the instructions and the whole catalogue once and each
-    /// context only its own tokens; a different prompt, so decisions differ).
+    /// context only its own tokens; a different prompt, so decisions differ — measure accuracy
+    /// with `forkscore eval` first: on a small real model it cost much of it).
     #[arg(long, default_value = "context-first")]
     pub layout: Layout,
 }
