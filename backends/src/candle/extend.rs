@@ -59,42 +59,68 @@ impl CandleBackend {
         start: &CandleState,
         suffixes: &[&[u32]],
     ) -> Result<Vec<CandleState>, CandleError> {
-        let b = &self.backbone;
         self.check_states(&[start])?;
         if suffixes.is_empty() || suffixes.iter().any(|s| s.is_empty()) {
             return Err(invalid("cannot extend by an empty suffix"));
         }
-        let lens: Vec<usize> = suffixes.iter().map(|s| s.len()).collect();
+        self.padded_rows(Some(start), suffixes, Some("extend.padded_forward"))
+    }
+
+    /// One forward pass of `rows` right-padded into `(N, Lmax)`, each row continuing `start`
+    /// (or from an empty past): attention K/V cut to the row's own tokens and appended to the
+    /// past's, linear-attention states taken at the row's last token (the layers read the
+    /// right padding from the step). The rows are checked non-empty by the caller; `region` names
+    /// the forward in the profile.
+    pub(crate) fn padded_rows(
+        &self,
+        start: Option<&CandleState>,
+        rows: &[&[u32]],
+        region: Option<&'static str>,
+    ) -> Result<Vec<CandleState>, CandleError> {
+        let b = &self.backbone;
+        let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
         let len = lens.iter().copied().max().unwrap_or(0);
         // (N, Lmax) right-padded with id 0; pads sit after each row's last real token
-        let mut ids = vec![0u32; suffixes.len() * len];
-        for (row, s) in suffixes.iter().enumerate() {
-            self.check_ids(s)?;
-            ids[row * len..row * len + s.len()].copy_from_slice(s);
+        let mut ids = vec![0u32; rows.len() * len];
+        for (row, r) in rows.iter().enumerate() {
+            self.check_ids(r)?;
+            ids[row * len..row * len + r.len()].copy_from_slice(r);
         }
-        let past = start.len();
-        let past_lens = vec![past; suffixes.len()];
+        let past = start.map_or(0, PrefixState::len);
+        let past_lens = vec![past; rows.len()];
         let step = Step::new(&b.rope, &past_lens, &lens, len, None, b.dtype, &b.device)?;
-        let pasts: Vec<LayerPast> = start
-            .layers()
-            .iter()
-            .map(LayerPast::whole)
-            .collect::<Result<_, _>>()?;
-        let updates = profile::region("extend.padded_forward", &b.device, || {
-            b.forward_state(&ids, &pasts, &step)
-        })?;
-        let op = |e: candle_core::Error| CandleError::tensor("split padded extend")(e);
-        let mut per_row: Vec<Vec<LayerState>> = suffixes
+        let pasts: Vec<LayerPast> = match start {
+            Some(s) => s
+                .layers()
+                .iter()
+                .map(LayerPast::whole)
+                .collect::<Result<_, _>>()?,
+            None => b.layers.iter().map(|_| LayerPast::Empty).collect(),
+        };
+        let forward = || b.forward_state(&ids, &pasts, &step);
+        let updates = match region {
+            Some(name) => profile::region(name, &b.device, forward)?,
+            None => forward()?,
+        };
+        let op = |e: candle_core::Error| CandleError::tensor("split padded rows")(e);
+        let mut per_row: Vec<Vec<LayerState>> = rows
             .iter()
             .map(|_| Vec::with_capacity(updates.len()))
             .collect();
-        for (update, prev) in updates.into_iter().zip(start.layers()) {
+        for (l, update) in updates.into_iter().enumerate() {
+            let prev = start.map(|s| &s.layers()[l]);
             for (row, &n) in lens.iter().enumerate() {
-                // K/V (N, Hkv, Lmax, hd) -> a (1, Hkv, n, hd) view, copied once by the append
-                // to the past; conv / recurrent (N, …) -> (1, …), contiguous as cut
+                // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd): a view where the append to a past
+                // copies it anyway, else contiguous; conv / recurrent (N, …) -> (1, …)
                 let own = match &update {
                     state::LayerUpdate::Attention { k, v } => {
-                        let cut = |t: &Tensor| t.narrow(0, row, 1)?.narrow(2, 0, n);
+                        let cut = |t: &Tensor| {
+                            let t = t.narrow(0, row, 1)?.narrow(2, 0, n)?;
+                            match prev {
+                                Some(_) => Ok(t),
+                                None => t.contiguous(),
+                            }
+                        };
                         state::LayerUpdate::Attention {
                             k: cut(k).map_err(op)?,
                             v: cut(v).map_err(op)?,
@@ -108,7 +134,7 @@ impl CandleBackend {
                         }
                     }
                 };
-                per_row[row].push(LayerState::extend(Some(prev), own)?);
+                per_row[row].push(LayerState::extend(prev, own)?);
             }
         }
         Ok(per_row

@@ -188,51 +188,9 @@ impl CandleBackend {
     /// pasts, then each row's layer updates cut to its own length. No chunking and no budget:
     /// [`CandleBackend::prefill_batch`] decides what goes into one pass.
     pub fn prefill_padded(&self, prefixes: &[&[u32]]) -> Result<Vec<CandleState>, CandleError> {
-        let b = &self.backbone;
         if prefixes.iter().any(|p| p.is_empty()) {
             return Err(invalid("cannot prefill an empty prefix"));
         }
-        let lens: Vec<usize> = prefixes.iter().map(|p| p.len()).collect();
-        let len = lens.iter().copied().max().unwrap_or(0);
-        let mut ids = vec![0u32; prefixes.len() * len];
-        for (row, p) in prefixes.iter().enumerate() {
-            self.check_ids(p)?;
-            ids[row * len..row * len + p.len()].copy_from_slice(p);
-        }
-        let zeros = vec![0usize; prefixes.len()];
-        let step = Step::new(&b.rope, &zeros, &lens, len, None, b.dtype, &b.device)?;
-        let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
-        let updates = b.forward_state(&ids, &pasts, &step)?;
-        let op = |e: candle_core::Error| CandleError::tensor("split batched prefill")(e);
-        let mut per_row: Vec<Vec<LayerState>> = prefixes
-            .iter()
-            .map(|_| Vec::with_capacity(updates.len()))
-            .collect();
-        for update in updates {
-            for (row, &n) in lens.iter().enumerate() {
-                // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd); conv / recurrent (N, …) -> (1, …)
-                let cut = |t: &Tensor, keep_len: bool| {
-                    let t = t.narrow(0, row, 1)?;
-                    let t = if keep_len { t } else { t.narrow(2, 0, n)? };
-                    t.contiguous()
-                };
-                let layer = match &update {
-                    state::LayerUpdate::Attention { k, v } => LayerState::Attention {
-                        k: cut(k, false).map_err(op)?,
-                        v: cut(v, false).map_err(op)?,
-                    },
-                    state::LayerUpdate::Linear { conv, recurrent } => LayerState::Linear {
-                        conv: cut(conv, true).map_err(op)?,
-                        recurrent: cut(recurrent, true).map_err(op)?,
-                    },
-                };
-                per_row[row].push(layer);
-            }
-        }
-        Ok(per_row
-            .into_iter()
-            .zip(&lens)
-            .map(|(layers, &n)| CandleState::new(layers, n))
-            .collect())
+        self.padded_rows(None, prefixes, None)
     }
 }

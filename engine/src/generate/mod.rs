@@ -23,7 +23,7 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::options::{Layout, ScoreOptions, DEFAULT_MAX_INPUT_TOKENS};
 use crate::prepare::guard::{encode_guarded, special_hits};
-use crate::prepare::untrusted::schema_hits;
+use crate::prepare::untrusted::add_schema_hits;
 use crate::rows::CompiledSchema;
 use crate::schema::Field;
 use crate::tokenizer::{read_checkpoint_text, ChatTokenizer, TokenizerError};
@@ -346,14 +346,9 @@ impl<B: Backend> Engine<B> {
             special_hits(tok, &text, &span)
         };
         // the schema's text is tokenized as text too, always (as in scoring)
-        // after the context (context-first) or before it (fields-first)
-        let (from, schema) = match opts.layout {
-            Layout::ContextFirst => (span.end, prompt::schema_text(fields, opts.layout)),
-            Layout::FieldsFirst => (0, prompt::schema_text(fields, opts.layout)),
-        };
-        let schema = schema_hits(tok, &text, from, &schema).map_err(EngineError::from)?;
-        hits.extend(schema);
-        hits.sort_by_key(|r| r.start);
+        let schema = prompt::schema_text(fields, opts.layout);
+        add_schema_hits(tok, &text, &span, opts.layout, &schema, &mut hits)
+            .map_err(EngineError::from)?;
         let ids = encode_guarded(tok, &text, &hits)?;
         let n = ids.len();
         if n > opts.max_input_tokens {

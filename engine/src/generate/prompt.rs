@@ -19,14 +19,6 @@ const INSTRUCTIONS: &str =
 choose the single best of its allowed values. Reply with one JSON object only, mapping every field \
 name to its chosen value: no explanation, no markdown, no text before or after the object.";
 
-/// The head of the user message, before the context (the scoring prompt's).
-pub use crate::prepare::render::CONTEXT_HEAD;
-
-/// The user turn: the context, the fields with their allowed values, the keys to write.
-pub fn user_message(context: &str, fields: &[Field]) -> String {
-    user_message_in(context, fields, Layout::ContextFirst).0
-}
-
 /// The user turn in `layout`, and the byte offset of the context inside it.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
     crate::prepare::render::arrange(layout, context, &listing(fields), &closing(fields))

@@ -53,11 +53,6 @@ pub fn selector(field: &Field) -> String {
     format!("{}:", field.name)
 }
 
-/// The user turn in the context-first layout: the context, then the catalogue of all fields.
-pub fn user_message(context: &str, fields: &[Field]) -> String {
-    user_message_in(context, fields, Layout::ContextFirst).0
-}
-
 /// The user turn in `layout`, and the byte offset of the context inside it.
 /// - context-first: `Context:\n{context}` + [`catalogue`];
 /// - fields-first: [`listing`] + `\nContext:\n{context}\n\n` + [`closing`] — the schema's whole

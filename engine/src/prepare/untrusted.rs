@@ -98,19 +98,36 @@ pub fn guarded_ranges(
     } else {
         special_hits(tok, prefix_text, span)
     };
-    // the schema's text: after the context (context-first) or before it (fields-first)
-    let from = match layout {
-        Layout::ContextFirst => span.end,
-        Layout::FieldsFirst => 0,
-    };
-    let schema = schema_hits(tok, prefix_text, from, &schema_text(fields, layout))?;
-    if layout == Layout::FieldsFirst {
-        // before the context's ranges: the list stays sorted
-        hits.splice(0..0, schema);
-    } else {
-        hits.extend(schema);
-    }
+    add_schema_hits(
+        tok,
+        prefix_text,
+        span,
+        layout,
+        &schema_text(fields, layout),
+        &mut hits,
+    )?;
     Ok(hits)
+}
+
+/// Add to `hits` (the context's ranges, sorted) the special-token text inside `schema`, the
+/// schema's text as a prompt in `layout` holds it: after the context at `span`
+/// (context-first) or before it (fields-first) — the scoring and the generation prompts alike.
+/// `hits` stays sorted.
+pub fn add_schema_hits(
+    tok: &ChatTokenizer,
+    prompt: &str,
+    span: &Range<usize>,
+    layout: Layout,
+    schema: &str,
+    hits: &mut Vec<Range<usize>>,
+) -> Result<(), SplitError> {
+    match layout {
+        Layout::ContextFirst => hits.extend(schema_hits(tok, prompt, span.end, schema)?),
+        Layout::FieldsFirst => {
+            hits.splice(0..0, schema_hits(tok, prompt, 0, schema)?);
+        }
+    }
+    Ok(())
 }
 
 /// Split the prompt `prefix_text ++ selectors[i]` with the context at `span` tokenized as
