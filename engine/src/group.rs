@@ -23,9 +23,14 @@
 //! - attention scores of the scoring pass: `r · s · (p_max + s) · heads · 4` bytes (f32), with
 //!   `heads` = the model's query heads ([`ModelFacts::attention_heads`]).
 //!
+//! - fixed-size (linear-attention, Qwen3.5) state: `f · 3n + (f / layers) · 2r` — per context
+//!   the retained state, its copy in the prefill pass's output and its copy stacked into the
+//!   scoring pass's slots; per scored row, one layer's branch state read and written at a time
+//!   (the scoring pass drops each layer's branch states when the layer is done).
+//!
 //! It is an estimate for sizing groups, not an allocator measurement; the token and row bounds
-//! hold regardless of it. Linear-attention layers (Qwen3.5) keep a fixed-size state smaller than
-//! the K/V this formula charges for them, so the estimate stays on the safe side.
+//! hold regardless of it. Linear-attention layers keep a fixed-size state smaller than the K/V
+//! this formula charges for them, so the estimate stays on the safe side.
 
 use crate::prepare::split::SplitPrompt;
 use forkscore_seam::ModelFacts;
@@ -109,6 +114,8 @@ pub struct MemoryModel {
     pub heads: usize,
     /// Length-independent state per sequence (Gated DeltaNet conv + recurrent, f32).
     pub fixed_state_bytes: usize,
+    /// One layer's share of it: a scoring pass holds the branch states of one layer at a time.
+    pub fixed_state_layer_bytes: usize,
 }
 
 impl MemoryModel {
@@ -119,6 +126,7 @@ impl MemoryModel {
             activation_bytes_per_token: 8 * facts.hidden_size * d,
             heads: facts.attention_heads.max(1),
             fixed_state_bytes: facts.fixed_state_bytes,
+            fixed_state_layer_bytes: facts.fixed_state_bytes / facts.fixed_state_layers.max(1),
         }
     }
 
@@ -140,11 +148,18 @@ impl MemoryModel {
         if self.state_bytes_per_token == 0 && self.activation_bytes_per_token == 0 {
             return 0;
         }
-        // Fixed-size (linear-attention) state: one retained copy per context, and per row of the
-        // scoring pass its branch copy plus the next state it computes.
+        // Fixed-size (linear-attention) state, per context: the retained state, its copy in a
+        // prefill pass's output before it is split per context, and its copy stacked into the
+        // scoring pass's slots; per row of the scoring pass, one layer at a time (the pass drops
+        // each layer's branch states once the layer is done): the state it reads and the one
+        // it computes.
         let fixed = self
             .fixed_state_bytes
-            .saturating_mul(c.contexts.saturating_add(c.rows.saturating_mul(2)));
+            .saturating_mul(c.contexts.saturating_mul(3))
+            .saturating_add(
+                self.fixed_state_layer_bytes
+                    .saturating_mul(c.rows.saturating_mul(2)),
+            );
         state
             .saturating_add(act)
             .saturating_add(scores)
@@ -346,6 +361,7 @@ mod tests {
             activation_bytes_per_token: 0,
             heads: 1,
             fixed_state_bytes: 0,
+            fixed_state_layer_bytes: 0,
         };
         let items = [
             item(0, 40, 2),
@@ -376,6 +392,7 @@ mod tests {
             kv_heads: 1,
             head_dim: 128,
             fixed_state_bytes: 0,
+            fixed_state_layers: 0,
             dtype: DType::Bf16,
             device: Device::Cuda(0),
             quantization: None,
@@ -399,7 +416,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_model_charges_linear_attention_state_per_row() {
+    fn memory_model_charges_linear_attention_state_per_context_and_per_row_layer() {
         // Qwen3.5-4B-like: 24 GDN layers of 32 value heads × 128 × 128 f32 = 48 MiB per sequence.
         let per_seq = 24 * 32 * 128 * 128 * 4;
         let facts = ModelFacts {
@@ -412,6 +429,7 @@ mod tests {
             kv_heads: 4,
             head_dim: 256,
             fixed_state_bytes: per_seq,
+            fixed_state_layers: 24,
             dtype: DType::Bf16,
             device: Device::Cuda(0),
             quantization: None,
@@ -428,11 +446,13 @@ mod tests {
         };
         let without = MemoryModel {
             fixed_state_bytes: 0,
+            fixed_state_layer_bytes: 0,
             ..m
         };
+        // per context: retained, prefill output, slot copy; per row: one layer read + written
         assert_eq!(
             m.group_bytes(&cost) - without.group_bytes(&cost),
-            per_seq * (2 + 2 * 56)
+            per_seq * 3 * 2 + per_seq / 24 * 2 * 56
         );
     }
 }

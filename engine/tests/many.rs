@@ -103,7 +103,7 @@ proptest! {
             .enumerate()
             .map(|(i, (p, r, s))| GroupItem { index: i * 3 + 1, prefix_tokens: p, rows: r, longest_suffix: s })
             .collect();
-        let model = MemoryModel { state_bytes_per_token: per_token, activation_bytes_per_token: per_token, heads: 1, fixed_state_bytes: 0 };
+        let model = MemoryModel { state_bytes_per_token: per_token, activation_bytes_per_token: per_token, heads: 1, fixed_state_bytes: 0, fixed_state_layer_bytes: 0 };
         let groups = plan_groups(items.iter().copied(), &budget, &model);
         let flat: Vec<usize> = groups.iter().flat_map(|g| g.members().iter().copied()).collect();
         let want: Vec<usize> = items.iter().map(|i| i.index).collect();

@@ -330,9 +330,13 @@ pub struct ModelFacts {
     /// Width of one attention head.
     pub head_dim: usize,
     /// Bytes of state one sequence holds whatever its length: the f32 conv + recurrent states of
-    /// linear-attention (Gated DeltaNet) layers; 0 for attention-only models. A scoring call
-    /// holds this per row (each row's branch state), so memory budgets must count it.
+    /// linear-attention (Gated DeltaNet) layers; 0 for attention-only models. Memory budgets
+    /// count it per retained context and, one layer at a time, per row of a scoring call (each
+    /// row's branch state).
     pub fixed_state_bytes: usize,
+    /// How many layers hold that fixed state (the linear-attention layers; 0 for attention-only
+    /// models): `fixed_state_bytes / fixed_state_layers` is one layer's share.
+    pub fixed_state_layers: usize,
     /// Compute dtype of the backbone.
     pub dtype: DType,
     pub device: Device,

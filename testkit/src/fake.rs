@@ -78,6 +78,7 @@ impl FakeBackend {
                 kv_heads: 0,
                 head_dim: 0,
                 fixed_state_bytes: 0,
+                fixed_state_layers: 0,
                 dtype: DType::F32,
                 device: Device::Cpu,
                 quantization: None,

@@ -102,47 +102,60 @@ impl CandleBackend {
             Some(name) => profile::region(name, &b.device, forward)?,
             None => forward()?,
         };
-        let op = |e: candle_core::Error| CandleError::tensor("split padded rows")(e);
-        let mut per_row: Vec<Vec<LayerState>> = rows
-            .iter()
-            .map(|_| Vec::with_capacity(updates.len()))
-            .collect();
-        for (l, update) in updates.into_iter().enumerate() {
-            let prev = start.map(|s| &s.layers()[l]);
-            for (row, &n) in lens.iter().enumerate() {
-                // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd): a view where the append to a past
-                // copies it anyway, else contiguous; conv / recurrent (N, …) -> (1, …)
-                let own = match &update {
-                    state::LayerUpdate::Attention { k, v } => {
-                        let cut = |t: &Tensor| {
-                            let t = t.narrow(0, row, 1)?.narrow(2, 0, n)?;
-                            match prev {
-                                Some(_) => Ok(t),
-                                None => t.contiguous(),
-                            }
-                        };
-                        state::LayerUpdate::Attention {
-                            k: cut(k).map_err(op)?,
-                            v: cut(v).map_err(op)?,
-                        }
-                    }
-                    state::LayerUpdate::Linear { conv, recurrent } => {
-                        let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
-                        state::LayerUpdate::Linear {
-                            conv: cut(conv).map_err(op)?,
-                            recurrent: cut(recurrent).map_err(op)?,
-                        }
-                    }
-                };
-                per_row[row].push(LayerState::extend(prev, own)?);
-            }
-        }
-        Ok(per_row
-            .into_iter()
-            .zip(&lens)
-            .map(|(layers, &n)| CandleState::new(layers, past + n))
-            .collect())
+        profile::region("extend.split_rows", &b.device, || {
+            split_rows(start, updates, &lens, past)
+        })
     }
+}
+
+/// Each row's state after a padded pass: `start` (if any) with the row's own `lens[row]` tokens
+/// of every layer's update appended.
+fn split_rows(
+    start: Option<&CandleState>,
+    updates: Vec<state::LayerUpdate>,
+    lens: &[usize],
+    past: usize,
+) -> Result<Vec<CandleState>, CandleError> {
+    let op = |e: candle_core::Error| CandleError::tensor("split padded rows")(e);
+    let mut per_row: Vec<Vec<LayerState>> = lens
+        .iter()
+        .map(|_| Vec::with_capacity(updates.len()))
+        .collect();
+    for (l, update) in updates.into_iter().enumerate() {
+        let prev = start.map(|s| &s.layers()[l]);
+        for (row, &n) in lens.iter().enumerate() {
+            // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd): a view where the append to a past
+            // copies it anyway, else contiguous; conv / recurrent (N, …) -> (1, …)
+            let own = match &update {
+                state::LayerUpdate::Attention { k, v } => {
+                    let cut = |t: &Tensor| {
+                        let t = t.narrow(0, row, 1)?.narrow(2, 0, n)?;
+                        match prev {
+                            Some(_) => Ok(t),
+                            None => t.contiguous(),
+                        }
+                    };
+                    state::LayerUpdate::Attention {
+                        k: cut(k).map_err(op)?,
+                        v: cut(v).map_err(op)?,
+                    }
+                }
+                state::LayerUpdate::Linear { conv, recurrent } => {
+                    let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
+                    state::LayerUpdate::Linear {
+                        conv: cut(conv).map_err(op)?,
+                        recurrent: cut(recurrent).map_err(op)?,
+                    }
+                }
+            };
+            per_row[row].push(LayerState::extend(prev, own)?);
+        }
+    }
+    Ok(per_row
+        .into_iter()
+        .zip(lens)
+        .map(|(layers, &n)| CandleState::new(layers, past + n))
+        .collect())
 }
 
 /// Which suffixes share a padded pass: longest first, each pass as many as fit

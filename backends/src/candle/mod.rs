@@ -203,17 +203,25 @@ impl BranchFootprint {
     }
 }
 
+/// The linear-attention layers (those holding a fixed-size state); 0 for attention-only models.
+fn fixed_state_layers(config: &ModelConfig) -> usize {
+    match &config.linear_attention {
+        None => 0,
+        Some(_) => config
+            .text
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::LinearAttention)
+            .count(),
+    }
+}
+
 /// f32 conv + recurrent state bytes per sequence over the linear-attention layers.
 fn fixed_state_bytes(config: &ModelConfig) -> usize {
     let Some(lin) = &config.linear_attention else {
         return 0;
     };
-    let layers = config
-        .text
-        .layer_kinds
-        .iter()
-        .filter(|k| **k == LayerKind::LinearAttention)
-        .count();
+    let layers = fixed_state_layers(config);
     let conv_dim =
         2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim;
     let conv = lin.conv_kernel_dim.saturating_sub(1) * conv_dim;
@@ -279,6 +287,7 @@ impl CandleBackend {
             kv_heads: config.text.num_kv_heads,
             head_dim: config.text.head_dim,
             fixed_state_bytes: fixed_state_bytes(&config),
+            fixed_state_layers: fixed_state_layers(&config),
             dtype: options.dtype,
             device: options.device,
             quantization: options.quantization,
@@ -326,21 +335,16 @@ impl CandleBackend {
     /// merged from `slots` states (1: read in place).
     pub(crate) fn record_branch(
         &self,
-        updates: &[state::LayerUpdate],
+        branch: models::BranchKv,
         rows: usize,
         len: usize,
         past: usize,
         slots: usize,
     ) {
-        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let mut kv = 0;
-        let mut attention_layers = 0;
-        for u in updates {
-            if let state::LayerUpdate::Attention { k, v } = u {
-                kv += bytes(k) + bytes(v);
-                attention_layers += 1;
-            }
-        }
+        let models::BranchKv {
+            bytes: kv,
+            attention_layers,
+        } = branch;
         let f32s = std::mem::size_of::<f32>();
         let heads = self.config.text.num_heads;
         let scores = heads * rows * len * (past + len) * f32s;
@@ -488,7 +492,9 @@ impl Backend for CandleBackend {
     }
 
     fn prefill_many(&self, prefixes: &[&[u32]]) -> Vec<Result<CandleState, BackendError>> {
-        self.prefill_batch(prefixes)
+        profile::region("verb.prefill_many", &self.backbone.device, || {
+            self.prefill_batch(prefixes)
+        })
     }
 
     fn extend(&self, state: &CandleState, ids: &[u32]) -> Result<CandleState, BackendError> {
@@ -500,14 +506,18 @@ impl Backend for CandleBackend {
         state: &CandleState,
         suffixes: &[&[u32]],
     ) -> Vec<Result<CandleState, BackendError>> {
-        self.extend_batch(state, suffixes)
+        profile::region("verb.extend_many", &self.backbone.device, || {
+            self.extend_batch(state, suffixes)
+        })
     }
 
     fn score(
         &self,
         request: &ScoreRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, BackendError> {
-        Ok(self.score_request(request)?)
+        profile::region("verb.score", &self.backbone.device, || {
+            Ok(self.score_request(request)?)
+        })
     }
 
     /// Attention-only models: packed; hybrids: one row per root-to-leaf path (see `tree`).
@@ -515,11 +525,13 @@ impl Backend for CandleBackend {
         &self,
         request: &TreeRequest<'_, CandleState>,
     ) -> Result<CandidateLogits, BackendError> {
-        match self.packing() {
-            TreePacking::Packed => Ok(self.score_tree_packed(request)?),
-            TreePacking::RowPerLeaf => Ok(self.score_tree_leaves(request)?),
-            TreePacking::RowPerNode => forkscore_seam::score_tree_by_rows(self, request),
-        }
+        profile::region("verb.score_tree", &self.backbone.device, || {
+            match self.packing() {
+                TreePacking::Packed => Ok(self.score_tree_packed(request)?),
+                TreePacking::RowPerLeaf => Ok(self.score_tree_leaves(request)?),
+                TreePacking::RowPerNode => forkscore_seam::score_tree_by_rows(self, request),
+            }
+        })
     }
 
     fn tree_packing(&self) -> TreePacking {

@@ -123,7 +123,9 @@ impl CandleBackend {
         }
         let layout = SlotLayout::new(rows);
         let batch_slot: Vec<u32> = layout.batch.iter().map(|&(_, slot)| slot).collect();
-        let (pasts, p) = merge_slots(states, &layout.slots, &batch_slot)?;
+        let (pasts, p) = profile::region("score.merge_slots", &b.device, || {
+            merge_slots(states, &layout.slots, &batch_slot)
+        })?;
         let sources: Vec<&ScoreRow> = (0..layout.batch.len())
             .map(|b| &rows[layout.source(b, rows)])
             .collect();
@@ -149,15 +151,18 @@ impl CandleBackend {
                 &b.device,
             )?,
         };
-        let (hidden, branch) = b.forward(&ids, &pasts, &step)?;
-        self.record_branch(&branch, sources.len(), len, p, layout.slots.len());
-        drop(branch);
+        let (hidden, branch) = profile::region("score.forward", &b.device, || {
+            b.forward_branch(&ids, &pasts, &step)
+        })?;
+        self.record_branch(branch, sources.len(), len, p, layout.slots.len());
         // each pick's flat position in (B*L), in the caller's order
         let flat: Vec<u32> = picks
             .iter()
             .map(|&(r, t)| (layout.position[r] * len + t) as u32)
             .collect();
-        self.project(&hidden, &flat, candidates, vocab_top_k)
+        profile::region("score.project", &b.device, || {
+            self.project(&hidden, &flat, candidates, vocab_top_k)
+        })
     }
 
     pub(super) fn forward_full_candle(
@@ -174,7 +179,7 @@ impl CandleBackend {
         let n = ids.len();
         let step = Step::new(&b.rope, &[0], &[n], n, None, b.dtype, &b.device)?;
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
-        let (hidden, _) = b.forward(ids, &pasts, &step)?;
+        let (hidden, _) = b.forward_branch(ids, &pasts, &step)?;
         Ok(self
             .project(&hidden, &[(n - 1) as u32], candidates, None)?
             .0)

@@ -141,10 +141,9 @@ impl CandleBackend {
                 .iter()
                 .map(LayerPast::whole)
                 .collect::<Result<_, _>>()?;
-            // (1, T) -> hidden (1, T, D); the branch K/V are dropped with `updates`
-            let (hidden, updates) = b.forward(&ids, &pasts, &step)?;
-            self.record_branch(&updates, 1, ids.len(), state.len(), 1);
-            drop(updates);
+            // (1, T) -> hidden (1, T, D); the branch K/V are dropped layer by layer
+            let (hidden, branch) = b.forward_branch(&ids, &pasts, &step)?;
+            self.record_branch(branch, 1, ids.len(), state.len(), 1);
             let picks: Vec<u32> = members
                 .iter()
                 .enumerate()

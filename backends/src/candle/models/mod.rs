@@ -190,8 +190,24 @@ impl Backbone {
     ) -> Result<(Tensor, Vec<LayerUpdate>), CandleError> {
         let x = Residual::new(self.embed_ids(ids, pasts, step)?);
         let mut updates = Vec::with_capacity(self.layers.len());
-        let x = run_layers(&self.layers, pasts, x, step, &mut updates)?.finish()?;
+        let x = run_layers(&self.layers, pasts, x, step, |u| updates.push(u))?.finish()?;
         Ok((x, updates))
+    }
+
+    /// [`Backbone::forward`] for a branch whose state nobody keeps (a scoring pass): the same
+    /// hidden states, but each layer's update is summarised and dropped as soon as the layer is
+    /// done, so the pass never holds more than one layer's branch state (for a Gated DeltaNet
+    /// layer, one `(Hv, dk, dv)` f32 state per row).
+    pub fn forward_branch(
+        &self,
+        ids: &[u32],
+        pasts: &[LayerPast],
+        step: &Step,
+    ) -> Result<(Tensor, BranchKv), CandleError> {
+        let x = Residual::new(self.embed_ids(ids, pasts, step)?);
+        let mut kv = BranchKv::default();
+        let x = run_layers(&self.layers, pasts, x, step, |u| kv.add(&u))?.finish()?;
+        Ok((x, kv))
     }
 
     /// One update per layer, equal to [`Backbone::forward`]'s (tested), for a prefill whose
@@ -209,7 +225,7 @@ impl Backbone {
         if let (Some((last, layers)), Some((last_past, layer_pasts))) =
             (self.layers.split_last(), pasts.split_last())
         {
-            let x = run_layers(layers, layer_pasts, x, step, &mut updates)?;
+            let x = run_layers(layers, layer_pasts, x, step, |u| updates.push(u))?;
             updates.push(last.state_update(x, last_past, step)?);
         }
         Ok(updates)
@@ -258,20 +274,39 @@ impl Backbone {
     }
 }
 
-/// `x (B, L, D)` through `layers` over their `pasts`, pushing each layer's update.
+/// `x (B, L, D)` through `layers` over their `pasts`, handing each layer's update to `sink`
+/// as soon as the layer is done.
 fn run_layers(
     layers: &[DecoderLayer],
     pasts: &[LayerPast],
     mut x: Residual,
     step: &Step,
-    updates: &mut Vec<LayerUpdate>,
+    mut sink: impl FnMut(LayerUpdate),
 ) -> Result<Residual, CandleError> {
     for (layer, past) in layers.iter().zip(pasts) {
         let (next, update) = layer.forward(x, past, step)?;
         x = next;
-        updates.push(update);
+        sink(update);
     }
     Ok(x)
+}
+
+/// What a branch's attention layers computed for its new tokens, for the footprint statistics
+/// ([`super::CandleBackend::record_branch`]): the bytes of their K/V and how many layers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BranchKv {
+    pub bytes: usize,
+    pub attention_layers: usize,
+}
+
+impl BranchKv {
+    fn add(&mut self, update: &LayerUpdate) {
+        if let LayerUpdate::Attention { k, v } = update {
+            let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+            self.bytes += bytes(k) + bytes(v);
+            self.attention_layers += 1;
+        }
+    }
 }
 
 /// The output head, tied to the embedding (stored as `embed_name`, a root-level name) exactly
