@@ -110,6 +110,13 @@ impl CandleBackend {
 
 /// Each row's state after a padded pass: `start` (if any) with the row's own `lens[row]` tokens
 /// of every layer's update appended.
+///
+/// An attention layer's rows are cut with ONE gather per K and V (whatever the row count):
+/// `[past ; new]` as rows of `hd` values, index-selected into one buffer that holds every row's
+/// `(1, Hkv, P + n, hd)` back to back, each row's state a contiguous view of it. The values are
+/// copies, so each state is bit for bit what appending the row's own K/V to the past gives
+/// ([`split_rows_one_by_one`], the reference the unit test holds it to), in a handful of launches
+/// per layer instead of a few per row and layer. Linear-attention states are `(N, …)` row views.
 fn split_rows(
     start: Option<&CandleState>,
     updates: Vec<state::LayerUpdate>,
@@ -121,20 +128,140 @@ fn split_rows(
         .iter()
         .map(|_| Vec::with_capacity(updates.len()))
         .collect();
+    // the gather index, the same for every attention layer of the pass (built on first use)
+    let mut gather: Option<RowGather> = None;
+    for (l, update) in updates.into_iter().enumerate() {
+        let prev = start.map(|s| &s.layers()[l]);
+        match update {
+            state::LayerUpdate::Attention { k, v } => {
+                let (pk, pv) = match prev {
+                    None => (None, None),
+                    Some(LayerState::Attention { k, v }) => (Some(k), Some(v)),
+                    Some(LayerState::Linear { .. }) => {
+                        return Err(CandleError::InvalidRequest {
+                            reason: "layer update does not match the layer's state kind".into(),
+                        })
+                    }
+                };
+                let g = match &mut gather {
+                    Some(g) => g,
+                    None => gather.insert(RowGather::new(&k, lens, past)?),
+                };
+                let ks = g.rows(pk, &k)?;
+                let vs = g.rows(pv, &v)?;
+                for (row, (k, v)) in ks.into_iter().zip(vs).enumerate() {
+                    per_row[row].push(LayerState::Attention { k, v });
+                }
+            }
+            state::LayerUpdate::Linear { conv, recurrent } => {
+                for (row, states) in per_row.iter_mut().enumerate() {
+                    // (N, …) -> (1, …): a contiguous view of row `row`
+                    let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
+                    let own = state::LayerUpdate::Linear {
+                        conv: cut(&conv).map_err(op)?,
+                        recurrent: cut(&recurrent).map_err(op)?,
+                    };
+                    states.push(LayerState::extend(prev, own)?);
+                }
+            }
+        }
+    }
+    Ok(per_row
+        .into_iter()
+        .zip(lens)
+        .map(|(layers, &n)| CandleState::new(layers, past + n))
+        .collect())
+}
+
+/// Where each row's `(1, Hkv, P + n, hd)` K (or V) comes from in `[past ; new]` viewed as rows of
+/// `hd` values: the past `(1, Hkv, P, hd)` first, then the new `(N, Hkv, Lmax, hd)`.
+struct RowGather {
+    /// `(Σ Hkv·(P + n),)` u32: per row, per head, the past's `P` rows then the row's own `n`.
+    index: Tensor,
+    /// Per row: its first index entry and its length `P + n`.
+    spans: Vec<(usize, usize)>,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl RowGather {
+    fn new(new: &Tensor, lens: &[usize], past: usize) -> Result<RowGather, CandleError> {
+        let op = CandleError::tensor("split padded rows");
+        let (n, kv_heads, lmax, head_dim) = new.dims4().map_err(op)?;
+        if n != lens.len() || lens.iter().any(|&l| l > lmax) {
+            return Err(CandleError::InvalidRequest {
+                reason: format!("{n} padded rows of {lmax} for {} row lengths", lens.len()),
+            });
+        }
+        let new_base = kv_heads * past;
+        let mut index = Vec::with_capacity(lens.iter().map(|l| kv_heads * (past + l)).sum());
+        let mut spans = Vec::with_capacity(n);
+        for (r, &len) in lens.iter().enumerate() {
+            spans.push((index.len(), past + len));
+            for h in 0..kv_heads {
+                index.extend((0..past).map(|t| (h * past + t) as u32));
+                let own = new_base + (r * kv_heads + h) * lmax;
+                index.extend((0..len).map(|t| (own + t) as u32));
+            }
+        }
+        let len = index.len();
+        let index = Tensor::from_vec(index, len, new.device())
+            .map_err(CandleError::tensor("gather index"))?;
+        Ok(RowGather {
+            index,
+            spans,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    /// One state tensor per row, each a contiguous `(1, Hkv, P + n, hd)` view of one gathered
+    /// buffer.
+    fn rows(&self, past: Option<&Tensor>, new: &Tensor) -> Result<Vec<Tensor>, CandleError> {
+        let op = |e| CandleError::tensor("split padded rows")(e);
+        let hd = self.head_dim;
+        // (N, Hkv, Lmax, hd) -> (N·Hkv·Lmax, hd); with a past, (Hkv·P, hd) before it
+        let new_rows = new
+            .contiguous()
+            .and_then(|t| t.reshape((t.elem_count() / hd, hd)))
+            .map_err(op)?;
+        let source = match past {
+            None => new_rows,
+            Some(p) => p
+                .contiguous()
+                .and_then(|p| p.reshape((p.elem_count() / hd, hd)))
+                .and_then(|p| Tensor::cat(&[&p, &new_rows], 0))
+                .map_err(op)?,
+        };
+        let all = source.index_select(&self.index, 0).map_err(op)?;
+        self.spans
+            .iter()
+            .map(|&(first, len)| {
+                all.narrow(0, first, self.kv_heads * len)
+                    .and_then(|t| t.reshape((1, self.kv_heads, len, hd)))
+                    .map_err(op)
+            })
+            .collect()
+    }
+}
+
+/// [`split_rows`] one row and one layer at a time (a narrow and an append per row): the
+/// reference its gather is tested against.
+#[cfg(test)]
+fn split_rows_one_by_one(
+    start: Option<&CandleState>,
+    updates: Vec<state::LayerUpdate>,
+    lens: &[usize],
+    past: usize,
+) -> Result<Vec<CandleState>, CandleError> {
+    let op = |e: candle_core::Error| CandleError::tensor("split padded rows")(e);
+    let mut per_row: Vec<Vec<LayerState>> = lens.iter().map(|_| Vec::new()).collect();
     for (l, update) in updates.into_iter().enumerate() {
         let prev = start.map(|s| &s.layers()[l]);
         for (row, &n) in lens.iter().enumerate() {
-            // K/V (N, Hkv, Lmax, hd) -> (1, Hkv, n, hd): a view where the append to a past
-            // copies it anyway, else contiguous; conv / recurrent (N, …) -> (1, …)
             let own = match &update {
                 state::LayerUpdate::Attention { k, v } => {
-                    let cut = |t: &Tensor| {
-                        let t = t.narrow(0, row, 1)?.narrow(2, 0, n)?;
-                        match prev {
-                            Some(_) => Ok(t),
-                            None => t.contiguous(),
-                        }
-                    };
+                    let cut = |t: &Tensor| t.narrow(0, row, 1)?.narrow(2, 0, n)?.contiguous();
                     state::LayerUpdate::Attention {
                         k: cut(k).map_err(op)?,
                         v: cut(v).map_err(op)?,
@@ -191,8 +318,102 @@ pub(crate) fn padded_passes(
 
 #[cfg(test)]
 mod tests {
-    use super::padded_passes;
+    use super::*;
+    use candle_core::{DType, Device};
     use proptest::prelude::*;
+
+    fn values(shape: &[usize], seed: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::arange(0f32, n as f32, &Device::Cpu)
+            .and_then(|t| (t + seed as f64)?.reshape(shape))
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("tensor")
+    }
+
+    fn flat(states: &[CandleState]) -> Vec<(usize, Vec<Vec<usize>>, Vec<Vec<f32>>)> {
+        states
+            .iter()
+            .map(|s| {
+                let ts: Vec<&Tensor> = s
+                    .layers()
+                    .iter()
+                    .flat_map(|l| match l {
+                        LayerState::Attention { k, v } => [k, v],
+                        LayerState::Linear { conv, recurrent } => [conv, recurrent],
+                    })
+                    .collect();
+                (
+                    s.len(),
+                    ts.iter().map(|t| t.dims().to_vec()).collect(),
+                    ts.iter()
+                        .map(|t| {
+                            assert!(t.is_contiguous(), "a state tensor is not contiguous");
+                            t.flatten_all()
+                                .and_then(|t| t.to_dtype(DType::F32))
+                                .and_then(|t| t.to_vec1::<f32>())
+                                .expect("to host")
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// The one-gather split gives every row exactly the state the row-by-row appends give
+        /// (K/V of attention layers, conv / recurrent of linear ones), with and without a past.
+        #[test]
+        fn gathered_split_equals_row_by_row(
+            lens in proptest::collection::vec(1usize..6, 1..5),
+            kv_heads in 1usize..3,
+            past in 0usize..4,
+            with_start in any::<bool>(),
+        ) {
+            let hd = 4;
+            let n = lens.len();
+            let lmax = *lens.iter().max().unwrap();
+            let past = if with_start { past } else { 0 };
+            let updates = || {
+                vec![
+                    state::LayerUpdate::Attention {
+                        k: values(&[n, kv_heads, lmax, hd], 0.0),
+                        v: values(&[n, kv_heads, lmax, hd], 1000.0),
+                    },
+                    state::LayerUpdate::Linear {
+                        conv: values(&[n, 2, 3], 7.0),
+                        recurrent: values(&[n, 2, 2, 2], 9.0),
+                    },
+                    state::LayerUpdate::Attention {
+                        k: values(&[n, kv_heads, lmax, hd], 500.0),
+                        v: values(&[n, kv_heads, lmax, hd], 1500.0),
+                    },
+                ]
+            };
+            let start = with_start.then(|| {
+                CandleState::new(
+                    vec![
+                        LayerState::Attention {
+                            k: values(&[1, kv_heads, past, hd], -100.0),
+                            v: values(&[1, kv_heads, past, hd], -200.0),
+                        },
+                        LayerState::Linear {
+                            conv: values(&[1, 2, 3], -1.0),
+                            recurrent: values(&[1, 2, 2, 2], -2.0),
+                        },
+                        LayerState::Attention {
+                            k: values(&[1, kv_heads, past, hd], -300.0),
+                            v: values(&[1, kv_heads, past, hd], -400.0),
+                        },
+                    ],
+                    past,
+                )
+            });
+            let gathered = split_rows(start.as_ref(), updates(), &lens, past).unwrap();
+            let reference = split_rows_one_by_one(start.as_ref(), updates(), &lens, past).unwrap();
+            prop_assert_eq!(flat(&gathered), flat(&reference));
+        }
+    }
 
     #[test]
     fn passes_fill_by_the_longest_row() {

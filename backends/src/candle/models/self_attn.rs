@@ -381,6 +381,34 @@ impl SelfAttention {
         Ok((k, v))
     }
 
+    /// The stacked `q | k | v` product `(B, L, H + 2Hkv, hd)` into heads on CUDA in bf16: the
+    /// query and key heads rotated by the fused heads kernel straight from their views of the
+    /// product ([`Self::rotated_heads`], no norm), the value heads one head-major copy. `None`
+    /// where that kernel does not take the call (the candle form then runs).
+    fn fused_stacked_heads(
+        &self,
+        qkv: &Tensor,
+        step: &Step,
+    ) -> Result<Option<Projected>, CandleError> {
+        let s = &self.spec;
+        if !qkv.device().is_cuda() || fused_heads_off() {
+            return Ok(None);
+        }
+        let part = |start: usize, n: usize| qkv.narrow(2, start, n).map_err(op("q|k|v heads"));
+        let (q, k) = (part(0, s.heads)?, part(s.heads, s.kv_heads)?);
+        let (cos, sin) = (&step.rope.cos, &step.rope.sin);
+        if !(cuda::heads::takes(&q, None, cos, sin) && cuda::heads::takes(&k, None, cos, sin)) {
+            return Ok(None);
+        }
+        let q = self.rotated_heads(q, s.heads, None, step)?; // (B, H, L, hd)
+        let k = self.rotated_heads(k, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+        let v = part(s.heads + s.kv_heads, s.kv_heads)?
+            .transpose(1, 2)
+            .and_then(|t| t.contiguous())
+            .map_err(op("q|k|v heads"))?; // (B, Hkv, L, hd)
+        Ok(Some((q, k, v, None)))
+    }
+
     /// Queries `(B, H, L, hd)` after norm and RoPE, K and V `(B, Hkv, L, hd)`, and the output
     /// gate `(B, L, H*hd)` when the layer has one.
     fn project(&self, x: &Tensor, step: &Step) -> Result<Projected, CandleError> {
@@ -402,6 +430,9 @@ impl SelfAttention {
                 let qkv = qkv
                     .reshape((b, l, s.heads + 2 * s.kv_heads, s.head_dim))
                     .map_err(op("split q|k|v"))?;
+                if let Some(heads) = self.fused_stacked_heads(&qkv, step)? {
+                    return Ok(heads);
+                }
                 let part = |start: usize, n: usize| {
                     qkv.narrow(2, start, n)
                         .and_then(|t| t.transpose(1, 2))
