@@ -146,6 +146,13 @@ pub const TABLE: &[Switch] = &[
         doc: "MLP gate | up: one product with the SwiGLU inside the kernel's tiles, one stacked product then SwiGLU, or two products",
     },
     Switch {
+        name: "FORKSCORE_GDN_PROJ",
+        audience: Dev,
+        effect: ComputePath,
+        accepts: OneOf(&["stacked", "separate"]),
+        doc: "Gated DeltaNet input projections (q|k|v, z, b, a) as one stacked product on CUDA or four",
+    },
+    Switch {
         name: "FORKSCORE_QKV",
         audience: Dev,
         effect: ComputePath,

@@ -908,9 +908,10 @@ fn cuda_vocab_top_k_is_exact() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The stacked products (the CUDA default: gate|up with the fused SwiGLU kernel, and q|k|v on
-/// the Qwen2 family) against separate products and candle's SiLU and product
-/// (`fusion::set_gate_up(false)`, `fusion::set_qkv(false)`), whole models, f32 and bf16:
+/// The stacked products (the CUDA default: gate|up with the fused SwiGLU kernel, q|k|v on
+/// the Qwen2 family, the four Gated DeltaNet input projections on Qwen3.5) against separate
+/// products and candle's SiLU and product (`fusion::set_gate_up(false)`, `fusion::set_qkv(false)`,
+/// `fusion::set_gdn_projections(Some(false))`), whole models, f32 and bf16:
 /// `forward_full` logits over 4,096 candidates.
 #[test]
 fn cuda_stacked_gate_up_equals_separate_products() {
@@ -920,11 +921,13 @@ fn cuda_stacked_gate_up_equals_separate_products() {
     for t in trios {
         fusion::set_gate_up(false);
         fusion::set_qkv(false);
+        fusion::set_gdn_projections(Some(false));
         let chunk = LoadOptions::default().prefill_chunk;
         let sep_f32 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::F32, chunk);
         let sep_bf16 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::Bf16, chunk);
         fusion::set_gate_up(true);
         fusion::set_qkv(true);
+        fusion::set_gdn_projections(None);
         let cands = wide_candidates(t.rows);
         let prompt = ids(91, 57, t.vocab);
         for (dtype, fused, separate) in [

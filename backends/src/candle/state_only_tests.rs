@@ -89,8 +89,8 @@ fn branch_forward_equals_the_full_forward() {
             .map(state::LayerPast::whole)
             .collect::<Result<_, _>>()
             .expect("pasts");
-        let step = Step::new(&b.rope, &[30, 30], &[5, 3], 5, None, b.dtype, &b.device)
-            .expect("step");
+        let step =
+            Step::new(&b.rope, &[30, 30], &[5, 3], 5, None, b.dtype, &b.device).expect("step");
         let (full, updates) = b.forward(&ids, &pasts, &step).expect("forward");
         let (branch, kv) = b.forward_branch(&ids, &pasts, &step).expect("branch");
         let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -103,7 +103,11 @@ fn branch_forward_equals_the_full_forward() {
                 layers += 1;
             }
         }
-        assert_eq!((kv.bytes, kv.attention_layers), (expected, layers), "{name}");
+        assert_eq!(
+            (kv.bytes, kv.attention_layers),
+            (expected, layers),
+            "{name}"
+        );
         assert!(layers > 0, "{name}: no attention layer");
     }
 }

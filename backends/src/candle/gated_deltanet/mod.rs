@@ -206,14 +206,27 @@ fn candle_path_forced() -> bool {
     *FORCED.get_or_init(|| crate::switches::is("FORKSCORE_GDN", "candle"))
 }
 
+/// The four input projections of a layer (`q|k|v` conv channels, `z`, `b`, `a`), all reading
+/// the layer's input.
+#[derive(Debug, Clone)]
+enum InProjections {
+    /// Four products (the reference).
+    Separate {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+    /// One product of the weights stacked `[qkv; z; b; a]` (`(Cc + Cv + 2Hv, D)`), cut into the
+    /// four after (`layers::fusion::gdn_projections`).
+    Stacked(Linear),
+}
+
 /// One Gated DeltaNet layer, ready to run.
 #[derive(Debug, Clone)]
 pub struct GdnLayer {
     dims: GdnDims,
-    in_proj_qkv: Linear,
-    in_proj_z: Linear,
-    in_proj_b: Linear,
-    in_proj_a: Linear,
+    in_proj: InProjections,
     out_proj: Linear,
     /// `(Cc, Kc)` f32.
     conv: Tensor,
@@ -265,15 +278,14 @@ impl GdnLayer {
 
     /// Count the ggml type of each projection.
     pub(crate) fn summarize(&self, summary: &mut QuantSummary) {
-        for l in [
-            &self.in_proj_qkv,
-            &self.in_proj_z,
-            &self.in_proj_b,
-            &self.in_proj_a,
-            &self.out_proj,
-        ] {
-            summary.count(l);
+        match &self.in_proj {
+            InProjections::Separate { qkv, z, b, a } => {
+                [qkv, z, b, a].into_iter().for_each(|l| summary.count(l))
+            }
+            // four checkpoint projections
+            InProjections::Stacked(l) => (0..4).for_each(|_| summary.count(l)),
         }
+        summary.count(&self.out_proj);
     }
 
     fn build(
@@ -315,12 +327,25 @@ impl GdnLayer {
             t.to_dtype(DType::F32)
                 .map_err(CandleError::tensor("gdn.load.cast"))
         };
+        let stacks = crate::candle::layers::fusion::gdn_projections(w.in_proj_qkv.device());
+        let separate = InProjections::Separate {
+            qkv: lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
+            z: lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
+            b: lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
+            a: lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
+        };
+        let in_proj = match (stacks, &separate) {
+            (true, InProjections::Separate { qkv, z, b, a }) => {
+                match Linear::stack(&[qkv, z, b, a])? {
+                    Some(stacked) => InProjections::Stacked(stacked),
+                    None => separate,
+                }
+            }
+            _ => separate,
+        };
         Ok(Self {
             dims,
-            in_proj_qkv: lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
-            in_proj_z: lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
-            in_proj_b: lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
-            in_proj_a: lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
+            in_proj,
             out_proj: lin("linear_attn.out_proj.weight", w.out_proj)?,
             conv: f32(conv)?,
             a_log: f32(w.a_log)?,

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{DeltaRule, GdnLayer};
+use super::{DeltaRule, GdnLayer, InProjections};
 use crate::candle::profile;
 
 impl GdnLayer {
@@ -18,22 +18,37 @@ impl GdnLayer {
         }
     }
 
-    /// `x (B, L, D)` -> the four input projections in `in_dtype`.
+    /// `x (B, L, D)` -> the four input projections in `in_dtype`: four products, or one
+    /// product of the stacked weights cut into four contiguous parts.
     pub(super) fn project(&self, x: &Tensor, in_dtype: DType) -> candle_core::Result<Projections> {
         let (b, l, _) = x.dims3()?;
         let (hv, dv) = (self.dims.value_heads, self.dims.value_dim);
+        let (cc, cv) = (self.dims.conv_channels(), self.dims.value_channels());
         profile::region("gdn.projections", x.device(), || {
-            let p = self.in_proj_qkv.forward(x)?.to_dtype(in_dtype)?;
-            let z = self
-                .in_proj_z
-                .forward(x)?
-                .to_dtype(in_dtype)?
-                .reshape((b, l, hv, dv))?;
-            let b_logits = self.in_proj_b.forward(x)?.to_dtype(in_dtype)?;
-            let a_in = self.in_proj_a.forward(x)?.to_dtype(in_dtype)?;
+            let (p, z, b_logits, a_in) = match &self.in_proj {
+                InProjections::Separate { qkv, z, b, a } => (
+                    qkv.forward(x)?.to_dtype(in_dtype)?,
+                    z.forward(x)?.to_dtype(in_dtype)?,
+                    b.forward(x)?.to_dtype(in_dtype)?,
+                    a.forward(x)?.to_dtype(in_dtype)?,
+                ),
+                InProjections::Stacked(stacked) => {
+                    // (B, L, Cc + Cv + 2Hv) -> [p | z | b | a]
+                    let all = stacked.forward(x)?;
+                    let part = |start: usize, n: usize| {
+                        all.narrow(2, start, n)?.contiguous()?.to_dtype(in_dtype)
+                    };
+                    (
+                        part(0, cc)?,
+                        part(cc, cv)?,
+                        part(cc + cv, hv)?,
+                        part(cc + cv + hv, hv)?,
+                    )
+                }
+            };
             Ok(Projections {
                 p,
-                z,
+                z: z.reshape((b, l, hv, dv))?,
                 b_logits,
                 a_in,
                 p_rows: None,

@@ -7,7 +7,10 @@
 //!   block) is written (`super::super::cpu::tile_store`, `super::super::cpu::gemm::swiglu`): the `(…, 2F)`
 //!   product is never stored;
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
-//!   family, `super::super::models::self_attn`): one product and one bias add instead of three each.
+//!   family, `super::super::models::self_attn`): one product and one bias add instead of three each;
+//! - q|k|v, z, b and a of every Gated DeltaNet layer (Qwen3.5, `super::super::gated_deltanet`):
+//!   one product cut into the four, on CUDA by default ([`set_gdn_projections`],
+//!   `FORKSCORE_GDN_PROJ=separate`).
 //!
 //! Both are on by default on CUDA and on the CPU, for dense weights (quantized weights keep the
 //! separate products). The separate products are the reference: [`set_gate_up`] / [`set_qkv`]
@@ -17,13 +20,15 @@
 //! pass on the rayon threads, and the narrow k and v products (128 columns each on
 //! Qwen2.5-0.5B) stop packing the activations once more each.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use candle_core::Device;
 
 static GATE_UP: AtomicBool = AtomicBool::new(true);
 static GATE_UP_IN_TILES: AtomicBool = AtomicBool::new(true);
 static QKV: AtomicBool = AtomicBool::new(true);
+/// 0: the default (stacked on CUDA only), 1: stacked on every device, 2: separate.
+static GDN_PROJECTIONS: AtomicU8 = AtomicU8::new(0);
 
 /// Stack gate and up into one product (`true`, the default) or keep two products and candle's
 /// SiLU and product (`false`).
@@ -63,6 +68,29 @@ pub(crate) fn gate_up(device: &Device) -> bool {
 /// Whether a model loading onto `device` stacks q | k | v where the layer allows it.
 pub(crate) fn qkv(device: &Device) -> bool {
     stacks_on(device) && QKV.load(Ordering::Relaxed) && !env_separate("FORKSCORE_QKV")
+}
+
+/// Stack a Gated DeltaNet layer's four input projections on every device (`Some(true)`), on
+/// none (`Some(false)`), or by default (`None`: on CUDA only), for models loaded from then on.
+pub fn set_gdn_projections(on: Option<bool>) {
+    let v = match on {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    GDN_PROJECTIONS.store(v, Ordering::Relaxed);
+}
+
+/// Whether a Gated DeltaNet layer loading onto `device` stacks its q|k|v, z, b and a
+/// projections into one product: by default on CUDA (where the two narrow `b` and `a`
+/// products cost a launch each for a few columns); the CPU keeps four products unless
+/// [`set_gdn_projections`] says otherwise; `FORKSCORE_GDN_PROJ=separate` turns it off.
+pub(crate) fn gdn_projections(device: &Device) -> bool {
+    match GDN_PROJECTIONS.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => device.is_cuda() && !env_separate("FORKSCORE_GDN_PROJ"),
+    }
 }
 
 /// The devices where stacking is measured to pay: CUDA and the CPU (Metal keeps the separate
