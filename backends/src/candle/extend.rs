@@ -182,6 +182,9 @@ struct RowGather {
     spans: Vec<(usize, usize)>,
     kv_heads: usize,
     head_dim: usize,
+    /// `(N, Hkv, Lmax, hd)` of the new K/V and `P`: every layer's must match the first's.
+    new_dims: (usize, usize, usize, usize),
+    past: usize,
 }
 
 impl RowGather {
@@ -212,6 +215,8 @@ impl RowGather {
             spans,
             kv_heads,
             head_dim,
+            new_dims: (n, kv_heads, lmax, head_dim),
+            past,
         })
     }
 
@@ -220,6 +225,21 @@ impl RowGather {
     fn rows(&self, past: Option<&Tensor>, new: &Tensor) -> Result<Vec<Tensor>, CandleError> {
         let op = |e| CandleError::tensor("split padded rows")(e);
         let hd = self.head_dim;
+        let (_, hkv, _, _) = self.new_dims;
+        let past_dims = past.map(|p| p.dims().to_vec());
+        if new.dims4().map_err(op)? != self.new_dims
+            || past_dims
+                .as_ref()
+                .is_some_and(|d| d[..] != [1, hkv, self.past, hd])
+        {
+            return Err(CandleError::InvalidRequest {
+                reason: format!(
+                    "attention layers disagree on K/V shapes: {:?} after {:?}, past {past_dims:?}",
+                    new.dims(),
+                    self.new_dims
+                ),
+            });
+        }
         // (N, Hkv, Lmax, hd) -> (N·Hkv·Lmax, hd); with a past, (Hkv·P, hd) before it
         let new_rows = new
             .contiguous()
