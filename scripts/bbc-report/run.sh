@@ -2,7 +2,9 @@
 # The real-data report's runs on the CPU: BBC News topics (scripts/bbc-report/prepare.py) on the
 # real Qwen2.5-Coder GGUFs (scripts/real-models.sh), with one forkscore binary.
 #
-#   BIN=target/release/forkscore OUT=/tmp/bbc-run scripts/bbc-report/run.sh [1.5b|0.5b|all]
+#   BIN=target/release/forkscore OUT=/tmp/bbc-run [PER_TOPIC=20] scripts/bbc-report/run.sh [1.5b|0.5b|all]
+#
+# PER_TOPIC: articles per topic in the stratified sample (seed 17), used when $OUT/data is made.
 #
 # Per model: `forkscore eval` with code-letter scoring and the generation baseline on the same
 # items, `forkscore eval` with literal scoring, and `forkscore calibrate` (temperature per field,
@@ -17,7 +19,7 @@ which=${1:-all}
 cache=${FORKSCORE_MODEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forkscore/models}
 declare -A FILE=([1.5b]=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [0.5b]=qwen2.5-coder-0.5b-instruct.gguf)
 mkdir -p "$OUT"
-[ -f "$OUT/data/all.jsonl" ] || python3 "$REPO/scripts/bbc-report/prepare.py" "$OUT/data"
+[ -f "$OUT/data/all.jsonl" ] || python3 "$REPO/scripts/bbc-report/prepare.py" "$OUT/data" --per-topic "${PER_TOPIC:-20}"
 timed() { # name, command…: peak RSS (KiB) and wall seconds into $dir/<name>.time
   local name=$1; shift
   /usr/bin/time -f "%M %e" -o "$dir/$name.time" "$@"
