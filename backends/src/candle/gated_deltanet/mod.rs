@@ -27,7 +27,7 @@ pub mod norm;
 mod packed;
 mod projections;
 
-use projections::Projections;
+use projections::{InProjections, Projections};
 pub mod recurrence;
 
 use candle_core::{DType, Device, Tensor};
@@ -206,22 +206,6 @@ fn candle_path_forced() -> bool {
     *FORCED.get_or_init(|| crate::switches::is("FORKSCORE_GDN", "candle"))
 }
 
-/// The four input projections of a layer (`q|k|v` conv channels, `z`, `b`, `a`), all reading
-/// the layer's input.
-#[derive(Debug, Clone)]
-enum InProjections {
-    /// Four products (the reference).
-    Separate {
-        qkv: Linear,
-        z: Linear,
-        b: Linear,
-        a: Linear,
-    },
-    /// One product of the weights stacked `[qkv; z; b; a]` (`(Cc + Cv + 2Hv, D)`), cut into the
-    /// four after (`layers::fusion::gdn_projections`).
-    Stacked(Linear),
-}
-
 /// One Gated DeltaNet layer, ready to run.
 #[derive(Debug, Clone)]
 pub struct GdnLayer {
@@ -278,13 +262,7 @@ impl GdnLayer {
 
     /// Count the ggml type of each projection.
     pub(crate) fn summarize(&self, summary: &mut QuantSummary) {
-        match &self.in_proj {
-            InProjections::Separate { qkv, z, b, a } => {
-                [qkv, z, b, a].into_iter().for_each(|l| summary.count(l))
-            }
-            // four checkpoint projections
-            InProjections::Stacked(l) => (0..4).for_each(|_| summary.count(l)),
-        }
+        self.in_proj.summarize(summary);
         summary.count(&self.out_proj);
     }
 
@@ -328,21 +306,15 @@ impl GdnLayer {
                 .map_err(CandleError::tensor("gdn.load.cast"))
         };
         let stacks = crate::candle::layers::fusion::gdn_projections(w.in_proj_qkv.device());
-        let separate = InProjections::Separate {
-            qkv: lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
-            z: lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
-            b: lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
-            a: lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
-        };
-        let in_proj = match (stacks, &separate) {
-            (true, InProjections::Separate { qkv, z, b, a }) => {
-                match Linear::stack(&[qkv, z, b, a])? {
-                    Some(stacked) => InProjections::Stacked(stacked),
-                    None => separate,
-                }
-            }
-            _ => separate,
-        };
+        let in_proj = InProjections::new(
+            [
+                lin("linear_attn.in_proj_qkv.weight", w.in_proj_qkv)?,
+                lin("linear_attn.in_proj_z.weight", w.in_proj_z)?,
+                lin("linear_attn.in_proj_b.weight", w.in_proj_b)?,
+                lin("linear_attn.in_proj_a.weight", w.in_proj_a)?,
+            ],
+            stacks,
+        )?;
         Ok(Self {
             dims,
             in_proj,

@@ -3,8 +3,49 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{DeltaRule, GdnLayer, InProjections};
+use super::{DeltaRule, GdnLayer};
+use crate::candle::layers::linear::{Linear, QuantSummary};
 use crate::candle::profile;
+use crate::error::CandleError;
+
+/// The four input projections of a layer (`q|k|v` conv channels, `z`, `b`, `a`), all reading
+/// the layer's input.
+#[derive(Debug, Clone)]
+pub(super) enum InProjections {
+    /// Four products (the reference).
+    Separate {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+    /// One product of the weights stacked `[qkv; z; b; a]` (`(Cc + Cv + 2Hv, D)`), cut into the
+    /// four after (`layers::fusion::gdn_projections`).
+    Stacked(Linear),
+}
+
+impl InProjections {
+    /// `[qkv, z, b, a]`, stacked into one product when `stack` holds and [`Linear::stack`] can.
+    pub(super) fn new(parts: [Linear; 4], stack: bool) -> Result<Self, CandleError> {
+        if stack {
+            if let Some(stacked) = Linear::stack(&parts.each_ref())? {
+                return Ok(InProjections::Stacked(stacked));
+            }
+        }
+        let [qkv, z, b, a] = parts;
+        Ok(InProjections::Separate { qkv, z, b, a })
+    }
+
+    /// Count the ggml type of each checkpoint projection (four either way).
+    pub(super) fn summarize(&self, summary: &mut QuantSummary) {
+        match self {
+            InProjections::Separate { qkv, z, b, a } => {
+                [qkv, z, b, a].into_iter().for_each(|l| summary.count(l))
+            }
+            InProjections::Stacked(l) => (0..4).for_each(|_| summary.count(l)),
+        }
+    }
+}
 
 impl GdnLayer {
     /// The dtype the projections are handed on in: the fused kernels read bf16 projections
