@@ -150,7 +150,14 @@ pub const TABLE: &[Switch] = &[
         audience: Dev,
         effect: ComputePath,
         accepts: OneOf(&["stacked", "separate"]),
-        doc: "Gated DeltaNet input projections (q|k|v, z, b, a) as one stacked product on CUDA or four",
+        doc: "`stacked`: Gated DeltaNet input projections (q|k|v, z, b, a) as one product cut into four (opt-in, unmeasured on a GPU)",
+    },
+    Switch {
+        name: "FORKSCORE_QKV_HEADS",
+        audience: Dev,
+        effect: ComputePath,
+        accepts: OneOf(&["fused", "candle"]),
+        doc: "`fused`: a stacked q|k|v product's heads rotated by the fused heads kernel on CUDA bf16 (opt-in, not yet run on a GPU)",
     },
     Switch {
         name: "FORKSCORE_QKV",

@@ -927,15 +927,23 @@ fn cuda_stacked_gate_up_equals_separate_products() {
         let sep_bf16 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::Bf16, chunk);
         fusion::set_gate_up(true);
         fusion::set_qkv(true);
+        // the opt-in forms too (stacked GDN projections at load, the stacked q|k|v heads'
+        // fused kernel at call time): the "fused" side of the comparison
+        fusion::set_gdn_projections(Some(true));
+        let stk_f32 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::F32, chunk);
+        let stk_bf16 = load_on(&t.dir, DeviceSpec::Cuda(0), ComputeDType::Bf16, chunk);
         fusion::set_gdn_projections(None);
         let cands = wide_candidates(t.rows);
         let prompt = ids(91, 57, t.vocab);
         for (dtype, fused, separate) in [
-            (ComputeDType::F32, &t.gpu_f32, &sep_f32),
-            (ComputeDType::Bf16, &t.gpu_bf16, &sep_bf16),
+            (ComputeDType::F32, &stk_f32, &sep_f32),
+            (ComputeDType::Bf16, &stk_bf16, &sep_bf16),
         ] {
             let want = separate.forward_full(&prompt, &cands).expect("separate");
-            let got = fused.forward_full(&prompt, &cands).expect("stacked");
+            fusion::set_qkv_heads(true);
+            let got = fused.forward_full(&prompt, &cands);
+            fusion::set_qkv_heads(false);
+            let got = got.expect("stacked");
             report.check(
                 gpu_tolerance(dtype),
                 &format!("{} {dtype:?} stacked vs separate gate|up, q|k|v", t.name),

@@ -9,8 +9,8 @@
 //! - q | k | v of softmax attention layers with q/k/v biases and no output gate (the Qwen2
 //!   family, `super::super::models::self_attn`): one product and one bias add instead of three each;
 //! - q|k|v, z, b and a of every Gated DeltaNet layer (Qwen3.5, `super::super::gated_deltanet`):
-//!   one product cut into the four, on CUDA by default ([`set_gdn_projections`],
-//!   `FORKSCORE_GDN_PROJ=separate`).
+//!   one product cut into the four; opt-in ([`set_gdn_projections`], `FORKSCORE_GDN_PROJ=stacked`)
+//!   until measured on a GPU.
 //!
 //! Both are on by default on CUDA and on the CPU, for dense weights (quantized weights keep the
 //! separate products). The separate products are the reference: [`set_gate_up`] / [`set_qkv`]
@@ -27,8 +27,9 @@ use candle_core::Device;
 static GATE_UP: AtomicBool = AtomicBool::new(true);
 static GATE_UP_IN_TILES: AtomicBool = AtomicBool::new(true);
 static QKV: AtomicBool = AtomicBool::new(true);
-/// 0: the default (stacked on CUDA only), 1: stacked on every device, 2: separate.
+/// 0: the default (separate, unless `FORKSCORE_GDN_PROJ=stacked`), 1: stacked, 2: separate.
 static GDN_PROJECTIONS: AtomicU8 = AtomicU8::new(0);
+static QKV_HEADS: AtomicBool = AtomicBool::new(false);
 
 /// Stack gate and up into one product (`true`, the default) or keep two products and candle's
 /// SiLU and product (`false`).
@@ -70,8 +71,9 @@ pub(crate) fn qkv(device: &Device) -> bool {
     stacks_on(device) && QKV.load(Ordering::Relaxed) && !env_separate("FORKSCORE_QKV")
 }
 
-/// Stack a Gated DeltaNet layer's four input projections on every device (`Some(true)`), on
-/// none (`Some(false)`), or by default (`None`: on CUDA only), for models loaded from then on.
+/// Stack a Gated DeltaNet layer's four input projections (`Some(true)`), keep four products
+/// (`Some(false)`), or follow the default (`None`: four products unless
+/// `FORKSCORE_GDN_PROJ=stacked`), for models loaded from then on.
 pub fn set_gdn_projections(on: Option<bool>) {
     let v = match on {
         None => 0,
@@ -82,15 +84,30 @@ pub fn set_gdn_projections(on: Option<bool>) {
 }
 
 /// Whether a Gated DeltaNet layer loading onto `device` stacks its q|k|v, z, b and a
-/// projections into one product: by default on CUDA (where the two narrow `b` and `a`
-/// products cost a launch each for a few columns); the CPU keeps four products unless
-/// [`set_gdn_projections`] says otherwise; `FORKSCORE_GDN_PROJ=separate` turns it off.
+/// projections into one product (aimed at CUDA, where the two narrow `b` and `a` products cost
+/// a GEMM launch each for a few columns). Opt-in ([`set_gdn_projections`],
+/// `FORKSCORE_GDN_PROJ=stacked`) until its speed and its GPU equivalence test are measured on a
+/// GPU; the CPU equivalence test (`backends/tests/gdn_stacked.rs`) holds it to the four products.
 pub(crate) fn gdn_projections(device: &Device) -> bool {
     match GDN_PROJECTIONS.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
-        _ => device.is_cuda() && !env_separate("FORKSCORE_GDN_PROJ"),
+        _ => stacks_on(device) && crate::switches::is("FORKSCORE_GDN_PROJ", "stacked"),
     }
+}
+
+/// Rotate the query and key heads of a stacked q|k|v product with the fused heads kernel
+/// straight from their views of the product (`true`), or through candle's copy and rope
+/// (`false`, the default), for calls from then on. Opt-in (also `FORKSCORE_QKV_HEADS=fused`)
+/// until the GPU tests have run it: the fused kernel itself is the one the Qwen3 / Qwen3.5
+/// heads use.
+pub fn set_qkv_heads(on: bool) {
+    QKV_HEADS.store(on, Ordering::Relaxed);
+}
+
+/// Whether a stacked q|k|v product's heads take the fused kernel ([`set_qkv_heads`]).
+pub(crate) fn qkv_heads() -> bool {
+    QKV_HEADS.load(Ordering::Relaxed) || crate::switches::is("FORKSCORE_QKV_HEADS", "fused")
 }
 
 /// The devices where stacking is measured to pay: CUDA and the CPU (Metal keeps the separate

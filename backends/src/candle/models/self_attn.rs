@@ -384,14 +384,18 @@ impl SelfAttention {
     /// The stacked `q | k | v` product `(B, L, H + 2Hkv, hd)` into heads on CUDA in bf16: the
     /// query and key heads rotated by the fused heads kernel straight from their views of the
     /// product ([`Self::rotated_heads`], no norm), the value heads one head-major copy. `None`
-    /// where that kernel does not take the call (the candle form then runs).
+    /// where that kernel does not take the call, or unless `fusion::qkv_heads` opts in (the
+    /// candle form then runs).
     fn fused_stacked_heads(
         &self,
         qkv: &Tensor,
         step: &Step,
     ) -> Result<Option<Projected>, CandleError> {
         let s = &self.spec;
-        if !qkv.device().is_cuda() || fused_heads_off() {
+        if !qkv.device().is_cuda()
+            || fused_heads_off()
+            || !crate::candle::layers::fusion::qkv_heads()
+        {
             return Ok(None);
         }
         let part = |start: usize, n: usize| qkv.narrow(2, start, n).map_err(op("q|k|v heads"));
