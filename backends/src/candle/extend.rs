@@ -123,7 +123,6 @@ fn split_rows(
     lens: &[usize],
     past: usize,
 ) -> Result<Vec<CandleState>, CandleError> {
-    let op = |e: candle_core::Error| CandleError::tensor("split padded rows")(e);
     let mut per_row: Vec<Vec<LayerState>> = lens
         .iter()
         .map(|_| Vec::with_capacity(updates.len()))
@@ -155,13 +154,10 @@ fn split_rows(
             }
             state::LayerUpdate::Linear { conv, recurrent } => {
                 for (row, states) in per_row.iter_mut().enumerate() {
-                    // (N, …) -> (1, …): a contiguous view of row `row`
-                    let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
-                    let own = state::LayerUpdate::Linear {
-                        conv: cut(&conv).map_err(op)?,
-                        recurrent: cut(&recurrent).map_err(op)?,
-                    };
-                    states.push(LayerState::extend(prev, own)?);
+                    states.push(LayerState::extend(
+                        prev,
+                        linear_row(&conv, &recurrent, row)?,
+                    )?);
                 }
             }
         }
@@ -173,6 +169,24 @@ fn split_rows(
         .collect())
 }
 
+/// Row `row` of a linear-attention update: conv / recurrent `(N, …)` -> `(1, …)`, contiguous
+/// views.
+fn linear_row(
+    conv: &Tensor,
+    recurrent: &Tensor,
+    row: usize,
+) -> Result<state::LayerUpdate, CandleError> {
+    let cut = |t: &Tensor| {
+        t.narrow(0, row, 1)
+            .and_then(|t| t.contiguous())
+            .map_err(CandleError::tensor("split padded rows"))
+    };
+    Ok(state::LayerUpdate::Linear {
+        conv: cut(conv)?,
+        recurrent: cut(recurrent)?,
+    })
+}
+
 /// Where each row's `(1, Hkv, P + n, hd)` K (or V) comes from in `[past ; new]` viewed as rows of
 /// `hd` values: the past `(1, Hkv, P, hd)` first, then the new `(N, Hkv, Lmax, hd)`.
 struct RowGather {
@@ -180,8 +194,6 @@ struct RowGather {
     index: Tensor,
     /// Per row: its first index entry and its length `P + n`.
     spans: Vec<(usize, usize)>,
-    kv_heads: usize,
-    head_dim: usize,
     /// `(N, Hkv, Lmax, hd)` of the new K/V and `P`: every layer's must match the first's.
     new_dims: (usize, usize, usize, usize),
     past: usize,
@@ -213,8 +225,6 @@ impl RowGather {
         Ok(RowGather {
             index,
             spans,
-            kv_heads,
-            head_dim,
             new_dims: (n, kv_heads, lmax, head_dim),
             past,
         })
@@ -224,8 +234,7 @@ impl RowGather {
     /// buffer.
     fn rows(&self, past: Option<&Tensor>, new: &Tensor) -> Result<Vec<Tensor>, CandleError> {
         let op = |e| CandleError::tensor("split padded rows")(e);
-        let hd = self.head_dim;
-        let (_, hkv, _, _) = self.new_dims;
+        let (_, hkv, _, hd) = self.new_dims;
         let past_dims = past.map(|p| p.dims().to_vec());
         if new.dims4().map_err(op)? != self.new_dims
             || past_dims
@@ -257,8 +266,8 @@ impl RowGather {
         self.spans
             .iter()
             .map(|&(first, len)| {
-                all.narrow(0, first, self.kv_heads * len)
-                    .and_then(|t| t.reshape((1, self.kv_heads, len, hd)))
+                all.narrow(0, first, hkv * len)
+                    .and_then(|t| t.reshape((1, hkv, len, hd)))
                     .map_err(op)
             })
             .collect()
@@ -287,13 +296,7 @@ fn split_rows_one_by_one(
                         v: cut(v).map_err(op)?,
                     }
                 }
-                state::LayerUpdate::Linear { conv, recurrent } => {
-                    let cut = |t: &Tensor| t.narrow(0, row, 1)?.contiguous();
-                    state::LayerUpdate::Linear {
-                        conv: cut(conv).map_err(op)?,
-                        recurrent: cut(recurrent).map_err(op)?,
-                    }
-                }
+                state::LayerUpdate::Linear { conv, recurrent } => linear_row(conv, recurrent, row)?,
             };
             per_row[row].push(LayerState::extend(prev, own)?);
         }
@@ -350,7 +353,10 @@ mod tests {
             .expect("tensor")
     }
 
-    fn flat(states: &[CandleState]) -> Vec<(usize, Vec<Vec<usize>>, Vec<Vec<f32>>)> {
+    /// Per state: its length, and each layer tensor's dims and values.
+    type Flat = (usize, Vec<Vec<usize>>, Vec<Vec<f32>>);
+
+    fn flat(states: &[CandleState]) -> Vec<Flat> {
         states
             .iter()
             .map(|s| {

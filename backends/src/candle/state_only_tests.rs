@@ -28,9 +28,9 @@ fn host(state: &CandleState) -> Vec<Vec<f32>> {
         .collect()
 }
 
-#[test]
-fn state_only_prefill_keeps_exactly_the_full_forward_state() {
-    let models = [
+/// The tiny models of the three architectures, by name.
+fn tiny_models() -> [(&'static str, CandleBackend); 3] {
+    [
         ("qwen2.5", load(&ensure_tiny_model(&TinySpec::qwen25()))),
         ("qwen3", load(&ensure_tiny_model(&TinySpec::qwen3()))),
         (
@@ -41,7 +41,12 @@ fn state_only_prefill_keeps_exactly_the_full_forward_state() {
                     .expect("tiny qwen3.5"),
             ),
         ),
-    ];
+    ]
+}
+
+#[test]
+fn state_only_prefill_keeps_exactly_the_full_forward_state() {
+    let models = tiny_models();
     let ids: Vec<u32> = (0..45u32).map(|i| (i * 7919 + 13) % 500).collect();
     for (name, backend) in &models {
         for chunk in [45usize, 16] {
@@ -66,17 +71,7 @@ fn state_only_prefill_keeps_exactly_the_full_forward_state() {
 /// K/V summary the sum over the full forward's attention updates.
 #[test]
 fn branch_forward_equals_the_full_forward() {
-    let models = [
-        ("qwen2.5", load(&ensure_tiny_model(&TinySpec::qwen25()))),
-        (
-            "qwen3.5",
-            load(
-                &TinyQwen35::new(8, Qwen35Layout::TextOnly)
-                    .ensure()
-                    .expect("tiny qwen3.5"),
-            ),
-        ),
-    ];
+    let models = tiny_models();
     let prefix: Vec<u32> = (0..30u32).map(|i| (i * 7919 + 13) % 500).collect();
     // two rows of 5 and 3 tokens over the prefix, right-padded to 5
     let ids: Vec<u32> = vec![11, 12, 13, 14, 15, 21, 22, 23, 0, 0];
