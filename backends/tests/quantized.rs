@@ -96,8 +96,9 @@ fn q8_0_quantizes_every_projection_and_tracks_f32() {
 
 /// The SwiGLU taken inside the packed kernels' tiles (the default on x86 CPUs) gives the same
 /// logits, bit for bit, as the stacked gate|up product followed by the SwiGLU pass
-/// (`fusion::set_gate_up_in_tiles(false)`): unquantized (the f32 kernel, block by block), q8_0
-/// and q4k (Q4_0 here, and Q4_K on a wide model), full forward and fork. (Other tests loading
+/// (`fusion::set_gate_up_in_tiles(false)`): unquantized (the f32 kernel, block by block), q8_0,
+/// q4k (Q4_0 here, and Q4_K on a wide model) and bf16 (the AMX tiles' SwiGLU where AMX runs;
+/// elsewhere bf16 has no in-tile form and both sides are the same path), full forward and fork. (Other tests loading
 /// models meanwhile get one path or the other: both give the same numbers.)
 #[test]
 fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
@@ -114,7 +115,12 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
     let mut dirs = tiny_dirs();
     dirs.push(("wide qwen3", wide, 1000));
     for (name, dir, vocab) in dirs {
-        for q in [None, Some(Quantization::Q8_0), Some(Quantization::Q4K)] {
+        for q in [
+            None,
+            Some(Quantization::Q8_0),
+            Some(Quantization::Q4K),
+            Some(Quantization::Bf16),
+        ] {
             fusion::set_gate_up_in_tiles(false);
             let stacked = load(&dir, q);
             fusion::set_gate_up_in_tiles(true);

@@ -10,6 +10,9 @@
 # Needs carry/{forkscore.xz (new), forkscore-base.xz (base), run.sh} (scripts/build-cuda.sh; copy
 # the base build's forkscore.xz to forkscore-base.xz before building the change), and
 # carry/gpu-tests.xz runs the GPU tests first when present (skip with SKIP_TESTS=1).
+# A side may be one build under switches: BINOF_<side>=new ENV_<side>="FORKSCORE_X=y …" runs the
+# new build with those variables set (e.g. SIDES="gather rows" BINOF_gather=new BINOF_rows=new
+# ENV_rows="FORKSCORE_ROW_SPLIT=rows"); the decision comparison then runs base = the first side.
 # SIDES="" with SKIP_CMP=1 SKIP_PROFILE=1 runs the GPU tests alone (binaries left in /tmp/bins by
 # an earlier call on the same warm machine are reused).
 # Output ($OUT): <side>-… JSON of each side, ab.tgz (every side's files), profile-*.txt.
@@ -29,7 +32,8 @@ i=0
 for side in ${SIDES-base new}; do
   i=$((i+1))
   sb=1; [[ $i -le 2 ]] && sb=0
-  BIN="carry/run.sh /tmp/bins/$side/forkscore" OUT=/tmp/ab/$i-$side SKIP_BATCH=$sb BATCH_CONTEXTS=256 CLIENTS=${CLIENTS:-64} LOAD_S=${LOAD_S:-5} \
+  binv=BINOF_$side envv=ENV_$side
+  BIN="carry/run.sh /tmp/bins/${!binv:-$side}/forkscore" OUT=/tmp/ab/$i-$side env ${!envv:-} SKIP_BATCH=$sb BATCH_CONTEXTS=256 CLIENTS=${CLIENTS:-64} LOAD_S=${LOAD_S:-5} \
     BATCH_EXTRA="--layout fields-first" LOAD_OPTIONS='{"layout": "fields-first"}' timeout 240 bash $S/throughput.sh > /dev/null 2>&1
   echo "=== $i $side"
   python3 - /tmp/ab/$i-$side <<'PY'

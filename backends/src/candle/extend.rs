@@ -103,7 +103,10 @@ impl CandleBackend {
             None => forward()?,
         };
         profile::region("extend.split_rows", &b.device, || {
-            split_rows(start, updates, &lens, past)
+            match crate::switches::is("FORKSCORE_ROW_SPLIT", "rows") {
+                true => split_rows_one_by_one(start, updates, &lens, past),
+                false => split_rows(start, updates, &lens, past),
+            }
         })
     }
 }
@@ -275,8 +278,7 @@ impl RowGather {
 }
 
 /// [`split_rows`] one row and one layer at a time (a narrow and an append per row): the
-/// reference its gather is tested against.
-#[cfg(test)]
+/// reference its gather is tested against, and the A/B side of `FORKSCORE_ROW_SPLIT=rows`.
 fn split_rows_one_by_one(
     start: Option<&CandleState>,
     updates: Vec<state::LayerUpdate>,

@@ -6,6 +6,7 @@ use crate::candle::cpu;
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
+use super::super::cpu::amx::AmxWeight;
 use super::super::cpu::gemm::PackedWeight;
 use super::super::cpu::q4gemm::PackedQ4;
 use super::super::cpu::qgemm::PackedQ8;
@@ -37,10 +38,11 @@ enum GateUp {
         up: Linear,
     },
     Stacked(Linear),
-    /// Packed gate and up (f32, `Q8_0`, 4-bit) of an f32 model on an x86 CPU, one weight whose
-    /// panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel writes each
-    /// output tile (integer kernels, `super::super::cpu::tile_store`) or block (f32), equal bit for bit
-    /// to `Stacked` and the pass, without storing the `(…, 2F)` product.
+    /// Packed gate and up (f32, `Q8_0`, 4-bit, bf16 on AMX) of an f32 model on an x86 CPU, one
+    /// weight whose panels alternate (gate's `p`, up's `p`): the SwiGLU is taken as the kernel
+    /// writes each output tile (integer kernels, `super::super::cpu::tile_store`; AMX, from its
+    /// C tiles) or block (f32), equal bit for bit to `Stacked` and the pass, without storing
+    /// the `(…, 2F)` product.
     InTiles(InTiles),
 }
 
@@ -49,6 +51,8 @@ enum InTiles {
     F32(PackedWeight),
     Q8(PackedQ8),
     Q4(PackedQ4),
+    /// bf16-rounded (`--quantize bf16`) on the AMX tiles.
+    AmxBf16(AmxWeight),
 }
 
 impl InTiles {
@@ -70,6 +74,12 @@ impl InTiles {
         if let (Some(g), Some(u)) = (gate.packed_q4(), up.packed_q4()) {
             return PackedQ4::gate_up(g, u).map(InTiles::Q4);
         }
+        if let (Some(g), Some(u)) = (gate.packed_amx_bf16(), up.packed_amx_bf16()) {
+            // the blocked kernel's A/B switch keeps the stacked product and the pass
+            if crate::switches::value("FORKSCORE_CPU_AMX").is_none() {
+                return AmxWeight::gate_up(g, u).map(InTiles::AmxBf16);
+            }
+        }
         None
     }
 
@@ -79,6 +89,7 @@ impl InTiles {
             InTiles::F32(_) => None,
             InTiles::Q8(_) => Some(GgmlDType::Q8_0),
             InTiles::Q4(w) => Some(cpu::q4gemm::ggml(w)),
+            InTiles::AmxBf16(_) => Some(GgmlDType::BF16),
         }
     }
 
@@ -88,6 +99,7 @@ impl InTiles {
             InTiles::F32(w) => cpu::gemm::swiglu(x, w),
             InTiles::Q8(w) => cpu::qgemm::swiglu(x, w),
             InTiles::Q4(w) => cpu::q4gemm::swiglu(x, w),
+            InTiles::AmxBf16(w) => cpu::amx::bf16_swiglu(x, w),
         }
     }
 }

@@ -259,6 +259,24 @@ impl AmxWeight {
         w
     }
 
+    /// `gate` and `up` (one part each, `(F, k)`, `F` a multiple of 16) as one `(2F, k)` weight
+    /// whose panels alternate (gate's `p`, then up's) for [`bf16_swiglu_product`]; `None`
+    /// where they differ in shape or parts, are not one part, or `F` is not whole panels.
+    pub fn gate_up(gate: &AmxWeight, up: &AmxWeight) -> Option<Self> {
+        let one = gate.parts == Parts::One && up.parts == Parts::One;
+        if !one || gate.n != up.n || gate.k != up.k || gate.n % NR != 0 {
+            return None;
+        }
+        let plane = super::tile_store::alternate(&gate.planes[0], &up.planes[0], gate.kp * NR);
+        Some(AmxWeight {
+            n: 2 * gate.n,
+            k: gate.k,
+            kp: gate.kp,
+            parts: Parts::One,
+            planes: vec![plane],
+        })
+    }
+
     /// The weights stacked along `out` (`[a; b; …]`), all with one `in` and one [`Parts`];
     /// `None` for an empty list or differing `in` or parts. Planes are concatenated as they
     /// are when every part but the last has a multiple of 16 rows; otherwise the rows are split
@@ -357,6 +375,49 @@ pub fn product(x: &[f32], m: usize, w: &AmxWeight, bl: &AmxBlocking) -> Result<V
     }
 }
 
+/// `x (m, k) · Wᵀ -> (m, n)` row-major for a one-part (bf16) weight, written in place with
+/// the weight in L2-sized blocks (`inplace`): the default of `--quantize bf16` layers where AMX
+/// runs, equal bit for bit to [`product`] under any blocking. An error (never a panic) where
+/// AMX does not run, the weight is not one part or `x` is not `m` rows of `k`.
+pub fn bf16_product(x: &[f32], m: usize, w: &AmxWeight) -> Result<Vec<f32>> {
+    one_part_product(x, m, w, false)
+}
+
+/// `SiLU(x · Gᵀ) · (x · Uᵀ) -> (m, F)` for a gate | up weight of [`AmxWeight::gate_up`]: the
+/// SwiGLU taken from the output tiles, equal bit for bit to [`bf16_product`] over the stacked
+/// `[gate; up]` weight followed by [`super::math::silu_mul`] on each row's halves. Errors as
+/// [`bf16_product`], and for a weight whose `out` is not whole panel pairs.
+pub fn bf16_swiglu_product(x: &[f32], m: usize, w: &AmxWeight) -> Result<Vec<f32>> {
+    if w.n % (2 * NR) != 0 {
+        super::bail!("amx bf16 swiglu: {} outputs are not whole gate | up panel pairs", w.n);
+    }
+    one_part_product(x, m, w, true)
+}
+
+fn one_part_product(x: &[f32], m: usize, w: &AmxWeight, swiglu: bool) -> Result<Vec<f32>> {
+    check()?;
+    if w.parts != Parts::One {
+        super::bail!("amx bf16: the weight is split in three parts, not rounded to bf16");
+    }
+    if x.len() != m * w.k {
+        super::bail!("amx bf16: {} values are not {m} rows of {}", x.len(), w.k);
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let out = match swiglu {
+            true => inplace::Epilogue::SwiGlu,
+            false => inplace::Epilogue::Product,
+        };
+        Ok(inplace::product(x, m, w, out))
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        unreachable!("available() is false here ({}, {m}, {swiglu})", x.len())
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod inplace;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles;
 

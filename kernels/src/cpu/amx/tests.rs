@@ -228,3 +228,71 @@ fn amx_bf16_linear_equals_the_reference() -> Result<()> {
     }
     Ok(())
 }
+
+/// Where AMX runs: the in-place bf16 product (weight blocks, row chunks, stores straight into
+/// `y`) equals the blocked product bit for bit on ragged rows, odd panels, ragged `k`, several
+/// weight blocks (`k` = 4864: one panel pair per block) and several row chunks; its SwiGLU over
+/// an alternating gate | up weight equals the stacked product followed by `silu_mul` on each
+/// row's halves, bit for bit.
+#[test]
+fn in_place_bf16_product_and_swiglu_equal_the_blocked_product() -> Result<()> {
+    if !available() {
+        eprintln!("no AMX bf16 tiles here: the in-place kernel does not run");
+        return Ok(());
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let values = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len)
+            .map(|j| ((j * 7 + seed) as f32 * 0.37).sin())
+            .collect()
+    };
+    for (m, f, k) in [
+        (37usize, 32usize, 96usize),
+        (1, 16, 896),
+        (150, 48, 4864),
+        (64, 96, 257),
+        (33, 16, 31),
+    ] {
+        let x = values(m * k, 3);
+        let (g, u) = (values(f * k, 5), values(f * k, 11));
+        let gate = AmxWeight::split_rows(&g, f, k, Parts::One);
+        let up = AmxWeight::split_rows(&u, f, k, Parts::One);
+        let stacked = AmxWeight::stack(&[&gate, &up]).expect("one k");
+        let blocked = product(&x, m, &stacked, &AmxBlocking::DEFAULT)?;
+        assert_eq!(bits(&bf16_product(&x, m, &stacked)?), bits(&blocked), "({m}, {f}, {k})");
+        // odd panel counts and a ragged last panel: the gate alone, and 7 columns of it
+        for n in [f, 7] {
+            let w = AmxWeight::split_rows(&g[..n * k], n, k, Parts::One);
+            let want = product(&x, m, &w, &AmxBlocking::DEFAULT)?;
+            assert_eq!(bits(&bf16_product(&x, m, &w)?), bits(&want), "({m}, {n}, {k})");
+        }
+        let mut want = vec![0f32; m * f];
+        for (row, out) in blocked.chunks_exact(2 * f).zip(want.chunks_exact_mut(f)) {
+            crate::cpu::math::silu_mul(&row[..f], &row[f..], out);
+        }
+        let gu = AmxWeight::gate_up(&gate, &up).expect("whole panels");
+        assert_eq!(bits(&bf16_swiglu_product(&x, m, &gu)?), bits(&want), "swiglu ({m}, {f}, {k})");
+    }
+    Ok(())
+}
+
+/// The in-place entry points refuse what they cannot compute, with the reason.
+#[test]
+fn in_place_bf16_refuses_wrong_operands() {
+    let w3 = AmxWeight::split_rows(&[0.5f32; 32 * 64], 32, 64, Parts::Three);
+    let w1 = AmxWeight::split_rows(&[0.5f32; 32 * 64], 32, 64, Parts::One);
+    let odd = AmxWeight::split_rows(&[0.5f32; 8 * 64], 8, 64, Parts::One);
+    assert!(AmxWeight::gate_up(&odd, &odd).is_none(), "8 outputs are not a panel");
+    assert!(AmxWeight::gate_up(&w3, &w3).is_none(), "three parts");
+    assert!(AmxWeight::gate_up(&w1, &odd).is_none(), "shapes differ");
+    if !available() {
+        assert!(bf16_product(&[0.0; 64], 1, &w1).is_err());
+        return;
+    }
+    let e = bf16_product(&[0.0; 64], 1, &w3).unwrap_err().to_string();
+    assert!(e.contains("three parts"), "{e}");
+    let e = bf16_product(&[0.0; 63], 1, &w1).unwrap_err().to_string();
+    assert!(e.contains("63 values are not 1 rows of 64"), "{e}");
+    let e = bf16_swiglu_product(&[0.0; 64], 1, &odd).unwrap_err().to_string();
+    assert!(e.contains("not whole gate | up panel pairs"), "{e}");
+}

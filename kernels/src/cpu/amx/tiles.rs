@@ -5,14 +5,14 @@ use rayon::prelude::*;
 use super::{bf16_bits_fast, Aligned, AmxBlocking, AmxWeight, Parts, KSTEP, NR};
 
 /// bf16 values per tile (16 rows × 32).
-const TILE: usize = 16 * KSTEP;
+pub(super) const TILE: usize = 16 * KSTEP;
 
 /// The tile configuration: palette 1, tiles 0–7 all 16 rows × 64 bytes (C: 16 × 16 f32;
 /// A: 16 rows × 32 bf16; B: 16 `k` pairs × 16 columns × 2 bf16).
 #[repr(C, align(64))]
-struct Config([u8; 64]);
+pub(super) struct Config(pub(super) [u8; 64]);
 
-fn config() -> Config {
+pub(super) fn config() -> Config {
     let mut c = [0u8; 64];
     c[0] = 1;
     for t in 0..8 {
@@ -60,6 +60,8 @@ macro_rules! dot {
         )
     };
 }
+// the in-place bf16 product (`super::inplace`) runs the same tile instructions
+pub(super) use {store, zero_c};
 
 /// The six part products of one 32-`k` step into C tiles 0–3 (row tiles 0|1 × panels
 /// 0|1): `a` the step's 6 A tiles (`[part][row tile]`, contiguous), `b[part][panel]` its B
@@ -103,7 +105,7 @@ unsafe fn step(a: *const u16, b: &[[*const u16; 2]; 3]) {
 /// (`[row tile]`, contiguous), `b[panel]` its B tiles. 2 A-tile and 2 B-tile loads, 4 tile
 /// products.
 #[inline(always)]
-unsafe fn step_one(a: *const u16, b: [*const u16; 2]) {
+pub(super) unsafe fn step_one(a: *const u16, b: [*const u16; 2]) {
     load!(6, b[0]);
     load!(7, b[1]);
     load!(4, a);
@@ -303,7 +305,7 @@ unsafe fn prefetch(p: *const u16, bytes: usize) {
 /// `x (m, k)` split into `parts` and packed as A tiles:
 /// `[row pair][step][part][row tile][16][32]` (`mp` = `m` rounded up to 32 rows; padding
 /// rows and `k` are 0).
-fn pack_rows(x: &[f32], m: usize, k: usize, kp: usize, parts: Parts) -> Aligned<u16> {
+pub(super) fn pack_rows(x: &[f32], m: usize, k: usize, kp: usize, parts: Parts) -> Aligned<u16> {
     let mp = m.next_multiple_of(32);
     let steps = kp / KSTEP;
     let count = parts.count();

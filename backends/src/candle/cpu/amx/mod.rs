@@ -77,8 +77,30 @@ pub(crate) fn q8_runs() -> Result<bool> {
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 through AMX. Errors (never panics) on a non-f32, non-CPU or
 /// mis-sized `x`, or where the kernel does not run (`forkscore_kernels::cpu::amx::available`).
+///
+/// A one-part (bf16) weight runs the in-place kernel (`bf16_product`: weight blocks in L2,
+/// output tiles stored straight into the result), unless `FORKSCORE_CPU_AMX` names a blocking
+/// of the blocked kernel (an A/B switch; both give the same bits).
 pub(crate) fn linear(x: &Tensor, w: &AmxWeight) -> Result<Tensor> {
+    if w.parts() == Parts::One && crate::switches::value("FORKSCORE_CPU_AMX").is_none() {
+        let ready = || kernel::check().map_err(kernel_err);
+        return super::host::try_apply_rows(x, w.dims(), "amx bf16 linear", ready, |xd, m| {
+            kernel::bf16_product(xd, m, w).map_err(kernel_err)
+        });
+    }
     linear_with(x, w, &chosen_blocking()?)
+}
+
+/// `SiLU(x · Gᵀ) · (x · Uᵀ)`, `(.., k) -> (.., F)`, for a gate | up weight of
+/// [`AmxWeight::gate_up`], the SwiGLU taken from the output tiles: equal bit for bit to
+/// [`linear`] over the stacked `[gate; up]` weight followed by the SwiGLU pass (tested).
+/// Errors as [`linear`].
+pub(crate) fn bf16_swiglu(x: &Tensor, w: &AmxWeight) -> Result<Tensor> {
+    let (n, k) = w.dims();
+    let ready = || kernel::check().map_err(kernel_err);
+    super::host::try_apply_rows(x, (n / 2, k), "amx bf16 gate|up", ready, |xd, m| {
+        kernel::bf16_swiglu_product(xd, m, w).map_err(kernel_err)
+    })
 }
 
 /// [`linear`] with blocking `bl`.

@@ -286,6 +286,17 @@ impl Linear {
         }
     }
 
+    /// The bf16-rounded AMX weight (one part) of a layer without a bias, if that is what it
+    /// holds.
+    pub(crate) fn packed_amx_bf16(&self) -> Option<&AmxWeight> {
+        match self {
+            Linear::PackedAmx { weight, bias: None } if weight.parts() == Parts::One => {
+                Some(weight)
+            }
+            _ => None,
+        }
+    }
+
     /// The packed `Q8_0` weight of a layer without a bias ([`cpu_qgemm`]'s), if that is what
     /// it holds.
     pub(crate) fn packed_q8(&self) -> Option<&PackedQ8> {
