@@ -12,8 +12,12 @@
 //! - **The order**: per thread a run of panel pairs (disjoint columns); the run's weight in
 //!   blocks of panel pairs of at most [`WEIGHT_BLOCK_BYTES`], each block read from memory once
 //!   and kept in L2 while every row pair of a row chunk passes; the packed activations in row
-//!   chunks of at most [`ROW_CHUNK_BYTES`], kept in L2 while the run's blocks pass. Consecutive
-//!   output blocks share their 32 rows, so their stores stay on the same pages.
+//!   chunks of at most [`ROW_CHUNK_BYTES`], kept in L2 while the run's blocks pass. Where every
+//!   row's activations outgrow that budget (a wide `k`: an MLP's down product) `k` is cut into
+//!   chunks first, so a chunk's activations and a weight block both stay in L2; the C tiles are
+//!   stored and reloaded between chunks (in `y` itself, or a small slot for a ragged block),
+//!   which changes no sum: each C tile still takes its steps in `k` order. Consecutive output
+//!   blocks share their 32 rows, so their stores stay on the same pages.
 //! - **The SwiGLU** ([`Epilogue::SwiGlu`]): over a gate | up weight whose panels alternate
 //!   (gate's `p`, up's `p`: [`super::AmxWeight::gate_up`]), a panel pair's C tiles are the gate
 //!   and the up columns of the same 16 outputs; `SiLU(gate) · up` is taken from the scratch by
@@ -23,7 +27,7 @@
 
 use std::arch::asm;
 
-use super::tiles::{config, pack_rows, step_one, store, zero_c, TILE};
+use super::tiles::{config, load_c, pack_rows, step_one, store, zero_c, TILE};
 use super::{Aligned, AmxWeight, Parts, NR};
 
 /// Weight bytes of one block of panel pairs: read from memory once per row chunk and kept in
@@ -101,24 +105,50 @@ struct Run<'a> {
 unsafe impl Sync for Run<'_> {}
 
 impl Run<'_> {
-    /// Panel pairs `p0..p1` (`p0` even) for every row pair, in weight blocks and row chunks.
+    /// Panel pairs `p0..p1` (`p0` even) for every row pair, in `k` chunks, row chunks and
+    /// weight blocks.
     unsafe fn panels(&self, p0: usize, p1: usize) {
         let cfg = config();
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
-        // bytes of one panel pair's weight, and of one row pair's activations
-        let pair_bytes = (2 * self.kp * NR * 2).max(1);
-        let rows_bytes = (32 * self.kp * 2).max(1);
-        let nb = (WEIGHT_BLOCK_BYTES / pair_bytes).max(1);
-        let chunk = (ROW_CHUNK_BYTES / rows_bytes).max(1);
         let pairs = self.m.div_ceil(32);
+        // bytes of one 32-`k` step of one row pair's activations, or one panel pair's weight
+        let step_bytes = 2 * TILE * 2;
+        // `k` chunk: all of `k` unless every row's activations outgrow the row budget (a wide
+        // `k`, e.g. an MLP's down product); then as many steps as the budget holds (at least
+        // 8), the C tiles stored and reloaded between chunks. The SwiGLU needs both halves whole
+        // at its store, so it takes all of `k` (its `k` is the model width).
+        let kc = match self.out {
+            Epilogue::SwiGlu => self.steps.max(1),
+            Epilogue::Product => {
+                let fit = ROW_CHUNK_BYTES / (pairs * step_bytes).max(1);
+                let chunks = self.steps.div_ceil(fit.clamp(8, self.steps.max(8)));
+                self.steps.div_ceil(chunks.max(1)).max(1)
+            }
+        };
+        let chunk = (ROW_CHUNK_BYTES / (kc * step_bytes)).max(1);
+        let nb = (WEIGHT_BLOCK_BYTES / (kc * step_bytes)).max(1);
+        // partial C tiles of blocks that are not whole (the last rows, a ragged last panel)
+        // between `k` chunks: one 32 × 32 slot per such block
+        let run_pairs = (p1 - p0).div_ceil(2);
+        let chunked = kc < self.steps;
+        let mut edge = Aligned::<f32>::zeroed(if chunked { run_pairs + pairs } else { 1 } * 1024);
         let mut scratch = Aligned::<f32>::zeroed(32 * 32);
-        let s = scratch.as_mut_ptr();
-        for rc in (0..pairs).step_by(chunk) {
-            for pb in (p0..p1).step_by(2 * nb) {
-                let pe = (pb + 2 * nb).min(p1);
-                for rp in rc..(rc + chunk).min(pairs) {
-                    for p in (pb..pe).step_by(2) {
-                        self.block(rp, p, p + 1 < p1, s);
+        let (e, s) = (edge.as_mut_ptr(), scratch.as_mut_ptr());
+        for k0 in (0..self.steps.max(1)).step_by(kc) {
+            let ks = k0..(k0 + kc).min(self.steps);
+            for rc in (0..pairs).step_by(chunk) {
+                for pb in (p0..p1).step_by(2 * nb) {
+                    let pe = (pb + 2 * nb).min(p1);
+                    for rp in rc..(rc + chunk).min(pairs) {
+                        for p in (pb..pe).step_by(2) {
+                            let slot = match (chunked, rp + 1 == pairs && self.m % 32 != 0) {
+                                (false, _) => 0,
+                                (true, true) => (p - p0) / 2,
+                                (true, false) => run_pairs + rp,
+                            };
+                            let at = Block { rp, p, pair: p + 1 < p1 };
+                            self.block(&at, ks.clone(), e.add(slot * 1024), s);
+                        }
                     }
                 }
             }
@@ -126,35 +156,48 @@ impl Run<'_> {
         asm!("tilerelease", options(nostack, nomem));
     }
 
-    /// The 32 × 32 block of row pair `rp` and panels `p`, `p + 1` (the zero panel for the
-    /// second unless `pair`), its whole `k`, then its store.
-    unsafe fn block(&self, rp: usize, p: usize, pair: bool, scratch: *mut f32) {
-        let kp = self.kp;
-        zero_c!();
-        let ar = self.a.as_ptr().add(rp * self.steps * 2 * TILE);
-        let b0 = self.plane.as_ptr().add(p * kp * NR);
-        let b1 = match pair {
-            true => self.plane.as_ptr().add((p + 1) * kp * NR),
+    /// Steps `ks` of `at`'s 32 × 32 block: its C tiles start from zero at step 0, else from
+    /// where the previous `k` chunk left them (`y` for a whole block, its `edge` slot
+    /// otherwise); after the last step, its store.
+    unsafe fn block(&self, at: &Block, ks: std::ops::Range<usize>, edge: *mut f32, scratch: *mut f32) {
+        let (kp, n) = (self.kp, self.n);
+        let (r0, c0) = (at.rp * 32, at.p * NR);
+        let rows = 32.min(self.m - r0);
+        let whole = rows == 32 && n >= c0 + 2 * NR && self.out == Epilogue::Product;
+        // where the block's partial C lives between `k` chunks, and its row stride in bytes
+        let (c, sc) = match whole {
+            true => (self.y.add(r0 * n + c0), n * 4),
+            false => (edge, 128),
+        };
+        let last = ks.end == self.steps;
+        if ks.start == 0 {
+            zero_c!();
+        } else {
+            load_c!(0, c, sc);
+            load_c!(1, c.add(NR), sc);
+            load_c!(2, c.add(16 * sc / 4), sc);
+            load_c!(3, c.add(16 * sc / 4 + NR), sc);
+        }
+        let ar = self.a.as_ptr().add(at.rp * self.steps * 2 * TILE);
+        let b0 = self.plane.as_ptr().add(at.p * kp * NR);
+        let b1 = match at.pair {
+            true => self.plane.as_ptr().add((at.p + 1) * kp * NR),
             false => self.zero.as_ptr(),
         };
-        for ks in 0..self.steps {
-            step_one(ar.add(ks * 2 * TILE), [b0.add(ks * TILE), b1.add(ks * TILE)]);
+        for k in ks {
+            step_one(ar.add(k * 2 * TILE), [b0.add(k * TILE), b1.add(k * TILE)]);
         }
-        let r0 = rp * 32;
-        let rows = 32.min(self.m - r0);
+        if !last || whole {
+            store!(0, c, sc);
+            store!(1, c.add(NR), sc);
+            store!(2, c.add(16 * sc / 4), sc);
+            store!(3, c.add(16 * sc / 4 + NR), sc);
+            return;
+        }
+        to_scratch(scratch);
         match self.out {
             Epilogue::Product => {
-                let (n, c0) = (self.n, p * NR);
                 let width = (2 * NR).min(n - c0);
-                if rows == 32 && width == 2 * NR {
-                    let y0 = self.y.add(r0 * n + c0);
-                    store!(0, y0, n * 4);
-                    store!(1, y0.add(NR), n * 4);
-                    store!(2, y0.add(16 * n), n * 4);
-                    store!(3, y0.add(16 * n + NR), n * 4);
-                    return;
-                }
-                to_scratch(scratch);
                 for r in 0..rows {
                     std::ptr::copy_nonoverlapping(
                         scratch.add(r * 32),
@@ -163,17 +206,21 @@ impl Run<'_> {
                     );
                 }
             }
-            Epilogue::SwiGlu => {
-                to_scratch(scratch);
-                crate::cpu::math::silu_mul_rows16(
-                    rows,
-                    (scratch, 32),
-                    (scratch.add(NR), 32),
-                    (self.y.add(r0 * self.cols + (p / 2) * NR), self.cols),
-                );
-            }
+            Epilogue::SwiGlu => crate::cpu::math::silu_mul_rows16(
+                rows,
+                (scratch, 32),
+                (scratch.add(NR), 32),
+                (self.y.add(r0 * self.cols + (at.p / 2) * NR), self.cols),
+            ),
         }
     }
+}
+
+/// One output block: row pair `rp`, panels `p` and `p + 1` (the zero panel unless `pair`).
+struct Block {
+    rp: usize,
+    p: usize,
+    pair: bool,
 }
 
 /// C tiles 0–3 into the 32 × 32 row-major `scratch` (tile (i, j) at row 16·i, column 16·j).

@@ -61,7 +61,7 @@ macro_rules! dot {
     };
 }
 // the in-place bf16 product (`super::inplace`) runs the same tile instructions
-pub(super) use {store, zero_c};
+pub(super) use {load_c, store, zero_c};
 
 /// The six part products of one 32-`k` step into C tiles 0–3 (row tiles 0|1 × panels
 /// 0|1): `a` the step's 6 A tiles (`[part][row tile]`, contiguous), `b[part][panel]` its B
