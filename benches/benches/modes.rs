@@ -5,7 +5,9 @@
 //! a table. Env: FORKSCORE_BENCH_MODEL=<HF folder> to measure a real checkpoint instead of the
 //! seeded bench-size model; FORKSCORE_BENCH_REPEATS (default 5); FORKSCORE_BENCH_DEVICE
 //! (default cpu); FORKSCORE_BENCH_DTYPE (f32 | bf16 | f16, default: the device's, f32 on CPU,
-//! bf16 on GPUs); FORKSCORE_BENCH_OUT (report folder, default target/bench of the source tree);
+//! bf16 on GPUs; through the command line's precision policy, so on a CPU bf16 runs as
+//! `--quantize bf16` where a fast bf16 kernel exists, unless FORKSCORE_BENCH_RAW_DTYPE=1 loads
+//! the dtype as given); FORKSCORE_BENCH_OUT (report folder, default target/bench of the source tree);
 //! FORKSCORE_BENCH_DUMP=<file> also writes, per case, exactly what the model is fed (prefix ids,
 //! each row's suffix ids and code ids) and each row's candidate logits and argmax code, so that a
 //! peer (scripts/gpu-real/peer.py) can score the same token ids.
@@ -161,6 +163,23 @@ fn main() -> anyhow::Result<()> {
             q.parse()
                 .map_err(|e| anyhow::anyhow!("FORKSCORE_BENCH_QUANTIZE={q:?}: {e}"))?,
         );
+    }
+    // the CLI's precision policy (`--dtype bf16` on a CPU runs as `--quantize bf16` where a fast
+    // bf16 kernel exists), so a dtype asked here measures what the command line runs; with
+    // FORKSCORE_BENCH_RAW_DTYPE=1 the dtype is loaded as given (the bf16 tensor model)
+    if std::env::var("FORKSCORE_BENCH_RAW_DTYPE").as_deref() != Ok("1") {
+        let bf16_kernel = match device {
+            DeviceSpec::Cpu => forkscore_backends::candle::cpu::bf16_kernel(),
+            _ => None,
+        };
+        let precision = forkscore_frontend::precision::resolve(
+            device,
+            Some(options.dtype),
+            options.quantization,
+            bf16_kernel,
+        )?;
+        options.dtype = precision.dtype;
+        options.quantization = precision.quantization;
     }
     let load_start = std::time::Instant::now();
     let engine = load_engine(&dir, &options)?;
