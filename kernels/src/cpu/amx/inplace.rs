@@ -27,7 +27,7 @@
 
 use std::arch::asm;
 
-use super::tiles::{config, load_c, pack_rows, step_one, store, zero_c, TILE};
+use super::tiles::{config, load_c, pack_rows, step_one, store, zero_c};
 use super::{Aligned, AmxWeight, Parts, NR};
 
 /// Weight bytes of one block of panel pairs: read from memory once per row chunk and kept in
@@ -45,36 +45,67 @@ pub(super) enum Epilogue {
     SwiGlu,
 }
 
+/// What the tiles multiply, and how a block's C tiles become outputs.
+#[derive(Clone, Copy)]
+pub(super) enum Kind<'a> {
+    /// bf16 × bf16 summed in f32 (`tdpbf16ps`): the C tiles are the outputs.
+    Bf16,
+    /// int8 × int8 summed in i32 (`tdpbssd`): output `(r, c)` is the sum, as f32, times
+    /// `rows[r] · cols[c]` (the row's activation scale, the column's weight scale).
+    Int8 { rows: &'a [f32], cols: &'a [f32] },
+}
+
 /// `x (m, k) · Wᵀ` for a one-part weight: `(m, n)`, or with [`Epilogue::SwiGlu`] over an
 /// alternating gate | up weight `(m, n / 2)`. The caller checked that AMX runs, that `x` is
 /// `m` rows of `k` and, for the SwiGLU, that the weight alternates whole panel pairs.
 pub(super) fn product(x: &[f32], m: usize, w: &AmxWeight, out: Epilogue) -> Vec<f32> {
     debug_assert_eq!(w.parts, Parts::One);
-    let (n, k, kp) = (w.n, w.k, w.kp);
+    let a = pack_rows(x, m, w.k, w.kp, Parts::One);
+    let operands = Operands {
+        a: a.as_ptr() as *const u8,
+        plane: w.planes[0].as_ptr() as *const u8,
+        steps: w.kp / super::KSTEP,
+        n: w.n,
+    };
+    run_product(&operands, m, out, Kind::Bf16)
+}
+
+/// The packed operands of one product: `steps` tile steps of 1 KiB tiles (A: per row pair
+/// and step its two row tiles; the weight: per panel `steps` B tiles), `n` outputs.
+pub(super) struct Operands {
+    pub a: *const u8,
+    pub plane: *const u8,
+    pub steps: usize,
+    pub n: usize,
+}
+
+/// The product of packed `operands` over `m` rows on the rayon threads (one run of panel
+/// pairs each), written as `out` asks.
+pub(super) fn run_product(operands: &Operands, m: usize, out: Epilogue, kind: Kind) -> Vec<f32> {
+    let n = operands.n;
     let cols = match out {
         Epilogue::Product => n,
         Epilogue::SwiGlu => n / 2,
     };
-    let a = pack_rows(x, m, k, kp, Parts::One);
-    let zero = Aligned::<u16>::zeroed(kp * NR);
+    let zero = Aligned::<u8>::zeroed(operands.steps * TILE_BYTES);
     let mut y: Vec<f32> = Vec::with_capacity(m * cols);
     let y_addr = y.as_mut_ptr() as usize;
     let run = Run {
-        a: &a,
-        plane: &w.planes[0],
-        zero: &zero,
-        kp,
-        steps: kp / super::KSTEP,
+        a: operands.a,
+        plane: operands.plane,
+        zero: zero.as_ptr(),
+        steps: operands.steps,
         m,
         n,
         cols,
         y: y_addr as *mut f32,
         out,
+        kind,
     };
     crate::cpu::host::for_panel_runs(n.div_ceil(NR), true, |p0, p1| {
         // SAFETY: AMX runs here (the caller checked); `a` holds ⌈m/32⌉ packed row pairs of
-        // `kp`, the plane ⌈n/16⌉ panels of `kp`, `zero` one panel; `y` has capacity
-        // m · cols and the runs write disjoint columns of it.
+        // `steps` steps, the plane ⌈n/16⌉ panels of `steps` tiles, `zero` one panel; `y` has
+        // capacity m · cols and the runs write disjoint columns of it.
         unsafe { run.panels(p0, p1) }
     });
     // SAFETY: the runs cover every panel pair and each every row pair, so every element of
@@ -83,15 +114,17 @@ pub(super) fn product(x: &[f32], m: usize, w: &AmxWeight, out: Epilogue) -> Vec<
     y
 }
 
+/// Bytes of one tile (16 rows of 64 bytes), A's or B's.
+const TILE_BYTES: usize = 1024;
+
 /// One product's operands, shared by its threads' runs.
 struct Run<'a> {
-    /// The packed activations ([`pack_rows`], one part).
-    a: &'a [u16],
-    /// The weight's one plane.
-    plane: &'a [u16],
+    /// The packed activations: per row pair `steps` × two row tiles.
+    a: *const u8,
+    /// The weight's panels, `steps` B tiles each.
+    plane: *const u8,
     /// A zero panel, the partner of an odd last panel.
-    zero: &'a [u16],
-    kp: usize,
+    zero: *const u8,
     steps: usize,
     m: usize,
     n: usize,
@@ -99,9 +132,11 @@ struct Run<'a> {
     cols: usize,
     y: *mut f32,
     out: Epilogue,
+    kind: Kind<'a>,
 }
 
-// SAFETY: the runs write disjoint columns of `y` (see `product`).
+// SAFETY: the runs only read the operands and write disjoint columns of `y` (see
+// `run_product`).
 unsafe impl Sync for Run<'_> {}
 
 impl Run<'_> {
@@ -112,7 +147,7 @@ impl Run<'_> {
         asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
         let pairs = self.m.div_ceil(32);
         // bytes of one 32-`k` step of one row pair's activations, or one panel pair's weight
-        let step_bytes = 2 * TILE * 2;
+        let step_bytes = 2 * TILE_BYTES;
         // `k` chunk: all of `k` unless every row's activations outgrow the row budget (a wide
         // `k`, e.g. an MLP's down product); then as many steps as the budget holds (at least
         // 8), the C tiles stored and reloaded between chunks. The SwiGLU needs both halves whole
@@ -157,10 +192,16 @@ impl Run<'_> {
     }
 
     /// Steps `ks` of `at`'s 32 × 32 block: its C tiles start from zero at step 0, else from
-    /// where the previous `k` chunk left them (`y` for a whole block, its `edge` slot
-    /// otherwise); after the last step, its store.
-    unsafe fn block(&self, at: &Block, ks: std::ops::Range<usize>, edge: *mut f32, scratch: *mut f32) {
-        let (kp, n) = (self.kp, self.n);
+    /// where the previous `k` chunk left them (`y` for a whole block, as raw f32 or i32 sums;
+    /// its `edge` slot otherwise); after the last step, its store.
+    unsafe fn block(
+        &self,
+        at: &Block,
+        ks: std::ops::Range<usize>,
+        edge: *mut f32,
+        scratch: *mut f32,
+    ) {
+        let n = self.n;
         let (r0, c0) = (at.rp * 32, at.p * NR);
         let rows = 32.min(self.m - r0);
         let whole = rows == 32 && n >= c0 + 2 * NR && self.out == Epilogue::Product;
@@ -178,16 +219,26 @@ impl Run<'_> {
             load_c!(2, c.add(16 * sc / 4), sc);
             load_c!(3, c.add(16 * sc / 4 + NR), sc);
         }
-        let ar = self.a.as_ptr().add(at.rp * self.steps * 2 * TILE);
-        let b0 = self.plane.as_ptr().add(at.p * kp * NR);
+        let panel = self.steps * TILE_BYTES;
+        let ar = self.a.add(at.rp * self.steps * 2 * TILE_BYTES);
+        let b0 = self.plane.add(at.p * panel);
         let b1 = match at.pair {
-            true => self.plane.as_ptr().add((at.p + 1) * kp * NR),
-            false => self.zero.as_ptr(),
+            true => self.plane.add((at.p + 1) * panel),
+            false => self.zero,
         };
-        for k in ks {
-            step_one(ar.add(k * 2 * TILE), [b0.add(k * TILE), b1.add(k * TILE)]);
+        let tiles = |k: usize| (ar.add(k * 2 * TILE_BYTES), [b0.add(k * TILE_BYTES), b1.add(k * TILE_BYTES)]);
+        match self.kind {
+            Kind::Bf16 => ks.for_each(|k| {
+                let (a, b) = tiles(k);
+                step_one(a as *const u16, b.map(|b| b as *const u16));
+            }),
+            Kind::Int8 { .. } => ks.for_each(|k| {
+                let (a, b) = tiles(k);
+                step_i8(a, b);
+            }),
         }
-        if !last || whole {
+        // the C tiles are the outputs only for a whole bf16 block after its last step
+        if !last || (whole && matches!(self.kind, Kind::Bf16)) {
             store!(0, c, sc);
             store!(1, c.add(NR), sc);
             store!(2, c.add(16 * sc / 4), sc);
@@ -195,9 +246,20 @@ impl Run<'_> {
             return;
         }
         to_scratch(scratch);
+        let width = (2 * NR).min(n - c0);
+        if let Kind::Int8 { rows: sa, cols: sw } = self.kind {
+            // i32 sums -> f32 outputs in place
+            let sums = scratch as *mut i32;
+            for r in 0..rows {
+                let s = sa[r0 + r];
+                for j in 0..width {
+                    let v = *sums.add(r * 32 + j) as f32;
+                    *scratch.add(r * 32 + j) = v * (s * sw[c0 + j]);
+                }
+            }
+        }
         match self.out {
             Epilogue::Product => {
-                let width = (2 * NR).min(n - c0);
                 for r in 0..rows {
                     std::ptr::copy_nonoverlapping(
                         scratch.add(r * 32),
@@ -214,6 +276,24 @@ impl Run<'_> {
             ),
         }
     }
+}
+
+/// The int8 product of one 64-`k` step into C tiles 0–3: `a` the step's 2 A tiles (16 rows ×
+/// 64 int8 each, contiguous), `b[panel]` its B tiles (16 groups of 4 `k` × 16 columns).
+#[inline(always)]
+unsafe fn step_i8(a: *const u8, b: [*const u8; 2]) {
+    asm!(
+        "tileloadd tmm6, [{b0} + {s}*1]",
+        "tileloadd tmm7, [{b1} + {s}*1]",
+        "tileloadd tmm4, [{a0} + {s}*1]",
+        "tileloadd tmm5, [{a1} + {s}*1]",
+        "tdpbssd tmm0, tmm4, tmm6",
+        "tdpbssd tmm1, tmm4, tmm7",
+        "tdpbssd tmm2, tmm5, tmm6",
+        "tdpbssd tmm3, tmm5, tmm7",
+        b0 = in(reg) b[0], b1 = in(reg) b[1], a0 = in(reg) a, a1 = in(reg) a.add(TILE_BYTES),
+        s = in(reg) 64usize, options(nostack, readonly)
+    );
 }
 
 /// One output block: row pair `rp`, panels `p` and `p + 1` (the zero panel unless `pair`).

@@ -416,6 +416,60 @@ fn one_part_product(x: &[f32], m: usize, w: &AmxWeight, swiglu: bool) -> Result<
     }
 }
 
+/// `x (m, k) · Wᵀ -> (m, n)` for a per-channel int8 weight on the AMX-INT8 tiles, the
+/// activations rounded per row (`int8`): equal bit for bit to
+/// [`int8::product_reference`]. An error (never a panic) where AMX-INT8 does not run
+/// ([`q8_available`]) or `x` is not `m` rows of `k`.
+pub fn int8_product(x: &[f32], m: usize, w: &AmxI8Weight) -> Result<Vec<f32>> {
+    int8_run(x, m, w, false)
+}
+
+/// `SiLU(x · Gᵀ) · (x · Uᵀ) -> (m, F)` for a gate | up weight of [`AmxI8Weight::gate_up`],
+/// the SwiGLU taken from the scaled output tiles: equal bit for bit to [`int8_product`] over
+/// the stacked weight followed by [`super::math::silu_mul`] on each row's halves. Errors as
+/// [`int8_product`], and for a weight whose `out` is not whole panel pairs.
+pub fn int8_swiglu_product(x: &[f32], m: usize, w: &AmxI8Weight) -> Result<Vec<f32>> {
+    if w.n % (2 * NR) != 0 {
+        super::bail!("amx int8 swiglu: {} outputs are not whole gate | up panel pairs", w.n);
+    }
+    int8_run(x, m, w, true)
+}
+
+fn int8_run(x: &[f32], m: usize, w: &AmxI8Weight, swiglu: bool) -> Result<Vec<f32>> {
+    if !q8_available() {
+        super::bail!("amx int8: this CPU or OS does not run the AMX-INT8 tiles");
+    }
+    if x.len() != m * w.k {
+        super::bail!("amx int8: {} values are not {m} rows of {}", x.len(), w.k);
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let (a, row_scales) = int8::pack_rows(x, m, w.k, w.kp);
+        let operands = inplace::Operands {
+            a: a.as_ptr() as *const u8,
+            plane: w.plane.as_ptr() as *const u8,
+            steps: w.kp / int8::KSTEP8,
+            n: w.n,
+        };
+        let out = match swiglu {
+            true => inplace::Epilogue::SwiGlu,
+            false => inplace::Epilogue::Product,
+        };
+        let kind = inplace::Kind::Int8 {
+            rows: &row_scales,
+            cols: &w.scales,
+        };
+        Ok(inplace::run_product(&operands, m, out, kind))
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        unreachable!("q8_available() is false here ({}, {m}, {swiglu})", x.len())
+    }
+}
+
+pub mod int8;
+pub use int8::AmxI8Weight;
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod inplace;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]

@@ -296,3 +296,91 @@ fn in_place_bf16_refuses_wrong_operands() {
     let e = bf16_swiglu_product(&[0.0; 64], 1, &odd).unwrap_err().to_string();
     assert!(e.contains("not whole gate | up panel pairs"), "{e}");
 }
+
+/// The per-row int8 rounding: every value within half a step of its row's scale, the largest
+/// magnitude on ±127, zero rows at scale 0, a non-finite value making the scale non-finite.
+#[test]
+fn int8_rows_round_within_half_a_step() {
+    let mut rng = Rng::new(23);
+    for k in [1usize, 31, 64, 300] {
+        let v = rng.uniform(k, -3.0, 3.0);
+        let mut q = vec![0i8; k];
+        let s = int8::round_row(&v, &mut q);
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert_eq!(s, amax / 127.0);
+        for (&x, &qi) in v.iter().zip(&q) {
+            assert!((x - qi as f32 * s).abs() <= 0.5 * s * 1.0001, "{x} {qi} {s}");
+        }
+        assert!(q.iter().any(|&x| x.unsigned_abs() == 127));
+        let inv = 127.0 / amax;
+        for (&x, &qi) in v.iter().zip(&q) {
+            assert_eq!(qi as f32, (x * inv).round_ties_even(), "{x}");
+        }
+    }
+    // the vector form equals the plain one on every length and on ties
+    for k in [1usize, 15, 16, 17, 64, 333] {
+        let mut v = rng.uniform(k, -5.0, 5.0);
+        v[0] = 127.0 / 254.0 * 5.0; // a tie when the maximum is 5
+        v[k - 1] = 5.0;
+        let (mut a, mut b) = (vec![0i8; k], vec![0i8; k]);
+        assert_eq!(int8::round_row(&v, &mut a), int8::round_row_portable(&v, &mut b));
+        assert_eq!(a, b, "k {k}");
+    }
+    let mut q = vec![5i8; 4];
+    assert_eq!(int8::round_row(&[0.0; 4], &mut q), 0.0);
+    assert_eq!(q, [0; 4]);
+    assert!(!int8::round_row(&[1.0, f32::INFINITY], &mut q[..2]).is_finite());
+    assert!(!int8::round_row(&[f32::NAN, 1.0], &mut q[..2]).is_finite());
+    assert_eq!(q[..2], [0, 0]);
+}
+
+/// Where AMX-INT8 runs: the int8 product equals its plain-Rust reference bit for bit (ragged
+/// rows, odd panels, ragged `k`, a wide `k` cut into chunks), its SwiGLU equals the stacked
+/// product followed by `silu_mul` bit for bit; the dequantized rows are the scaled values.
+#[test]
+fn int8_product_and_swiglu_equal_the_reference() -> Result<()> {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let values = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len)
+            .map(|j| ((j * 7 + seed) as f32 * 0.37).sin())
+            .collect()
+    };
+    let w = AmxI8Weight::quantize_rows(&values(7 * 40, 1), 7, 40);
+    for (got, want) in w.rows().iter().zip(values(7 * 40, 1)) {
+        assert!((got - want).abs() <= 0.5 / 127.0 * 1.0001, "{got} {want}");
+    }
+    if !q8_available() {
+        assert!(int8_product(&[0.0; 40], 1, &w).is_err());
+        eprintln!("no AMX-INT8 tiles here: the int8 kernel does not run");
+        return Ok(());
+    }
+    for (m, f, k) in [
+        (37usize, 32usize, 96usize),
+        (1, 16, 896),
+        (150, 48, 4864),
+        (64, 96, 257),
+        (33, 16, 31),
+        (600, 16, 4864),
+    ] {
+        let x = values(m * k, 3);
+        let (g, u) = (values(f * k, 5), values(f * k, 11));
+        let gate = AmxI8Weight::quantize_rows(&g, f, k);
+        let up = AmxI8Weight::quantize_rows(&u, f, k);
+        for n in [f, 7] {
+            let w = AmxI8Weight::quantize_rows(&g[..n * k], n, k);
+            let want = int8::product_reference(&x, m, &w);
+            assert_eq!(bits(&int8_product(&x, m, &w)?), bits(&want), "({m}, {n}, {k})");
+        }
+        let stacked: Vec<f32> = g.iter().chain(&u).copied().collect();
+        let full = int8_product(&x, m, &AmxI8Weight::quantize_rows(&stacked, 2 * f, k))?;
+        let mut want = vec![0f32; m * f];
+        for (row, out) in full.chunks_exact(2 * f).zip(want.chunks_exact_mut(f)) {
+            crate::cpu::math::silu_mul(&row[..f], &row[f..], out);
+        }
+        let gu = AmxI8Weight::gate_up(&gate, &up).expect("whole panels");
+        assert_eq!(bits(&int8_swiglu_product(&x, m, &gu)?), bits(&want), "swiglu ({m}, {f}, {k})");
+    }
+    let e = int8_product(&[0.0; 39], 1, &w).unwrap_err().to_string();
+    assert!(e.contains("39 values are not 1 rows of 40"), "{e}");
+    Ok(())
+}
