@@ -120,7 +120,11 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
             Some(Quantization::Q8_0),
             Some(Quantization::Q4K),
             Some(Quantization::Bf16),
+            Some(Quantization::Int8),
         ] {
+            if q == Some(Quantization::Int8) && !forkscore_kernels::cpu::amx::q8_available() {
+                continue; // int8 runs only on the AMX-INT8 tiles
+            }
             fusion::set_gate_up_in_tiles(false);
             let stacked = load(&dir, q);
             fusion::set_gate_up_in_tiles(true);
@@ -136,6 +140,36 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
             assert!(bits(&a) == bits(&b), "{name} {q:?}: full forward differs");
             assert!(bits(&a_fork) == bits(&b_fork), "{name} {q:?}: fork differs");
         }
+    }
+}
+
+/// `--quantize int8` (per-channel int8 weights, per-row int8 activations, AMX-INT8 tiles):
+/// every projection is int8, logits track f32 within [`Tolerance::INT8_TINY_LOGITS`], a fork
+/// equals the full forward within f32 rounding (a row's rounding depends on that row alone).
+/// Where AMX-INT8 does not run the load is refused with a message naming the alternatives.
+#[test]
+fn int8_quantizes_every_projection_and_tracks_f32() {
+    for (name, dir, vocab) in tiny_dirs() {
+        if !forkscore_kernels::cpu::amx::q8_available() {
+            let err = load(&dir, Some(Quantization::Int8)).err().expect("refused");
+            let text = err.to_string();
+            assert!(text.contains("AMX-INT8") && text.contains("q8_0"), "{text}");
+            continue;
+        }
+        let plain = load(&dir, None).expect("f32");
+        let i8 = load(&dir, Some(Quantization::Int8)).expect("int8");
+        assert_eq!(i8.facts().quantization, Some(Quantization::Int8), "{name}");
+        assert_eq!(count(&i8, "dense"), 0, "{name}: {:?}", i8.quant_summary());
+        assert!(count(&i8, "int8") > 0, "{name}");
+        let (a, _) = full_and_fork(&plain, vocab);
+        let (b, b_fork) = full_and_fork(&i8, vocab);
+        eprintln!(
+            "{name}: int8 vs f32 max |diff| {:e}; int8 fork vs full {:e}",
+            Tolerance::max_abs_diff(&a, &b),
+            Tolerance::max_abs_diff(&b, &b_fork)
+        );
+        Tolerance::INT8_TINY_LOGITS.assert_close(name, &a, &b);
+        Tolerance::CPU_F32_LOGITS.assert_close(name, &b, &b_fork);
     }
 }
 

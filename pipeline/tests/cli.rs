@@ -623,7 +623,7 @@ fn quantized_scoring_records_the_scheme_and_tracks_f32_labels() {
         &[],
     ));
     assert!(
-        err.contains("q3k") && err.contains("q8_0, q4k or bf16"),
+        err.contains("q3k") && err.contains("q8_0, q4k, bf16 or int8"),
         "{err}"
     );
 }

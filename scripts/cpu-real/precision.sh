@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU table of every precision in one command: forkscore f32, `--quantize bf16`,
-# `--dtype bf16` (runs as `--quantize bf16` where the CPU has AMX or AVX-512 BF16) and
-# `--quantize q8_0` against transformers f32 and bf16 (prefill alone and the prefix-batched
+# `--dtype bf16` (runs as `--quantize bf16` where the CPU has AMX or AVX-512 BF16),
+# `--quantize q8_0` and `--quantize int8` (AMX-INT8 CPUs only: elsewhere its load is refused
+# and the run stops there) against transformers f32 and bf16 (prefill alone and the prefix-batched
 # decision) on a seeded Qwen2.5-0.5B-Instruct-shaped checkpoint and the same token ids, at 8 and
 # 28 fields, pinned to two cores, in one run; plus each forkscore configuration's peak RSS, its
 # labels and max |Δp| against our f32, and torch's f32 and bf16 matmul rates for the FLOP floor.
@@ -54,6 +55,7 @@ scheme f32
 scheme bf16 FORKSCORE_BENCH_QUANTIZE=bf16
 scheme dtype-bf16 FORKSCORE_BENCH_DTYPE=bf16
 scheme q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
+scheme int8 FORKSCORE_BENCH_QUANTIZE=int8
 for dt in float32 bfloat16; do
   echo "== transformers $dt"
   taskset -c "$CORES" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \

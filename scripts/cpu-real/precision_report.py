@@ -4,7 +4,7 @@
     python3 scripts/cpu-real/precision_report.py OUTDIR
 
 Per fields case: forkscore's decision (the modes bench's parallel mode, median) in f32,
-`--quantize bf16`, `--dtype bf16` and `--quantize q8_0`, transformers' prefill alone and its
+`--quantize bf16`, `--dtype bf16`, `--quantize q8_0` and `--quantize int8`, transformers' prefill alone and its
 prefix-batched decision in f32 and bf16, on the same token ids. Ratios are transformers'
 prefix-batched decision in the precision named ÷ forkscore's (above 1: forkscore faster). Labels
 and max |Δp| (softmax over each field's code logits) of every forkscore scheme against forkscore
@@ -22,7 +22,7 @@ out = Path(sys.argv[1])
 load = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else None
 NON_EMBED = 494_032_768 - 151_936 * 896  # Qwen2.5-0.5B: all parameters minus the tied embedding
 SCHEMES = [("f32", "f32"), ("bf16", "`--quantize bf16`"), ("dtype-bf16", "`--dtype bf16`"),
-           ("q8_0", "`--quantize q8_0`")]
+           ("q8_0", "`--quantize q8_0`"), ("int8", "`--quantize int8`")]
 
 
 def rows_by_fields(doc):

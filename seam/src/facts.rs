@@ -271,16 +271,26 @@ pub enum Quantization {
     /// Each weight rounded to bf16 (16 bits per weight); the products multiply bf16 weights by
     /// activations rounded to bf16, summing in f32.
     Bf16,
+    /// Each weight row (output channel) rounded to int8 with one f32 scale; the products
+    /// multiply it by the activations rounded to int8 per row, summing exactly in i32 over the
+    /// whole input (8 bits per weight). CPU only, on the AMX-INT8 tiles.
+    Int8,
 }
 
 impl Quantization {
-    pub const ALL: [Quantization; 3] = [Quantization::Q8_0, Quantization::Q4K, Quantization::Bf16];
+    pub const ALL: [Quantization; 4] = [
+        Quantization::Q8_0,
+        Quantization::Q4K,
+        Quantization::Bf16,
+        Quantization::Int8,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Quantization::Q8_0 => "q8_0",
             Quantization::Q4K => "q4k",
             Quantization::Bf16 => "bf16",
+            Quantization::Int8 => "int8",
         }
     }
 }
@@ -305,8 +315,11 @@ impl FromStr for Quantization {
             "q8_0" | "q8" => Ok(Quantization::Q8_0),
             "q4k" | "q4_k" | "q4" => Ok(Quantization::Q4K),
             "bf16" | "bfloat16" => Ok(Quantization::Bf16),
+            "int8" | "i8" => Ok(Quantization::Int8),
             _ => Err(BackendError::Device {
-                reason: format!("cannot parse quantization `{s}`; expected q8_0, q4k or bf16"),
+                reason: format!(
+                    "cannot parse quantization `{s}`; expected q8_0, q4k, bf16 or int8"
+                ),
             }),
         }
     }
@@ -371,7 +384,7 @@ mod tests {
         assert_eq!("Q4_K".parse::<Quantization>().ok(), Some(Quantization::Q4K));
         let err = "q3k".parse::<Quantization>().unwrap_err().to_string();
         assert!(
-            err.contains("q3k") && err.contains("q8_0, q4k or bf16"),
+            err.contains("q3k") && err.contains("q8_0, q4k, bf16 or int8"),
             "{err}"
         );
     }

@@ -116,6 +116,15 @@ impl Tolerance {
         name: "q8_0-tiny-logits",
         abs: 2.0,
     };
+    /// CPU `--quantize int8` (each weight row rounded to int8 with one scale, each activation
+    /// row likewise per product, exact i32 sums) vs the same checkpoint in f32, on the tiny
+    /// models' raw logits (|x| up to ~50). Measured (`backends/tests/quantized.rs`, 36-token
+    /// prompt, AMX-INT8 tiles): at most 0.26 (Qwen2.5), 0.33 (Qwen3), 0.035 (Qwen3.5), about
+    /// q8_0's figures. The preset leaves ~3x headroom; a wrong kernel moves these logits by tens.
+    pub const INT8_TINY_LOGITS: Tolerance = Tolerance {
+        name: "int8-tiny-logits",
+        abs: 1.0,
+    };
     /// As [`Tolerance::Q8_0_TINY_LOGITS`] for `q4k` (Q4_K, or its Q5_0 fallback on narrow
     /// inputs). Measured: at most 3.8 (hidden-256 Qwen3 in Q4_K; the hidden-32 models in the
     /// Q4_0 fallback 0.34–1.9); 4-bit weights move logits of |x| ≈ 50 by a few units.

@@ -6,7 +6,7 @@ use crate::candle::cpu;
 use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
-use super::super::cpu::amx::AmxWeight;
+use super::super::cpu::amx::{AmxI8Weight, AmxWeight};
 use super::super::cpu::gemm::PackedWeight;
 use super::super::cpu::q4gemm::PackedQ4;
 use super::super::cpu::qgemm::PackedQ8;
@@ -53,6 +53,8 @@ enum InTiles {
     Q4(PackedQ4),
     /// bf16-rounded (`--quantize bf16`) on the AMX tiles.
     AmxBf16(AmxWeight),
+    /// int8 per output row (`--quantize int8`) on the AMX-INT8 tiles.
+    Int8(AmxI8Weight),
 }
 
 impl InTiles {
@@ -74,6 +76,9 @@ impl InTiles {
         if let (Some(g), Some(u)) = (gate.packed_q4(), up.packed_q4()) {
             return PackedQ4::gate_up(g, u).map(InTiles::Q4);
         }
+        if let (Some(g), Some(u)) = (gate.packed_int8(), up.packed_int8()) {
+            return AmxI8Weight::gate_up(g, u).map(InTiles::Int8);
+        }
         if let (Some(g), Some(u)) = (gate.packed_amx_bf16(), up.packed_amx_bf16()) {
             // the blocked kernel's A/B switch keeps the stacked product and the pass
             if crate::switches::value("FORKSCORE_CPU_AMX").is_none() {
@@ -83,14 +88,16 @@ impl InTiles {
         None
     }
 
-    /// The weights' ggml type (`None`: dense f32).
-    fn ggml(&self) -> Option<GgmlDType> {
-        match self {
+    /// How the quant summary names the weights (as [`Linear::weight_kind`]).
+    fn kind(&self) -> String {
+        let ggml = match self {
             InTiles::F32(_) => None,
             InTiles::Q8(_) => Some(GgmlDType::Q8_0),
             InTiles::Q4(w) => Some(cpu::q4gemm::ggml(w)),
             InTiles::AmxBf16(_) => Some(GgmlDType::BF16),
-        }
+            InTiles::Int8(_) => return "int8".to_string(),
+        };
+        super::linear::QuantSummary::key(ggml)
     }
 
     /// `(B, L, D) -> (B, L, F)`.
@@ -100,6 +107,7 @@ impl InTiles {
             InTiles::Q8(w) => cpu::qgemm::swiglu(x, w),
             InTiles::Q4(w) => cpu::q4gemm::swiglu(x, w),
             InTiles::AmxBf16(w) => cpu::amx::bf16_swiglu(x, w),
+            InTiles::Int8(w) => cpu::amx::int8_swiglu(x, w),
         }
     }
 }
@@ -163,8 +171,8 @@ impl Mlp {
                 summary.count(l);
             }
             GateUp::InTiles(w) => {
-                summary.count_type(w.ggml());
-                summary.count_type(w.ggml());
+                summary.count_kind(w.kind());
+                summary.count_kind(w.kind());
             }
         }
         summary.count(&self.down);

@@ -169,6 +169,26 @@ impl AmxI8Weight {
         w
     }
 
+    /// The weights stacked along `out` (`[a; b; …]`), all with one `in`: their panels
+    /// concatenated; `None` for an empty list, differing `in`, or a part before the last that
+    /// is not whole panels (each row keeps its own scale, so nothing is rounded again).
+    pub fn stack(parts: &[&AmxI8Weight]) -> Option<Self> {
+        let first = parts.first()?;
+        let k = first.k;
+        let whole = parts[..parts.len() - 1].iter().all(|p| p.n % NR == 0);
+        if !whole || parts.iter().any(|p| p.k != k) {
+            return None;
+        }
+        let planes: Vec<&[i8]> = parts.iter().map(|p| &*p.plane).collect();
+        Some(AmxI8Weight {
+            n: parts.iter().map(|p| p.n).sum(),
+            k,
+            kp: first.kp,
+            plane: Aligned::concat(&planes),
+            scales: parts.iter().flat_map(|p| p.scales.iter().copied()).collect(),
+        })
+    }
+
     /// `gate` and `up` (`(F, k)` each, `F` a multiple of 16) as one `(2F, k)` weight whose
     /// panels alternate (gate's `p`, then up's), for the SwiGLU in the tiles; `None` where
     /// their shapes differ or `F` is not whole panels.

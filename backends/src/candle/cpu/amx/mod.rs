@@ -11,7 +11,7 @@ use super::host::{kernel_err, with_host_rows, PackTensor};
 
 #[cfg(test)]
 use kernel::available;
-pub(crate) use kernel::{AmxBlocking, AmxWeight, Parts};
+pub(crate) use kernel::{AmxBlocking, AmxI8Weight, AmxWeight, Parts};
 
 impl PackTensor for AmxWeight {
     /// Split in three.
@@ -23,6 +23,43 @@ impl PackTensor for AmxWeight {
 /// `w (n, k)` (any float dtype, any device) rounded to bf16: one plane (`--quantize bf16`).
 pub(crate) fn pack_bf16(w: &Tensor) -> Result<AmxWeight> {
     with_host_rows(w, |w, n, k| AmxWeight::split_rows(w, n, k, Parts::One))
+}
+
+/// `w (n, k)` (any float dtype, any device) rounded to int8 per output row
+/// (`--quantize int8`), packed for the AMX-INT8 tiles.
+pub(crate) fn pack_int8(w: &Tensor) -> Result<AmxI8Weight> {
+    with_host_rows(w, AmxI8Weight::quantize_rows)
+}
+
+/// Whether `--quantize int8` runs here: a CPU with AMX-INT8 whose tiles the OS grants.
+pub(crate) fn int8_runs() -> bool {
+    kernel::q8_available()
+}
+
+/// `x (.., k) · Wᵀ -> (.., n)` f32 for a per-channel int8 weight on the AMX-INT8 tiles, the
+/// activations rounded per row. Errors (never panics) as [`linear`].
+pub(crate) fn int8_linear(x: &Tensor, w: &AmxI8Weight) -> Result<Tensor> {
+    let ready = || match int8_runs() {
+        true => Ok(()),
+        false => candle_core::bail!("int8 linear: this CPU does not run the AMX-INT8 tiles"),
+    };
+    super::host::try_apply_rows(x, w.dims(), "int8 linear", ready, |xd, m| {
+        kernel::int8_product(xd, m, w).map_err(kernel_err)
+    })
+}
+
+/// The SwiGLU of an int8 gate | up weight of [`AmxI8Weight::gate_up`], taken from the scaled
+/// output tiles: equal bit for bit to [`int8_linear`] over the stacked weight followed by the
+/// SwiGLU pass (tested). Errors as [`int8_linear`].
+pub(crate) fn int8_swiglu(x: &Tensor, w: &AmxI8Weight) -> Result<Tensor> {
+    let (n, k) = w.dims();
+    let ready = || match int8_runs() {
+        true => Ok(()),
+        false => candle_core::bail!("int8 gate|up: this CPU does not run the AMX-INT8 tiles"),
+    };
+    super::host::try_apply_rows(x, (n / 2, k), "int8 gate|up", ready, |xd, m| {
+        kernel::int8_swiglu_product(xd, m, w).map_err(kernel_err)
+    })
 }
 
 /// The blocking of this process: the default, or `FORKSCORE_CPU_AMX` over it (read once;

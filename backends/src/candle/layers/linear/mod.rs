@@ -41,7 +41,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use forkscore_seam::Quantization;
 
-use super::super::cpu::amx::{AmxWeight, Parts};
+use super::super::cpu::amx::{AmxI8Weight, AmxWeight, Parts};
 use super::super::cpu::bf16gemm::{Bf16Kernel, PackedBf16};
 use super::super::cpu::gemm::{CpuGemm, PackedWeight};
 use super::super::cpu::host::PackTensor;
@@ -67,6 +67,12 @@ pub(crate) enum Linear {
     /// (three: f32 accuracy; one: `--quantize bf16`); `bias (out,)` f32.
     PackedAmx {
         weight: Arc<AmxWeight>,
+        bias: Option<Tensor>,
+    },
+    /// `W` rounded to int8 per output row (`--quantize int8`), packed for the AMX-INT8 tiles of
+    /// [`super::super::cpu::amx`]; `bias (out,)` f32.
+    PackedI8 {
+        weight: Arc<AmxI8Weight>,
         bias: Option<Tensor>,
     },
     /// `W` `Q8_0`, packed for the integer kernel of [`super::super::cpu::qgemm`]; `bias (out,)` f32.
@@ -130,6 +136,8 @@ pub(crate) fn ggml_type(q: Quantization, in_dim: usize) -> Option<GgmlDType> {
         Quantization::Q8_0 => GgmlDType::Q8_0,
         Quantization::Q4K => GgmlDType::Q4K,
         Quantization::Bf16 => GgmlDType::BF16,
+        // per-channel int8 is no ggml block format
+        Quantization::Int8 => return None,
     };
     if fits(preferred) {
         return Some(preferred);
@@ -206,6 +214,15 @@ impl Linear {
             }));
         }
         if let Some(ws) = all(parts, |l| match l {
+            Linear::PackedI8 { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        }) {
+            return Ok(AmxI8Weight::stack(&ws).map(|w| Linear::PackedI8 {
+                weight: Arc::new(w),
+                bias,
+            }));
+        }
+        if let Some(ws) = all(parts, |l| match l {
             Linear::PackedQ8 { weight, .. } => Some(weight.as_ref()),
             _ => None,
         }) {
@@ -255,6 +272,7 @@ impl Linear {
             Linear::Dense(d) => d.bias(),
             Linear::Packed { bias, .. }
             | Linear::PackedAmx { bias, .. }
+            | Linear::PackedI8 { bias, .. }
             | Linear::PackedQ8 { bias, .. }
             | Linear::PackedQ4 { bias, .. }
             | Linear::PackedBf16 { bias, .. }
@@ -270,7 +288,10 @@ impl Linear {
             Linear::PackedAmx { weight, .. } if weight.parts() == Parts::One => {
                 Some(GgmlDType::BF16)
             }
-            Linear::Dense(_) | Linear::Packed { .. } | Linear::PackedAmx { .. } => None,
+            Linear::Dense(_)
+            | Linear::Packed { .. }
+            | Linear::PackedAmx { .. }
+            | Linear::PackedI8 { .. } => None,
             Linear::PackedQ8 { .. } => Some(GgmlDType::Q8_0),
             Linear::PackedQ4 { weight, .. } => Some(cpu::q4gemm::ggml(weight)),
             Linear::Quantized { ggml, .. } => Some(*ggml),
@@ -294,6 +315,22 @@ impl Linear {
                 Some(weight)
             }
             _ => None,
+        }
+    }
+
+    /// The int8 weight of a layer without a bias, if that is what it holds.
+    pub(crate) fn packed_int8(&self) -> Option<&AmxI8Weight> {
+        match self {
+            Linear::PackedI8 { weight, bias: None } => Some(weight),
+            _ => None,
+        }
+    }
+
+    /// How [`QuantSummary`] names the weight: its ggml type, `int8`, or `dense`.
+    pub fn weight_kind(&self) -> String {
+        match self {
+            Linear::PackedI8 { .. } => "int8".to_string(),
+            _ => QuantSummary::key(self.ggml()),
         }
     }
 
@@ -328,6 +365,9 @@ impl Linear {
             }
             Linear::PackedQ8 { weight, bias } => {
                 add_bias(cpu::amx::q8_linear(x, weight)?, bias.as_ref())
+            }
+            Linear::PackedI8 { weight, bias } => {
+                add_bias(cpu::amx::int8_linear(x, weight)?, bias.as_ref())
             }
             Linear::PackedQ4 { weight, bias } => {
                 add_bias(cpu::q4gemm::linear(x, weight)?, bias.as_ref())
@@ -389,6 +429,9 @@ impl Linear {
                 dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::PackedQ8 { weight, bias } => {
+                dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
+            }
+            Linear::PackedI8 { weight, bias } => {
                 dense_rows(x, weight.rows(), weight.dims(), bias.as_ref())
             }
             Linear::PackedQ4 { weight, bias } => {
@@ -462,16 +505,20 @@ pub struct QuantSummary {
 
 impl QuantSummary {
     pub(crate) fn count(&mut self, layer: &Linear) {
-        self.count_type(layer.ggml());
+        self.count_kind(layer.weight_kind());
     }
 
-    /// One weight of ggml type `t` (`None`: dense).
-    pub(crate) fn count_type(&mut self, t: Option<GgmlDType>) {
-        let key = match t {
+    /// One weight named `kind` (as [`Linear::weight_kind`] names them).
+    pub(crate) fn count_kind(&mut self, kind: String) {
+        *self.by_type.entry(kind).or_default() += 1;
+    }
+
+    /// The name of ggml type `t` (`None`: `dense`).
+    pub(crate) fn key(t: Option<GgmlDType>) -> String {
+        match t {
             None => "dense".to_string(),
             Some(t) => format!("{t:?}").to_ascii_lowercase(),
-        };
-        *self.by_type.entry(key).or_default() += 1;
+        }
     }
 }
 

@@ -32,6 +32,22 @@ impl Linear {
         if q == Quantization::Bf16 {
             return Self::bf16(weight, bias, dtype, device).map_err(op("bf16"));
         }
+        if q == Quantization::Int8 {
+            if !(dtype == DType::F32 && device.is_cpu() && cpu::amx::int8_runs()) {
+                return Err(CandleError::Quantize {
+                    name: name.to_string(),
+                    reason: "--quantize int8 runs only on a CPU with AMX-INT8 tiles (Intel Xeon \
+                             Sapphire Rapids or later, Linux) in f32 compute; use --quantize q8_0 \
+                             (8-bit blocks, every CPU and GPU) or bf16"
+                        .to_string(),
+                });
+            }
+            let weight = cpu::amx::pack_int8(weight).map_err(op("int8"))?;
+            return Ok(Linear::PackedI8 {
+                weight: Arc::new(weight),
+                bias,
+            });
+        }
         let Some(ggml) = ggml_type(q, in_dim) else {
             let w = weight
                 .to_dtype(dtype)
