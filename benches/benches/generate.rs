@@ -7,7 +7,7 @@
 //! prints a table. Env (the modes bench's knobs): FORKSCORE_BENCH_MODEL=<HF folder> (default:
 //! target/demo-qwen2.5 when it exists, else the same tiny demo checkpoint written to a temp
 //! folder); FORKSCORE_BENCH_DEVICE (default cpu); FORKSCORE_BENCH_DTYPE (f32 | bf16 | f16, default
-//! the device's); FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k | bf16); FORKSCORE_BENCH_REPEATS (default 3,
+//! the device's); FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k | bf16 | int8); FORKSCORE_BENCH_REPEATS (default 3,
 //! after one warm-up run); FORKSCORE_BENCH_OUT (report folder); FORKSCORE_BENCH_PRESETS (default
 //! fintech_fraud,code_security,support_triage,high_cardinality_255); FORKSCORE_BENCH_MAX_NEW_TOKENS
 //! (default: each schema's own default, the longest answer object + 16).

@@ -24,7 +24,7 @@
 //! modes.json (and the dump) are rewritten after every case.
 //! Each row of modes.json carries the median per-stage telemetry timings of every mode
 //! (`stages_ms`: render, split, prefill, score, assemble, total).
-//! FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k | bf16) loads the linear weights quantized; the report then
+//! FORKSCORE_BENCH_QUANTIZE (q8_0 | q4k | bf16 | int8) loads the linear weights quantized; the report then
 //! records the scheme, what each linear weight became, the load time and the resident memory.
 //! FORKSCORE_BENCH_PREFILL_CHUNK (prefix tokens per prefill pass; default the device's, 512 on
 //! CPU) for the chunk-size A/B.

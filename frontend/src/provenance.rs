@@ -25,7 +25,7 @@ pub struct ModelProvenance {
     pub architecture: Architecture,
     pub dtype: DType,
     pub device: Device,
-    /// In-memory quantization of the linear weights (`q8_0`, `q4k`, `bf16`); absent when unquantized.
+    /// In-memory quantization of the linear weights (`q8_0`, `q4k`, `bf16`, `int8`); absent when unquantized.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
     /// `--deterministic` on a GPU (every context prefilled and scored in calls of its own):

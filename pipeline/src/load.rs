@@ -30,9 +30,11 @@ pub struct ModelArgs {
     /// Prefix tokens per prefill chunk (default: 512 on CPU, 4096 on GPUs).
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
-    /// Quantize the decoder's linear weights in memory at load time: q8_0 (8-bit), q4k
-    /// (4-bit) or bf16 (weights and each product's activations rounded to bf16, sums in f32).
-    /// The embedding, norms and candidate head stay in --dtype. Default: none.
+    /// Quantize the decoder's linear weights in memory at load time: q8_0 (8-bit blocks), q4k
+    /// (4-bit), bf16 (weights and each product's activations rounded to bf16, sums in f32) or
+    /// int8 (per-channel int8 weights times per-row int8 activations, exact integer sums; CPUs
+    /// with AMX-INT8 only, the fastest CPU scheme there). The embedding, norms and candidate
+    /// head stay in --dtype. Default: none.
     #[arg(long)]
     pub quantize: Option<Quantization>,
     /// Extra temperature calibrations (same format as engine/data/calibration.json).

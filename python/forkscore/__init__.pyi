@@ -30,7 +30,7 @@ LiteralValue = Literal["argmax", "greedy"]
 Layout = Literal["context-first", "fields-first"]
 BatchMode = Literal["grouped", "direct", "serial"]
 DType = Literal["f32", "bf16", "f16"]
-Quantization = Literal["q8_0", "q4k", "bf16"]
+Quantization = Literal["q8_0", "q4k", "bf16", "int8"]
 #: `decide_many`'s policy for items that are not a str.
 ErrorPolicy = Literal["raise", "keep"]
 #: `progress=`: a tqdm bar (True), none (None / False), or a callable(done, total).
