@@ -258,10 +258,18 @@ impl ShardSet {
     /// Drop the mapped pages of the stored tensor `name` once its bytes were copied
     /// ([`super::pages::release`]); unknown names are ignored.
     pub fn release(&self, name: &str) {
+        self.release_part(name, 0, usize::MAX);
+    }
+
+    /// Drop the mapped pages of bytes `from..to` of the stored tensor `name` (offsets into its
+    /// bytes, clamped to them) once they were copied; unknown names are ignored.
+    pub fn release_part(&self, name: &str, from: usize, to: usize) {
         if let Some(&i) = self.by_name.get(name) {
             let shard = &self.shards[i];
             let entry = &shard.entries[name];
-            super::pages::release(&shard.mmap, entry.start, entry.end);
+            let start = entry.start.saturating_add(from).min(entry.end);
+            let end = entry.start.saturating_add(to).min(entry.end);
+            super::pages::release(&shard.mmap, start, end);
         }
     }
 }

@@ -221,10 +221,11 @@ impl<'a> Weights<'a> {
             shards.release(&full);
             return t;
         }
-        if dtype == DType::F32 && stored != DType::F32 && self.device.is_cpu() {
-            // f16 / bf16 widened straight from the mapped bytes: no copy in the stored dtype
-            // beside the f32 one (for a large embedding that transient set the load's peak)
-            let t = widen_to_f32(raw.data, stored, shape)
+        if dtype == DType::F32 && self.device.is_cpu() {
+            // read (f32) or widened (f16 / bf16) straight from the mapped bytes a run at a
+            // time, each run's pages dropped once copied: the tensor is never held twice (for a
+            // large embedding that transient set the load's peak)
+            let t = host_f32_runs(raw.data, stored, shape, |a, b| shards.release_part(&full, a, b))
                 .map_err(CandleError::tensor("load weight"))?;
             shards.release(&full);
             return Ok(t);
@@ -246,27 +247,60 @@ impl<'a> Weights<'a> {
 /// Stored little-endian f16 / bf16 bytes (any alignment) as an f32 tensor on the host of
 /// `shape`, converted in one pass on the rayon threads. Both widenings are exact, so this is
 /// the tensor `from_raw_buffer` + `to_dtype(F32)` gives, without the copy in the stored dtype.
+#[cfg(test)]
 fn widen_to_f32(bytes: &[u8], stored: DType, shape: &[usize]) -> candle_core::Result<Tensor> {
-    use rayon::prelude::*;
-    let widen: fn([u8; 2]) -> f32 = match stored {
-        DType::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
-        DType::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
-        other => candle_core::bail!("widen_to_f32: stored {other:?} is not a 16-bit float"),
-    };
-    if bytes.len() != 2 * shape.iter().product::<usize>() {
-        candle_core::bail!("widen_to_f32: {} bytes for shape {shape:?}", bytes.len());
+    if stored == DType::F32 {
+        candle_core::bail!("widen_to_f32: stored {stored:?} is not a 16-bit float");
     }
-    const RUN: usize = 1 << 16;
-    let mut out = vec![0f32; bytes.len() / 2];
-    out.par_chunks_mut(RUN)
-        .zip(bytes.par_chunks(2 * RUN))
-        .for_each(|(o, b)| {
-            for (o, b) in o.iter_mut().zip(b.chunks_exact(2)) {
-                *o = widen([b[0], b[1]]);
-            }
-        });
+    host_f32_runs(bytes, stored, shape, |_, _| {})
+}
+
+/// Stored little-endian f32 / f16 / bf16 bytes (any alignment) as an f32 tensor on the host of
+/// `shape`: read or widened (both exact) in runs of [`RUN_VALUES`] values, each run converted on
+/// the rayon threads and then handed to `done(from, to)` (its byte range), so the caller can
+/// drop the mapped pages it no longer needs. Equal to `from_raw_buffer` + `to_dtype(F32)`.
+fn host_f32_runs(
+    bytes: &[u8],
+    stored: DType,
+    shape: &[usize],
+    done: impl Fn(usize, usize),
+) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
+    let width = match stored {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        other => candle_core::bail!("host_f32_runs: stored {other:?} is not f32, f16 or bf16"),
+    };
+    let read: fn(&[u8]) -> f32 = match stored {
+        DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        _ => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+    };
+    if bytes.len() != width * shape.iter().product::<usize>() {
+        candle_core::bail!("host_f32_runs: {} bytes for shape {shape:?} of {stored:?}", bytes.len());
+    }
+    const PART: usize = 1 << 16;
+    let mut out = vec![0f32; bytes.len() / width];
+    for (r, (o, b)) in out
+        .chunks_mut(RUN_VALUES)
+        .zip(bytes.chunks(RUN_VALUES * width))
+        .enumerate()
+    {
+        o.par_chunks_mut(PART)
+            .zip(b.par_chunks(PART * width))
+            .for_each(|(o, b)| {
+                for (o, b) in o.iter_mut().zip(b.chunks_exact(width)) {
+                    *o = read(b);
+                }
+            });
+        let from = r * RUN_VALUES * width;
+        done(from, from + b.len());
+    }
     Tensor::from_vec(out, shape, &Device::Cpu)
 }
+
+/// Values per run of [`host_f32_runs`]: 16 MiB of f32.
+const RUN_VALUES: usize = 1 << 22;
 
 #[cfg(test)]
 mod tests {
@@ -295,6 +329,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// f32 bytes read run by run equal candle's copy bit for bit (more than one run, an odd
+    /// byte offset), and the runs handed back cover the bytes once, in order.
+    #[test]
+    fn f32_runs_equal_the_copy_and_cover_the_bytes() {
+        let n = RUN_VALUES + 3;
+        let mut bytes = vec![0u8; 1];
+        bytes.extend((0..n).flat_map(|i| ((i as f32) * 0.37 - 5.0).to_le_bytes()));
+        let bytes = &bytes[1..];
+        let ranges = std::sync::Mutex::new(Vec::new());
+        let got = host_f32_runs(bytes, DType::F32, &[n], |a, b| ranges.lock().unwrap().push((a, b)))
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("runs");
+        let want = Tensor::from_raw_buffer(bytes, DType::F32, &[n], &Device::Cpu)
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("candle");
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+        assert_eq!(
+            ranges.into_inner().unwrap(),
+            vec![(0, 4 * RUN_VALUES), (4 * RUN_VALUES, 4 * n)]
+        );
     }
 
     #[test]

@@ -402,6 +402,7 @@ impl Linear {
             Linear::Dense(l) => l.forward(x),
             Linear::Packed { .. }
             | Linear::PackedAmx { .. }
+            | Linear::PackedI8 { .. }
             | Linear::PackedQ8 { .. }
             | Linear::PackedQ4 { .. }
             | Linear::PackedBf16 { .. }
