@@ -11,7 +11,10 @@
 #
 # Env: MODEL_DIR (default OUTDIR/ckpt; the checkpoint is written there once), CORES (default
 # 0,1: taskset list; the thread counts follow it), WORDS (80: a ~480-token prefix at 8 fields),
-# REPEATS (3), FIELDS (8,28). Writes OUTDIR/{modes-*.json, dump-*.json, rss-*.txt, peer-*.json,
+# REPEATS (3), FIELDS (8,28), ISA (avx2 | avxvnni: caps both sides at that instruction level —
+# forkscore's FORKSCORE_CPU_ISA, which also keeps the AMX tiles out; oneDNN's ONEDNN_MAX_CPU_ISA
+# and ATen's ATEN_CPU_CAPABILITY — standing for a laptop-class CPU on this one; a scheme without
+# a kernel at that level is refused and its row stays empty). Writes OUTDIR/{modes-*.json, dump-*.json, rss-*.txt, peer-*.json,
 # peak-*.json, precision.md, precision.json, run.log}.
 set -euo pipefail
 OUT=${1:?usage: precision.sh OUTDIR}
@@ -26,9 +29,15 @@ CORES=${CORES:-0,1}
 NCORES=$(awk -F, '{print NF}' <<<"$CORES")
 MODEL_DIR=${MODEL_DIR:-$OUT/ckpt}
 export RAYON_NUM_THREADS=$NCORES OMP_NUM_THREADS=$NCORES MKL_NUM_THREADS=$NCORES
+case "${ISA:-}" in
+  "") ;;
+  avx2) export FORKSCORE_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 ;;
+  avxvnni) export FORKSCORE_CPU_ISA=avxvnni ONEDNN_MAX_CPU_ISA=AVX2_VNNI ATEN_CPU_CAPABILITY=avx2 ;;
+  *) echo "ISA=$ISA: expected avx2 or avxvnni" >&2; exit 2 ;;
+esac
 exec > >(tee -a "$OUT/run.log") 2>&1
 cd "$REPO"
-echo "== $(date -u +%FT%TZ) commit $(git rev-parse HEAD 2>/dev/null || echo unknown), cores $CORES, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+echo "== $(date -u +%FT%TZ) commit $(git rev-parse HEAD 2>/dev/null || echo unknown), cores $CORES, ISA cap ${ISA:-none}, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 
 if [ ! -f "$MODEL_DIR/qwen25-0.5b/.done" ]; then
   "$PYTHON" scripts/gpu-real/write_checkpoints.py "$MODEL_DIR" --models qwen25-0.5b --device cpu --dtype float32
@@ -48,7 +57,8 @@ scheme() { # NAME [ENV...]
   env "$@" FORKSCORE_BENCH_MODEL="$CKPT" FORKSCORE_BENCH_FIELDS="$FIELDS" FORKSCORE_BENCH_WORDS="$WORDS" \
     FORKSCORE_BENCH_REPEATS="$REPEATS" FORKSCORE_BENCH_MODES=parallel FORKSCORE_BENCH_OUT="$OUT/$name" \
     FORKSCORE_BENCH_DUMP="$OUT/dump-$name.json" \
-    /usr/bin/time -f %M -o "$OUT/rss-$name.txt" taskset -c "$CORES" "$BENCH" --bench
+    /usr/bin/time -f %M -o "$OUT/rss-$name.txt" taskset -c "$CORES" "$BENCH" --bench \
+    || { echo "== forkscore $name: refused or failed here (row left empty)"; rm -f "$OUT/rss-$name.txt"; return 0; }
   mv "$OUT/$name/modes.json" "$OUT/modes-$name.json" && rmdir "$OUT/$name"
 }
 scheme f32

@@ -66,7 +66,8 @@ def floor_ms(f, dt):
     return 2 * NON_EMBED * tokens / (peaks[dt] * 1e9) * 1e3
 
 
-report = {"cases": [], "peak_gflops": peaks, "peak_rss_mib": rss,
+first = (out / "run.log").read_text().splitlines()[0] if (out / "run.log").exists() else ""
+report = {"run": first, "cases": [], "peak_gflops": peaks, "peak_rss_mib": rss,
           "rss_after_load_mib": {s: (load(f"modes-{s}.json") or {}).get("rss_after_load_mib") for s, _ in SCHEMES}}
 head = "| ms per decision | " + " | ".join(f"{f} fields ({fmt(dumps['f32'].get(f, {}).get('prefix_tokens'))} tokens)" for f in fields_list) + " |"
 lines = [head, "|---|" + "---:|" * len(fields_list)]
@@ -97,7 +98,7 @@ for dt in ("float32", "bfloat16"):
     for f in fields_list:
         report["cases"].append({"peer": dt, "fields": f, "prefill_ms": peer_ms(dt, f, "prefill"),
                                 "prefix_batched_ms": peer_ms(dt, f, "prefix_batched")})
-md = "\n".join(lines + fid) + "\n"
+md = "\n".join([first, ""] + lines + fid) + "\n"
 (out / "precision.md").write_text(md)
 (out / "precision.json").write_text(json.dumps(report, indent=1))
 print(md)

@@ -60,7 +60,7 @@ pub(crate) fn kernel() -> Result<Bf16Kernel> {
         let packed = super::gemm::choice() == super::gemm::CpuGemm::Packed;
         Bf16Kernel::choose(
             asked.trim(),
-            packed && super::isa::amx_available(),
+            packed && super::amx::tiles_run(),
             packed && kernel::available(),
         )
         .map_err(|e| format!("FORKSCORE_CPU_BF16={asked:?}: {e}"))

@@ -31,9 +31,16 @@ pub(crate) fn pack_int8(w: &Tensor) -> Result<AmxI8Weight> {
     with_host_rows(w, AmxI8Weight::quantize_rows)
 }
 
-/// Whether `--quantize int8` runs here: a CPU with AMX-INT8 whose tiles the OS grants.
+/// Whether the AMX tiles serve this process's layers: the CPU and OS run them and the
+/// instruction level is not capped below AVX-512 (`FORKSCORE_CPU_ISA=avx2|avxvnni` stands for a
+/// CPU without AVX-512, hence without AMX).
+pub(crate) fn tiles_run() -> bool {
+    kernel::available() && super::isa::Isa::chosen() == Some(super::isa::Isa::Avx512)
+}
+
+/// Whether `--quantize int8` runs here: [`tiles_run`] on a CPU with AMX-INT8.
 pub(crate) fn int8_runs() -> bool {
-    kernel::q8_available()
+    tiles_run() && kernel::q8_available()
 }
 
 /// `x (.., k) · Wᵀ -> (.., n)` f32 for a per-channel int8 weight on the AMX-INT8 tiles, the
