@@ -12,9 +12,10 @@
 # Env: MODEL_DIR (default OUTDIR/ckpt; the checkpoint is written there once), CORES (default
 # 0,1: taskset list; the thread counts follow it), WORDS (80: a ~480-token prefix at 8 fields),
 # REPEATS (3), FIELDS (8,28), ISA (avx2 | avxvnni: caps both sides at that instruction level —
-# forkscore's FORKSCORE_CPU_ISA, which also keeps the AMX tiles out; oneDNN's ONEDNN_MAX_CPU_ISA
-# and ATen's ATEN_CPU_CAPABILITY — standing for a laptop-class CPU on this one; a scheme without
-# a kernel at that level is refused and its row stays empty). Writes OUTDIR/{modes-*.json, dump-*.json, rss-*.txt, peer-*.json,
+# forkscore's FORKSCORE_CPU_ISA, which also keeps the AMX tiles out; oneDNN's ONEDNN_MAX_CPU_ISA,
+# MKL's MKL_ENABLE_INSTRUCTIONS (torch's f32 GEMM) and ATen's ATEN_CPU_CAPABILITY — standing for a
+# laptop-class CPU on this one; a scheme without a kernel at that level is refused and its row
+# stays empty), PEER_DTYPES (transformers' precisions, default "float32 bfloat16"). Writes OUTDIR/{modes-*.json, dump-*.json, rss-*.txt, peer-*.json,
 # peak-*.json, precision.md, precision.json, run.log}.
 set -euo pipefail
 OUT=${1:?usage: precision.sh OUTDIR}
@@ -31,8 +32,8 @@ MODEL_DIR=${MODEL_DIR:-$OUT/ckpt}
 export RAYON_NUM_THREADS=$NCORES OMP_NUM_THREADS=$NCORES MKL_NUM_THREADS=$NCORES
 case "${ISA:-}" in
   "") ;;
-  avx2) export FORKSCORE_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 ;;
-  avxvnni) export FORKSCORE_CPU_ISA=avxvnni ONEDNN_MAX_CPU_ISA=AVX2_VNNI ATEN_CPU_CAPABILITY=avx2 ;;
+  avx2) export FORKSCORE_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
+  avxvnni) export FORKSCORE_CPU_ISA=avxvnni ONEDNN_MAX_CPU_ISA=AVX2_VNNI ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2_E1 ;;
   *) echo "ISA=$ISA: expected avx2 or avxvnni" >&2; exit 2 ;;
 esac
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -66,7 +67,7 @@ scheme bf16 FORKSCORE_BENCH_QUANTIZE=bf16
 scheme dtype-bf16 FORKSCORE_BENCH_DTYPE=bf16
 scheme q8_0 FORKSCORE_BENCH_QUANTIZE=q8_0
 scheme int8 FORKSCORE_BENCH_QUANTIZE=int8
-for dt in float32 bfloat16; do
+for dt in ${PEER_DTYPES:-float32 bfloat16}; do
   echo "== transformers $dt"
   taskset -c "$CORES" "$PYTHON" scripts/gpu-real/peer.py --dump "$OUT/dump-f32.json" --model "$CKPT" \
     --out "$OUT/peer-$dt.json" --label cpu --device cpu --dtype "$dt" --repeats "$REPEATS" \
