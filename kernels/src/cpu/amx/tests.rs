@@ -229,6 +229,23 @@ fn amx_bf16_linear_equals_the_reference() -> Result<()> {
     Ok(())
 }
 
+/// The in-place kernels' test shapes `(m, F, k)`: ragged rows, one row, several weight blocks
+/// (`k` = 4864), odd panels, ragged `k`, tiny `k`.
+const IN_PLACE_SHAPES: [(usize, usize, usize); 5] =
+    [(37, 32, 96), (1, 16, 896), (150, 48, 4864), (64, 96, 257), (33, 16, 31)];
+
+/// `len` deterministic values in [-1, 1] (a sine ramp from `seed`).
+fn ramp(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|j| ((j * 7 + seed) as f32 * 0.37).sin())
+        .collect()
+}
+
+/// The bit patterns of `v`, for bit-for-bit comparisons.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// Where AMX runs: the in-place bf16 product (weight blocks, row chunks, stores straight into
 /// `y`) equals the blocked product bit for bit on ragged rows, odd panels, ragged `k`, several
 /// weight blocks (`k` = 4864: one panel pair per block) and several row chunks; its SwiGLU over
@@ -240,21 +257,9 @@ fn in_place_bf16_product_and_swiglu_equal_the_blocked_product() -> Result<()> {
         eprintln!("no AMX bf16 tiles here: the in-place kernel does not run");
         return Ok(());
     }
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let values = |len: usize, seed: usize| -> Vec<f32> {
-        (0..len)
-            .map(|j| ((j * 7 + seed) as f32 * 0.37).sin())
-            .collect()
-    };
-    for (m, f, k) in [
-        (37usize, 32usize, 96usize),
-        (1, 16, 896),
-        (150, 48, 4864),
-        (64, 96, 257),
-        (33, 16, 31),
-    ] {
-        let x = values(m * k, 3);
-        let (g, u) = (values(f * k, 5), values(f * k, 11));
+    for (m, f, k) in IN_PLACE_SHAPES {
+        let x = ramp(m * k, 3);
+        let (g, u) = (ramp(f * k, 5), ramp(f * k, 11));
         let gate = AmxWeight::split_rows(&g, f, k, Parts::One);
         let up = AmxWeight::split_rows(&u, f, k, Parts::One);
         let stacked = AmxWeight::stack(&[&gate, &up]).expect("one k");
@@ -339,14 +344,8 @@ fn int8_rows_round_within_half_a_step() {
 /// product followed by `silu_mul` bit for bit; the dequantized rows are the scaled values.
 #[test]
 fn int8_product_and_swiglu_equal_the_reference() -> Result<()> {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let values = |len: usize, seed: usize| -> Vec<f32> {
-        (0..len)
-            .map(|j| ((j * 7 + seed) as f32 * 0.37).sin())
-            .collect()
-    };
-    let w = AmxI8Weight::quantize_rows(&values(7 * 40, 1), 7, 40);
-    for (got, want) in w.rows().iter().zip(values(7 * 40, 1)) {
+    let w = AmxI8Weight::quantize_rows(&ramp(7 * 40, 1), 7, 40);
+    for (got, want) in w.rows().iter().zip(ramp(7 * 40, 1)) {
         assert!((got - want).abs() <= 0.5 / 127.0 * 1.0001, "{got} {want}");
     }
     if !q8_available() {
@@ -354,16 +353,10 @@ fn int8_product_and_swiglu_equal_the_reference() -> Result<()> {
         eprintln!("no AMX-INT8 tiles here: the int8 kernel does not run");
         return Ok(());
     }
-    for (m, f, k) in [
-        (37usize, 32usize, 96usize),
-        (1, 16, 896),
-        (150, 48, 4864),
-        (64, 96, 257),
-        (33, 16, 31),
-        (600, 16, 4864),
-    ] {
-        let x = values(m * k, 3);
-        let (g, u) = (values(f * k, 5), values(f * k, 11));
+    // and a wide `k` cut into chunks (600 rows of 4864)
+    for (m, f, k) in IN_PLACE_SHAPES.into_iter().chain([(600, 16, 4864)]) {
+        let x = ramp(m * k, 3);
+        let (g, u) = (ramp(f * k, 5), ramp(f * k, 11));
         let gate = AmxI8Weight::quantize_rows(&g, f, k);
         let up = AmxI8Weight::quantize_rows(&u, f, k);
         for n in [f, 7] {
