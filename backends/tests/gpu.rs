@@ -781,6 +781,7 @@ fn cuda_flash_attention_equals_candle_path() {
             new_keys: causal.as_ref(),
             past: past_mask.as_ref(),
             past_start: past_start.as_ref(),
+            precision: Default::default(),
         };
         worst = worst.max(flash_vs_candle(name, &q, &kn, &vn, past.as_ref(), &masks));
     }
@@ -835,6 +836,7 @@ fn cuda_flash_attention_equals_candle_path() {
             new_keys: Some(&tree),
             past: None,
             past_start: None,
+            precision: Default::default(),
         };
         worst = worst.max(flash_vs_candle(name, &q, &kn, &vn, past.as_ref(), &masks));
     }

@@ -149,7 +149,9 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
 /// Where AMX-INT8 does not run the load is refused with a message naming the alternatives.
 #[test]
 fn int8_quantizes_every_projection_and_tracks_f32() {
-    for (name, dir, vocab) in tiny_dirs() {
+    let mut dirs = tiny_dirs();
+    dirs.push(("qwen3 head dim 64", head_dim_64(), 1000));
+    for (name, dir, vocab) in dirs {
         if !forkscore_kernels::cpu::amx::q8_available() {
             let err = load(&dir, Some(Quantization::Int8)).err().expect("refused");
             let text = err.to_string();
@@ -169,7 +171,15 @@ fn int8_quantizes_every_projection_and_tracks_f32() {
             Tolerance::max_abs_diff(&b, &b_fork)
         );
         Tolerance::INT8_TINY_LOGITS.assert_close(name, &a, &b);
-        Tolerance::CPU_F32_LOGITS.assert_close(name, &b, &b_fork);
+        // attention on the AMX bf16 tiles (head dim 64) rounds each key block's softmax
+        // weights against the running maximum, which depends on how the keys are split
+        // (the prefix's past, then the suffix, against one prefill): bf16 noise, which the
+        // activations' int8 rounding can amplify
+        let fork = match name == "qwen3 head dim 64" {
+            true => Tolerance::INT8_TINY_LOGITS,
+            false => Tolerance::CPU_F32_LOGITS,
+        };
+        fork.assert_close(name, &b, &b_fork);
     }
 }
 
@@ -217,6 +227,23 @@ fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
     Tolerance::CPU_F32_LOGITS.assert_close("wide q4k fork", &b, &b_fork);
 }
 
+/// A Qwen3 of head dim 64 (the real models' width): its attention takes the AMX bf16 tiles
+/// under `bf16` and `int8` where AMX runs (head dims that are not whole 32-dim steps keep the
+/// f32 forms), so the two tests below hold that form to f32 end to end as well.
+fn head_dim_64() -> std::path::PathBuf {
+    ensure_tiny_model(&TinySpec {
+        hidden: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        intermediate: 256,
+        vocab: 1000,
+        tokenizer: false,
+        seed: 46,
+        ..TinySpec::qwen3()
+    })
+}
+
 /// `bf16` rounds every linear weight, whatever its input width (no block to fit: the hidden-40
 /// model's 40-wide projections too), records the scheme, tracks f32, and keeps fork == full.
 #[test]
@@ -230,6 +257,7 @@ fn bf16_rounds_every_projection_and_tracks_f32() {
     });
     let mut dirs = tiny_dirs();
     dirs.push(("qwen3 hidden 40", narrow, 1000));
+    dirs.push(("qwen3 head dim 64", head_dim_64(), 1000));
     for (name, dir, vocab) in dirs {
         let plain = load(&dir, None).expect("f32");
         let bf = load(&dir, Some(Quantization::Bf16)).expect("bf16");
@@ -252,7 +280,9 @@ fn bf16_rounds_every_projection_and_tracks_f32() {
         // The bf16 kernel rounds activations element by element and sums in f32, so forking
         // changes only the summation order; candle's bf16 matmul (CPUs without AVX-512 BF16)
         // also rounds every product's output to bf16, which the order can flip.
-        let fork = match bf16_kernel_runs() {
+        // (Attention on the AMX bf16 tiles, head dim 64, rounds each key block's softmax
+        // weights against the running maximum, so how the keys are split moves them too.)
+        let fork = match bf16_kernel_runs() && name != "qwen3 head dim 64" {
             true => Tolerance::CPU_F32_LOGITS,
             false => Tolerance::BF16_WEIGHTS_TINY_LOGITS,
         };

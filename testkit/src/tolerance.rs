@@ -90,6 +90,15 @@ impl Tolerance {
         name: "gpu-bf16-flash-vs-candle-attention",
         abs: 0.03,
     };
+    /// CPU attention on the AMX bf16 tiles (`bf16=1`: queries after their scale and softmax
+    /// weights rounded to bf16, scores and sums in f32) vs the candle path on the same
+    /// operands rounded to bf16, on attention outputs of inputs in (-2, 2) (|out| < 2): one bf16
+    /// ulp below 2 is 2^-7. Measured (`backends`' `amx_bf16_form_tracks_the_candle_path_on_rounded_operands`):
+    /// at most 8.3e-3. The preset leaves ~3.5x headroom; a wrong tile moves outputs by ~1.
+    pub const CPU_BF16_ATTENTION: Tolerance = Tolerance {
+        name: "cpu-bf16-amx-attention",
+        abs: 0.03,
+    };
     /// CUDA chunked delta rule on the tensor cores (`gdn_chunked.cu`: TF32 products, 10 mantissa
     /// bits, f32 accumulation and state) vs the f32 candle forms, layer by layer on the GPU
     /// test's random layers (outputs of |x| up to ~10). Measured: at most 1.07e-3

@@ -225,6 +225,7 @@ impl Step {
             new_keys: self.new_keys.as_ref(),
             past: self.past_mask.as_ref(),
             past_start: self.past_start.as_ref(),
+            precision: Default::default(),
         }
     }
 }

@@ -40,9 +40,27 @@ pub struct AttnMasks<'a> {
     /// `(B,)` u32: each row's first visible past key, the same information as `past` for the
     /// flash kernel; `None` exactly when `past` is.
     pub past_start: Option<&'a Tensor>,
+    /// The precision of the CPU kernel's products ([`AttnPrecision`]).
+    pub precision: AttnPrecision,
+}
+
+/// The precision of attention's products on the CPU: f32 (the default), or bf16 on the AMX
+/// tiles for layers whose linear weights already compute in bf16 or int8 (`--quantize
+/// bf16|int8`, `--dtype bf16` on the CPU: `forkscore_kernels::cpu::attention`'s `bf16`), where
+/// AMX runs; the f32 forms elsewhere. GPUs ignore it (their precision is the model's dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttnPrecision {
+    #[default]
+    F32,
+    Bf16,
 }
 
 impl AttnMasks<'_> {
+    /// The same masks with products in `precision`.
+    pub fn with_precision(self, precision: AttnPrecision) -> Self {
+        AttnMasks { precision, ..self }
+    }
+
     /// Whether the past's two forms are both given or both absent: the kernels read
     /// `past_start`, the candle path the additive `past`.
     fn past_forms_agree(&self) -> bool {
@@ -118,6 +136,7 @@ pub fn attend(
             past.as_ref(),
             masks.past_start,
             masks.new_keys,
+            masks.precision == AttnPrecision::Bf16,
         );
     }
     attend_candle(q, k_new, v_new, past, masks)
@@ -454,6 +473,7 @@ pub(crate) mod tests {
                 new_keys: Some(&mask),
                 past: None,
                 past_start: None,
+                precision: Default::default(),
             };
             let blocked = attend_causal_blocks(&q, &k, &v, &mask).expect("blocked");
             let full = attend_full(&q, &k, &v, None, &masks).expect("full");

@@ -9,9 +9,10 @@
 use crate::candle::cpu;
 use crate::candle::cuda;
 use candle_core::{Tensor, D};
+use forkscore_seam::Quantization;
 
 use super::Mixer;
-use crate::candle::layers::attention::{self, attend, PastKv};
+use crate::candle::layers::attention::{self, attend, AttnPrecision, PastKv};
 use crate::candle::layers::linear::{Linear, QuantSummary};
 use crate::candle::layers::mlp::{apply, linear};
 use crate::candle::layers::norm::RmsNorm;
@@ -57,6 +58,8 @@ pub(crate) struct SelfAttention {
     o_proj: Linear,
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     spec: SelfAttentionSpec,
+    /// bf16 where the linear weights compute in bf16 or int8 ([`AttnPrecision`]).
+    precision: AttnPrecision,
 }
 
 /// `FORKSCORE_HEADS=candle` keeps the candle form of the heads on CUDA (to compare), read once.
@@ -120,6 +123,10 @@ impl SelfAttention {
             )?,
             qk_norm,
             spec,
+            precision: match w.quantization() {
+                Some(Quantization::Bf16 | Quantization::Int8) => AttnPrecision::Bf16,
+                _ => AttnPrecision::F32,
+            },
         })
     }
 
@@ -199,7 +206,7 @@ impl Mixer for SelfAttention {
         let (q, k, v, gate) = profile::region("attention.project", dev, || self.project(x, step))?;
         if let LayerPast::AttentionSlots(slots) = past {
             let o = profile::region("attention.core", dev, || {
-                attend_slots(&q, &k, &v, slots, step)
+                attend_slots(&q, &k, &v, slots, step, self.precision)
             })?; // (B, L, H*hd)
             return self.output(o, gate, dev, k, v);
         }
@@ -219,8 +226,8 @@ impl Mixer for SelfAttention {
             });
         }
         let o = profile::region("attention.core", dev, || match &step.packed {
-            None => attend(&q, &k, &v, past_kv, &step.masks()),
-            Some(packing) => attend_segments(&q, &k, &v, packing),
+            None => attend(&q, &k, &v, past_kv, &step.masks().with_precision(self.precision)),
+            Some(packing) => attend_segments(&q, &k, &v, packing, self.precision),
         })?; // (B, L, H*hd)
         self.output(o, gate, dev, k, v)
     }
@@ -284,6 +291,7 @@ fn attend_slots(
     v: &Tensor,
     slots: &[(Tensor, Tensor)],
     step: &Step,
+    precision: AttnPrecision,
 ) -> Result<Tensor, CandleError> {
     let Some(per_slot) = step.slots.as_ref().filter(|s| s.steps.len() == slots.len()) else {
         return Err(CandleError::InvalidRequest {
@@ -315,7 +323,7 @@ fn attend_slots(
                 &rows(k, i, n)?,
                 &rows(v, i, n)?,
                 Some(past),
-                &alone.masks(),
+                &alone.masks().with_precision(precision),
             )?; // (R, n, H*hd)
                 // positions past the slot's longest row are padding nobody reads: zeros
             o.pad_with_zeros(1, 0, l - n).map_err(op("slot padding"))
@@ -332,6 +340,7 @@ fn attend_segments(
     k: &Tensor,
     v: &Tensor,
     packing: &Packing,
+    precision: AttnPrecision,
 ) -> Result<Tensor, CandleError> {
     let spans: Vec<_> = packing.segments.iter().map(|s| (s.start, s.len)).collect();
     if let Some(o) = attention::attend_varlen(q, k, v, &spans) {
@@ -352,7 +361,7 @@ fn attend_segments(
                 &cut(k, seg)?,
                 &cut(v, seg)?,
                 None,
-                &solo.masks(),
+                &solo.masks().with_precision(precision),
             )
         })
         .collect::<Result<Vec<_>, _>>()?; // each (1, len, H*hd)

@@ -475,5 +475,19 @@ mod inplace;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles;
 
+/// The tile configuration every AMX kernel here loads (palette 1, tiles 0–7 each 16 rows × 64
+/// bytes), for the attention tiles ([`super::attention`]).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) fn tile_config() -> impl std::ops::Deref<Target = [u8; 64]> {
+    struct Cfg(tiles::Config);
+    impl std::ops::Deref for Cfg {
+        type Target = [u8; 64];
+        fn deref(&self) -> &[u8; 64] {
+            &self.0 .0
+        }
+    }
+    Cfg(tiles::config())
+}
+
 #[cfg(test)]
 mod tests;

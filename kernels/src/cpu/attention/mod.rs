@@ -72,6 +72,10 @@ pub struct TileSizes {
     pub key_block: usize,
     /// The form that computes a tile.
     pub form: TileForm,
+    /// Products on the AMX bf16 tiles where AMX runs and the form is [`TileForm::Auto`]
+    /// (queries, keys, values and softmax weights rounded to bf16, sums in f32: [`amx`]), for
+    /// models whose linear layers compute in bf16 or int8; elsewhere the f32 forms.
+    pub bf16: bool,
 }
 
 /// 32-query blocks and 168-key softmax blocks: the fastest of the `cpu_attention` bench's
@@ -84,13 +88,14 @@ impl Default for TileSizes {
             tile_rows: 256,
             key_block: 168,
             form: TileForm::Auto,
+            bf16: false,
         }
     }
 }
 
 impl TileSizes {
-    /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`, `key_block`, and
-    /// `form=auto|products|avx2`)
+    /// `spec` (`key=count` pairs, keys `query_block`, `tile_rows`, `key_block`, `bf16` (0 or
+    /// 1), and `form=auto|products|avx2`)
     /// over the default; an error names a wrong key, form or a zero.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut t = TileSizes::default();
@@ -118,9 +123,14 @@ impl TileSizes {
                 "query_block" => &mut t.query_block,
                 "tile_rows" => &mut t.tile_rows,
                 "key_block" => &mut t.key_block,
+                "bf16" if v <= 1 => {
+                    t.bf16 = v == 1;
+                    continue;
+                }
+                "bf16" => return Err(format!("`{part}`: bf16 is 0 or 1")),
                 other => {
                     return Err(format!(
-                        "unknown key `{other}` (query_block, tile_rows, key_block, form)"
+                        "unknown key `{other}` (query_block, tile_rows, key_block, bf16, form)"
                     ))
                 }
             };
@@ -355,6 +365,26 @@ pub fn attend(
         }
     };
     let tiles = tiles(hkv, g, b, slots, l, sizes);
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if sizes.bf16 && sizes.form == TileForm::Auto && amx::runs(hd) {
+        let packed = amx::Packed::pack(&dims, b, (kd, vd), (pkd, pvd));
+        tiles.into_par_iter().for_each(|t| {
+            // SAFETY: `amx::runs(hd)` holds
+            unsafe {
+                amx::tile(
+                    t,
+                    &dims,
+                    scale,
+                    qd,
+                    &packed,
+                    (starts, &keys),
+                    sizes.key_block,
+                    |o| scatter(t, o),
+                )
+            }
+        });
+        return Ok(out);
+    }
     #[cfg(target_arch = "x86_64")]
     if let Some(width) = key_major(sizes.form, hd, l > sizes.query_block) {
         use key_major::{Avx2, Avx512};
@@ -391,6 +421,8 @@ pub fn attend(
     Ok(out)
 }
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod key_major;
 mod tile;

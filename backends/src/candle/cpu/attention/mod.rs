@@ -16,12 +16,17 @@ use crate::error::CandleError;
 use kernel::TileForm;
 pub(crate) use kernel::TileSizes;
 
+/// `FORKSCORE_CPU_ATTENTION`, read once.
+fn spec() -> Option<&'static str> {
+    use std::sync::OnceLock;
+    static SPEC: OnceLock<Option<&str>> = OnceLock::new();
+    *SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_ATTENTION"))
+}
+
 /// The sizes this process runs with (`FORKSCORE_CPU_ATTENTION` over the default, read once; an
 /// invalid value is an error naming it).
 fn chosen_sizes() -> Result<TileSizes, CandleError> {
-    use std::sync::OnceLock;
-    static SPEC: OnceLock<Option<&str>> = OnceLock::new();
-    match SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_ATTENTION")) {
+    match spec() {
         None => Ok(TileSizes::default()),
         Some(s) => TileSizes::parse(s).map_err(|e| CandleError::InvalidRequest {
             reason: format!("FORKSCORE_CPU_ATTENTION={s:?}: {e}"),
@@ -71,7 +76,9 @@ fn cpu_f32<'a>(s: &'a Storage, l: &Layout, what: &'static str) -> Result<&'a [f3
 /// Attention output `(B, L, H·hd)` of queries `(B, H, L, hd)` over an optional past
 /// `(Hkv, S, P, hd)` of `S` slots (rows slot-major, `S` divides `B`), each row's past visible
 /// from `past_start[b]` (`(B,)` u32; all of it when `None`), and the new keys/values
-/// `(B, Hkv, L, hd)` under `new_keys` (`None`: all visible). The caller checked [`supports`].
+/// `(B, Hkv, L, hd)` under `new_keys` (`None`: all visible); with `bf16`, the products on the
+/// AMX bf16 tiles where AMX runs (the kernel's `TileSizes::bf16`). The caller checked
+/// [`supports`].
 pub(crate) fn attend(
     q: &Tensor,
     k_new: &Tensor,
@@ -79,8 +86,13 @@ pub(crate) fn attend(
     past: Option<&PastKv<'_>>,
     past_start: Option<&Tensor>,
     new_keys: Option<&NewKeysMask>,
+    bf16: bool,
 ) -> Result<Tensor, CandleError> {
-    let sizes = chosen_sizes()?;
+    let mut sizes = chosen_sizes()?;
+    // the layer's precision, unless `FORKSCORE_CPU_ATTENTION` names `bf16=` itself
+    if !spec().is_some_and(|s| s.contains("bf16")) {
+        sizes.bf16 = bf16;
+    }
     attend_with(q, k_new, v_new, past, past_start, new_keys, sizes)
 }
 

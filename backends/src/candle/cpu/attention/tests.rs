@@ -29,12 +29,27 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 }
 
 fn check(c: &Case, sizes: TileSizes, seed: &mut u64) -> f32 {
+    check_rounded(c, sizes, seed, false)
+}
+
+/// [`check`]; with `bf16`, the candle path's operands are the kernel's rounded to bf16 (the
+/// reference of the AMX form, which rounds them so).
+fn check_rounded(c: &Case, sizes: TileSizes, seed: &mut u64, bf16: bool) -> f32 {
     let dev = Device::Cpu;
     let q = rand(&[c.b, c.h, c.l, c.hd], seed);
     let k = rand(&[c.b, c.hkv, c.l, c.hd], seed);
     let v = rand(&[c.b, c.hkv, c.l, c.hd], seed);
     let pk = rand(&[c.hkv, c.slots, c.p, c.hd], seed);
     let pv = rand(&[c.hkv, c.slots, c.p, c.hd], seed);
+    let round = |t: &Tensor| match bf16 {
+        true => t
+            .to_dtype(DType::BF16)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .expect("bf16"),
+        false => t.clone(),
+    };
+    let (rq, rk, rv, rpk, rpv) = (round(&q), round(&k), round(&v), round(&pk), round(&pv));
+    let rpast = (c.p > 0).then_some(PastKv { k: &rpk, v: &rpv });
     let past = (c.p > 0).then_some(PastKv { k: &pk, v: &pv });
     let new_keys = match (&c.tree, c.l) {
         (Some(parents), _) => Some(NewKeysMask::tree(parents, &dev).expect("tree")),
@@ -52,6 +67,7 @@ fn check(c: &Case, sizes: TileSizes, seed: &mut u64) -> f32 {
         new_keys: new_keys.as_ref(),
         past: padding.as_ref(),
         past_start: starts.as_ref(),
+        precision: Default::default(),
     };
     assert!(supports(&q, &k, &v, past.as_ref()));
     let got = attend_with(
@@ -64,7 +80,7 @@ fn check(c: &Case, sizes: TileSizes, seed: &mut u64) -> f32 {
         sizes,
     )
     .expect("cpu kernel");
-    let want = attend_candle(&q, &k, &v, past, &masks).expect("candle");
+    let want = attend_candle(&rq, &rk, &rv, rpast, &masks).expect("candle");
     assert_eq!(got.dims(), want.dims());
     max_diff(&got, &want)
 }
@@ -239,6 +255,65 @@ fn cpu_kernel_equals_the_candle_path() {
     }
 }
 
+/// The AMX bf16 form (`bf16=1`: bf16 / int8 layers) against the candle path on the same
+/// operands rounded to bf16: what remains is the rounding of the queries after their scale and
+/// of the softmax weights, both to bf16 (`Tolerance::CPU_BF16_ATTENTION`). Head dims 32, 64,
+/// 128 and 256 (whole 32-dim steps; other head dims take the f32 forms), causal prefills of
+/// several key blocks, a scoring pass of 28 rows of 7 query heads per KV head, slots with left
+/// padding, a packed tree over a long past; default and small blocks. Where AMX does not run,
+/// `bf16=1` takes the f32 forms and the same bound holds a fortiori.
+#[test]
+fn amx_bf16_form_tracks_the_candle_path_on_rounded_operands() {
+    use forkscore_testkit::tolerance::Tolerance;
+    let case = |b, h, hkv, l, hd, slots, p, past_lens: Option<Vec<usize>>, tree| Case {
+        b,
+        h,
+        hkv,
+        l,
+        hd,
+        slots,
+        p,
+        past_lens,
+        tree,
+    };
+    let cases = [
+        case(1, 14, 2, 3 * 64 + 21, 64, 1, 0, None, None),
+        case(28, 14, 2, 3, 64, 1, 300, None, None),
+        case(1, 4, 2, 64 + 36, 32, 1, 70, None, None),
+        case(6, 4, 2, 3, 128, 2, 257, Some(vec![257, 100, 3, 257, 1, 200]), None),
+        case(1, 4, 1, 40, 256, 1, 30, None, None),
+        case(
+            2,
+            6,
+            3,
+            6,
+            64,
+            1,
+            190,
+            None,
+            Some(vec![None, Some(0), Some(0), Some(2), None, Some(4)]),
+        ),
+        case(6, 2, 2, 1, 64, 3, 5, Some(vec![5, 5, 1, 4, 0, 2]), None),
+    ];
+    let mut seed = 29u64;
+    let mut worst = 0f32;
+    for spec in ["bf16=1", "bf16=1,query_block=5,tile_rows=7,key_block=1", "bf16=1,key_block=100000"] {
+        let sizes = TileSizes::parse(spec).expect("valid sizes");
+        for (n, c) in cases.iter().enumerate() {
+            let d = check_rounded(c, sizes, &mut seed, true);
+            worst = worst.max(d);
+            assert!(
+                d <= Tolerance::CPU_BF16_ATTENTION.abs,
+                "case {n}, tiles {spec}: amx bf16 vs candle on rounded operands {d:e}"
+            );
+        }
+    }
+    eprintln!(
+        "amx bf16 attention: worst {worst:e} (AMX here: {})",
+        forkscore_kernels::cpu::amx::available()
+    );
+}
+
 /// Tile sizes parse over the default; a wrong key, a zero or a non-count is an error that
 /// names it.
 #[test]
@@ -252,12 +327,14 @@ fn tile_sizes_parse_and_name_errors() {
     assert_eq!((t.form, t.tile_rows), (TileForm::Products, 9));
     let t = TileSizes::parse("form=avx2").expect("a form");
     assert_eq!(t.form, TileForm::KeyMajorAvx2);
+    assert!(!d.bf16 && TileSizes::parse("bf16=1").expect("bf16").bf16);
     for (spec, names) in [
         ("rows=4", "unknown key `rows`"),
         ("tile_rows=0", "`tile_rows=0`: must be at least 1"),
         ("query_block=x", "`x` is not a count"),
         ("query_block", "not key=value"),
         ("form=fast", "unknown form `fast`"),
+        ("bf16=2", "bf16 is 0 or 1"),
     ] {
         let e = TileSizes::parse(spec).expect_err(spec);
         assert!(e.contains(names), "{spec}: {e}");
@@ -270,11 +347,11 @@ fn mismatched_shapes_are_an_error() {
     let mut seed = 3u64;
     let q = rand(&[2, 4, 3, 8], &mut seed);
     let k = rand(&[2, 2, 4, 8], &mut seed);
-    let e = attend(&q, &k, &k, None, None, None).expect_err("mismatch");
+    let e = attend(&q, &k, &k, None, None, None, false).expect_err("mismatch");
     assert!(e.to_string().contains("do not match"), "{e}");
     let k = rand(&[2, 2, 3, 8], &mut seed);
     let pk = rand(&[2, 3, 5, 8], &mut seed);
     let past = PastKv { k: &pk, v: &pk };
-    let e = attend(&q, &k, &k, Some(&past), None, None).expect_err("3 slots for 2 rows");
+    let e = attend(&q, &k, &k, Some(&past), None, None, false).expect_err("3 slots for 2 rows");
     assert!(e.to_string().contains("does not fit"), "{e}");
 }

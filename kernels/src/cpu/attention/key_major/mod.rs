@@ -104,6 +104,25 @@ pub(super) struct Sees<'a> {
     pub tree: Option<(&'a [u8], &'a [usize], usize)>,
 }
 
+/// `-inf` for the scores of block `k0..k1` a column does not see: `s (k1 - k0, mp)` holds the
+/// block's scores key-major, column `c0 + i` seeing what `sees` says for index `i`.
+pub(super) fn hide(s: &mut [f32], mp: usize, (k0, k1): (usize, usize), c0: usize, sees: &Sees<'_>) {
+    for (i, (&lo, &hi)) in sees.lo.iter().zip(sees.hi).enumerate() {
+        let c = c0 + i;
+        for kk in (k0..lo.clamp(k0, k1)).chain(hi.clamp(k0, k1)..k1) {
+            s[(kk - k0) * mp + c] = f32::NEG_INFINITY;
+        }
+        if let Some((vis, query, l)) = sees.tree {
+            let (a, z) = (lo.clamp(k0, k1), hi.clamp(k0, k1).max(lo.clamp(k0, k1)));
+            for (kk, &v) in vis[query[i] * l..][a..z].iter().enumerate() {
+                if v == 0 {
+                    s[(a + kk - k0) * mp + c] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
 /// The buffers of one tile, reused from tile to tile on a thread ([`with_state`]).
 #[derive(Default)]
 pub(super) struct State {
@@ -215,7 +234,7 @@ impl State {
                     c += w;
                 }
             }
-            self.hide(k0, k1, c0, sees);
+            hide(&mut self.s, mp, (k0, k1), c0, sees);
             L::softmax_block(self, kb, c0, c1);
             // o[c] += Σ_kk e[kk][c] · values[k0 + kk]
             let mut q0 = c0;
@@ -235,25 +254,6 @@ impl State {
                 q0 += rows;
             }
             k0 = k1;
-        }
-    }
-
-    /// `-inf` for the scores of block `k0..k1` a column does not see.
-    fn hide(&mut self, k0: usize, k1: usize, c0: usize, sees: &Sees<'_>) {
-        let mp = self.mp;
-        for (i, (&lo, &hi)) in sees.lo.iter().zip(sees.hi).enumerate() {
-            let c = c0 + i;
-            for kk in (k0..lo.clamp(k0, k1)).chain(hi.clamp(k0, k1)..k1) {
-                self.s[(kk - k0) * mp + c] = f32::NEG_INFINITY;
-            }
-            if let Some((vis, query, l)) = sees.tree {
-                let (a, z) = (lo.clamp(k0, k1), hi.clamp(k0, k1).max(lo.clamp(k0, k1)));
-                for (kk, &v) in vis[query[i] * l..][a..z].iter().enumerate() {
-                    if v == 0 {
-                        self.s[(a + kk - k0) * mp + c] = f32::NEG_INFINITY;
-                    }
-                }
-            }
         }
     }
 
