@@ -3,8 +3,8 @@
 //! and online softmax as the key-major form ([`super::key_major`]), with the two products on
 //! `tdpbf16ps` instead of f32 FMAs. The queries (pre-scaled), keys and values are rounded to
 //! bf16 once, and each block's softmax weights `e^(s − max)` once before the value product;
-//! scores, maxima, sums and the output accumulate in f32. The row sums add the rounded weights,
-//! so each output row is a convex combination of the (rounded) values.
+//! scores, maxima, sums and the output accumulate in f32 (the sums add the weights before their
+//! rounding: the two differ by under 2^-9 of a weight).
 //!
 //! Why: on the prefill of a 964-token prompt the f32 key-major form ran near the cores' f32 FMA
 //! peak and still took about 40 % of an int8 decision (the linear layers being on the int8
@@ -32,19 +32,21 @@ use std::arch::x86_64::*;
 
 use super::key_major::{hide, Sees};
 use super::*;
-use crate::cpu::amx::{bf16_bits, bf16_bits_fast};
+use crate::cpu::amx::bf16_bits_fast;
 
 /// Keys per step of the value product (one A tile row of bf16).
 const KSTEP: usize = 32;
 
 /// Whether AMX tiles compute a call of head dim `hd`: AMX runs in this process (under the
-/// `FORKSCORE_CPU_ISA` cap: AVX-512 chosen) and `hd` is whole 32-dim steps.
+/// `FORKSCORE_CPU_ISA` cap: AVX-512 chosen), the CPU has AVX-512 BF16 (its conversions) and
+/// `hd` is whole 32-dim steps.
 pub(super) fn runs(hd: usize) -> bool {
     use super::super::isa::Isa;
     hd > 0
         && hd.is_multiple_of(KSTEP)
         && Isa::chosen() == Some(Isa::Avx512)
         && crate::cpu::amx::available()
+        && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
 /// One segment's keys and transposed values in bf16 ([`pack`]).
@@ -60,12 +62,12 @@ fn pack(k: &[f32], v: &[f32], n: usize, hd: usize) -> Segment {
     let n32 = n.next_multiple_of(KSTEP).max(KSTEP);
     let mut kb = vec![0u16; n32 * hd];
     for (o, &x) in kb.iter_mut().zip(&k[..n * hd]) {
-        *o = bf16_bits(x);
+        *o = bf16_bits_fast(x);
     }
     let mut vt = vec![0u16; hd * n32];
     for (kk, row) in v[..n * hd].chunks_exact(hd).enumerate() {
         for (d, &x) in row.iter().enumerate() {
-            vt[d * n32 + kk] = bf16_bits(x);
+            vt[d * n32 + kk] = bf16_bits_fast(x);
         }
     }
     Segment { k: kb, vt, n32 }
@@ -134,14 +136,29 @@ impl State {
         fill(&mut self.ot, hd * mp, 0.0);
         fill(&mut self.max, mp, f32::NEG_INFINITY);
         fill(&mut self.sum, mp, 0.0);
-        fill(&mut self.o, m * hd, 0.0);
+        // the output is written whole by `finish`
+        if self.o.len() < m * hd {
+            self.o.resize(m * hd, 0.0);
+        }
     }
 
-    /// Column `c`'s query `q (hd,)`, times `scale`, rounded to bf16.
-    fn query(&mut self, c: usize, q: &[f32], scale: f32) {
-        let mp = self.mp;
-        for (d, &x) in q[..self.hd].iter().enumerate() {
-            self.qv[((d / 2) * mp + c) * 2 + d % 2] = bf16_bits_fast(x * scale);
+    /// Column `c`'s query `q (hd,)`, times `scale`, rounded to bf16 (nearest even): 32 dims
+    /// at a time, their 16 pairs scattered down the column.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BF16; `c < mp`, `q` holds `hd` values (a multiple of 32).
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn query(&mut self, c: usize, q: &[f32], scale: f32) {
+        let mp = self.mp as i32;
+        let sc = _mm512_set1_ps(scale);
+        let rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(mp));
+        let qv = self.qv.as_mut_ptr() as *mut i32;
+        for d in (0..self.hd).step_by(KSTEP) {
+            let a = _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(d)), sc);
+            let b = _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(d + 16)), sc);
+            // u16 lanes 0..32 = dims d..d+32 in order: u32 lane p = the pair (d + 2p, d + 2p + 1)
+            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            _mm512_i32scatter_epi32::<4>(qv.add((d / 2) * self.mp + c), rows, v);
         }
     }
 
@@ -165,20 +182,48 @@ impl State {
             let k1 = (k0 + self.kb).min(last);
             let kend = k1.next_multiple_of(KSTEP);
             debug_assert!(kend <= n32);
-            // scores s[kk][c] = k[k0 + kk] · q[c]: per 16 columns, two 16-key C tiles at a
-            // time (kend − k0 is whole 32-key steps), each query B tile loaded once for both
-            for t in (t0..t1).step_by(16) {
+            // scores s[kk][c] = k[k0 + kk] · q[c], per 32 keys (kend − k0 is whole 32-key
+            // steps): 32 columns at a time in four C tiles (each key and query tile loaded
+            // once for two products), a last 16 in two
+            let key = |g: usize, d0: usize| seg.k.as_ptr().add(g * hd + d0) as *const u8;
+            let qry = |d0: usize, t: usize| self.qv.as_ptr().add((d0 / 2 * mp + t) * 2) as *const u8;
+            let score = |g: usize, t: usize| self.s.as_ptr().add((g - k0) * mp + t) as *mut u8;
+            let (ldk, ldq, lds) = (hd * 2, mp * 4, mp * 4);
+            let mut t = t0;
+            while t + 32 <= t1 {
+                for g0 in (k0..kend).step_by(32) {
+                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                    for d0 in (0..hd).step_by(KSTEP) {
+                        tile_load::<4>(key(g0, d0), ldk);
+                        tile_load::<5>(key(g0 + 16, d0), ldk);
+                        tile_load::<6>(qry(d0, t), ldq);
+                        tile_load::<7>(qry(d0, t + 16), ldq);
+                        asm!(
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tdpbf16ps tmm1, tmm5, tmm6",
+                            "tdpbf16ps tmm2, tmm4, tmm7",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            options(nostack, nomem)
+                        );
+                    }
+                    tile_store::<0>(score(g0, t), lds);
+                    tile_store::<1>(score(g0 + 16, t), lds);
+                    tile_store::<2>(score(g0, t + 16), lds);
+                    tile_store::<3>(score(g0 + 16, t + 16), lds);
+                }
+                t += 32;
+            }
+            if t < t1 {
                 for g0 in (k0..kend).step_by(32) {
                     asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
                     for d0 in (0..hd).step_by(KSTEP) {
-                        tile_load::<2>(self.qv.as_ptr().add((d0 / 2 * mp + t) * 2) as *const u8, mp * 4);
-                        tile_load::<3>(seg.k.as_ptr().add(g0 * hd + d0) as *const u8, hd * 2);
-                        tile_load::<4>(seg.k.as_ptr().add((g0 + 16) * hd + d0) as *const u8, hd * 2);
+                        tile_load::<2>(qry(d0, t), ldq);
+                        tile_load::<3>(key(g0, d0), ldk);
+                        tile_load::<4>(key(g0 + 16, d0), ldk);
                         asm!("tdpbf16ps tmm0, tmm3, tmm2", "tdpbf16ps tmm1, tmm4, tmm2", options(nostack, nomem));
                     }
-                    let at = self.s.as_mut_ptr().add((g0 - k0) * mp + t) as *mut u8;
-                    tile_store::<0>(at, mp * 4);
-                    tile_store::<1>(at.add(16 * mp * 4), mp * 4);
+                    tile_store::<0>(score(g0, t), lds);
+                    tile_store::<1>(score(g0 + 16, t), lds);
                 }
             }
             hide(&mut self.s, mp, (k0, kend), c0, sees);
@@ -230,15 +275,15 @@ impl State {
     /// The online softmax step over a block of `kb` keys (a multiple of 32) for columns
     /// `c0..c1`: running maxima and sums, the weights `e^(s − max)` rounded to bf16 into `ev`
     /// (zero in the other columns of tiles `t0..t1`), `ot` rescaled where a maximum grew.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn softmax_block(&mut self, kb: usize, (c0, c1): (usize, usize), (t0, t1): (usize, usize)) {
         use crate::cpu::math::x86::exp16;
         let (mp, hd) = (self.mp, self.hd);
         let s = self.s.as_ptr();
         let ev = self.ev.as_mut_ptr() as *mut u32;
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let round = _mm512_set1_epi32(0x7FFF);
-        let one = _mm512_set1_epi32(1);
+        // u16 lane 2c ← lane c (the first key's weights), 2c + 1 ← lane 16 + c (the second's)
+        let interleave = _mm512_loadu_si512(INTERLEAVE.as_ptr() as *const _);
         let mut t = t0;
         while t < t1 {
             // lanes of this 16-column group that belong to c0..c1
@@ -254,21 +299,17 @@ impl State {
             let shift = _mm512_maskz_mov_ps(seen, mx);
             let alpha = exp16(_mm512_sub_ps(old, shift));
             let mut acc = _mm512_setzero_ps();
-            // per key pair: e^(s − shift) rounded to bf16 (nearest even) in the low half of each
-            // lane, the rounded values added to the sum
+            // per key pair: e^(s − shift) for both keys ([`exp_nonpositive`]), summed, and
+            // rounded to bf16 (nearest even) as one B-tile row: column c's lane holds key
+            // 2·pair's weight in its low half and key 2·pair + 1's in its high half
             for pair in 0..kb / 2 {
-                let mut r = [_mm512_setzero_si512(); 2];
-                for (half, r) in r.iter_mut().enumerate() {
-                    let x = _mm512_maskz_loadu_ps(lanes, s.add((2 * pair + half) * mp + t));
-                    let b = _mm512_castps_si512(exp16(_mm512_sub_ps(x, shift)));
-                    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-                    let bits = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, round), odd));
-                    *r = _mm512_maskz_mov_epi32(lanes, bits);
-                    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(*r)));
-                }
-                // lane c: key 2·pair's weight in the low half, key 2·pair + 1's in the high
-                let packed = _mm512_or_si512(r[0], _mm512_slli_epi32::<16>(r[1]));
-                _mm512_storeu_si512(ev.add(pair * mp + t) as *mut _, packed);
+                let x0 = _mm512_maskz_loadu_ps(lanes, s.add(2 * pair * mp + t));
+                let x1 = _mm512_maskz_loadu_ps(lanes, s.add((2 * pair + 1) * mp + t));
+                let e0 = _mm512_maskz_mov_ps(lanes, exp_nonpositive(_mm512_sub_ps(x0, shift)));
+                let e1 = _mm512_maskz_mov_ps(lanes, exp_nonpositive(_mm512_sub_ps(x1, shift)));
+                acc = _mm512_add_ps(acc, _mm512_add_ps(e0, e1));
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+                _mm512_storeu_si512(ev.add(pair * mp + t) as *mut _, _mm512_permutexvar_epi16(interleave, both));
             }
             let sum = _mm512_maskz_loadu_ps(lanes, self.sum.as_ptr().add(t));
             _mm512_mask_storeu_ps(self.sum.as_mut_ptr().add(t), lanes, _mm512_fmadd_ps(alpha, sum, acc));
@@ -284,17 +325,70 @@ impl State {
         }
     }
 
-    /// The `(M, hd)` output, row `c` = column `c` of `ot` divided by its sum.
-    fn finish(&mut self) -> &[f32] {
-        let (mp, hd) = (self.mp, self.hd);
-        for c in 0..self.m {
-            let inv = 1.0 / self.sum[c];
+    /// The `(M, hd)` output, row `c` = column `c` of `ot` divided by its sum: per 16 columns
+    /// and dim, one register of `ot` scaled and scattered down the output rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish(&mut self) -> &[f32] {
+        let (m, mp, hd) = (self.m, self.mp, self.hd);
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(hd as i32),
+        );
+        let o = self.o.as_mut_ptr();
+        for c in (0..m).step_by(16) {
+            let w = (m - c).min(16);
+            let lanes: __mmask16 = if w == 16 { !0 } else { (1u16 << w) - 1 };
+            let inv = _mm512_div_ps(
+                _mm512_set1_ps(1.0),
+                _mm512_mask_loadu_ps(_mm512_set1_ps(1.0), lanes, self.sum.as_ptr().add(c)),
+            );
             for d in 0..hd {
-                self.o[c * hd + d] = self.ot[d * mp + c] * inv;
+                let v = _mm512_mul_ps(_mm512_loadu_ps(self.ot.as_ptr().add(d * mp + c)), inv);
+                _mm512_mask_i32scatter_ps::<4>(o.add(c * hd + d), lanes, rows, v);
             }
         }
-        &self.o[..self.m * hd]
+        &self.o[..m * hd]
     }
+}
+
+/// The permutation of [`State::softmax_block`]: two keys' 16 bf16 weights (lanes 0..16 and
+/// 16..32 of `vcvtne2ps2bf16`'s result) interleaved column by column.
+static INTERLEAVE: [u16; 32] = {
+    let mut idx = [0u16; 32];
+    let mut c = 0;
+    while c < 16 {
+        idx[2 * c] = c as u16;
+        idx[2 * c + 1] = 16 + c as u16;
+        c += 1;
+    }
+    idx
+};
+
+/// `e^x` for `x ≤ 0` (a softmax weight; `-inf` and anything below −87.3 give exactly 0) to
+/// about 5e-6 relative, ample for a weight then rounded to bf16 (2^-9): the range reduction of
+/// [`crate::cpu::math`] with a degree-5 polynomial and `vscalefps` for `2^n`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_nonpositive(x: __m512) -> __m512 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let flush = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.3));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    // 1 + r + r²/2 + r³/6 + r⁴/24 + r⁵/120 (Horner)
+    let mut p = _mm512_set1_ps(1.0 / 120.0);
+    for c in [1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_maskz_mov_ps(!flush, _mm512_scalef_ps(p, n))
 }
 
 macro_rules! tile_op {
@@ -315,7 +409,7 @@ macro_rules! tile_op {
         }
     };
 }
-tile_op!(0, 1, 2, 3, 4, 5, 6);
+tile_op!(0, 1, 2, 3, 4, 5, 6, 7);
 
 /// One tile on the AMX tiles: the same function as [`super::tile_key_major`] (with bf16
 /// products), its `(M, hd)` output rows handed to `done`.
