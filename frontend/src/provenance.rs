@@ -91,10 +91,20 @@ pub struct BatchProvenance<'a> {
     /// compares it.
     #[serde(skip_serializing_if = "is_context_first")]
     pub layout: forkscore_engine::Layout,
+    /// How a literal field's value is selected (`--literal-value`), absent for the default
+    /// `argmax`; `--resume` compares it.
+    #[serde(skip_serializing_if = "is_argmax")]
+    pub literal_value: forkscore_engine::LiteralValue,
 }
 
 fn is_context_first(layout: &forkscore_engine::Layout) -> bool {
     *layout == forkscore_engine::Layout::ContextFirst
+}
+
+/// The default literal-value rule is not written, so default runs keep the provenance they had
+/// before the rule was recorded (and resume against it).
+pub(crate) fn is_argmax(rule: &forkscore_engine::LiteralValue) -> bool {
+    *rule == forkscore_engine::LiteralValue::Argmax
 }
 
 impl BatchProvenance<'_> {

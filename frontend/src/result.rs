@@ -6,10 +6,11 @@
 //! `output`, `fields`, `temperature`, `telemetry`, optional `prompt`; a generation baseline
 //! likewise), the [`Layout::extra`] keys (a batch's reuse facts, `generate`'s `decoding`), then
 //! `provenance`. A decision's provenance ([`decision_provenance`]) is the model's provenance
-//! object, then `mode`, `temperature`, `temperature_source`, `schema_hash`; a batch record's is
-//! the job's ([`crate::provenance::RecordProvenance`]).
+//! object, then `mode`, `temperature`, `temperature_source`, `literal_value` (only when not the
+//! default `argmax`), `schema_hash`; a batch record's is the job's
+//! ([`crate::provenance::RecordProvenance`]).
 
-use forkscore_engine::{CompiledSchema, Decision, Mode, Temperature};
+use forkscore_engine::{CompiledSchema, Decision, ScoreOptions, Temperature};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -61,38 +62,47 @@ pub fn result_json(body: &impl Serialize, layout: Layout<'_>, provenance: Value)
 }
 
 /// The provenance of one decision: `model` (the loaded model's provenance object, see
-/// [`crate::provenance::ModelProvenance::object`]), then `mode`, `temperature`,
-/// `temperature_source` and `schema_hash`.
+/// [`crate::provenance::ModelProvenance::object`]), then from `options` the `mode`, then
+/// `temperature`, `temperature_source`, `literal_value` (`options.literal_value`; absent for
+/// the default `argmax`, as in a batch record, so default results are unchanged) and
+/// `schema_hash`.
 pub fn decision_provenance(
     model: &Map<String, Value>,
-    mode: Mode,
+    options: &ScoreOptions,
     temperature: &Temperature,
     schema_hash: &str,
 ) -> Value {
     let mut prov = model.clone();
     prov.insert(
         "mode".into(),
-        serde_json::to_value(mode).unwrap_or(Value::Null),
+        serde_json::to_value(options.mode).unwrap_or(Value::Null),
     );
     prov.insert("temperature".into(), temperature.value.into());
     prov.insert(
         "temperature_source".into(),
         serde_json::to_value(&temperature.source).unwrap_or(Value::Null),
     );
+    if !crate::provenance::is_argmax(&options.literal_value) {
+        prov.insert("literal_value".into(), options.literal_value.name().into());
+    }
     prov.insert("schema_hash".into(), schema_hash.into());
     Value::Object(prov)
 }
 
 /// One decision exactly as `forkscore score` prints it: the decision's fields, then its
-/// [`decision_provenance`] (`mode`: the mode it was scored in).
+/// [`decision_provenance`] (`options`: those it was scored with).
 pub fn decision_json(
     decision: &Decision,
     compiled: &CompiledSchema,
-    mode: Mode,
+    options: &ScoreOptions,
     model: &Map<String, Value>,
 ) -> Value {
-    let provenance =
-        decision_provenance(model, mode, &decision.temperature, compiled.schema_hash());
+    let provenance = decision_provenance(
+        model,
+        options,
+        &decision.temperature,
+        compiled.schema_hash(),
+    );
     result_json(decision, Layout::default(), provenance)
 }
 
@@ -153,7 +163,7 @@ mod tests {
         let mut model = Map::new();
         model.insert("model_id".into(), json!("m"));
         let temperature = Temperature::uniform(0.8, forkscore_engine::TemperatureSource::Explicit);
-        let prov = decision_provenance(&model, Mode::Parallel, &temperature, "h");
+        let prov = decision_provenance(&model, &ScoreOptions::default(), &temperature, "h");
         let keys: Vec<&str> = prov
             .as_object()
             .unwrap()
@@ -171,6 +181,39 @@ mod tests {
             ]
         );
         assert_eq!(prov["temperature"], json!(0.8));
+        assert_eq!(prov["mode"], json!("parallel"));
         assert_eq!(prov["schema_hash"], json!("h"));
+    }
+
+    #[test]
+    fn the_literal_value_rule_is_recorded_only_when_not_argmax() {
+        let model = Map::new();
+        let temperature = Temperature::uniform(1.0, forkscore_engine::TemperatureSource::Default);
+        let argmax = decision_provenance(&model, &ScoreOptions::default(), &temperature, "h");
+        assert!(argmax.get("literal_value").is_none(), "{argmax}");
+        let greedy = ScoreOptions {
+            literal_value: forkscore_engine::LiteralValue::Greedy,
+            mode: forkscore_engine::Mode::Tree,
+            ..ScoreOptions::default()
+        };
+        let prov = decision_provenance(&model, &greedy, &temperature, "h");
+        assert_eq!(prov["literal_value"], json!("greedy"));
+        assert_eq!(prov["mode"], json!("tree"));
+        let keys: Vec<&str> = prov
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "mode",
+                "temperature",
+                "temperature_source",
+                "literal_value",
+                "schema_hash"
+            ]
+        );
     }
 }

@@ -57,7 +57,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let decision_temperature = engine.resolve_temperature(&score_opts)?;
     let provenance = decision_provenance(
         &loaded.provenance.object()?,
-        score_opts.mode,
+        &score_opts,
         &decision_temperature,
         compiled.schema_hash(),
     );

@@ -178,12 +178,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         .with_context_special_tokens(args.scoring.context_special_tokens);
     let compiled = engine.compile_within(&schema, opts.max_input_tokens)?;
     let decision = engine.decide(&context, &compiled, &opts)?;
-    let value = decision_json(
-        &decision,
-        &compiled,
-        opts.mode,
-        &loaded.provenance.object()?,
-    );
+    let value = decision_json(&decision, &compiled, &opts, &loaded.provenance.object()?);
     let text = serde_json::to_string_pretty(&value)?;
     if let Some(path) = &args.output {
         std::fs::write(path, format!("{text}\n"))

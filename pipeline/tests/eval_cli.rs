@@ -126,6 +126,14 @@ fn eval_reports_metrics_diagrams_and_counted_failures_and_resumes() {
     let again = read_json(&report);
     assert_eq!(again["scoring_job"]["records_scored_in_this_run"], 0);
     assert_eq!(again["fields"], r["fields"]);
+    // the predictions were scored under the default literal-value rule: resuming them under
+    // another one is another run, refused naming the key, and the predictions stay as they are
+    let before = std::fs::read_to_string(&preds).unwrap();
+    let other = run(&["--resume", "--literal-value", "greedy"]);
+    assert_eq!(other.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&other.stderr);
+    assert!(e.contains("literal_value = null"), "{e}");
+    assert_eq!(std::fs::read_to_string(&preds).unwrap(), before);
 }
 
 #[test]

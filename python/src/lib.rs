@@ -355,7 +355,7 @@ impl Scorer {
         let decision = py
             .detach(|| self.engine.decide(&context, &compiled, &opts.score))
             .map_err(|e| engine_error(py, &e))?;
-        let value = decision_json(&decision, &compiled, opts.score.mode, &self.model);
+        let value = decision_json(&decision, &compiled, &opts.score, &self.model);
         to_python(py, &value)
     }
 
@@ -446,7 +446,7 @@ impl Scorer {
                 Err(e) => bounded_error(py, &e).into_value(py).into_any(),
                 Ok(()) => match decided.next() {
                     Some(Ok(d)) => {
-                        let value = decision_json(&d, &compiled, opts.score.mode, &self.model);
+                        let value = decision_json(&d, &compiled, &opts.score, &self.model);
                         to_python(py, &value)?.unbind()
                     }
                     Some(Err(e)) => engine_error(py, &e).into_value(py).into_any(),

@@ -370,12 +370,8 @@ async fn decide<B: Backend + 'static>(
         .map_err(|e| ApiError::from_generate(&e))?;
     // forkscore's decision beside the greedy generation, as `forkscore generate` prints it
     // (`temperature`: the one the decision used)
-    let provenance = decision_provenance(
-        &s.model,
-        req.options.mode,
-        &temperature,
-        compiled.schema_hash(),
-    );
+    let provenance =
+        decision_provenance(&s.model, &req.options, &temperature, compiled.schema_hash());
     let layout = Layout {
         record: None,
         extra: vec![("decoding", forkscore_engine::generate::DECODING.into())],
@@ -432,7 +428,7 @@ fn decisions_json<B: Backend + 'static>(
     options: &ScoreOptions,
     results: &[Result<Decision, EngineError>],
 ) -> Result<Value, ApiError> {
-    let one = |d: &Decision| decision_json(d, compiled, options.mode, &s.model);
+    let one = |d: &Decision| decision_json(d, compiled, options, &s.model);
     match endpoint {
         Endpoint::Score | Endpoint::Ask | Endpoint::Generate => match results.first() {
             Some(Ok(d)) => Ok(one(d)),

@@ -825,6 +825,8 @@ async fn options_reach_the_engine() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["telemetry"]["mode"], "cached-serial");
     assert_eq!(v["provenance"]["mode"], "cached-serial");
+    // the default literal-value rule is not written in the provenance
+    assert!(v["provenance"].get("literal_value").is_none(), "{v}");
     assert!(v["prompt"]["prefix_ids"].is_array());
     let mass = &v["fields"]["risk_level"]["allowed_mass"];
     assert!(mass.is_object(), "{v}");
@@ -833,6 +835,18 @@ async fn options_reach_the_engine() {
         v["fields"]["risk_level"]["scores"],
         reference(CONTEXTS[0])["fields"]["risk_level"]["scores"]
     );
+    // another literal-value rule is recorded, for a decision and for a generation's decision
+    for route in ["/v1/score", "/v1/generate"] {
+        let (status, v) = post(
+            &app,
+            route,
+            json!({"context": CONTEXTS[0], "schema": schema(),
+                   "options": {"literal_value": "greedy"}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{route}: {v}");
+        assert_eq!(v["provenance"]["literal_value"], "greedy", "{route}: {v}");
+    }
     let (status, v) = post(
         &app,
         "/v1/score",

@@ -73,6 +73,7 @@ pub fn score_lines<B: Backend>(
         default_schema_hash: job.default_schema.map(|s| s.hash()),
         shard: None,
         layout: job.options.layout,
+        literal_value: job.options.literal_value,
     }
     .record()?;
     let max_bytes = max_line_bytes(job.options.max_input_tokens);

@@ -181,6 +181,7 @@ pub fn run_job<B: Backend>(
         default_schema_hash: job.default_schema.as_ref().map(|s| s.hash()),
         shard: job.shard,
         layout: job.options.layout,
+        literal_value: job.options.literal_value,
     }
     .record()?;
     if resumed.is_some() && !job.resume_any_provenance {

@@ -3,11 +3,23 @@
 //! Every record carries its provenance. Before a resumed job appends anything, each existing
 //! record's provenance is compared with this run's on the keys that decide the results:
 //! [`RESUME_KEYS`] (model, revision, fingerprint, dtype, mode, temperature, the job's default
-//! schema hash, its `--shard`, absent in unsharded jobs, the set `FORKSCORE_*` switches, and
-//! the prompt `--layout`, absent for the default one). A record that differs — or has no provenance — refuses the resume, naming the
-//! record, the key and both values; `--resume-any-provenance` overrides (the file then mixes
-//! runs, which its records still say).
-
+//! schema hash, its `--shard`, absent in unsharded jobs, the set `FORKSCORE_*` switches, the
+//! prompt `--layout`, absent for the default one, the `--literal-value` rule, absent for the
+//! default `argmax`, and where the temperature came from). A record that differs — or has no
+//! provenance — refuses the resume, naming the record, the key and both values;
+//! `--resume-any-provenance` overrides (the file then mixes runs, which its records still say).
+//!
+//! Every key but `temperature_source` must be equal as written (a key absent on both sides is
+//! equal, so a record written before a key was recorded resumes against a run that leaves it
+//! out). `temperature_source` is compared on what decides a result, [`calibration_identity`]:
+//! its `kind` (`explicit`, `calibrated`, `default`), the SHA-256 of the calibration file the
+//! entry came from (absent for the built-in registry), and the names of the fields with a
+//! per-field calibration. The file's SHA-256 covers every temperature and content-free
+//! probability in it, so a file with other calibrations under the same path is refused. The
+//! file's path is left out (the same file may move or be named relative to another folder
+//! between runs), and so is `matched_by` (how the entry was found: the checkpoint is already
+//! compared through the model id, revision and fingerprint). The entry's temperature is the
+//! `temperature` key.
 use serde_json::{Map, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -24,6 +36,9 @@ pub const RESUME_KEYS: &[&str] = &[
     "shard",
     "switches",
     "layout",
+    "literal_value",
+    // compared on its calibration_identity only
+    "temperature_source",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +83,7 @@ pub fn check_resume(path: &Path, run: &Map<String, Value>) -> Result<(), Provena
         for &key in RESUME_KEYS {
             let mine = run.get(key).unwrap_or(&Value::Null);
             let theirs = found.get(key).unwrap_or(&Value::Null);
-            if mine != theirs {
+            if differs(key, mine, theirs) {
                 return Err(ProvenanceMismatch::Differs {
                     path: path.to_path_buf(),
                     record,
@@ -80,6 +95,29 @@ pub fn check_resume(path: &Path, run: &Map<String, Value>) -> Result<(), Provena
         }
     }
     Ok(())
+}
+
+/// Whether the values of `key` in two provenances would give different results.
+fn differs(key: &str, mine: &Value, theirs: &Value) -> bool {
+    match key {
+        "temperature_source" => calibration_identity(mine) != calibration_identity(theirs),
+        _ => mine != theirs,
+    }
+}
+
+/// The part of a `temperature_source` that decides results: `kind`, the calibration file's
+/// `sha256` and the per-field calibrated `fields` (each null when absent). A value that is not
+/// an object (an absent key: null) is compared as it is.
+pub fn calibration_identity(source: &Value) -> Value {
+    let Value::Object(m) = source else {
+        return source.clone();
+    };
+    let get = |v: Option<&Value>| v.cloned().unwrap_or(Value::Null);
+    serde_json::json!({
+        "kind": get(m.get("kind")),
+        "sha256": get(m.get("file").and_then(|f| f.get("sha256"))),
+        "fields": get(m.get("fields")),
+    })
 }
 
 #[cfg(test)]
@@ -124,5 +162,94 @@ mod tests {
             check_resume(&p, &run),
             Err(ProvenanceMismatch::Missing { record: 1, .. })
         ));
+    }
+
+    fn calibrated(file: &str, sha256: &str, fields: &[&str]) -> Value {
+        json!({"kind": "calibrated", "model_id": "m", "matched_by": "model id (any revision)",
+               "file": {"file": file, "sha256": sha256}, "fields": fields})
+    }
+
+    #[test]
+    fn the_temperature_source_is_compared_on_what_decides_results_table() {
+        let run_source = calibrated("/a/cal.json", "aa", &["topic"]);
+        let cases: Vec<(&str, Value, bool)> = vec![
+            ("the same", run_source.clone(), true),
+            (
+                "the same file content at another path",
+                calibrated("/b/c.json", "aa", &["topic"]),
+                true,
+            ),
+            (
+                "matched another way",
+                {
+                    let mut v = run_source.clone();
+                    v["matched_by"] = json!("model id + revision 0123");
+                    v
+                },
+                true,
+            ),
+            (
+                "another file content",
+                calibrated("/a/cal.json", "bb", &["topic"]),
+                false,
+            ),
+            (
+                "other calibrated fields",
+                calibrated("/a/cal.json", "aa", &["topic", "urgent"]),
+                false,
+            ),
+            (
+                "the built-in registry",
+                json!({"kind": "calibrated", "model_id": "m",
+                                             "matched_by": "model id (any revision)"}),
+                false,
+            ),
+            (
+                "an explicit temperature",
+                json!({"kind": "explicit"}),
+                false,
+            ),
+            ("no temperature source", Value::Null, false),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let run = json!({"model_id": "m", "temperature_source": run_source});
+        let run = run.as_object().unwrap().clone();
+        for (name, found, resumes) in cases {
+            let mut prov = run.clone();
+            prov.insert("temperature_source".into(), found);
+            let rec = json!({"id": 1, "line": 1, "provenance": prov});
+            std::fs::write(&p, format!("{rec}\n")).unwrap();
+            match check_resume(&p, &run) {
+                Ok(()) => assert!(resumes, "{name}: resumed"),
+                Err(e) => {
+                    assert!(!resumes, "{name}: {e}");
+                    let msg = e.to_string();
+                    // the whole values are shown: the paths tell the user which files they were
+                    assert!(msg.contains("temperature_source = "), "{name}: {msg}");
+                    assert!(msg.contains("/a/cal.json"), "{name}: {msg}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keys_absent_on_both_sides_are_equal() {
+        // a record of a default run written before literal_value was recorded (no key) and a
+        // default run now (no key either)
+        let run = json!({"model_id": "m", "temperature_source": {"kind": "default"}});
+        let run = run.as_object().unwrap().clone();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let rec = json!({"id": 1, "line": 1, "provenance": run});
+        std::fs::write(&p, format!("{rec}\n")).unwrap();
+        check_resume(&p, &run).unwrap();
+        let mut greedy = run.clone();
+        greedy.insert("literal_value".into(), json!("greedy"));
+        let e = check_resume(&p, &greedy).unwrap_err().to_string();
+        assert!(
+            e.contains("literal_value = null") && e.contains("\"greedy\""),
+            "{e}"
+        );
     }
 }

@@ -160,6 +160,11 @@ pub struct Provenance {
     /// The temperature the decision used.
     pub temperature: f64,
     pub temperature_source: TemperatureSource,
+    /// How the literal fields' values were chosen: present, `greedy`, only when the options
+    /// asked `literal_value: greedy` (absent under the default `argmax`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub literal_value: Option<LiteralValueName>,
     /// SHA-256 of the compiled schema.
     pub schema_hash: String,
     /// The loaded model's provenance keys.

@@ -56,7 +56,7 @@ pub fn completion(
             "completion_tokens": 0,
             "total_tokens": prompt_tokens,
         },
-        "forkscore": decision_json(decision, compiled, options.mode, provenance),
+        "forkscore": decision_json(decision, compiled, options, provenance),
     })
 }
 
