@@ -102,12 +102,14 @@ impl CandleBackend {
             Some(name) => profile::region(name, &b.device, forward)?,
             None => forward()?,
         };
-        profile::region("extend.split_rows", &b.device, || {
-            match crate::switches::is("FORKSCORE_ROW_SPLIT", "rows") {
+        profile::region(
+            "extend.split_rows",
+            &b.device,
+            || match crate::switches::is("FORKSCORE_ROW_SPLIT", "rows") {
                 true => split_rows_one_by_one(start, updates, &lens, past),
                 false => split_rows(start, updates, &lens, past),
-            }
-        })
+            },
+        )
     }
 }
 

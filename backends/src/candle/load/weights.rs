@@ -225,8 +225,10 @@ impl<'a> Weights<'a> {
             // read (f32) or widened (f16 / bf16) straight from the mapped bytes a run at a
             // time, each run's pages dropped once copied: the tensor is never held twice (for a
             // large embedding that transient set the load's peak)
-            let t = host_f32_runs(raw.data, stored, shape, |a, b| shards.release_part(&full, a, b))
-                .map_err(CandleError::tensor("load weight"))?;
+            let t = host_f32_runs(raw.data, stored, shape, |a, b| {
+                shards.release_part(&full, a, b)
+            })
+            .map_err(CandleError::tensor("load weight"))?;
             shards.release(&full);
             return Ok(t);
         }
@@ -277,7 +279,10 @@ fn host_f32_runs(
         _ => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
     };
     if bytes.len() != width * shape.iter().product::<usize>() {
-        candle_core::bail!("host_f32_runs: {} bytes for shape {shape:?} of {stored:?}", bytes.len());
+        candle_core::bail!(
+            "host_f32_runs: {} bytes for shape {shape:?} of {stored:?}",
+            bytes.len()
+        );
     }
     const PART: usize = 1 << 16;
     let mut out = vec![0f32; bytes.len() / width];
@@ -340,13 +345,18 @@ mod tests {
         bytes.extend((0..n).flat_map(|i| ((i as f32) * 0.37 - 5.0).to_le_bytes()));
         let bytes = &bytes[1..];
         let ranges = std::sync::Mutex::new(Vec::new());
-        let got = host_f32_runs(bytes, DType::F32, &[n], |a, b| ranges.lock().unwrap().push((a, b)))
-            .and_then(|t| t.to_vec1::<f32>())
-            .expect("runs");
+        let got = host_f32_runs(bytes, DType::F32, &[n], |a, b| {
+            ranges.lock().unwrap().push((a, b))
+        })
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("runs");
         let want = Tensor::from_raw_buffer(bytes, DType::F32, &[n], &Device::Cpu)
             .and_then(|t| t.to_vec1::<f32>())
             .expect("candle");
-        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits()));
         assert_eq!(
             ranges.into_inner().unwrap(),
             vec![(0, 4 * RUN_VALUES), (4 * RUN_VALUES, 4 * n)]

@@ -226,7 +226,13 @@ impl Mixer for SelfAttention {
             });
         }
         let o = profile::region("attention.core", dev, || match &step.packed {
-            None => attend(&q, &k, &v, past_kv, &step.masks().with_precision(self.precision)),
+            None => attend(
+                &q,
+                &k,
+                &v,
+                past_kv,
+                &step.masks().with_precision(self.precision),
+            ),
             Some(packing) => attend_segments(&q, &k, &v, packing, self.precision),
         })?; // (B, L, H*hd)
         self.output(o, gate, dev, k, v)

@@ -181,7 +181,11 @@ impl Run<'_> {
                                 (true, true) => (p - p0) / 2,
                                 (true, false) => run_pairs + rp,
                             };
-                            let at = Block { rp, p, pair: p + 1 < p1 };
+                            let at = Block {
+                                rp,
+                                p,
+                                pair: p + 1 < p1,
+                            };
                             self.block(&at, ks.clone(), e.add(slot * 1024), s);
                         }
                     }
@@ -226,7 +230,12 @@ impl Run<'_> {
             true => self.plane.add((at.p + 1) * panel),
             false => self.zero,
         };
-        let tiles = |k: usize| (ar.add(k * 2 * TILE_BYTES), [b0.add(k * TILE_BYTES), b1.add(k * TILE_BYTES)]);
+        let tiles = |k: usize| {
+            (
+                ar.add(k * 2 * TILE_BYTES),
+                [b0.add(k * TILE_BYTES), b1.add(k * TILE_BYTES)],
+            )
+        };
         match self.kind {
             Kind::Bf16 => ks.for_each(|k| {
                 let (a, b) = tiles(k);
@@ -295,7 +304,10 @@ unsafe fn scale_sums(scratch: *mut f32, rows: &[f32], cols: &[f32]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn scale_whole(scratch: *mut f32, rows: &[f32], cols: &[f32]) {
     use std::arch::x86_64::*;
-    let c = [_mm512_loadu_ps(cols.as_ptr()), _mm512_loadu_ps(cols.as_ptr().add(16))];
+    let c = [
+        _mm512_loadu_ps(cols.as_ptr()),
+        _mm512_loadu_ps(cols.as_ptr().add(16)),
+    ];
     for (r, &s) in rows.iter().enumerate() {
         let sv = _mm512_set1_ps(s);
         for (h, &ch) in c.iter().enumerate() {

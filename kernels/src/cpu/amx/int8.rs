@@ -37,7 +37,9 @@ pub fn round_row(v: &[f32], out: &mut [i8]) -> f32 {
 
 /// [`round_row`] in plain Rust (the reference the vector form is tested against).
 pub(super) fn round_row_portable(v: &[f32], out: &mut [i8]) -> f32 {
-    let amax = v.iter().fold(0f32, |m, x| if x.abs() > m { x.abs() } else { m });
+    let amax = v
+        .iter()
+        .fold(0f32, |m, x| if x.abs() > m { x.abs() } else { m });
     if v.iter().any(|x| !x.is_finite()) {
         out.iter_mut().for_each(|q| *q = 0);
         return f32::NAN;
@@ -62,7 +64,12 @@ mod x86 {
     /// same clamp; equal values (tested).
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn round_row(v: &[f32], out: &mut [i8]) -> f32 {
-        assert!(out.len() >= v.len(), "round_row: {} outputs for {} values", out.len(), v.len());
+        assert!(
+            out.len() >= v.len(),
+            "round_row: {} outputs for {} values",
+            out.len(),
+            v.len()
+        );
         let n = v.len();
         let body = n / 16 * 16;
         let (mut m, mut bad) = (_mm512_setzero_ps(), 0u16);
@@ -89,7 +96,11 @@ mod x86 {
             return 0.0;
         }
         let inv = 127.0 / amax;
-        let (iv, lo, hi) = (_mm512_set1_ps(inv), _mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+        let (iv, lo, hi) = (
+            _mm512_set1_ps(inv),
+            _mm512_set1_epi32(-127),
+            _mm512_set1_epi32(127),
+        );
         for i in (0..body).step_by(16) {
             let t = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v.as_ptr().add(i)), iv));
             let q = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(t, lo), hi));
@@ -185,7 +196,10 @@ impl AmxI8Weight {
             k,
             kp: first.kp,
             plane: Aligned::concat(&planes),
-            scales: parts.iter().flat_map(|p| p.scales.iter().copied()).collect(),
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
         })
     }
 

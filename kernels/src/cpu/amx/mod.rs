@@ -389,7 +389,10 @@ pub fn bf16_product(x: &[f32], m: usize, w: &AmxWeight) -> Result<Vec<f32>> {
 /// [`bf16_product`], and for a weight whose `out` is not whole panel pairs.
 pub fn bf16_swiglu_product(x: &[f32], m: usize, w: &AmxWeight) -> Result<Vec<f32>> {
     if w.n % (2 * NR) != 0 {
-        super::bail!("amx bf16 swiglu: {} outputs are not whole gate | up panel pairs", w.n);
+        super::bail!(
+            "amx bf16 swiglu: {} outputs are not whole gate | up panel pairs",
+            w.n
+        );
     }
     one_part_product(x, m, w, true)
 }
@@ -430,7 +433,10 @@ pub fn int8_product(x: &[f32], m: usize, w: &AmxI8Weight) -> Result<Vec<f32>> {
 /// [`int8_product`], and for a weight whose `out` is not whole panel pairs.
 pub fn int8_swiglu_product(x: &[f32], m: usize, w: &AmxI8Weight) -> Result<Vec<f32>> {
     if w.n % (2 * NR) != 0 {
-        super::bail!("amx int8 swiglu: {} outputs are not whole gate | up panel pairs", w.n);
+        super::bail!(
+            "amx int8 swiglu: {} outputs are not whole gate | up panel pairs",
+            w.n
+        );
     }
     int8_run(x, m, w, true)
 }

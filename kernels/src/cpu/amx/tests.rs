@@ -231,8 +231,13 @@ fn amx_bf16_linear_equals_the_reference() -> Result<()> {
 
 /// The in-place kernels' test shapes `(m, F, k)`: ragged rows, one row, several weight blocks
 /// (`k` = 4864), odd panels, ragged `k`, tiny `k`.
-const IN_PLACE_SHAPES: [(usize, usize, usize); 5] =
-    [(37, 32, 96), (1, 16, 896), (150, 48, 4864), (64, 96, 257), (33, 16, 31)];
+const IN_PLACE_SHAPES: [(usize, usize, usize); 5] = [
+    (37, 32, 96),
+    (1, 16, 896),
+    (150, 48, 4864),
+    (64, 96, 257),
+    (33, 16, 31),
+];
 
 /// `len` deterministic values in [-1, 1] (a sine ramp from `seed`).
 fn ramp(len: usize, seed: usize) -> Vec<f32> {
@@ -264,19 +269,31 @@ fn in_place_bf16_product_and_swiglu_equal_the_blocked_product() -> Result<()> {
         let up = AmxWeight::split_rows(&u, f, k, Parts::One);
         let stacked = AmxWeight::stack(&[&gate, &up]).expect("one k");
         let blocked = product(&x, m, &stacked, &AmxBlocking::DEFAULT)?;
-        assert_eq!(bits(&bf16_product(&x, m, &stacked)?), bits(&blocked), "({m}, {f}, {k})");
+        assert_eq!(
+            bits(&bf16_product(&x, m, &stacked)?),
+            bits(&blocked),
+            "({m}, {f}, {k})"
+        );
         // odd panel counts and a ragged last panel: the gate alone, and 7 columns of it
         for n in [f, 7] {
             let w = AmxWeight::split_rows(&g[..n * k], n, k, Parts::One);
             let want = product(&x, m, &w, &AmxBlocking::DEFAULT)?;
-            assert_eq!(bits(&bf16_product(&x, m, &w)?), bits(&want), "({m}, {n}, {k})");
+            assert_eq!(
+                bits(&bf16_product(&x, m, &w)?),
+                bits(&want),
+                "({m}, {n}, {k})"
+            );
         }
         let mut want = vec![0f32; m * f];
         for (row, out) in blocked.chunks_exact(2 * f).zip(want.chunks_exact_mut(f)) {
             crate::cpu::math::silu_mul(&row[..f], &row[f..], out);
         }
         let gu = AmxWeight::gate_up(&gate, &up).expect("whole panels");
-        assert_eq!(bits(&bf16_swiglu_product(&x, m, &gu)?), bits(&want), "swiglu ({m}, {f}, {k})");
+        assert_eq!(
+            bits(&bf16_swiglu_product(&x, m, &gu)?),
+            bits(&want),
+            "swiglu ({m}, {f}, {k})"
+        );
     }
     Ok(())
 }
@@ -287,7 +304,10 @@ fn in_place_bf16_refuses_wrong_operands() {
     let w3 = AmxWeight::split_rows(&[0.5f32; 32 * 64], 32, 64, Parts::Three);
     let w1 = AmxWeight::split_rows(&[0.5f32; 32 * 64], 32, 64, Parts::One);
     let odd = AmxWeight::split_rows(&[0.5f32; 8 * 64], 8, 64, Parts::One);
-    assert!(AmxWeight::gate_up(&odd, &odd).is_none(), "8 outputs are not a panel");
+    assert!(
+        AmxWeight::gate_up(&odd, &odd).is_none(),
+        "8 outputs are not a panel"
+    );
     assert!(AmxWeight::gate_up(&w3, &w3).is_none(), "three parts");
     assert!(AmxWeight::gate_up(&w1, &odd).is_none(), "shapes differ");
     if !available() {
@@ -298,7 +318,9 @@ fn in_place_bf16_refuses_wrong_operands() {
     assert!(e.contains("three parts"), "{e}");
     let e = bf16_product(&[0.0; 63], 1, &w1).unwrap_err().to_string();
     assert!(e.contains("63 values are not 1 rows of 64"), "{e}");
-    let e = bf16_swiglu_product(&[0.0; 64], 1, &odd).unwrap_err().to_string();
+    let e = bf16_swiglu_product(&[0.0; 64], 1, &odd)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not whole gate | up panel pairs"), "{e}");
 }
 
@@ -314,7 +336,10 @@ fn int8_rows_round_within_half_a_step() {
         let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
         assert_eq!(s, amax / 127.0);
         for (&x, &qi) in v.iter().zip(&q) {
-            assert!((x - qi as f32 * s).abs() <= 0.5 * s * 1.0001, "{x} {qi} {s}");
+            assert!(
+                (x - qi as f32 * s).abs() <= 0.5 * s * 1.0001,
+                "{x} {qi} {s}"
+            );
         }
         assert!(q.iter().any(|&x| x.unsigned_abs() == 127));
         let inv = 127.0 / amax;
@@ -328,7 +353,10 @@ fn int8_rows_round_within_half_a_step() {
         v[0] = 127.0 / 254.0 * 5.0; // a tie when the maximum is 5
         v[k - 1] = 5.0;
         let (mut a, mut b) = (vec![0i8; k], vec![0i8; k]);
-        assert_eq!(int8::round_row(&v, &mut a), int8::round_row_portable(&v, &mut b));
+        assert_eq!(
+            int8::round_row(&v, &mut a),
+            int8::round_row_portable(&v, &mut b)
+        );
         assert_eq!(a, b, "k {k}");
     }
     let mut q = vec![5i8; 4];
@@ -362,7 +390,11 @@ fn int8_product_and_swiglu_equal_the_reference() -> Result<()> {
         for n in [f, 7] {
             let w = AmxI8Weight::quantize_rows(&g[..n * k], n, k);
             let want = int8::product_reference(&x, m, &w);
-            assert_eq!(bits(&int8_product(&x, m, &w)?), bits(&want), "({m}, {n}, {k})");
+            assert_eq!(
+                bits(&int8_product(&x, m, &w)?),
+                bits(&want),
+                "({m}, {n}, {k})"
+            );
         }
         let stacked: Vec<f32> = g.iter().chain(&u).copied().collect();
         let full = int8_product(&x, m, &AmxI8Weight::quantize_rows(&stacked, 2 * f, k))?;
@@ -371,7 +403,11 @@ fn int8_product_and_swiglu_equal_the_reference() -> Result<()> {
             crate::cpu::math::silu_mul(&row[..f], &row[f..], out);
         }
         let gu = AmxI8Weight::gate_up(&gate, &up).expect("whole panels");
-        assert_eq!(bits(&int8_swiglu_product(&x, m, &gu)?), bits(&want), "swiglu ({m}, {f}, {k})");
+        assert_eq!(
+            bits(&int8_swiglu_product(&x, m, &gu)?),
+            bits(&want),
+            "swiglu ({m}, {f}, {k})"
+        );
     }
     let e = int8_product(&[0.0; 39], 1, &w).unwrap_err().to_string();
     assert!(e.contains("39 values are not 1 rows of 40"), "{e}");

@@ -30,7 +30,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::key_major::{hide, Sees};
+use super::key_major::{hide, Sees, TileSees};
 use super::*;
 use crate::cpu::amx::bf16_bits_fast;
 
@@ -83,16 +83,35 @@ pub(super) struct Packed {
 }
 
 impl Packed {
-    pub(super) fn pack(d: &Dims, b: usize, (kd, vd): (&[f32], &[f32]), (pkd, pvd): (&[f32], &[f32])) -> Self {
+    pub(super) fn pack(
+        d: &Dims,
+        b: usize,
+        (kd, vd): (&[f32], &[f32]),
+        (pkd, pvd): (&[f32], &[f32]),
+    ) -> Self {
         let (p, l, hd) = (d.p, d.l, d.hd);
         Packed {
             past: (0..d.hkv * d.slots)
                 .into_par_iter()
-                .map(|js| pack(&pkd[js * p * hd..][..p * hd], &pvd[js * p * hd..][..p * hd], p, hd))
+                .map(|js| {
+                    pack(
+                        &pkd[js * p * hd..][..p * hd],
+                        &pvd[js * p * hd..][..p * hd],
+                        p,
+                        hd,
+                    )
+                })
                 .collect(),
             new: (0..b * d.hkv)
                 .into_par_iter()
-                .map(|bj| pack(&kd[bj * l * hd..][..l * hd], &vd[bj * l * hd..][..l * hd], l, hd))
+                .map(|bj| {
+                    pack(
+                        &kd[bj * l * hd..][..l * hd],
+                        &vd[bj * l * hd..][..l * hd],
+                        l,
+                        hd,
+                    )
+                })
                 .collect(),
         }
     }
@@ -151,7 +170,10 @@ impl State {
     unsafe fn query(&mut self, c: usize, q: &[f32], scale: f32) {
         let mp = self.mp as i32;
         let sc = _mm512_set1_ps(scale);
-        let rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(mp));
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(mp),
+        );
         let qv = self.qv.as_mut_ptr() as *mut i32;
         for d in (0..self.hd).step_by(KSTEP) {
             let a = _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr().add(d)), sc);
@@ -168,7 +190,13 @@ impl State {
     /// AMX runs and this thread has loaded the tile configuration; the CPU has AVX-512; `cols`
     /// lies in `0..m`, `sees` has one entry per column with `hi ≤ n ≤ seg.n32`, and a tree's
     /// rows cover the keys.
-    unsafe fn segment(&mut self, seg: &Segment, n: usize, cols: std::ops::Range<usize>, sees: &Sees<'_>) {
+    unsafe fn segment(
+        &mut self,
+        seg: &Segment,
+        n: usize,
+        cols: std::ops::Range<usize>,
+        sees: &Sees<'_>,
+    ) {
         let (c0, c1) = (cols.start, cols.end);
         if c0 >= c1 {
             return;
@@ -186,13 +214,20 @@ impl State {
             // steps): 32 columns at a time in four C tiles (each key and query tile loaded
             // once for two products), a last 16 in two
             let key = |g: usize, d0: usize| seg.k.as_ptr().add(g * hd + d0) as *const u8;
-            let qry = |d0: usize, t: usize| self.qv.as_ptr().add((d0 / 2 * mp + t) * 2) as *const u8;
+            let qry =
+                |d0: usize, t: usize| self.qv.as_ptr().add((d0 / 2 * mp + t) * 2) as *const u8;
             let score = |g: usize, t: usize| self.s.as_ptr().add((g - k0) * mp + t) as *mut u8;
             let (ldk, ldq, lds) = (hd * 2, mp * 4, mp * 4);
             let mut t = t0;
             while t + 32 <= t1 {
                 for g0 in (k0..kend).step_by(32) {
-                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        options(nostack, nomem)
+                    );
                     for d0 in (0..hd).step_by(KSTEP) {
                         tile_load::<4>(key(g0, d0), ldk);
                         tile_load::<5>(key(g0 + 16, d0), ldk);
@@ -220,7 +255,11 @@ impl State {
                         tile_load::<2>(qry(d0, t), ldq);
                         tile_load::<3>(key(g0, d0), ldk);
                         tile_load::<4>(key(g0 + 16, d0), ldk);
-                        asm!("tdpbf16ps tmm0, tmm3, tmm2", "tdpbf16ps tmm1, tmm4, tmm2", options(nostack, nomem));
+                        asm!(
+                            "tdpbf16ps tmm0, tmm3, tmm2",
+                            "tdpbf16ps tmm1, tmm4, tmm2",
+                            options(nostack, nomem)
+                        );
                     }
                     tile_store::<0>(score(g0, t), lds);
                     tile_store::<1>(score(g0 + 16, t), lds);
@@ -246,10 +285,18 @@ impl State {
                         tile_load::<4>(e(kk), ldc);
                         tile_load::<5>(v(d0, kk), ldv);
                         tile_load::<6>(v(d0 + 16, kk), ldv);
-                        asm!("tdpbf16ps tmm0, tmm5, tmm4", "tdpbf16ps tmm1, tmm6, tmm4", options(nostack, nomem));
+                        asm!(
+                            "tdpbf16ps tmm0, tmm5, tmm4",
+                            "tdpbf16ps tmm1, tmm6, tmm4",
+                            options(nostack, nomem)
+                        );
                         tile_load::<5>(v(d0 + 32, kk), ldv);
                         tile_load::<6>(v(d0 + 48, kk), ldv);
-                        asm!("tdpbf16ps tmm2, tmm5, tmm4", "tdpbf16ps tmm3, tmm6, tmm4", options(nostack, nomem));
+                        asm!(
+                            "tdpbf16ps tmm2, tmm5, tmm4",
+                            "tdpbf16ps tmm3, tmm6, tmm4",
+                            options(nostack, nomem)
+                        );
                     }
                     tile_store::<0>(c(d0), ldc);
                     tile_store::<1>(c(d0 + 16), ldc);
@@ -276,7 +323,12 @@ impl State {
     /// `c0..c1`: running maxima and sums, the weights `e^(s − max)` rounded to bf16 into `ev`
     /// (zero in the other columns of tiles `t0..t1`), `ot` rescaled where a maximum grew.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn softmax_block(&mut self, kb: usize, (c0, c1): (usize, usize), (t0, t1): (usize, usize)) {
+    unsafe fn softmax_block(
+        &mut self,
+        kb: usize,
+        (c0, c1): (usize, usize),
+        (t0, t1): (usize, usize),
+    ) {
         use crate::cpu::math::x86::exp16;
         let (mp, hd) = (self.mp, self.hd);
         let s = self.s.as_ptr();
@@ -309,10 +361,17 @@ impl State {
                 let e1 = _mm512_maskz_mov_ps(lanes, exp_nonpositive(_mm512_sub_ps(x1, shift)));
                 acc = _mm512_add_ps(acc, _mm512_add_ps(e0, e1));
                 let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
-                _mm512_storeu_si512(ev.add(pair * mp + t) as *mut _, _mm512_permutexvar_epi16(interleave, both));
+                _mm512_storeu_si512(
+                    ev.add(pair * mp + t) as *mut _,
+                    _mm512_permutexvar_epi16(interleave, both),
+                );
             }
             let sum = _mm512_maskz_loadu_ps(lanes, self.sum.as_ptr().add(t));
-            _mm512_mask_storeu_ps(self.sum.as_mut_ptr().add(t), lanes, _mm512_fmadd_ps(alpha, sum, acc));
+            _mm512_mask_storeu_ps(
+                self.sum.as_mut_ptr().add(t),
+                lanes,
+                _mm512_fmadd_ps(alpha, sum, acc),
+            );
             _mm512_mask_storeu_ps(self.max.as_mut_ptr().add(t), lanes, mx);
             let moved = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(alpha, _mm512_set1_ps(1.0)) & lanes;
             if moved != 0 {
@@ -431,8 +490,24 @@ pub(super) unsafe fn tile(
     thread_local! {
         static STATE: RefCell<State> = RefCell::new(State::default());
     }
-    let Dims { h, hkv, g, l, hd, p, slots, per_slot } = *d;
-    let Extent { nb, ni, per_row, m, n_new } = t.extent(g, l, keys);
+    let Dims {
+        h,
+        hkv,
+        g,
+        l,
+        hd,
+        p,
+        slots,
+        per_slot,
+    } = *d;
+    let extent = t.extent(g, l, keys);
+    let Extent {
+        nb,
+        ni,
+        per_row,
+        m,
+        n_new,
+    } = extent;
     STATE.with(|cell| {
         let st = &mut *cell.borrow_mut();
         st.reset(m, hd, key_block.max(1).next_multiple_of(KSTEP));
@@ -448,27 +523,20 @@ pub(super) unsafe fn tile(
         }
         let cfg = crate::cpu::amx::tile_config();
         asm!("ldtilecfg [{0}]", in(reg) cfg.as_ptr(), options(nostack, readonly));
+        let sees = TileSees::new(&t, &extent, (p, l), (starts, keys));
         if p > 0 {
             let js = t.j * slots + t.b0 / per_slot;
-            let lo: Vec<usize> = (0..m).map(|c| starts[t.b0 + c / per_row]).collect();
-            let hi = vec![p; m];
-            let sees = Sees { lo: &lo, hi: &hi, tree: None };
-            st.segment(&packed.past[js], p, 0..m, &sees);
+            st.segment(&packed.past[js], p, 0..m, &sees.past());
         }
-        let query: Vec<usize> = (0..per_row).map(|c| t.i0 + c % ni).collect();
-        let lo = vec![0; per_row];
-        let hi: Vec<usize> = match keys {
-            NewKeys::Causal => query.iter().map(|&i| i + 1).collect(),
-            NewKeys::All | NewKeys::Tree(_) => vec![n_new; per_row],
-        };
-        let tree = match keys {
-            NewKeys::Tree(vis) => Some((*vis, &query[..], l)),
-            _ => None,
-        };
-        let sees = Sees { lo: &lo, hi: &hi, tree };
+        let new_sees = sees.new_keys();
         for bb in 0..nb {
             let bj = (t.b0 + bb) * hkv + t.j;
-            st.segment(&packed.new[bj], n_new, bb * per_row..(bb + 1) * per_row, &sees);
+            st.segment(
+                &packed.new[bj],
+                n_new,
+                bb * per_row..(bb + 1) * per_row,
+                &new_sees,
+            );
         }
         asm!("tilerelease", options(nostack, nomem));
         done(st.finish())

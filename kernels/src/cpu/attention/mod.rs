@@ -179,6 +179,7 @@ struct Tile {
 }
 
 /// A tile's extents, for `G` query heads per KV head and `L` new tokens a row.
+#[derive(Clone, Copy)]
 struct Extent {
     /// Rows and queries of the tile.
     nb: usize,

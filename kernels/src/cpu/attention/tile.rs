@@ -77,7 +77,7 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
     key_block: usize,
     done: impl FnOnce(&[f32]),
 ) {
-    use super::key_major::{with_state, Sees};
+    use super::key_major::{with_state, TileSees};
     let Dims {
         h,
         hkv,
@@ -88,13 +88,14 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
         slots,
         per_slot,
     } = *d;
+    let extent = t.extent(g, l, keys);
     let Extent {
         nb,
         ni,
         per_row,
         m,
         n_new,
-    } = t.extent(g, l, keys);
+    } = extent;
     with_state::<L, _>(m, hd, key_block, |st| {
         // columns ordered (row, head in group, query), as the other form's rows
         for bb in 0..nb {
@@ -106,15 +107,9 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
                 }
             }
         }
+        let sees = TileSees::new(&t, &extent, (p, l), (starts, keys));
         if p > 0 {
             let js = t.j * slots + t.b0 / per_slot;
-            let lo: Vec<usize> = (0..m).map(|c| starts[t.b0 + c / per_row]).collect();
-            let hi = vec![p; m];
-            let sees = Sees {
-                lo: &lo,
-                hi: &hi,
-                tree: None,
-            };
             // SAFETY: the caller checked L's instructions and that hd is a multiple of its lanes
             // (`key_major`); the slot's packed keys and values hold P keys of hd; columns 0..M,
             // every `hi` is P.
@@ -124,25 +119,11 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
                     &pvd[js * p * hd..][..p * hd],
                     p,
                     0..m,
-                    &sees,
+                    &sees.past(),
                 )
             };
         }
-        let query: Vec<usize> = (0..per_row).map(|c| t.i0 + c % ni).collect();
-        let lo = vec![0; per_row];
-        let hi: Vec<usize> = match keys {
-            NewKeys::Causal => query.iter().map(|&i| i + 1).collect(),
-            NewKeys::All | NewKeys::Tree(_) => vec![n_new; per_row],
-        };
-        let tree = match keys {
-            NewKeys::Tree(vis) => Some((*vis, &query[..], l)),
-            _ => None,
-        };
-        let sees = Sees {
-            lo: &lo,
-            hi: &hi,
-            tree,
-        };
+        let new_sees = sees.new_keys();
         for bb in 0..nb {
             let bj = (t.b0 + bb) * hkv + t.j;
             let values = &vd[bj * l * hd..][..n_new * hd];
@@ -155,7 +136,7 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
                     values,
                     n_new,
                     bb * per_row..(bb + 1) * per_row,
-                    &sees,
+                    &new_sees,
                 )
             };
         }

@@ -280,7 +280,17 @@ fn amx_bf16_form_tracks_the_candle_path_on_rounded_operands() {
         case(1, 14, 2, 3 * 64 + 21, 64, 1, 0, None, None),
         case(28, 14, 2, 3, 64, 1, 300, None, None),
         case(1, 4, 2, 64 + 36, 32, 1, 70, None, None),
-        case(6, 4, 2, 3, 128, 2, 257, Some(vec![257, 100, 3, 257, 1, 200]), None),
+        case(
+            6,
+            4,
+            2,
+            3,
+            128,
+            2,
+            257,
+            Some(vec![257, 100, 3, 257, 1, 200]),
+            None,
+        ),
         case(1, 4, 1, 40, 256, 1, 30, None, None),
         case(
             2,
@@ -297,7 +307,11 @@ fn amx_bf16_form_tracks_the_candle_path_on_rounded_operands() {
     ];
     let mut seed = 29u64;
     let mut worst = 0f32;
-    for spec in ["bf16=1", "bf16=1,query_block=5,tile_rows=7,key_block=1", "bf16=1,key_block=100000"] {
+    for spec in [
+        "bf16=1",
+        "bf16=1,query_block=5,tile_rows=7,key_block=1",
+        "bf16=1,key_block=100000",
+    ] {
         let sizes = TileSizes::parse(spec).expect("valid sizes");
         for (n, c) in cases.iter().enumerate() {
             let d = check_rounded(c, sizes, &mut seed, true);

@@ -104,6 +104,66 @@ pub(super) struct Sees<'a> {
     pub tree: Option<(&'a [u8], &'a [usize], usize)>,
 }
 
+/// What a tile's columns see, for the tile forms that attend segment by segment (key-major,
+/// AMX): all `m` columns the slot's past from their row's start, and each row's `per_row`
+/// columns (head in group, query) the row's new keys up to their query (causal), all of them,
+/// or a tree's visible ones.
+pub(super) struct TileSees<'a> {
+    past_lo: Vec<usize>,
+    past_hi: Vec<usize>,
+    query: Vec<usize>,
+    new_lo: Vec<usize>,
+    new_hi: Vec<usize>,
+    tree: Option<&'a [u8]>,
+    l: usize,
+}
+
+impl<'a> TileSees<'a> {
+    /// Tile `t`'s visibility: `p` past keys per slot (each row's from `starts[row]`), `l` new
+    /// tokens a row, `n_new` of them visible to the tile's last query.
+    pub(super) fn new(
+        t: &super::Tile,
+        e: &super::Extent,
+        (p, l): (usize, usize),
+        (starts, keys): (&[usize], &super::NewKeys<'a>),
+    ) -> Self {
+        let query: Vec<usize> = (0..e.per_row).map(|c| t.i0 + c % e.ni).collect();
+        TileSees {
+            past_lo: (0..e.m).map(|c| starts[t.b0 + c / e.per_row]).collect(),
+            past_hi: vec![p; e.m],
+            new_lo: vec![0; e.per_row],
+            new_hi: match keys {
+                super::NewKeys::Causal => query.iter().map(|&i| i + 1).collect(),
+                super::NewKeys::All | super::NewKeys::Tree(_) => vec![e.n_new; e.per_row],
+            },
+            tree: match keys {
+                super::NewKeys::Tree(vis) => Some(*vis),
+                _ => None,
+            },
+            query,
+            l,
+        }
+    }
+
+    /// The past segment's, for all the tile's columns.
+    pub(super) fn past(&self) -> Sees<'_> {
+        Sees {
+            lo: &self.past_lo,
+            hi: &self.past_hi,
+            tree: None,
+        }
+    }
+
+    /// A row's new keys', for that row's columns.
+    pub(super) fn new_keys(&self) -> Sees<'_> {
+        Sees {
+            lo: &self.new_lo,
+            hi: &self.new_hi,
+            tree: self.tree.map(|vis| (vis, &self.query[..], self.l)),
+        }
+    }
+}
+
 /// `-inf` for the scores of block `k0..k1` a column does not see: `s (k1 - k0, mp)` holds the
 /// block's scores key-major, column `c0 + i` seeing what `sees` says for index `i`.
 pub(super) fn hide(s: &mut [f32], mp: usize, (k0, k1): (usize, usize), c0: usize, sees: &Sees<'_>) {
