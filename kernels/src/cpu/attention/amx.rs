@@ -491,7 +491,6 @@ pub(super) unsafe fn tile(
         static STATE: RefCell<State> = RefCell::new(State::default());
     }
     let Dims {
-        h,
         hkv,
         g,
         l,
@@ -499,28 +498,20 @@ pub(super) unsafe fn tile(
         p,
         slots,
         per_slot,
+        ..
     } = *d;
     let extent = t.extent(g, l, keys);
     let Extent {
         nb,
-        ni,
         per_row,
         m,
         n_new,
+        ..
     } = extent;
     STATE.with(|cell| {
         let st = &mut *cell.borrow_mut();
         st.reset(m, hd, key_block.max(1).next_multiple_of(KSTEP));
-        // columns ordered (row, head in group, query), as the other forms' rows
-        for bb in 0..nb {
-            for gg in 0..g {
-                let head = t.j * g + gg;
-                let src = &qd[(((t.b0 + bb) * h + head) * l + t.i0) * hd..][..ni * hd];
-                for ii in 0..ni {
-                    st.query((bb * g + gg) * ni + ii, &src[ii * hd..][..hd], scale);
-                }
-            }
-        }
+        t.queries(d, &extent, qd, |c, q| st.query(c, q, scale));
         let cfg = crate::cpu::amx::tile_config();
         asm!("ldtilecfg [{0}]", in(reg) cfg.as_ptr(), options(nostack, readonly));
         let sees = TileSees::new(&t, &extent, (p, l), (starts, keys));

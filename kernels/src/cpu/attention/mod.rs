@@ -207,6 +207,29 @@ impl Tile {
     }
 }
 
+impl Tile {
+    /// `f(column, query)` for each of the tile's query columns, ordered (row, head in group,
+    /// query) — the order of every form's output rows — with its query `(hd,)` from `qd`.
+    fn queries<'a>(
+        &self,
+        d: &Dims,
+        e: &Extent,
+        qd: &'a [f32],
+        mut f: impl FnMut(usize, &'a [f32]),
+    ) {
+        for bb in 0..e.nb {
+            for gg in 0..d.g {
+                let head = self.j * d.g + gg;
+                let src =
+                    &qd[(((self.b0 + bb) * d.h + head) * d.l + self.i0) * d.hd..][..e.ni * d.hd];
+                for ii in 0..e.ni {
+                    f((bb * d.g + gg) * e.ni + ii, &src[ii * d.hd..][..d.hd]);
+                }
+            }
+        }
+    }
+}
+
 /// The tiles of a call of `b` rows over `slots` past slots (1 without a past), `l` new tokens.
 fn tiles(hkv: usize, g: usize, b: usize, slots: usize, l: usize, sizes: TileSizes) -> Vec<Tile> {
     let mut out = Vec::new();

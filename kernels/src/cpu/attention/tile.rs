@@ -79,7 +79,6 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
 ) {
     use super::key_major::{with_state, TileSees};
     let Dims {
-        h,
         hkv,
         g,
         l,
@@ -87,26 +86,18 @@ pub(super) fn tile_key_major<L: super::key_major::Lanes>(
         p,
         slots,
         per_slot,
+        ..
     } = *d;
     let extent = t.extent(g, l, keys);
     let Extent {
         nb,
-        ni,
         per_row,
         m,
         n_new,
+        ..
     } = extent;
     with_state::<L, _>(m, hd, key_block, |st| {
-        // columns ordered (row, head in group, query), as the other form's rows
-        for bb in 0..nb {
-            for gg in 0..g {
-                let head = t.j * g + gg;
-                let src = &qd[(((t.b0 + bb) * h + head) * l + t.i0) * hd..][..ni * hd];
-                for ii in 0..ni {
-                    st.query((bb * g + gg) * ni + ii, &src[ii * hd..][..hd], scale);
-                }
-            }
-        }
+        t.queries(d, &extent, qd, |c, q| st.query(c, q, scale));
         let sees = TileSees::new(&t, &extent, (p, l), (starts, keys));
         if p > 0 {
             let js = t.j * slots + t.b0 / per_slot;
