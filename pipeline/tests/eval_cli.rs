@@ -455,3 +455,93 @@ fn failed_lines_are_counted_by_kind() {
     assert_eq!(c["failures_by_kind"]["field_not_in_schema"], 1, "{c}");
     assert_eq!(read_json(&report)["fields"]["topic"]["n"], 1);
 }
+
+/// The generation baseline resumes: its outcomes go to `<predictions>.generate.jsonl` as they
+/// finish; a run interrupted mid-file (a torn last record) and resumed generates only the
+/// missing items and reports what the uninterrupted run reported; a resume under another
+/// token budget is refused, naming both, with the file untouched.
+#[test]
+fn the_generation_baseline_resumes_from_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = demo(tmp.path());
+    let preds = tmp.path().join("p.jsonl");
+    let report = tmp.path().join("r.json");
+    let input = example("labelled_tiny.jsonl");
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            "--model",
+            &model,
+            "--revision",
+            "demo",
+            "--input",
+            &input,
+            "--predictions",
+            s(&preds),
+            "--report",
+            s(&report),
+            "--quiet",
+            "--baseline",
+            "generate",
+        ];
+        a.extend_from_slice(extra);
+        forkscore(&a)
+    };
+    ok(&run(&["--max-new-tokens", "8"]));
+    let full = read_json(&report)["baseline"].clone();
+    let gens = tmp.path().join("p.jsonl.generate.jsonl");
+    let text = std::fs::read_to_string(&gens).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1 + 17,
+        "a header and one record per labelled line"
+    );
+    let records = |t: &str| -> Vec<serde_json::Value> {
+        t.lines()
+            .skip(1)
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().remove("seconds");
+                v
+            })
+            .collect()
+    };
+
+    // interrupted after 5 records, the 6th cut short
+    let torn = format!(
+        "{}\n{}",
+        lines[..6].join("\n"),
+        &lines[6][..lines[6].len() / 2]
+    );
+    std::fs::write(&gens, torn).unwrap();
+    ok(&run(&["--max-new-tokens", "8", "--resume"]));
+    let resumed = read_json(&report)["baseline"].clone();
+    for key in [
+        "items",
+        "valid",
+        "accuracy",
+        "agreement",
+        "fields",
+        "errors",
+        "generated_tokens",
+    ] {
+        assert_eq!(resumed[key], full[key], "{key}");
+    }
+    let again = std::fs::read_to_string(&gens).unwrap();
+    assert_eq!(
+        records(&again),
+        records(&text),
+        "the missing items generated once each"
+    );
+
+    // another token budget: refused, the file left as it was
+    let out = run(&["--max-new-tokens", "9", "--resume"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("was generated under") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&gens).unwrap(), again);
+}

@@ -4,8 +4,11 @@
 //! or missing value counts as wrong), the validity rate, per-field agreement with forkscore's
 //! values from the predictions, and the speed ratio: forkscore's decisions per second in this
 //! run's scoring job ÷ generated items per second in this run (one untimed 2-token generation
-//! warms up first). Not resumable: it runs over every labelled item each time.
+//! warms up first). Resumable: each item's outcome is appended to `<predictions>.generate.jsonl`
+//! as it finishes ([`super::generations`]), and `--resume` generates only the items missing
+//! there.
 
+use super::generations::{Generated, GenerationsFile};
 use super::join::Joined;
 use super::labels::Label;
 use super::{LabelledJobArgs, Scored};
@@ -21,6 +24,11 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 pub struct Settings {
+    /// The generations file, what its records depend on (its header), and whether to continue
+    /// it.
+    pub file: std::path::PathBuf,
+    pub header: Value,
+    pub resume: bool,
     pub max_new_tokens: Option<usize>,
     pub eos_ids: Vec<u32>,
     /// forkscore's throughput in this run (None when the scoring job scored nothing now).
@@ -117,69 +125,24 @@ pub fn run<B: Backend>(
         forkscore_decisions_per_s: settings.forkscore_decisions_per_s,
         speed_ratio: None,
     };
+    let mut file = GenerationsFile::open(&settings.file, &settings.header, settings.resume)?;
     let mut warmed = false;
     let mut elapsed = 0.0;
     for label in &scored.labelled.labels {
         bar.inc(1);
-        let Some(raw) = lines.get(label.line as usize - 1) else {
-            continue;
-        };
-        let request = match parse_line(label.line, raw.as_bytes(), false) {
-            Ok(r) => r,
-            Err(f) => {
-                report.errors.push((label.id.clone(), f.error.message));
-                count_wrong(&mut report, label);
-                continue;
+        let g = match file.done.get(&label.line) {
+            Some(g) => g.clone(),
+            None => {
+                let Some(raw) = lines.get(label.line as usize - 1) else {
+                    continue;
+                };
+                let g = generate_one(engine, &schemas, &opts, label, raw, &mut warmed);
+                file.append(&g)?;
+                g
             }
         };
-        let schema_ref: &SchemaRef = &request.schema;
-        let compiled = match schemas.resolve(engine, schema_ref) {
-            Ok(c) => c,
-            Err(e) => {
-                report.errors.push((label.id.clone(), e.message));
-                count_wrong(&mut report, label);
-                continue;
-            }
-        };
-        let context = request.context.unwrap_or_default();
-        if !warmed {
-            let warm = GenerateOptions {
-                max_new_tokens: Some(2),
-                ..opts.clone()
-            };
-            let _ = engine.generate(&context, compiled.schema_fields(), &warm);
-            warmed = true;
-        }
-        let t = Instant::now();
-        let generated = engine.generate(&context, compiled.schema_fields(), &opts);
-        elapsed += t.elapsed().as_secs_f64();
-        report.items += 1;
-        let g = match generated {
-            Ok(g) => g,
-            Err(e) => {
-                report.errors.push((label.id.clone(), e.to_string()));
-                count_wrong(&mut report, label);
-                continue;
-            }
-        };
-        report.generated_tokens += g.generated_tokens;
-        if g.valid {
-            report.valid += 1;
-        }
-        for (name, want) in &label.expected {
-            let got = g.fields.get(name).and_then(|f| f.value.clone());
-            let fb = report.fields.entry(name.clone()).or_default();
-            fb.n += 1;
-            if got.as_ref() == Some(want) {
-                fb.correct += 1;
-            }
-            if let Some(fs) = forkscore.get(&(label.id.to_string(), name.clone())) {
-                fb.compared += 1;
-                if got.as_ref() == Some(fs) {
-                    fb.agree += 1;
-                }
-            }
-        }
+        elapsed += g.seconds;
+        tally(&mut report, label, &g, &forkscore);
     }
     bar.finish_and_clear();
     let ratio = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
@@ -206,6 +169,106 @@ pub fn run<B: Backend>(
         _ => None,
     };
     Ok(report)
+}
+
+/// Generation on one labelled line (`raw`, the derived batch line): its outcome as a record.
+fn generate_one<B: Backend>(
+    engine: &Engine<B>,
+    schemas: &SchemaCache,
+    opts: &GenerateOptions,
+    label: &Label,
+    raw: &str,
+    warmed: &mut bool,
+) -> Generated {
+    let failed = |ran: bool, error: String, seconds: f64| Generated {
+        line: label.line,
+        id: label.id.clone(),
+        ran,
+        error: Some(error),
+        valid: false,
+        generated_tokens: 0,
+        seconds,
+        fields: IndexMap::new(),
+    };
+    let request = match parse_line(label.line, raw.as_bytes(), false) {
+        Ok(r) => r,
+        Err(f) => return failed(false, f.error.message, 0.0),
+    };
+    let schema_ref: &SchemaRef = &request.schema;
+    let compiled = match schemas.resolve(engine, schema_ref) {
+        Ok(c) => c,
+        Err(e) => return failed(false, e.message, 0.0),
+    };
+    let context = request.context.unwrap_or_default();
+    if !*warmed {
+        let warm = GenerateOptions {
+            max_new_tokens: Some(2),
+            ..opts.clone()
+        };
+        let _ = engine.generate(&context, compiled.schema_fields(), &warm);
+        *warmed = true;
+    }
+    let t = Instant::now();
+    let generated = engine.generate(&context, compiled.schema_fields(), opts);
+    let seconds = t.elapsed().as_secs_f64();
+    match generated {
+        Ok(g) => Generated {
+            line: label.line,
+            id: label.id.clone(),
+            ran: true,
+            error: None,
+            valid: g.valid,
+            generated_tokens: g.generated_tokens,
+            seconds,
+            fields: label
+                .expected
+                .keys()
+                .map(|name| {
+                    (
+                        name.clone(),
+                        g.fields.get(name).and_then(|f| f.value.clone()),
+                    )
+                })
+                .collect(),
+        },
+        Err(e) => failed(true, e.to_string(), seconds),
+    }
+}
+
+/// One item's outcome into the report: its counts, and per labelled field correctness and
+/// agreement with forkscore (an item without an answer counts every field as wrong).
+fn tally(
+    report: &mut BaselineReport,
+    label: &Label,
+    g: &Generated,
+    forkscore: &HashMap<(String, String), Value>,
+) {
+    if g.ran {
+        report.items += 1;
+    }
+    if let Some(e) = &g.error {
+        report.errors.push((label.id.clone(), e.clone()));
+        count_wrong(report, label);
+        return;
+    }
+    report.generated_tokens += g.generated_tokens;
+    if g.valid {
+        report.valid += 1;
+    }
+    for (name, want) in &label.expected {
+        let got = g.fields.get(name).cloned().flatten();
+        let fb = report.fields.entry(name.clone()).or_default();
+        fb.n += 1;
+        if got.as_ref() == Some(want) {
+            fb.correct += 1;
+        }
+        if let Some(fs) = forkscore.get(&(label.id.to_string(), name.clone())) {
+            fb.compared += 1;
+            if got.as_ref() == Some(fs) {
+                fb.agree += 1;
+            }
+        }
+    }
 }
 
 /// An item generation could not run on: every labelled field counts as wrong.

@@ -15,6 +15,7 @@
 //! scikit-learn's figures. `forkscore calibrate` reuses [`score_labelled`] and [`join`].
 
 pub mod baseline;
+pub mod generations;
 pub mod join;
 pub mod labels;
 pub mod metrics;
@@ -332,6 +333,20 @@ pub fn run_eval<B: Backend>(
             &scored,
             &joined,
             baseline::Settings {
+                file: generations::path_for(&args.job.predictions),
+                header: json!({
+                    "generations_of": {
+                        "model_id": model.model_id,
+                        "revision": model.revision,
+                        "fingerprint": model.fingerprint,
+                        "dtype": model.dtype,
+                        "quantization": model.quantization,
+                    },
+                    "input": args.job.input.display().to_string(),
+                    "max_new_tokens": args.max_new_tokens,
+                    "layout": args.job.scoring.layout,
+                }),
+                resume: args.job.resume,
                 max_new_tokens: args.max_new_tokens,
                 eos_ids,
                 forkscore_decisions_per_s: decisions_per_s,
