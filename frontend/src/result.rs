@@ -130,7 +130,7 @@ mod tests {
         let value = result_json(&body, layout, json!({"mode": "parallel"}));
         let keys: Vec<&str> = value
             .as_object()
-            .unwrap()
+            .expect("a JSON object")
             .keys()
             .map(String::as_str)
             .collect();
@@ -151,7 +151,7 @@ mod tests {
         let plain = result_json(&body, Layout::default(), Value::Null);
         let keys: Vec<&str> = plain
             .as_object()
-            .unwrap()
+            .expect("a JSON object")
             .keys()
             .map(String::as_str)
             .collect();
@@ -166,7 +166,7 @@ mod tests {
         let prov = decision_provenance(&model, &ScoreOptions::default(), &temperature, "h");
         let keys: Vec<&str> = prov
             .as_object()
-            .unwrap()
+            .expect("a JSON object")
             .keys()
             .map(String::as_str)
             .collect();
@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(prov["mode"], json!("tree"));
         let keys: Vec<&str> = prov
             .as_object()
-            .unwrap()
+            .expect("a JSON object")
             .keys()
             .map(String::as_str)
             .collect();

@@ -136,31 +136,42 @@ fn eval_reports_metrics_diagrams_and_counted_failures_and_resumes() {
     assert_eq!(std::fs::read_to_string(&preds).unwrap(), before);
 }
 
+/// `forkscore eval --baseline generate` of the tiny labelled file on `model`, quiet, plus
+/// `extra`.
+fn baseline_eval(model: &str, preds: &Path, report: &Path, extra: &[&str]) -> Output {
+    let input = example("labelled_tiny.jsonl");
+    let mut a = vec![
+        "eval",
+        "--model",
+        model,
+        "--revision",
+        "demo",
+        "--input",
+        &input,
+        "--predictions",
+        s(preds),
+        "--report",
+        s(report),
+        "--quiet",
+        "--baseline",
+        "generate",
+    ];
+    a.extend_from_slice(extra);
+    forkscore(&a)
+}
+
 #[test]
 fn the_generation_baseline_runs_on_the_same_items() {
     let tmp = tempfile::tempdir().unwrap();
     let model = demo(tmp.path());
     let preds = tmp.path().join("p.jsonl");
     let report = tmp.path().join("r.json");
-    let input = example("labelled_tiny.jsonl");
-    ok(&forkscore(&[
-        "eval",
-        "--model",
+    ok(&baseline_eval(
         &model,
-        "--revision",
-        "demo",
-        "--input",
-        &input,
-        "--predictions",
-        s(&preds),
-        "--report",
-        s(&report),
-        "--quiet",
-        "--baseline",
-        "generate",
-        "--max-new-tokens",
-        "8",
-    ]));
+        &preds,
+        &report,
+        &["--max-new-tokens", "8"],
+    ));
     let b = &read_json(&report)["baseline"];
     assert_eq!(b["kind"], "generate");
     assert_eq!(b["items"], 17);
@@ -466,27 +477,7 @@ fn the_generation_baseline_resumes_from_its_file() {
     let model = demo(tmp.path());
     let preds = tmp.path().join("p.jsonl");
     let report = tmp.path().join("r.json");
-    let input = example("labelled_tiny.jsonl");
-    let run = |extra: &[&str]| {
-        let mut a = vec![
-            "eval",
-            "--model",
-            &model,
-            "--revision",
-            "demo",
-            "--input",
-            &input,
-            "--predictions",
-            s(&preds),
-            "--report",
-            s(&report),
-            "--quiet",
-            "--baseline",
-            "generate",
-        ];
-        a.extend_from_slice(extra);
-        forkscore(&a)
-    };
+    let run = |extra: &[&str]| baseline_eval(&model, &preds, &report, extra);
     ok(&run(&["--max-new-tokens", "8"]));
     let full = read_json(&report)["baseline"].clone();
     let gens = tmp.path().join("p.jsonl.generate.jsonl");

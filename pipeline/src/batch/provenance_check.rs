@@ -130,8 +130,8 @@ mod tests {
         let run = json!({"model_id": "m", "revision": "r", "fingerprint": "f", "dtype": "f32",
                          "mode": "parallel", "temperature": 1.0, "default_schema_hash": "s",
                          "device": "cpu"});
-        let run = run.as_object().unwrap().clone();
-        let dir = tempfile::tempdir().unwrap();
+        let run = run.as_object().expect("a provenance object").clone();
+        let dir = tempfile::tempdir().expect("temporary folder");
         let p = dir.path().join("out.jsonl");
         let mut cases: Vec<(Value, Option<&str>)> = vec![
             (Value::Object(run.clone()), None),
@@ -211,15 +211,15 @@ mod tests {
             ),
             ("no temperature source", Value::Null, false),
         ];
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("temporary folder");
         let p = dir.path().join("out.jsonl");
         let run = json!({"model_id": "m", "temperature_source": run_source});
-        let run = run.as_object().unwrap().clone();
+        let run = run.as_object().expect("a provenance object").clone();
         for (name, found, resumes) in cases {
             let mut prov = run.clone();
             prov.insert("temperature_source".into(), found);
             let rec = json!({"id": 1, "line": 1, "provenance": prov});
-            std::fs::write(&p, format!("{rec}\n")).unwrap();
+            std::fs::write(&p, format!("{rec}\n")).expect("write the record");
             match check_resume(&p, &run) {
                 Ok(()) => assert!(resumes, "{name}: resumed"),
                 Err(e) => {
@@ -238,12 +238,12 @@ mod tests {
         // a record of a default run written before literal_value was recorded (no key) and a
         // default run now (no key either)
         let run = json!({"model_id": "m", "temperature_source": {"kind": "default"}});
-        let run = run.as_object().unwrap().clone();
-        let dir = tempfile::tempdir().unwrap();
+        let run = run.as_object().expect("a provenance object").clone();
+        let dir = tempfile::tempdir().expect("temporary folder");
         let p = dir.path().join("out.jsonl");
         let rec = json!({"id": 1, "line": 1, "provenance": run});
-        std::fs::write(&p, format!("{rec}\n")).unwrap();
-        check_resume(&p, &run).unwrap();
+        std::fs::write(&p, format!("{rec}\n")).expect("write the record");
+        check_resume(&p, &run).expect("resumes");
         let mut greedy = run.clone();
         greedy.insert("literal_value".into(), json!("greedy"));
         let e = check_resume(&p, &greedy).unwrap_err().to_string();

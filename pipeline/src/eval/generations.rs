@@ -66,8 +66,10 @@ impl GenerationsFile {
             for (i, line) in text.split_inclusive('\n').enumerate() {
                 let complete = line.ends_with('\n');
                 let body = line.trim_end_matches('\n');
-                if i == 0 && !complete {
-                    break; // a header cut short: nothing was generated yet
+                if !complete {
+                    // the interrupted run's last line, cut short: a header means nothing was
+                    // generated yet, a record is generated again
+                    break;
                 }
                 if i == 0 {
                     let found: Value = serde_json::from_str(body).with_context(|| {
@@ -82,32 +84,24 @@ impl GenerationsFile {
                     keep += line.len();
                     continue;
                 }
-                match serde_json::from_str::<Generated>(body) {
-                    Ok(g) if complete => {
-                        done.insert(g.line, g);
-                        keep += line.len();
-                    }
-                    // the interrupted run's last record, cut short: generated again
-                    _ if !complete => break,
-                    Err(e) => bail!(
-                        "{}: line {} is not a generation record: {e}",
+                let g: Generated = serde_json::from_str(body).with_context(|| {
+                    format!(
+                        "{}: line {} is not a generation record",
                         path.display(),
                         i + 1
-                    ),
-                    Ok(_) => unreachable!("a complete record is kept above"),
-                }
+                    )
+                })?;
+                done.insert(g.line, g);
+                keep += line.len();
             }
             if keep > 0 {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open {}", path.display()))?;
-                file.set_len(keep as u64)
-                    .with_context(|| format!("cannot cut {}", path.display()))?;
                 let file = OpenOptions::new()
                     .append(true)
                     .open(path)
                     .with_context(|| format!("cannot open {}", path.display()))?;
+                // appends go to the (new) end
+                file.set_len(keep as u64)
+                    .with_context(|| format!("cannot cut {}", path.display()))?;
                 return Ok(GenerationsFile {
                     path: path.to_path_buf(),
                     file,

@@ -346,7 +346,7 @@ mod tests {
         let bytes = &bytes[1..];
         let ranges = std::sync::Mutex::new(Vec::new());
         let got = host_f32_runs(bytes, DType::F32, &[n], |a, b| {
-            ranges.lock().unwrap().push((a, b))
+            ranges.lock().expect("ranges lock").push((a, b))
         })
         .and_then(|t| t.to_vec1::<f32>())
         .expect("runs");
