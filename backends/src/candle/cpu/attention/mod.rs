@@ -16,22 +16,27 @@ use crate::error::CandleError;
 use kernel::TileForm;
 pub(crate) use kernel::TileSizes;
 
-/// `FORKSCORE_CPU_ATTENTION`, read once.
-fn spec() -> Option<&'static str> {
+/// The sizes this process runs with (`FORKSCORE_CPU_ATTENTION` over the default, read and
+/// parsed once; an invalid value is an error naming it), and whether that value sets `bf16`
+/// itself (then it holds over the layers' precision).
+fn chosen_sizes() -> Result<(TileSizes, bool), CandleError> {
     use std::sync::OnceLock;
-    static SPEC: OnceLock<Option<&str>> = OnceLock::new();
-    *SPEC.get_or_init(|| crate::switches::value("FORKSCORE_CPU_ATTENTION"))
-}
-
-/// The sizes this process runs with (`FORKSCORE_CPU_ATTENTION` over the default, read once; an
-/// invalid value is an error naming it).
-fn chosen_sizes() -> Result<TileSizes, CandleError> {
-    match spec() {
-        None => Ok(TileSizes::default()),
-        Some(s) => TileSizes::parse(s).map_err(|e| CandleError::InvalidRequest {
-            reason: format!("FORKSCORE_CPU_ATTENTION={s:?}: {e}"),
-        }),
-    }
+    static CHOSEN: OnceLock<Result<(TileSizes, bool), String>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| match crate::switches::value("FORKSCORE_CPU_ATTENTION") {
+        None => Ok((TileSizes::default(), false)),
+        Some(s) => {
+            let names_bf16 = s.split(',').any(|part| {
+                part.split_once('=')
+                    .is_some_and(|(k, _)| k.trim() == "bf16")
+            });
+            TileSizes::parse(s)
+                .map(|t| (t, names_bf16))
+                .map_err(|e| format!("FORKSCORE_CPU_ATTENTION={s:?}: {e}"))
+        }
+    });
+    chosen
+        .clone()
+        .map_err(|reason| CandleError::InvalidRequest { reason })
 }
 
 /// Whether [`attend`] computes this call: f32 on the CPU, grouped heads that divide evenly.
@@ -88,9 +93,9 @@ pub(crate) fn attend(
     new_keys: Option<&NewKeysMask>,
     bf16: bool,
 ) -> Result<Tensor, CandleError> {
-    let mut sizes = chosen_sizes()?;
-    // the layer's precision, unless `FORKSCORE_CPU_ATTENTION` names `bf16=` itself
-    if !spec().is_some_and(|s| s.contains("bf16")) {
+    let (mut sizes, names_bf16) = chosen_sizes()?;
+    // the layer's precision, unless `FORKSCORE_CPU_ATTENTION` sets `bf16` itself
+    if !names_bf16 {
         sizes.bf16 = bf16;
     }
     attend_with(q, k_new, v_new, past, past_start, new_keys, sizes)
