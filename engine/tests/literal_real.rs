@@ -320,3 +320,88 @@ fn tree_mode_decision_snapshot_on_the_demo_model() {
         ".telemetry.state_bytes" => "[bytes]",
     });
 }
+
+/// `json` scoring: the scoring prompt is the generation baseline's prompt, character for
+/// character; each field's row opens the object (`{"name":`) and each choice's path is the
+/// whole prompt's tokenization of its JSON value and the object's next character (`,`, `}`
+/// after the last field); the probabilities equal the constrained decoder's, computed from
+/// full prompts, in every mode and on every architecture. The choices include one that is a
+/// prefix of another (`high` / `high risk`), digit strings (`1` / `12`) and a boolean.
+#[test]
+fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
+    let v = json!({
+        "scoring": "json",
+        "risk": {"type": "enum", "description": "Operational risk.",
+                 "choices": ["high", "high risk", "low", "medium", "medium-high", "critical"]},
+        "tier": {"type": "enum", "choices": ["1", "12", "2"]},
+        "urgent": {"type": "boolean"},
+    });
+    let schema = Schema::from_json_str(&v.to_string()).unwrap();
+    let expected: [(&str, Vec<serde_json::Value>); 3] = [
+        (
+            "risk",
+            [
+                "high",
+                "high risk",
+                "low",
+                "medium",
+                "medium-high",
+                "critical",
+            ]
+            .map(|c| json!(c))
+            .to_vec(),
+        ),
+        ("tier", ["1", "12", "2"].map(|c| json!(c)).to_vec()),
+        ("urgent", vec![json!(false), json!(true)]),
+    ];
+    for (name, engine) in engines() {
+        let generation_prompt = forkscore_engine::generate::prompt::render(
+            engine.tokenizer().template(),
+            CONTEXT,
+            schema.fields(),
+            forkscore_engine::Layout::ContextFirst,
+        )
+        .unwrap();
+        for mode in [
+            Mode::Parallel,
+            Mode::CachedSerial,
+            Mode::Independent,
+            Mode::Tree,
+        ] {
+            let d = decide(engine, &schema, mode);
+            let prompt = d.prompt.as_ref().unwrap();
+            assert_eq!(
+                prompt.prefix_text, generation_prompt,
+                "{name}: the same prompt"
+            );
+            for (row, (field, choices)) in expected.iter().enumerate() {
+                let r = &prompt.rows[row];
+                assert_eq!(r.selector, format!("{{\"{field}\":"), "{name}");
+                let head = [prompt.prefix_ids.as_slice(), &r.suffix_ids].concat();
+                let end = if row + 1 == expected.len() { "}" } else { "," };
+                for (path, choice) in r.choice_ids.iter().zip(choices) {
+                    let whole = engine
+                        .tokenizer()
+                        .encode(&format!(
+                            "{}{{\"{field}\": {choice}{end}",
+                            prompt.prefix_text
+                        ))
+                        .unwrap();
+                    assert_eq!(whole, [head.as_slice(), path].concat(), "{name} {choice}");
+                }
+                let want =
+                    reference_exact(engine.backend(), &head, &r.choice_ids, d.temperature.value);
+                let f = &d.fields[*field];
+                assert_eq!(f.scoring, Some("json"));
+                let got: Vec<f32> = f.scores.values().map(|&p| p as f32).collect();
+                Tolerance::CPU_F32_STRICT.assert_close(
+                    &format!("{name} {mode:?} {field}: json probabilities vs full prompts"),
+                    &got,
+                    &want,
+                );
+                let sum: f64 = f.scores.values().sum();
+                assert!((sum - 1.0).abs() < 1e-9, "{name} {field}: Σp = {sum}");
+            }
+        }
+    }
+}

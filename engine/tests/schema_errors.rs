@@ -49,6 +49,25 @@ fn malformed_schemas_are_rejected_with_their_path_and_rule() {
             matches!(k, K::FieldNotAnObject { found: "an array" })
         }),
         (r#"{"a": {}}"#, "a", |k| matches!(k, K::MissingType)),
+        // json scoring is all fields or none
+        (
+            r#"{"a": {"type": "boolean", "scoring": "json"}, "b": {"type": "boolean"}}"#,
+            "b.scoring",
+            |k| matches!(k, K::MixedJsonScoring { json_field, scoring: "code" } if json_field == "a"),
+        ),
+        (
+            r#"{"type": "object", "properties": {"a": {"type": "boolean", "scoring": "literal"}, "b": {"type": "boolean", "scoring": "json"}}}"#,
+            "properties.a.scoring",
+            |k| {
+                matches!(
+                    k,
+                    K::MixedJsonScoring {
+                        scoring: "literal",
+                        ..
+                    }
+                )
+            },
+        ),
         (r#"{"a": {"type": 1}}"#, "a.type", |k| {
             matches!(k, K::TypeNotString { .. })
         }),

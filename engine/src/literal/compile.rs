@@ -19,7 +19,7 @@
 
 use super::{BranchAt, ChoiceTrie, TrieError};
 use crate::prepare::anchor::AnchoredPrompt;
-use crate::schema::{Field, LiteralMethod};
+use crate::schema::{Choice, Field, LiteralMethod, Scoring};
 use crate::tokenizer::TokenizerError;
 use rayon::prelude::*;
 
@@ -62,6 +62,18 @@ pub fn choice_text(choice: &str) -> String {
     format!(" {choice}\n")
 }
 
+/// The text after field `field`'s selector for `choice`: [`choice_text`], or for a
+/// `json`-scored field the choice's JSON value (`"low"`, `true`) and the object's next
+/// character, `,` before another field or `}` after the `last` one, as a model writing the
+/// whole object would (the end of the choice, so no choice's path is a prefix of another's).
+pub fn continuation(field: &Field, choice: &Choice, last: bool) -> String {
+    if field.scoring == Scoring::Json {
+        format!(" {}{}", choice.to_json(), if last { "}" } else { "," })
+    } else {
+        choice_text(&choice.key())
+    }
+}
+
 /// The tokens of `whole` after `head`, when `head` is a strict prefix of it.
 pub fn path_after<'a>(head: &[u32], whole: &'a [u32]) -> Option<&'a [u32]> {
     (whole.len() > head.len() && whole.starts_with(head)).then(|| &whole[head.len()..])
@@ -77,13 +89,15 @@ pub fn literal_paths(
     selector: &str,
     selector_tail: &[u32],
     field: &Field,
+    last: bool,
 ) -> Result<Vec<Vec<u32>>, LiteralError> {
     let paths: Vec<Result<Vec<u32>, LiteralError>> = field
         .choices
         .par_iter()
         .map(|c| {
             let name = c.key();
-            let whole = anchored.tail_ids(&format!("{selector}{}", choice_text(&name)))?;
+            let text = continuation(field, c, last);
+            let whole = anchored.tail_ids(&format!("{selector}{text}"))?;
             path_after(selector_tail, &whole)
                 .map(<[u32]>::to_vec)
                 .ok_or_else(|| LiteralError::MergesWithSelector {

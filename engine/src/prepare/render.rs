@@ -13,7 +13,14 @@
 //! text itself (`" low\n"`). Only a schema with a literal field uses the instructions and the
 //! closing line that mention answering with a choice's text: a code-only schema renders exactly
 //! as before literal scoring existed.
+//!
+//! A `json`-scored schema ([`answers_in_json`]) renders the generation baseline's prompt
+//! instead ([`crate::generate::prompt`]: the same template, a request for one JSON object),
+//! each field's selector is the object's opening `{"name":`, and a choice continues it with
+//! its JSON value and the object's next character (`" low",`; see
+//! [`crate::literal::compile::continuation`]).
 
+use crate::generate::prompt as json_prompt;
 use crate::options::Layout;
 use crate::schema::{Field, Scoring};
 use crate::template::{ChatTemplate, Message, TemplateError};
@@ -38,6 +45,11 @@ pub fn has_literal(fields: &[Field]) -> bool {
     fields.iter().any(|f| f.scoring != Scoring::Code)
 }
 
+/// True when the schema's fields are scored as JSON values (all of them: the schema checks it).
+pub fn answers_in_json(fields: &[Field]) -> bool {
+    fields.first().is_some_and(|f| f.scoring == Scoring::Json)
+}
+
 /// The code of choice `i` (`A` for 0).
 pub fn code(i: usize) -> char {
     CODES[i]
@@ -48,9 +60,14 @@ pub fn code_text(i: usize) -> String {
     format!(" {}", CODES[i])
 }
 
-/// The per-field selector appended after the prefix.
+/// The per-field selector appended after the prefix: `name:`, or `{"name":` (the field's
+/// name as a JSON string) for a `json`-scored field.
 pub fn selector(field: &Field) -> String {
-    format!("{}:", field.name)
+    if field.scoring == Scoring::Json {
+        format!("{{{}:", serde_json::Value::String(field.name.clone()))
+    } else {
+        format!("{}:", field.name)
+    }
 }
 
 /// The user turn in `layout`, and the byte offset of the context inside it.
@@ -58,6 +75,9 @@ pub fn selector(field: &Field) -> String {
 /// - fields-first: [`listing`] + `\nContext:\n{context}\n\n` + [`closing`] — the schema's whole
 ///   text before the context, so every context of a schema shares it as prompt head.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
+    if answers_in_json(fields) {
+        return json_prompt::user_message_in(context, fields, layout);
+    }
     arrange(layout, context, &listing(fields), closing(fields))
 }
 
@@ -98,6 +118,9 @@ pub const CONTEXT_HEAD: &str = "Context:\n";
 /// The schema's own text as the user turn lists it, whatever the layout: the listing of
 /// [`catalogue`] (context-first) or the listing alone (fields-first, before the context).
 pub fn schema_text(fields: &[Field], layout: Layout) -> String {
+    if answers_in_json(fields) {
+        return json_prompt::schema_text(fields, layout);
+    }
     match layout {
         Layout::ContextFirst => catalogue(fields),
         Layout::FieldsFirst => listing(fields),
@@ -107,6 +130,9 @@ pub fn schema_text(fields: &[Field], layout: Layout) -> String {
 /// What the user turn holds after the context in the context-first layout: a blank line, the
 /// [`listing`], a blank line and the [`closing`] line.
 pub fn catalogue(fields: &[Field]) -> String {
+    if answers_in_json(fields) {
+        return json_prompt::catalogue(fields);
+    }
     let (listing, closing) = (listing(fields), closing(fields));
     let mut out = String::with_capacity(listing.len() + closing.len() + 3);
     out.push_str("\n\n");
@@ -160,6 +186,9 @@ pub fn render_prefix(
     fields: &[Field],
     layout: Layout,
 ) -> Result<String, TemplateError> {
+    if answers_in_json(fields) {
+        return json_prompt::render(template, context, fields, layout);
+    }
     template.render(&[
         Message {
             role: "system",

@@ -118,7 +118,10 @@ impl CompiledSchema {
             .par_iter()
             .zip(&selectors)
             .zip(&tails)
-            .map(|((f, sel), tail)| field_tokens(&anchored, f, sel, tail))
+            .enumerate()
+            .map(|(i, ((f, sel), tail))| {
+                field_tokens(&anchored, f, sel, tail, i + 1 == schema.fields().len())
+            })
             .collect();
         let mut candidates: Vec<u32> = Vec::new();
         let mut tree_candidates: Vec<u32> = Vec::new();
@@ -254,20 +257,23 @@ enum FieldTokens {
     Literal(LiteralMethod, Vec<Vec<u32>>),
 }
 
-/// Field `f`'s tokens after its selector `sel`, whose tail tokens are `sel_tail`.
+/// Field `f`'s tokens after its selector `sel`, whose tail tokens are `sel_tail` (`last`: the
+/// schema's last field, whose JSON value closes the object).
 fn field_tokens(
     anchored: &AnchoredPrompt,
     f: &Field,
     sel: &str,
     sel_tail: &[u32],
+    last: bool,
 ) -> Result<FieldTokens, CompileError> {
-    if let Scoring::Literal(method) = f.scoring {
-        let paths =
-            literal_paths(anchored, sel, sel_tail, f).map_err(|source| CompileError::Literal {
+    if let Some(method) = f.scoring.literal_method() {
+        let paths = literal_paths(anchored, sel, sel_tail, f, last).map_err(|source| {
+            CompileError::Literal {
                 field: f.name.clone(),
                 scoring: f.scoring.name(),
                 source,
-            })?;
+            }
+        })?;
         return Ok(FieldTokens::Literal(method, paths));
     }
     (0..f.choices.len())

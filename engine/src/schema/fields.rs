@@ -413,7 +413,7 @@ fn parse_enum_choices(
         let count = arr.len();
         let kind = match scoring {
             Scoring::Code => SchemaErrorKind::TooManyChoices { count },
-            Scoring::Literal(_) => SchemaErrorKind::TooManyLiteralChoices {
+            Scoring::Literal(_) | Scoring::Json => SchemaErrorKind::TooManyLiteralChoices {
                 count,
                 max: scoring.max_choices(),
             },

@@ -3,7 +3,8 @@
 //!
 //! Rules: an enum has 1–26 distinct non-empty string choices (code scoring) or up to
 //! [`MAX_LITERAL_CHOICES`] with literal-choice scoring (`"scoring"` on the field, at the schema
-//! root, or the caller's default: [`Schema::from_json_str_with`]); a boolean defaults to
+//! root, or the caller's default: [`Schema::from_json_str_with`]); `"json"` scoring is all
+//! fields or none; a boolean defaults to
 //! `[false, true]` and explicit `"choices": [true, false]` reverses that order; selected booleans
 //! stay JSON booleans while score keys are `"false"`/`"true"`; `choice_descriptions` keys must
 //! all be choices; field order is the schema's order; a schema holds at most
@@ -41,6 +42,13 @@ pub enum Scoring {
     /// The choice's own text, scored token by token over the trie of all choices.
     #[serde(rename = "literal")]
     Literal(LiteralMethod),
+    /// The field's JSON value, scored token by token as `"literal"` scores a choice's text, in
+    /// the prompt that asks for one JSON object (the generation baseline's prompt): the row
+    /// is `{"name":` and each choice continues it with ` <value>` and the object's next
+    /// character (`,`, or `}` after the last field). Schema-wide: the prompt is one for all
+    /// fields, so a schema scores every field this way or none.
+    #[serde(rename = "json")]
+    Json,
 }
 
 /// What a literal-scored field's probability is.
@@ -81,17 +89,28 @@ impl Scoring {
             Scoring::Literal(LiteralMethod::FirstToken) => "literal-first-token",
             Scoring::Literal(LiteralMethod::SumLoglik) => "literal-sum-loglik",
             Scoring::Literal(LiteralMethod::MeanLoglik) => "literal-mean-loglik",
+            Scoring::Json => "json",
+        }
+    }
+
+    /// How a field scored by its choices' tokens turns them into a probability (None for code
+    /// letters): `json` fields take the constrained decoder's probability, as `"literal"`.
+    pub fn literal_method(self) -> Option<LiteralMethod> {
+        match self {
+            Scoring::Code => None,
+            Scoring::Literal(m) => Some(m),
+            Scoring::Json => Some(LiteralMethod::Exact),
         }
     }
 
     /// Every accepted spelling, for error messages.
-    pub const NAMES: &'static str = "\"code\", \"literal\", \"literal-first-token\", \"literal-sum-loglik\", \"literal-mean-loglik\"";
+    pub const NAMES: &'static str = "\"code\", \"literal\", \"literal-first-token\", \"literal-sum-loglik\", \"literal-mean-loglik\", \"json\"";
 
     /// Most choices a field scored this way may have.
     pub fn max_choices(self) -> usize {
         match self {
             Scoring::Code => MAX_CHOICES,
-            Scoring::Literal(_) => MAX_LITERAL_CHOICES,
+            Scoring::Literal(_) | Scoring::Json => MAX_LITERAL_CHOICES,
         }
     }
 }
@@ -105,6 +124,7 @@ impl std::str::FromStr for Scoring {
             "literal-first-token" => Ok(Scoring::Literal(LiteralMethod::FirstToken)),
             "literal-sum-loglik" => Ok(Scoring::Literal(LiteralMethod::SumLoglik)),
             "literal-mean-loglik" => Ok(Scoring::Literal(LiteralMethod::MeanLoglik)),
+            "json" => Ok(Scoring::Json),
             other => Err(format!(
                 "unknown scoring {other:?} (expected {})",
                 Scoring::NAMES
@@ -221,6 +241,11 @@ pub enum SchemaErrorKind {
         expected: &'static str,
         found: String,
     },
+    #[error("this field is scored {scoring:?} but field {json_field:?} is scored \"json\": json scoring asks for the whole answer as one JSON object, so every field of a schema must use it or none (set \"scoring\": \"json\" at the schema root, or --scoring json)")]
+    MixedJsonScoring {
+        json_field: String,
+        scoring: &'static str,
+    },
     #[error("enum choices must be strings, found {found}")]
     ChoiceNotString { found: &'static str },
     #[error("enum choices must be non-empty strings")]
@@ -258,6 +283,25 @@ pub(crate) fn err(path: impl Into<String>, kind: SchemaErrorKind) -> SchemaError
     SchemaError {
         path: path.into(),
         kind,
+    }
+}
+
+/// `json` scoring renders the whole prompt as a request for one JSON object, so it is all
+/// fields or none: the first field that differs from the first `json` field is named.
+/// `field_path` is what comes before a field's name in an error's path.
+fn check_json_scoring(fields: &[Field], field_path: &str) -> Result<(), SchemaError> {
+    let Some(json) = fields.iter().find(|f| f.scoring == Scoring::Json) else {
+        return Ok(());
+    };
+    match fields.iter().find(|f| f.scoring != Scoring::Json) {
+        None => Ok(()),
+        Some(other) => Err(err(
+            format!("{field_path}{}.scoring", other.name),
+            SchemaErrorKind::MixedJsonScoring {
+                json_field: json.name.clone(),
+                scoring: other.scoring.name(),
+            },
+        )),
     }
 }
 
@@ -344,6 +388,12 @@ impl Schema {
         if fields.is_empty() {
             return Err(err("<root>", SchemaErrorKind::Empty));
         }
+        let field_path = if is_json_schema(root) {
+            "properties."
+        } else {
+            ""
+        };
+        check_json_scoring(&fields, field_path)?;
         Ok(Schema { fields })
     }
 
