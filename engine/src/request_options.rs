@@ -38,7 +38,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "scoring",
         flag: "--scoring",
-        values: "code, literal, literal-first-token, literal-sum-loglik, literal-mean-loglik",
+        values: "code, literal, literal-first-token, literal-sum-loglik, literal-mean-loglik, json",
         default: "code",
     },
     OptionSpec {

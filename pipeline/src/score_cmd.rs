@@ -20,8 +20,9 @@ pub struct SchemaArgs {
     #[arg(long)]
     pub schema: Option<String>,
     /// How the fields of this schema that name no `scoring` (and whose schema root names
-    /// none) are scored: code (default), literal, literal-first-token, literal-sum-loglik or
-    /// literal-mean-loglik. Applies to --schema / --schema-file, not to batch lines' own schemas.
+    /// none) are scored: code (default), literal, literal-first-token, literal-sum-loglik,
+    /// literal-mean-loglik or json (the generation baseline's prompt, every field's JSON value
+    /// scored as written). Applies to --schema / --schema-file, not to batch lines' own schemas.
     #[arg(long, default_value = "code")]
     pub scoring: Scoring,
 }

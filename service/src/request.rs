@@ -13,7 +13,7 @@
 //! `allow_uncalibrated`, `max_input_tokens` (1 ..= the server's bound), `field_batch_size` (≥ 1),
 //! `include_prompt`, `allowed_mass` (bool) and `top_k` (0 ..= 1024, needs `allowed_mass`; default 5),
 //! as `forkscore score --allowed-mass --top-k`, and `scoring` (`code` | `literal` |
-//! `literal-first-token` | `literal-sum-loglik` | `literal-mean-loglik`: how the schema's fields
+//! `literal-first-token` | `literal-sum-loglik` | `literal-mean-loglik` | `json`: how the schema's fields
 //! that name no `scoring` of their own are scored, as `forkscore score --scoring`), and
 //! `literal_value` (`argmax` | `greedy`, as `--literal-value`).
 
