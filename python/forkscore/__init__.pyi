@@ -24,7 +24,7 @@ OPTIONS: List[Dict[str, str]]
 
 Mode = Literal["parallel", "cached-serial", "independent", "tree"]
 ScoringMethod = Literal[
-    "code", "literal", "literal-first-token", "literal-sum-loglik", "literal-mean-loglik"
+    "code", "literal", "literal-first-token", "literal-sum-loglik", "literal-mean-loglik", "json"
 ]
 LiteralValue = Literal["argmax", "greedy"]
 Layout = Literal["context-first", "fields-first"]

@@ -89,15 +89,17 @@ pub enum ScoringName {
     LiteralFirstToken,
     LiteralSumLoglik,
     LiteralMeanLoglik,
+    Json,
 }
 
 impl ScoringName {
-    pub const ALL: [ScoringName; 5] = [
+    pub const ALL: [ScoringName; 6] = [
         ScoringName::Code,
         ScoringName::Literal,
         ScoringName::LiteralFirstToken,
         ScoringName::LiteralSumLoglik,
         ScoringName::LiteralMeanLoglik,
+        ScoringName::Json,
     ];
 }
 

@@ -399,7 +399,7 @@ impl SelfAttention {
     /// The stacked `q | k | v` product `(B, L, H + 2Hkv, hd)` into heads on CUDA in bf16: the
     /// query and key heads rotated by the fused heads kernel straight from their views of the
     /// product ([`Self::rotated_heads`], no norm), the value heads one head-major copy. `None`
-    /// where that kernel does not take the call, or unless `fusion::qkv_heads` opts in (the
+    /// where that kernel does not take the call, or where `fusion::qkv_heads` is off (the
     /// candle form then runs).
     fn fused_stacked_heads(
         &self,
