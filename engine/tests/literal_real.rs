@@ -322,9 +322,9 @@ fn tree_mode_decision_snapshot_on_the_demo_model() {
 }
 
 /// `json` scoring: the scoring prompt is the generation baseline's prompt, character for
-/// character; each field's row opens the object (`{"name":`) and each choice's path is the
-/// whole prompt's tokenization of its JSON value and the object's next character (`,`, `}`
-/// after the last field); the probabilities equal the constrained decoder's, computed from
+/// character; each field's row opens the object (`{\n  "name":`) and each choice's path is the
+/// whole prompt's tokenization of its JSON value and what follows it (`,`, `\n}` after the
+/// last field); the probabilities equal the constrained decoder's, computed from
 /// full prompts, in every mode and on every architecture. The choices include one that is a
 /// prefix of another (`high` / `high risk`), digit strings (`1` / `12`) and a boolean.
 #[test]
@@ -376,14 +376,14 @@ fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
             );
             for (row, (field, choices)) in expected.iter().enumerate() {
                 let r = &prompt.rows[row];
-                assert_eq!(r.selector, format!("{{\"{field}\":"), "{name}");
+                assert_eq!(r.selector, format!("{{\n  \"{field}\":"), "{name}");
                 let head = [prompt.prefix_ids.as_slice(), &r.suffix_ids].concat();
-                let end = if row + 1 == expected.len() { "}" } else { "," };
+                let end = if row + 1 == expected.len() { "\n}" } else { "," };
                 for (path, choice) in r.choice_ids.iter().zip(choices) {
                     let whole = engine
                         .tokenizer()
                         .encode(&format!(
-                            "{}{{\"{field}\": {choice}{end}",
+                            "{}{{\n  \"{field}\": {choice}{end}",
                             prompt.prefix_text
                         ))
                         .unwrap();

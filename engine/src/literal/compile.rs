@@ -63,12 +63,12 @@ pub fn choice_text(choice: &str) -> String {
 }
 
 /// The text after field `field`'s selector for `choice`: [`choice_text`], or for a
-/// `json`-scored field the choice's JSON value (`"low"`, `true`) and the object's next
-/// character, `,` before another field or `}` after the `last` one, as a model writing the
-/// whole object would (the end of the choice, so no choice's path is a prefix of another's).
+/// `json`-scored field the choice's JSON value (`"low"`, `true`) and what follows it in an
+/// object written with one key per line: `,` before another field, `\n}` after the `last`
+/// one (the end of the choice, so no choice's path is a prefix of another's).
 pub fn continuation(field: &Field, choice: &Choice, last: bool) -> String {
     if field.scoring == Scoring::Json {
-        format!(" {}{}", choice.to_json(), if last { "}" } else { "," })
+        format!(" {}{}", choice.to_json(), if last { "\n}" } else { "," })
     } else {
         choice_text(&choice.key())
     }

@@ -16,8 +16,9 @@
 //!
 //! A `json`-scored schema ([`answers_in_json`]) renders the generation baseline's prompt
 //! instead ([`crate::generate::prompt`]: the same template, a request for one JSON object),
-//! each field's selector is the object's opening `{"name":`, and a choice continues it with
-//! its JSON value and the object's next character (`" low",`; see
+//! each field's selector is the object's opening `{\n  "name":` (indented as the models write
+//! it), and a choice continues it with its JSON value and what follows it in the object
+//! (`" low",`; see
 //! [`crate::literal::compile::continuation`]).
 
 use crate::generate::prompt as json_prompt;
@@ -60,11 +61,12 @@ pub fn code_text(i: usize) -> String {
     format!(" {}", CODES[i])
 }
 
-/// The per-field selector appended after the prefix: `name:`, or `{"name":` (the field's
-/// name as a JSON string) for a `json`-scored field.
+/// The per-field selector appended after the prefix: `name:`, or for a `json`-scored field the
+/// object opened as chat models write it, indented by two spaces: `{\n  "name":` (the field's
+/// name as a JSON string).
 pub fn selector(field: &Field) -> String {
     if field.scoring == Scoring::Json {
-        format!("{{{}:", serde_json::Value::String(field.name.clone()))
+        format!("{{\n  {}:", serde_json::Value::String(field.name.clone()))
     } else {
         format!("{}:", field.name)
     }

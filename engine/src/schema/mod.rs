@@ -44,8 +44,8 @@ pub enum Scoring {
     Literal(LiteralMethod),
     /// The field's JSON value, scored token by token as `"literal"` scores a choice's text, in
     /// the prompt that asks for one JSON object (the generation baseline's prompt): the row
-    /// is `{"name":` and each choice continues it with ` <value>` and the object's next
-    /// character (`,`, or `}` after the last field). Schema-wide: the prompt is one for all
+    /// is `{\n  "name":` and each choice continues it with ` <value>` and what follows it
+    /// (`,`, or `\n}` after the last field). Schema-wide: the prompt is one for all
     /// fields, so a schema scores every field this way or none.
     #[serde(rename = "json")]
     Json,
