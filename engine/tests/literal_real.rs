@@ -405,3 +405,31 @@ fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
         }
     }
 }
+
+/// One whole json-scored decision on the demo model (the tiny Qwen2.5) with its prompt: the
+/// generation prompt, the object-opening rows and the JSON choice paths; floats rounded as
+/// above.
+#[test]
+fn json_decision_snapshot_on_the_demo_model() {
+    let (_, engine) = &engines()[0];
+    let schema = Schema::from_json_str_with(
+        &json!({
+            "risk": {"type": "enum", "choices": ["low", "high", "high risk"]},
+            "urgent": {"type": "boolean"},
+        })
+        .to_string(),
+        "json".parse().unwrap(),
+    )
+    .unwrap();
+    let compiled = engine.compile(&schema).unwrap();
+    let opts = ScoreOptions {
+        include_prompt: true,
+        ..ScoreOptions::default()
+    };
+    let d = engine.decide(CONTEXT, &compiled, &opts).unwrap();
+    let v = round_abs(&serde_json::to_value(&d).unwrap());
+    insta::assert_json_snapshot!("json_decision_demo_qwen25", v, {
+        ".telemetry.timings_ms" => "[timings]",
+        ".telemetry.state_bytes" => "[bytes]",
+    });
+}
