@@ -9,8 +9,8 @@ use forkscore_backends::candle::checkpoint::ResolvedCheckpoint;
 use forkscore_backends::candle::{CandleBackend, LoadOptions};
 use forkscore_backends::{Backend, VocabRequest};
 use forkscore_engine::{
-    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Decision, Engine, Mode, Schema,
-    ScoreOptions,
+    CalibrationRegistry, ChatTokenizer, CheckpointIdentity, Decision, Engine, FieldResult, Mode,
+    Schema, ScoreOptions,
 };
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 use forkscore_testkit::tiny_qwen35::{Qwen35Layout, TinyQwen35};
@@ -121,6 +121,14 @@ fn reference_exact(backend: &CandleBackend, head: &[u32], paths: &[Vec<u32>], t:
         .collect()
 }
 
+/// A field's probabilities equal `want` (strict f32) and sum to 1.
+fn assert_scores(what: &str, field: &FieldResult, want: &[f32]) {
+    let got: Vec<f32> = field.scores.values().map(|&p| p as f32).collect();
+    Tolerance::CPU_F32_STRICT.assert_close(what, &got, want);
+    let sum: f64 = field.scores.values().sum();
+    assert!((sum - 1.0).abs() < 1e-9, "{what}: Σp = {sum}");
+}
+
 /// The independent reference of each choice's summed full-vocabulary log-probability.
 fn reference_sum_loglik(backend: &CandleBackend, head: &[u32], paths: &[Vec<u32>]) -> Vec<f32> {
     paths
@@ -181,15 +189,11 @@ fn exact_literal_probabilities_equal_full_prompt_references_on_all_architectures
             let (head, paths) = head_and_paths(engine, &d, 0, &choices);
             let t = d.temperature.value;
             let want = reference_exact(engine.backend(), &head, &paths, t);
-            let risk = &d.fields["risk"];
-            let got: Vec<f32> = risk.scores.values().map(|&p| p as f32).collect();
-            Tolerance::CPU_F32_STRICT.assert_close(
+            assert_scores(
                 &format!("{name} {mode:?}: exact probabilities vs full prompts"),
-                &got,
+                &d.fields["risk"],
                 &want,
             );
-            let sum: f64 = risk.scores.values().sum();
-            assert!((sum - 1.0).abs() < 1e-9, "{name}: Σp = {sum}");
             // the code field is scored as before, next to the tree
             assert_eq!(d.fields["team"].scores.len(), 3);
         }
@@ -378,7 +382,11 @@ fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
                 let r = &prompt.rows[row];
                 assert_eq!(r.selector, format!("{{\n  \"{field}\":"), "{name}");
                 let head = [prompt.prefix_ids.as_slice(), &r.suffix_ids].concat();
-                let end = if row + 1 == expected.len() { "\n}" } else { "," };
+                let end = if row + 1 == expected.len() {
+                    "\n}"
+                } else {
+                    ","
+                };
                 for (path, choice) in r.choice_ids.iter().zip(choices) {
                     let whole = engine
                         .tokenizer()
@@ -393,14 +401,11 @@ fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
                     reference_exact(engine.backend(), &head, &r.choice_ids, d.temperature.value);
                 let f = &d.fields[*field];
                 assert_eq!(f.scoring, Some("json"));
-                let got: Vec<f32> = f.scores.values().map(|&p| p as f32).collect();
-                Tolerance::CPU_F32_STRICT.assert_close(
+                assert_scores(
                     &format!("{name} {mode:?} {field}: json probabilities vs full prompts"),
-                    &got,
+                    f,
                     &want,
                 );
-                let sum: f64 = f.scores.values().sum();
-                assert!((sum - 1.0).abs() < 1e-9, "{name} {field}: Σp = {sum}");
             }
         }
     }

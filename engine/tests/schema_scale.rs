@@ -37,7 +37,8 @@ fn literal_field(n: usize) -> Schema {
 }
 
 /// What each field follows its selector with, computed the reference way: every prompt
-/// tokenized whole (`prefix ++ selector ++ code` / `prefix ++ selector ++ " {choice}\n"`).
+/// tokenized whole (`prefix ++ selector ++ code` / `prefix ++ selector ++ " {choice}\n"`; json:
+/// `" {value},"`, `" {value}\n}"` after the last field).
 #[derive(Debug, PartialEq)]
 enum Reference {
     Codes(Vec<u32>),
@@ -78,6 +79,18 @@ fn reference(tok: &ChatTokenizer, schema: &Schema) -> (Vec<Vec<u32>>, Vec<Refere
                 .map(|c| after(format!(" {}\n", c.key())))
                 .collect::<Option<Vec<_>>>()
                 .map_or(Reference::Refused, Reference::Paths),
+            Scoring::Json => {
+                let end = if i + 1 == schema.fields().len() {
+                    "\n}"
+                } else {
+                    ","
+                };
+                f.choices
+                    .iter()
+                    .map(|c| after(format!(" {}{end}", c.to_json())))
+                    .collect::<Option<Vec<_>>>()
+                    .map_or(Reference::Refused, Reference::Paths)
+            }
         });
     }
     (split.suffix_ids, out)
@@ -98,15 +111,20 @@ fn arb_schema() -> impl Strategy<Value = String> {
         prop::bool::ANY,
         prop::collection::btree_set(arb_text(), 1..6),
     );
-    prop::collection::vec(field, 1..5).prop_map(|fields| {
+    // a quarter of the schemas score every field as its JSON value (the generation prompt)
+    let json = prop::bool::weighted(0.25);
+    (prop::collection::vec(field, 1..5), json).prop_map(|(fields, json)| {
         let mut root = Map::new();
+        if json {
+            root.insert("scoring".into(), json!("json"));
+        }
         for (name, literal, choices) in fields {
             let name = name.trim().to_string();
-            if name.is_empty() || root.contains_key(&name) {
+            if name.is_empty() || name == "scoring" || root.contains_key(&name) {
                 continue;
             }
             let choices: Vec<String> = choices.into_iter().collect();
-            let spec = if literal {
+            let spec = if literal && !json {
                 json!({"type": "enum", "choices": choices, "scoring": "literal"})
             } else if choices.len() == 1 {
                 json!({"type": "boolean"})
@@ -115,7 +133,7 @@ fn arb_schema() -> impl Strategy<Value = String> {
             };
             root.insert(name, spec);
         }
-        if root.is_empty() {
+        if root.len() == usize::from(json) {
             root.insert("f".into(), json!({"type": "boolean"}));
         }
         Value::Object(root).to_string()
