@@ -21,7 +21,7 @@ name to its chosen value: no explanation, no markdown, no text before or after t
 
 /// The user turn in `layout`, and the byte offset of the context inside it.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
-    crate::prepare::render::arrange(layout, context, &listing(fields), &closing(fields))
+    crate::prepare::arrange::arrange(layout, context, &listing(fields), &closing(fields))
 }
 
 /// The schema's own text as the user turn of `layout` holds it: the [`catalogue`] after the

@@ -9,6 +9,7 @@
 //! another; prompts over `max_input_tokens` are errors, never truncated.
 
 pub mod anchor;
+pub mod arrange;
 pub mod guard;
 pub mod render;
 pub mod split;

@@ -21,6 +21,7 @@
 //! (`" low",`; see
 //! [`crate::literal::compile::continuation`]).
 
+pub use super::arrange::{arrange, CONTEXT_HEAD};
 use crate::generate::prompt as json_prompt;
 use crate::options::Layout;
 use crate::schema::{Field, Scoring};
@@ -82,40 +83,6 @@ pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (Stri
     }
     arrange(layout, context, &listing(fields), closing(fields))
 }
-
-/// A user turn from its parts in `layout`, and the byte offset of the context inside it:
-/// context-first `Context:\n{context}\n\n{listing}\n{closing}`, fields-first
-/// `{listing}\nContext:\n{context}\n\n{closing}` (the scoring and the generation prompts
-/// differ only in their listing and closing line).
-pub fn arrange(layout: Layout, context: &str, listing: &str, closing: &str) -> (String, usize) {
-    let mut out = String::with_capacity(
-        listing.len() + CONTEXT_HEAD.len() + context.len() + closing.len() + 3,
-    );
-    let at = match layout {
-        Layout::ContextFirst => {
-            out.push_str(CONTEXT_HEAD);
-            out.push_str(context);
-            out.push_str("\n\n");
-            out.push_str(listing);
-            out.push('\n');
-            CONTEXT_HEAD.len()
-        }
-        Layout::FieldsFirst => {
-            out.push_str(listing);
-            out.push('\n');
-            out.push_str(CONTEXT_HEAD);
-            let at = out.len();
-            out.push_str(context);
-            out.push_str("\n\n");
-            at
-        }
-    };
-    out.push_str(closing);
-    (out, at)
-}
-
-/// The head of the user turn, before the context.
-pub const CONTEXT_HEAD: &str = "Context:\n";
 
 /// The schema's own text as the user turn lists it, whatever the layout: the listing of
 /// [`catalogue`] (context-first) or the listing alone (fields-first, before the context).
