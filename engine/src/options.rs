@@ -62,6 +62,16 @@ pub enum Mode {
     Tree,
 }
 
+impl Mode {
+    /// Every mode, in documentation order.
+    pub const ALL: [Mode; 4] = [
+        Mode::Parallel,
+        Mode::CachedSerial,
+        Mode::Independent,
+        Mode::Tree,
+    ];
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Mode, String> {

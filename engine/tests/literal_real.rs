@@ -179,12 +179,7 @@ fn exact_literal_probabilities_equal_full_prompt_references_on_all_architectures
     .map(String::from)
     .to_vec();
     for (name, engine) in engines() {
-        for mode in [
-            Mode::Parallel,
-            Mode::CachedSerial,
-            Mode::Independent,
-            Mode::Tree,
-        ] {
+        for mode in Mode::ALL {
             let d = decide(engine, &schema, mode);
             let (head, paths) = head_and_paths(engine, &d, 0, &choices);
             let t = d.temperature.value;
@@ -366,12 +361,7 @@ fn json_scoring_uses_the_generation_prompt_and_equals_full_prompt_references() {
             forkscore_engine::Layout::ContextFirst,
         )
         .unwrap();
-        for mode in [
-            Mode::Parallel,
-            Mode::CachedSerial,
-            Mode::Independent,
-            Mode::Tree,
-        ] {
+        for mode in Mode::ALL {
             let d = decide(engine, &schema, mode);
             let prompt = d.prompt.as_ref().unwrap();
             assert_eq!(

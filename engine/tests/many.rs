@@ -341,12 +341,7 @@ fn every_mode_through_decide_many_matches_score() {
     let compiled = engine
         .compile(&Schema::from_json_str(&example("support_triage.json")).unwrap())
         .unwrap();
-    for mode in [
-        Mode::Parallel,
-        Mode::CachedSerial,
-        Mode::Independent,
-        Mode::Tree,
-    ] {
+    for mode in Mode::ALL {
         let opts = ScoreOptions {
             mode,
             ..ScoreOptions::default()

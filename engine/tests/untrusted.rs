@@ -244,12 +244,7 @@ impl Backend for PoisonedBackend {
 #[test]
 fn non_finite_logits_are_errors_never_decisions() {
     for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        for mode in [
-            forkscore_engine::Mode::Parallel,
-            forkscore_engine::Mode::CachedSerial,
-            forkscore_engine::Mode::Independent,
-            forkscore_engine::Mode::Tree,
-        ] {
+        for mode in forkscore_engine::Mode::ALL {
             let engine = Engine::new(
                 PoisonedBackend {
                     inner: FakeBackend::new(1),

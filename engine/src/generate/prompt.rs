@@ -14,7 +14,7 @@ use crate::options::Layout;
 use crate::schema::{Field, FieldKind};
 use crate::template::{ChatTemplate, Message, TemplateError};
 
-const INSTRUCTIONS: &str =
+pub(crate) const INSTRUCTIONS: &str =
     "You classify a context into the fields of a catalogue. For each field, \
 choose the single best of its allowed values. Reply with one JSON object only, mapping every field \
 name to its chosen value: no explanation, no markdown, no text before or after the object.";

@@ -15,7 +15,8 @@
 //! as before literal scoring existed.
 //!
 //! A `json`-scored schema ([`answers_in_json`]) renders the generation baseline's prompt
-//! instead ([`crate::generate::prompt`]: the same template, a request for one JSON object),
+//! instead: its instructions, listing and closing line ([`crate::generate::prompt`], a request
+//! for one JSON object) in the same arrangement,
 //! each field's selector is the object's opening `{\n  "name":` (indented as the models write
 //! it), and a choice continues it with its JSON value and what follows it in the object
 //! (`" low",`; see
@@ -26,6 +27,7 @@ use crate::generate::prompt as json_prompt;
 use crate::options::Layout;
 use crate::schema::{Field, Scoring};
 use crate::template::{ChatTemplate, Message, TemplateError};
+use std::borrow::Cow;
 
 /// Code letters: choice `i` of a field is `CODES[i]`.
 pub const CODES: [char; 26] = [
@@ -78,18 +80,12 @@ pub fn selector(field: &Field) -> String {
 /// - fields-first: [`listing`] + `\nContext:\n{context}\n\n` + [`closing`] — the schema's whole
 ///   text before the context, so every context of a schema shares it as prompt head.
 pub fn user_message_in(context: &str, fields: &[Field], layout: Layout) -> (String, usize) {
-    if answers_in_json(fields) {
-        return json_prompt::user_message_in(context, fields, layout);
-    }
-    arrange(layout, context, &listing(fields), closing(fields))
+    arrange(layout, context, &listing(fields), &closing(fields))
 }
 
 /// The schema's own text as the user turn lists it, whatever the layout: the listing of
 /// [`catalogue`] (context-first) or the listing alone (fields-first, before the context).
 pub fn schema_text(fields: &[Field], layout: Layout) -> String {
-    if answers_in_json(fields) {
-        return json_prompt::schema_text(fields, layout);
-    }
     match layout {
         Layout::ContextFirst => catalogue(fields),
         Layout::FieldsFirst => listing(fields),
@@ -99,22 +95,23 @@ pub fn schema_text(fields: &[Field], layout: Layout) -> String {
 /// What the user turn holds after the context in the context-first layout: a blank line, the
 /// [`listing`], a blank line and the [`closing`] line.
 pub fn catalogue(fields: &[Field]) -> String {
-    if answers_in_json(fields) {
-        return json_prompt::catalogue(fields);
-    }
     let (listing, closing) = (listing(fields), closing(fields));
     let mut out = String::with_capacity(listing.len() + closing.len() + 3);
     out.push_str("\n\n");
     out.push_str(&listing);
     out.push('\n');
-    out.push_str(closing);
+    out.push_str(&closing);
     out
 }
 
 /// `Fields:` and every field's name, description and choices (the schema's own text), each
-/// choice line ending in a newline. Linear in the schema's size.
+/// choice line ending in a newline (a json schema: the generation prompt's listing). Linear in
+/// the schema's size.
 pub fn listing(fields: &[Field]) -> String {
     use std::fmt::Write;
+    if answers_in_json(fields) {
+        return json_prompt::listing(fields);
+    }
     let mut out = String::with_capacity(64 * fields.len() + 128);
     out.push_str("Fields:\n");
     for f in fields {
@@ -139,12 +136,27 @@ pub fn listing(fields: &[Field]) -> String {
     out
 }
 
-/// The closing line: how to write the answers.
-pub fn closing(fields: &[Field]) -> &'static str {
-    if has_literal(fields) {
-        "Answer every field on its own line as `field_name: ANSWER`."
+/// The closing line: how to write the answers (a json schema: the generation prompt's, naming
+/// the keys).
+pub fn closing(fields: &[Field]) -> Cow<'static, str> {
+    if answers_in_json(fields) {
+        Cow::Owned(json_prompt::closing(fields))
+    } else if has_literal(fields) {
+        Cow::Borrowed("Answer every field on its own line as `field_name: ANSWER`.")
     } else {
-        "Answer every field on its own line as `field_name: CODE`."
+        Cow::Borrowed("Answer every field on its own line as `field_name: CODE`.")
+    }
+}
+
+/// The system instructions: the generation prompt's for a json schema, those mentioning a
+/// choice's text where a field is literal, else those of code letters.
+fn instructions(fields: &[Field]) -> &'static str {
+    if answers_in_json(fields) {
+        json_prompt::INSTRUCTIONS
+    } else if has_literal(fields) {
+        LITERAL_INSTRUCTIONS
+    } else {
+        INSTRUCTIONS
     }
 }
 
@@ -155,18 +167,10 @@ pub fn render_prefix(
     fields: &[Field],
     layout: Layout,
 ) -> Result<String, TemplateError> {
-    if answers_in_json(fields) {
-        return json_prompt::render(template, context, fields, layout);
-    }
     template.render(&[
         Message {
             role: "system",
-            content: if has_literal(fields) {
-                LITERAL_INSTRUCTIONS
-            } else {
-                INSTRUCTIONS
-            }
-            .to_string(),
+            content: instructions(fields).to_string(),
         },
         Message {
             role: "user",
