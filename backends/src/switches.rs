@@ -230,6 +230,13 @@ pub const TABLE: &[Switch] = &[
         doc: "`off`: every context of a group prefills its whole prompt, instead of continuing the cached state of the prompt head its group shares (f32 rounding)",
     },
     Switch {
+        name: "FORKSCORE_TOKENIZER",
+        audience: User,
+        effect: Diagnostic,
+        accepts: OneOf(&["fast", "reference"]),
+        doc: "`reference`: every text is encoded by Hugging Face `tokenizers`, instead of the exact fast encoder of the Qwen byte-level BPE pipelines (the same ids)",
+    },
+    Switch {
         name: "FORKSCORE_PROFILE",
         audience: User,
         effect: Diagnostic,

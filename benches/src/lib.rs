@@ -14,9 +14,22 @@ use std::path::Path;
 
 /// Load a checkpoint folder into an engine on `options`' device.
 pub fn load_engine(dir: &Path, options: &LoadOptions) -> anyhow::Result<Engine<CandleBackend>> {
+    load_engine_with(dir, options, |t| t)
+}
+
+/// [`load_engine`] with the tokenizer passed through `tokenizer` first (e.g. to pick its encoder).
+pub fn load_engine_with(
+    dir: &Path,
+    options: &LoadOptions,
+    tokenizer: impl FnOnce(ChatTokenizer) -> ChatTokenizer,
+) -> anyhow::Result<Engine<CandleBackend>> {
     let ckpt = ResolvedCheckpoint::from_folder(dir, "bench")?;
     let backend = CandleBackend::load(&ckpt, options)?;
-    let tok = ChatTokenizer::for_model(dir, backend.facts().family)?;
+    let tok = tokenizer(
+        ChatTokenizer::for_model(dir, backend.facts().family)?.with_fast_encoder(
+            !forkscore_backends::switches::is("FORKSCORE_TOKENIZER", "reference"),
+        ),
+    );
     Ok(Engine::new(
         backend,
         tok,

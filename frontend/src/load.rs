@@ -131,6 +131,10 @@ pub fn open(args: &ModelSpec) -> Result<LoadedModel, LoadError> {
         }
         _ => (ChatTokenizer::for_model(&checkpoint.dir, family)?, None),
     };
+    let tokenizer = tokenizer.with_fast_encoder(!forkscore_backends::switches::is(
+        "FORKSCORE_TOKENIZER",
+        "reference",
+    ));
     let mut registry = CalibrationRegistry::built_in();
     if let Some(path) = &args.calibration_file {
         registry.extend_from_file(path)?;

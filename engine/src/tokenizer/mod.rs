@@ -6,7 +6,10 @@
 //! is read only when it is a regular file of bounded size ([`read_checkpoint_file`]), so a FIFO
 //! named `tokenizer.json` is refused instead of blocking forever.
 
+mod bytelevel;
+
 use crate::template::{ChatTemplate, Family, TemplateError, TemplateOrigin};
+use bytelevel::ByteLevelBpe;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +38,11 @@ pub struct ChatTokenizer {
     special: Vec<String>,
     /// The same tokenizer with special tokens encoded as text (built on first use).
     plain: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// Whether [`ChatTokenizer::encode`] may take the exact fast encoder.
+    fast_enabled: bool,
+    /// The exact fast encoder of a Qwen byte-level BPE pipeline (`None`: another pipeline, which
+    /// `tokenizers` encodes), built on first use.
+    fast: std::sync::OnceLock<Option<ByteLevelBpe>>,
     /// Fingerprint of what row compilation depends on (template, vocabulary, added tokens,
     /// how code-like text tokenizes): compiled rows carry it, and the engine refuses rows
     /// compiled for another tokenizer.
@@ -88,8 +96,33 @@ impl ChatTokenizer {
             added,
             special,
             plain: std::sync::OnceLock::new(),
+            fast_enabled: true,
+            fast: std::sync::OnceLock::new(),
             identity,
         }
+    }
+
+    /// Take (`true`, the default) or leave the exact fast encoder of the Qwen byte-level BPE
+    /// pipelines (`bytelevel`); `false` encodes everything with `tokenizers`, the reference.
+    /// The ids are the same either way (tested); `FORKSCORE_TOKENIZER=reference` sets `false`
+    /// in the front ends.
+    pub fn with_fast_encoder(mut self, on: bool) -> ChatTokenizer {
+        self.fast_enabled = on;
+        self
+    }
+
+    /// Whether encodes take the exact fast encoder (enabled, and the pipeline is one it covers).
+    pub fn fast_encoder(&self) -> bool {
+        self.fast().is_some()
+    }
+
+    fn fast(&self) -> Option<&ByteLevelBpe> {
+        if !self.fast_enabled {
+            return None;
+        }
+        self.fast
+            .get_or_init(|| ByteLevelBpe::new(&self.tokenizer))
+            .as_ref()
     }
 
     /// Load `tokenizer.json` and the chat template from a checkpoint folder. `model_family` (a
@@ -179,6 +212,9 @@ impl ChatTokenizer {
 
     /// Token ids of `text` (special tokens written in the text are recognised; nothing is added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(fast) = self.fast() {
+            return fast.encode(&self.tokenizer, text, false);
+        }
         self.tokenizer
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
@@ -195,6 +231,9 @@ impl ChatTokenizer {
     /// Token ids of `text` with special tokens written in it encoded as ordinary text (their
     /// characters), not as control tokens.
     pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(fast) = self.fast() {
+            return fast.encode(&self.tokenizer, text, true);
+        }
         let plain = self.plain.get_or_init(|| {
             let mut t = self.tokenizer.clone();
             t.set_encode_special_tokens(true);
