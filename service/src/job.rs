@@ -2,7 +2,8 @@
 //! channel its reply comes back on.
 
 use forkscore_engine::{
-    Baseline, CompiledSchema, Decision, EngineError, GenerateError, GenerateOptions, ScoreOptions,
+    Baseline, CompiledSchema, Decision, EngineError, GenerateError, GenerateOptions,
+    PreparedContext, ScoreOptions,
 };
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -12,6 +13,10 @@ pub struct Job {
     pub compiled: Arc<CompiledSchema>,
     pub contexts: Vec<String>,
     pub options: ScoreOptions,
+    /// The contexts already prepared (rendered, split, tokenized) by the handler, one entry per
+    /// context in order ([`crate::scheduler::prepare_contexts`]), so that the model thread
+    /// spends no time on them between passes; `None`: the model thread prepares them.
+    pub prepared: Option<Vec<Result<PreparedContext, EngineError>>>,
     pub reply: oneshot::Sender<Vec<Result<Decision, EngineError>>>,
 }
 

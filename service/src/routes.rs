@@ -32,6 +32,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::queue::{GenerateJob, Job, Queue};
 use crate::request::{self, Endpoint};
+use crate::scheduler::prepare_contexts;
 use crate::schemas::SchemaCache;
 use axum::body::Body;
 use axum::extract::State;
@@ -401,11 +402,38 @@ pub(crate) async fn score_contexts<B: Backend + 'static>(
     let timeout = s.config.request_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let compiled = s.schemas.get(&s.engine, schema, deadline, timeout).await?;
+    // prepared here, off the model thread (options it refuses are its per-context errors)
+    let (contexts, prepared) = if s.engine.check_request(options).is_ok() {
+        let (engine, schema, opts) = (s.engine.clone(), compiled.clone(), options.clone());
+        let work = tokio::task::spawn_blocking(move || {
+            let p = prepare_contexts(&engine, &contexts, &schema, &opts);
+            (contexts, p)
+        });
+        let (contexts, p) = match tokio::time::timeout_at(deadline, work).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => {
+                return Err(
+                    ApiError::bad("backend", "<root>", format!("preparing failed: {e}"))
+                        .with_status(StatusCode::INTERNAL_SERVER_ERROR),
+                )
+            }
+            Err(_) => {
+                return Err(
+                    ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
+                        .with_status(StatusCode::GATEWAY_TIMEOUT),
+                )
+            }
+        };
+        (contexts, Some(p))
+    } else {
+        (contexts, None)
+    };
     let (reply, rx) = oneshot::channel();
     s.queue.submit(Job {
         compiled: compiled.clone(),
         contexts,
         options: options.clone(),
+        prepared,
         reply,
     })?;
     let results = wait(rx, deadline, timeout).await?;

@@ -3,9 +3,11 @@
 //!
 //! State: a FIFO of prepared contexts (each tagged with its request) and the requests still
 //! waiting for some of their decisions. One step:
-//! 1. take every request already queued (without waiting), check its options and prepare its
-//!    contexts (render, split, tokenize; in parallel) — a context that fails to prepare is an
-//!    error entry for itself only;
+//! 1. take every request already queued (without waiting), check its options and take its
+//!    prepared contexts — the handler prepared them (render, split, tokenize) on a blocking
+//!    thread before queuing the job, so that this never holds the GPU idle between passes; a
+//!    job queued without them is prepared here, in parallel — a context that fails to prepare
+//!    is an error entry for itself only;
 //! 2. the oldest prepared context names the bucket (schema hash + options); the contexts of that
 //!    bucket, oldest first, are planned into groups under the [`GroupBudget`] (prefix tokens,
 //!    rows, estimated bytes) and the FIRST group is decided: one packed prefill of its contexts
@@ -23,7 +25,8 @@ use crate::job::Job;
 use crate::metrics::Metrics;
 use forkscore_engine::group::{plan_groups, GroupItem};
 use forkscore_engine::{
-    Decision, Engine, EngineError, GroupBudget, PreparedContext, ScoreOptions, Temperature,
+    CompiledSchema, Decision, Engine, EngineError, GroupBudget, PreparedContext, ScoreOptions,
+    Temperature,
 };
 use forkscore_seam::Backend;
 use rayon::prelude::*;
@@ -41,6 +44,22 @@ impl Waiting {
     fn done(&self) -> bool {
         self.results.iter().all(Option::is_some)
     }
+}
+
+/// Prepare every context of a request (render, split, tokenize; in parallel), one entry per
+/// context: what [`Scheduler::admit`] needs. The service's handlers call it before they queue a
+/// job, on a blocking thread, so that preparing overlaps the model thread's passes instead of
+/// holding the GPU idle between them.
+pub fn prepare_contexts<B: Backend>(
+    engine: &Engine<B>,
+    contexts: &[String],
+    compiled: &CompiledSchema,
+    options: &ScoreOptions,
+) -> Vec<Result<PreparedContext, EngineError>> {
+    contexts
+        .par_iter()
+        .map(|c| engine.prepare_in(c, compiled, options.max_input_tokens, options.layout))
+        .collect()
 }
 
 /// A prepared context waiting for its group: request id and context index in it.
@@ -82,7 +101,7 @@ impl<'e, B: Backend> Scheduler<'e, B> {
 
     /// Admit one request: check its options, prepare its contexts (in parallel). Requests whose
     /// options are refused, or whose every context fails to prepare, are answered at once.
-    pub fn admit(&mut self, job: Job) {
+    pub fn admit(&mut self, mut job: Job) {
         let engine = self.engine;
         let temperature = match engine.check_request(&job.options) {
             Ok(t) => t,
@@ -96,18 +115,10 @@ impl<'e, B: Backend> Scheduler<'e, B> {
         };
         let id = self.next_id;
         self.next_id += 1;
-        let prepared: Vec<Result<PreparedContext, EngineError>> = job
-            .contexts
-            .par_iter()
-            .map(|c| {
-                engine.prepare_in(
-                    c,
-                    &job.compiled,
-                    job.options.max_input_tokens,
-                    job.options.layout,
-                )
-            })
-            .collect();
+        let prepared = match job.prepared.take() {
+            Some(p) if p.len() == job.contexts.len() => p,
+            _ => prepare_contexts(engine, &job.contexts, &job.compiled, &job.options),
+        };
         let mut results = Vec::with_capacity(prepared.len());
         for (index, p) in prepared.into_iter().enumerate() {
             match p {

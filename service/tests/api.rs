@@ -199,6 +199,7 @@ async fn queued_jobs_merge_into_one_decide_many_call() {
                 compiled: compiled.clone(),
                 contexts: vec![c.to_string()],
                 options: ScoreOptions::default(),
+                prepared: None,
                 reply,
             })
             .unwrap();

@@ -34,6 +34,7 @@ fn job(
         compiled: Arc::new(engine.compile(schema).unwrap()),
         contexts: contexts.iter().map(|c| c.to_string()).collect(),
         options: ScoreOptions::default(),
+        prepared: None,
         reply: tx,
     };
     (job, rx)
@@ -118,4 +119,31 @@ fn an_abandoned_request_is_not_scored() {
     drop(ra);
     assert_eq!(s.step(&metrics), 0);
     assert!(s.is_idle());
+}
+
+#[test]
+fn contexts_prepared_by_the_handler_decide_as_those_the_model_thread_prepares() {
+    let engine = engine_on(FakeBackend::new(4));
+    let metrics = Metrics::default();
+    let contexts = ["first context", "", "third context"];
+    let mut answers = Vec::new();
+    for handler_prepares in [false, true] {
+        let mut s = Scheduler::new(&engine, GroupBudget::default());
+        let (mut j, mut rx) = job(&engine, &schema("risk"), &contexts);
+        if handler_prepares {
+            j.prepared = Some(forkscore_service::scheduler::prepare_contexts(
+                &engine,
+                &j.contexts,
+                &j.compiled,
+                &j.options,
+            ));
+        }
+        s.admit(j);
+        assert_eq!(s.pending_contexts(), 2, "the empty context failed to prepare");
+        while s.step(&metrics) > 0 {}
+        let got = rx.try_recv().expect("answered");
+        assert!(got[0].is_ok() && got[1].is_err() && got[2].is_ok());
+        answers.push(values(&got));
+    }
+    assert_eq!(answers[0], answers[1]);
 }
