@@ -230,6 +230,13 @@ pub const TABLE: &[Switch] = &[
         doc: "`off`: every context of a group prefills its whole prompt, instead of continuing the cached state of the prompt head its group shares (f32 rounding)",
     },
     Switch {
+        name: "FORKSCORE_SERVE_PREPARE",
+        audience: Dev,
+        effect: Diagnostic,
+        accepts: OneOf(&["handler", "model-thread"]),
+        doc: "`model-thread`: `forkscore serve` prepares (renders, splits, tokenizes) each job's contexts on the model thread between passes, instead of in the request handlers before queuing (the same decisions)",
+    },
+    Switch {
         name: "FORKSCORE_TOKENIZER",
         audience: User,
         effect: Diagnostic,

@@ -165,6 +165,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         shutdown_deadline: Duration::from_secs_f64(args.shutdown_deadline_s),
         allowed_hosts: args.allow_hosts.clone(),
         allowed_origins: args.allow_origins.clone(),
+        prepare_in_handlers: !forkscore_backends::switches::is(
+            "FORKSCORE_SERVE_PREPARE",
+            "model-thread",
+        ),
         ..ServeConfig::default()
     };
     let shutdown_deadline = config.shutdown_deadline;

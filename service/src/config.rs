@@ -44,6 +44,10 @@ pub struct ServeConfig {
     pub allowed_hosts: Vec<String>,
     /// `Origin`s accepted besides the server's own (see [`crate::guard`]); `*`: any.
     pub allowed_origins: Vec<String>,
+    /// Whether handlers prepare a job's contexts before queuing it (the default), or leave it to
+    /// the model thread between passes (the earlier form, kept for A/B timings:
+    /// `FORKSCORE_SERVE_PREPARE=model-thread`). Decisions are the same either way.
+    pub prepare_in_handlers: bool,
 }
 
 impl Default for ServeConfig {
@@ -65,6 +69,7 @@ impl Default for ServeConfig {
             max_concurrent_compiles: 2,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            prepare_in_handlers: true,
         }
     }
 }

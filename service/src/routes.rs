@@ -403,7 +403,9 @@ pub(crate) async fn score_contexts<B: Backend + 'static>(
     let deadline = tokio::time::Instant::now() + timeout;
     let compiled = s.schemas.get(&s.engine, schema, deadline, timeout).await?;
     // prepared here, off the model thread (options it refuses are its per-context errors)
-    let (contexts, prepared) = if s.engine.check_request(options).is_ok() {
+    let (contexts, prepared) = if s.config.prepare_in_handlers
+        && s.engine.check_request(options).is_ok()
+    {
         let (engine, schema, opts) = (s.engine.clone(), compiled.clone(), options.clone());
         let work = tokio::task::spawn_blocking(move || {
             let p = prepare_contexts(&engine, &contexts, &schema, &opts);
@@ -418,10 +420,12 @@ pub(crate) async fn score_contexts<B: Backend + 'static>(
                 )
             }
             Err(_) => {
-                return Err(
-                    ApiError::bad("timeout", "<root>", format!("no result within {timeout:?}"))
-                        .with_status(StatusCode::GATEWAY_TIMEOUT),
+                return Err(ApiError::bad(
+                    "timeout",
+                    "<root>",
+                    format!("no result within {timeout:?}"),
                 )
+                .with_status(StatusCode::GATEWAY_TIMEOUT))
             }
         };
         (contexts, Some(p))

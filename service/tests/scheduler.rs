@@ -139,7 +139,11 @@ fn contexts_prepared_by_the_handler_decide_as_those_the_model_thread_prepares() 
             ));
         }
         s.admit(j);
-        assert_eq!(s.pending_contexts(), 2, "the empty context failed to prepare");
+        assert_eq!(
+            s.pending_contexts(),
+            2,
+            "the empty context failed to prepare"
+        );
         while s.step(&metrics) > 0 {}
         let got = rx.try_recv().expect("answered");
         assert!(got[0].is_ok() && got[1].is_err() && got[2].is_ok());
