@@ -7,6 +7,7 @@
 #   1. per side and model: the modes bench's single decisions (parallel, BENCH_FIELDS fields,
 #      BENCH_WORDS-word contexts, BENCH_REPEATS repeats, no profile), and the candidate logits
 #      it dumps compared with the first side's (largest |difference|, changed argmaxes);
+#      (SKIP_BENCH=1 leaves the benches out);
 #   2. per side of SERVE_SIDES (default SIDES) and model, unless SKIP_SERVE=1: `forkscore serve` at CLIENTS closed-loop clients
 #      for LOAD_S seconds (serve_load.py, the fields-first layout as in the reports).
 # Run from the repository root:
@@ -55,6 +56,7 @@ done
 for side in $SIDES; do
   envv=ENV_$side
   for m in ${MODELS//,/ }; do
+    [[ -n "${SKIP_BENCH:-}" ]] && break
     say "bench $side $m (${!envv:-no switches})"
     env ${!envv:-} FORKSCORE_BENCH_PROFILE=0 FORKSCORE_BENCH_MODEL="$W/ckpt/$m" FORKSCORE_BENCH_DEVICE=cuda \
       FORKSCORE_BENCH_DTYPE=bf16 FORKSCORE_BENCH_REPEATS="${BENCH_REPEATS:-7}" FORKSCORE_BENCH_OUT="$W/bench-$side-$m" \
