@@ -30,7 +30,7 @@
 use super::TokenizerError;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use ahash::AHashMap as HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokenizers::{
     Model, ModelWrapper, NormalizedString, Normalizer, OffsetReferential, OffsetType,
@@ -53,7 +53,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// Per thread: the encoder the cache belongs to, and pre-token bytes → token ids.
     static CACHE: RefCell<(u64, HashMap<Box<[u8]>, Box<[u32]>>)> =
-        RefCell::new((0, HashMap::new()));
+        RefCell::new((0, HashMap::default()));
 }
 
 /// The fast encoder of one tokenizer (see the module docs).
@@ -73,18 +73,29 @@ pub(crate) struct ByteLevelBpe {
     whole: Option<HashMap<Box<[u8]>, u32>>,
 }
 
-/// The model's parts as `tokenizers` serializes them.
+/// The model's parts as `tokenizers` serializes them: merges as pairs (the current form) or as
+/// `"a b"` strings (the legacy form), tried in that order.
 #[derive(serde::Deserialize)]
-struct BpeParts {
+struct BpeParts<M> {
     vocab: HashMap<String, u32>,
-    merges: Vec<MergeEntry>,
+    merges: Vec<M>,
 }
 
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum MergeEntry {
-    Pair(String, String),
-    Joined(String),
+/// The merges as `(left, right)` pairs, whichever form they were serialized in.
+fn bpe_parts(json: &[u8]) -> Option<(HashMap<String, u32>, Vec<(String, String)>)> {
+    if let Ok(p) = serde_json::from_slice::<BpeParts<(String, String)>>(json) {
+        return Some((p.vocab, p.merges));
+    }
+    let p = serde_json::from_slice::<BpeParts<String>>(json).ok()?;
+    let merges = p
+        .merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((p.vocab, merges))
 }
 
 /// GPT-2's byte-level alphabet: the char standing for each byte.
@@ -168,30 +179,28 @@ impl ByteLevelBpe {
             .match_kind(MatchKind::LeftmostLongest)
             .build(&patterns)
             .ok()?;
-        let parts: BpeParts = serde_json::from_slice(&serde_json::to_vec(bpe).ok()?).ok()?;
+        let (vocab, merge_list) = bpe_parts(&serde_json::to_vec(bpe).ok()?)?;
         let chars = byte_chars();
         let mut byte_ids = [0u32; 256];
         for (b, c) in chars.iter().enumerate() {
-            byte_ids[b] = *parts.vocab.get(&c.to_string())?;
+            byte_ids[b] = *vocab.get(&c.to_string())?;
         }
-        let mut merges = HashMap::with_capacity(parts.merges.len());
-        for (rank, m) in parts.merges.iter().enumerate() {
-            let (a, b) = match m {
-                MergeEntry::Pair(a, b) => (a.as_str(), b.as_str()),
-                MergeEntry::Joined(s) => s.split_once(' ')?,
-            };
-            let (ia, ib) = (*parts.vocab.get(a)?, *parts.vocab.get(b)?);
-            let joined = *parts.vocab.get(&format!("{a}{b}"))?;
+        let mut merges = HashMap::with_capacity(merge_list.len());
+        let mut joined = String::new();
+        for (rank, (a, b)) in merge_list.iter().enumerate() {
+            let (ia, ib) = (*vocab.get(a)?, *vocab.get(b)?);
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
             // a later duplicate overwrites, as in `tokenizers`' own map
-            merges.insert(pair_key(ia, ib), (rank as u32, joined));
+            merges.insert(pair_key(ia, ib), (rank as u32, *vocab.get(&joined)?));
         }
         let whole = bpe.ignore_merges.then(|| {
             let mut of_char = HashMap::with_capacity(256);
             for (b, c) in chars.iter().enumerate() {
                 of_char.insert(*c, b as u8);
             }
-            parts
-                .vocab
+            vocab
                 .iter()
                 .filter_map(|(s, &id)| {
                     let bytes: Option<Vec<u8>> =
