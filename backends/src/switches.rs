@@ -230,6 +230,13 @@ pub const TABLE: &[Switch] = &[
         doc: "`off`: every context of a group prefills its whole prompt, instead of continuing the cached state of the prompt head its group shares (f32 rounding)",
     },
     Switch {
+        name: "FORKSCORE_QUANT_ACTIVATIONS",
+        audience: User,
+        effect: ComputePath,
+        accepts: OneOf(&["8bit", "f32"]),
+        doc: "`f32`: quantized layers (GGUF blocks, `--quantize q8_0 | q4k | int8`) multiply f32 activations by their weights dequantized for each call — the decisions of the same weights written out dense, slower — instead of rounding the activations to 8-bit blocks for the integer kernels",
+    },
+    Switch {
         name: "FORKSCORE_SERVE_PREPARE",
         audience: Dev,
         effect: Diagnostic,

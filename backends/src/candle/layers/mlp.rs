@@ -70,6 +70,14 @@ impl InTiles {
                 false => None,
             };
         }
+        let integer = gate.packed_q8().is_some()
+            || gate.packed_q4().is_some()
+            || gate.packed_int8().is_some();
+        if integer && super::linear::f32_activations() {
+            // the integer and int8 tiles round the activations: each product goes through
+            // `Linear::forward`, which multiplies them in f32
+            return None;
+        }
         if let (Some(g), Some(u)) = (gate.packed_q8(), up.packed_q8()) {
             return PackedQ8::gate_up(g, u).map(InTiles::Q8);
         }

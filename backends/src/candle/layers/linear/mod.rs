@@ -108,6 +108,16 @@ pub(crate) enum Linear {
     },
 }
 
+/// Whether quantized layers multiply f32 activations by their weights dequantized for each call
+/// (`FORKSCORE_QUANT_ACTIVATIONS=f32`): the function of the dequantized weights in the compute
+/// dtype — a GGUF then decides as the same weights written out dense — instead of rounding the
+/// activations to 8-bit blocks for the integer kernels (the default, as llama.cpp computes).
+/// Slower: every call dequantizes the whole weight. Read once per process.
+pub(crate) fn f32_activations() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::switches::is("FORKSCORE_QUANT_ACTIVATIONS", "f32"))
+}
+
 /// The most activation rows a call sends through candle's quantized kernel for `ggml` on
 /// `device`; above it the weight is dequantized to the activation dtype for that call and
 /// multiplied by the dense GEMM ([`Linear::forward_dequantized`]).
@@ -353,8 +363,12 @@ impl Linear {
     }
 
     /// `(.., in) -> (.., out)`. A quantized layer with more activation rows than
-    /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`].
+    /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`], as every quantized layer does
+    /// under [`f32_activations`].
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if f32_activations() && self.rounds_activations() {
+            return self.forward_dequantized(x);
+        }
         match self {
             Linear::Dense(l) => dense(x, l.weight(), l.bias()),
             Linear::Packed { weight, bias } => {
@@ -392,6 +406,18 @@ impl Linear {
                 add_bias(y.to_dtype(dtype)?, bias.as_ref())
             }
         }
+    }
+
+    /// Whether this layer's kernel rounds the activations to 8 bits (integer weights: `Q8_0`,
+    /// the 4- to 6-bit block formats, int8, and candle's quantized matmul).
+    fn rounds_activations(&self) -> bool {
+        matches!(
+            self,
+            Linear::PackedQ8 { .. }
+                | Linear::PackedQ4 { .. }
+                | Linear::PackedI8 { .. }
+                | Linear::Quantized { .. }
+        )
     }
 
     /// `(.., in) -> (.., out)` through the quantized kernel whatever the row count (tests
