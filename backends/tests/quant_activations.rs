@@ -14,9 +14,7 @@ use std::path::Path;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use forkscore_backends::{
-    Backend, CandleBackend, LoadOptions, Quantization, ResolvedCheckpoint, ScoreRow,
-};
+use forkscore_backends::{CandleBackend, LoadOptions, Quantization, ResolvedCheckpoint};
 use forkscore_testkit::tiny_model::{config_json, tiny_tensors, write_safetensors, TinySpec};
 use forkscore_testkit::tolerance::Tolerance;
 use safetensors::Dtype;
@@ -89,29 +87,8 @@ fn q8_0_layers_with_f32_activations_equal_their_dequantized_weights() {
         "the projections are held in Q8_0: {:?}",
         q8.quant_summary().by_type
     );
-    let ids = common::ids(91, 36, spec.vocab);
-    let cands: Vec<u32> = common::candidates()
-        .into_iter()
-        .filter(|&c| (c as usize) < spec.vocab)
-        .collect();
-    let run = |m: &CandleBackend| {
-        let full = m.forward_full(&ids, &cands).expect("forward_full");
-        let state = m.prefill(&ids[..30]).expect("prefill");
-        let fork = m
-            .score_rows(
-                &[&state],
-                &[ScoreRow {
-                    state: 0,
-                    suffix: &ids[30..],
-                }],
-                &cands,
-            )
-            .expect("score")
-            .data;
-        (full, fork)
-    };
-    let (want_full, want_fork) = run(&dense);
-    let (got_full, got_fork) = run(&q8);
+    let (want_full, want_fork) = common::full_and_fork(&dense, spec.vocab);
+    let (got_full, got_fork) = common::full_and_fork(&q8, spec.vocab);
     Tolerance::CPU_F32_LOGITS.assert_close("full prompt", &got_full, &want_full);
     Tolerance::CPU_F32_LOGITS.assert_close("prefill + fork", &got_fork, &want_fork);
 }

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use forkscore_backends::{
-    Backend, CandleBackend, CandleError, LoadOptions, Quantization, ResolvedCheckpoint, ScoreRow,
+    Backend, CandleBackend, CandleError, LoadOptions, Quantization, ResolvedCheckpoint,
 };
 use forkscore_testkit::tiny_model::{
     config_json, ensure_tiny_model, tiny_tensors, write_safetensors, TinySpec,
@@ -30,29 +30,6 @@ fn load(dir: &Path, quantization: Option<Quantization>) -> Result<CandleBackend,
 
 fn count(m: &CandleBackend, key: &str) -> usize {
     m.quant_summary().by_type.get(key).copied().unwrap_or(0)
-}
-
-/// Logits of a full forward and of prefill + fork for the same prompt.
-fn full_and_fork(m: &CandleBackend, vocab: usize) -> (Vec<f32>, Vec<f32>) {
-    let ids = common::ids(91, 36, vocab);
-    let cands: Vec<u32> = common::candidates()
-        .into_iter()
-        .filter(|&c| (c as usize) < vocab)
-        .collect();
-    let full = m.forward_full(&ids, &cands).expect("forward_full");
-    let st = m.prefill(&ids[..30]).expect("prefill");
-    let fork = m
-        .score_rows(
-            &[&st],
-            &[ScoreRow {
-                state: 0,
-                suffix: &ids[30..],
-            }],
-            &cands,
-        )
-        .expect("score")
-        .data;
-    (full, fork)
 }
 
 /// The three architectures' tiny checkpoints (hidden 32: every projection's input width is a
@@ -81,8 +58,8 @@ fn q8_0_quantizes_every_projection_and_tracks_f32() {
         );
         assert_eq!(count(&q8, "dense"), 0, "{name}: {:?}", q8.quant_summary());
         assert!(count(&q8, "q8_0") > 0, "{name}");
-        let (a, _) = full_and_fork(&plain, vocab);
-        let (b, b_fork) = full_and_fork(&q8, vocab);
+        let (a, _) = common::full_and_fork(&plain, vocab);
+        let (b, b_fork) = common::full_and_fork(&q8, vocab);
         eprintln!(
             "{name}: q8_0 vs f32 max |diff| {:e}; q8_0 fork vs full {:e}",
             Tolerance::max_abs_diff(&a, &b),
@@ -134,8 +111,8 @@ fn swiglu_in_the_tiles_equals_the_stacked_product_and_pass() {
                 tiles.quant_summary(),
                 "{name} {q:?}"
             );
-            let (a, a_fork) = full_and_fork(&stacked, vocab);
-            let (b, b_fork) = full_and_fork(&tiles, vocab);
+            let (a, a_fork) = common::full_and_fork(&stacked, vocab);
+            let (b, b_fork) = common::full_and_fork(&tiles, vocab);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&a) == bits(&b), "{name} {q:?}: full forward differs");
             assert!(bits(&a_fork) == bits(&b_fork), "{name} {q:?}: fork differs");
@@ -163,8 +140,8 @@ fn int8_quantizes_every_projection_and_tracks_f32() {
         assert_eq!(i8.facts().quantization, Some(Quantization::Int8), "{name}");
         assert_eq!(count(&i8, "dense"), 0, "{name}: {:?}", i8.quant_summary());
         assert!(count(&i8, "int8") > 0, "{name}");
-        let (a, _) = full_and_fork(&plain, vocab);
-        let (b, b_fork) = full_and_fork(&i8, vocab);
+        let (a, _) = common::full_and_fork(&plain, vocab);
+        let (b, b_fork) = common::full_and_fork(&i8, vocab);
         eprintln!(
             "{name}: int8 vs f32 max |diff| {:e}; int8 fork vs full {:e}",
             Tolerance::max_abs_diff(&a, &b),
@@ -191,8 +168,8 @@ fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
         let q4 = load(&dir, Some(Quantization::Q4K)).expect("q4k");
         assert_eq!(count(&q4, "dense") + count(&q4, "q4k"), 0, "{name}");
         assert!(count(&q4, "q4_0") > 0, "{name}");
-        let (a, _) = full_and_fork(&plain, vocab);
-        let (b, b_fork) = full_and_fork(&q4, vocab);
+        let (a, _) = common::full_and_fork(&plain, vocab);
+        let (b, b_fork) = common::full_and_fork(&q4, vocab);
         eprintln!(
             "{name}: q4k(q4_0) vs f32 max |diff| {:e}",
             Tolerance::max_abs_diff(&a, &b)
@@ -217,8 +194,8 @@ fn q4k_falls_back_to_q4_0_on_narrow_inputs_and_uses_q4k_on_wide_ones() {
     assert_eq!(count(&q4, "q4k"), 6 * layers, "{:?}", q4.quant_summary());
     assert_eq!(count(&q4, "q4_0"), layers, "{:?}", q4.quant_summary());
     let plain = load(&dir, None).expect("f32 wide");
-    let (a, _) = full_and_fork(&plain, 1000);
-    let (b, b_fork) = full_and_fork(&q4, 1000);
+    let (a, _) = common::full_and_fork(&plain, 1000);
+    let (b, b_fork) = common::full_and_fork(&q4, 1000);
     eprintln!(
         "wide qwen3: q4k vs f32 max |diff| {:e}",
         Tolerance::max_abs_diff(&a, &b)
@@ -269,8 +246,8 @@ fn bf16_rounds_every_projection_and_tracks_f32() {
             "{name}: {:?}",
             bf.quant_summary()
         );
-        let (a, _) = full_and_fork(&plain, vocab);
-        let (b, b_fork) = full_and_fork(&bf, vocab);
+        let (a, _) = common::full_and_fork(&plain, vocab);
+        let (b, b_fork) = common::full_and_fork(&bf, vocab);
         eprintln!(
             "{name}: bf16 vs f32 max |diff| {:e}; bf16 fork vs full {:e}",
             Tolerance::max_abs_diff(&a, &b),
@@ -331,8 +308,8 @@ fn input_width_not_a_multiple_of_32_stays_dense() {
         q8.quant_summary()
     );
     let plain = load(&dir, None).expect("f32");
-    let (a, _) = full_and_fork(&plain, 1000);
-    let (b, _) = full_and_fork(&q8, 1000);
+    let (a, _) = common::full_and_fork(&plain, 1000);
+    let (b, _) = common::full_and_fork(&q8, 1000);
     Tolerance::Q8_0_TINY_LOGITS.assert_close("hidden 40", &a, &b);
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use forkscore_backends::{CandleBackend, LoadOptions, ResolvedCheckpoint, ScoreRow};
+use forkscore_backends::{Backend, CandleBackend, LoadOptions, ResolvedCheckpoint, ScoreRow};
 use forkscore_testkit::tiny_model::{ensure_tiny_model, TinySpec};
 
 /// The two dense architectures under test, loaded on CPU f32 (Qwen2.5 tied, Qwen3 untied).
@@ -76,4 +76,27 @@ pub fn rows_over_states(states: usize, suffixes: &[Vec<u32>]) -> Vec<ScoreRow<'_
             })
         })
         .collect()
+}
+
+/// Logits of a full forward and of prefill + fork for the same prompt.
+pub fn full_and_fork(m: &CandleBackend, vocab: usize) -> (Vec<f32>, Vec<f32>) {
+    let ids = ids(91, 36, vocab);
+    let cands: Vec<u32> = candidates()
+        .into_iter()
+        .filter(|&c| (c as usize) < vocab)
+        .collect();
+    let full = m.forward_full(&ids, &cands).expect("forward_full");
+    let st = m.prefill(&ids[..30]).expect("prefill");
+    let fork = m
+        .score_rows(
+            &[&st],
+            &[ScoreRow {
+                state: 0,
+                suffix: &ids[30..],
+            }],
+            &cands,
+        )
+        .expect("score")
+        .data;
+    (full, fork)
 }
