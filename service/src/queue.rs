@@ -67,18 +67,50 @@ impl Queue {
         self.send(Task::Generate(job))
     }
 
+    /// Take a place in the queue without waiting (a full queue is 503 `queue_full`), before
+    /// the work of a job is done: a handler reserves, prepares its contexts, then
+    /// [`Slot::submit`]s, so a full queue refuses at once and nothing is prepared in vain.
+    pub fn reserve(&self) -> Result<Slot<'_>, ApiError> {
+        match self.tx.try_reserve() {
+            Ok(permit) => Ok(Slot {
+                permit,
+                metrics: &self.metrics,
+            }),
+            Err(e) => Err(refused(matches!(e, mpsc::error::TrySendError::Full(_)))),
+        }
+    }
+
     fn send(&self, task: Task) -> Result<(), ApiError> {
         self.metrics.queue_add(1);
         self.tx.try_send(task).map_err(|e| {
             self.metrics.queue_add(-1);
-            let message = match e {
-                mpsc::error::TrySendError::Full(_) => "the scoring queue is full; retry later",
-                mpsc::error::TrySendError::Closed(_) => "the server is shutting down",
-            };
-            ApiError::bad("queue_full", "<root>", message)
-                .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            refused(matches!(e, mpsc::error::TrySendError::Full(_)))
         })
     }
+}
+
+/// A place reserved in the queue ([`Queue::reserve`]); dropping it unused frees it.
+pub struct Slot<'q> {
+    permit: mpsc::Permit<'q, Task>,
+    metrics: &'q Metrics,
+}
+
+impl Slot<'_> {
+    /// Queue `job` in the reserved place (never refused).
+    pub fn submit(self, job: Job) {
+        self.metrics.queue_add(1);
+        self.permit.send(Task::Decide(job));
+    }
+}
+
+/// The 503 of a queue that is full (or closing).
+fn refused(full: bool) -> ApiError {
+    let message = if full {
+        "the scoring queue is full; retry later"
+    } else {
+        "the server is shutting down"
+    };
+    ApiError::bad("queue_full", "<root>", message).with_status(StatusCode::SERVICE_UNAVAILABLE)
 }
 
 fn run<B: Backend>(

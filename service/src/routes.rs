@@ -402,6 +402,8 @@ pub(crate) async fn score_contexts<B: Backend + 'static>(
     let timeout = s.config.request_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let compiled = s.schemas.get(&s.engine, schema, deadline, timeout).await?;
+    // a place in the queue first: a full queue refuses before anything is prepared
+    let slot = s.queue.reserve()?;
     // prepared here, off the model thread (options it refuses are its per-context errors)
     let (contexts, prepared) = if s.config.prepare_in_handlers
         && s.engine.check_request(options).is_ok()
@@ -433,13 +435,13 @@ pub(crate) async fn score_contexts<B: Backend + 'static>(
         (contexts, None)
     };
     let (reply, rx) = oneshot::channel();
-    s.queue.submit(Job {
+    slot.submit(Job {
         compiled: compiled.clone(),
         contexts,
         options: options.clone(),
         prepared,
         reply,
-    })?;
+    });
     let results = wait(rx, deadline, timeout).await?;
     Ok((compiled, results))
 }

@@ -182,6 +182,43 @@ async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
 }
 
 #[tokio::test]
+async fn a_reserved_place_counts_against_the_queue_until_used_or_dropped() {
+    // Handlers reserve a place before preparing a job's contexts: a full queue refuses (503
+    // `queue_full`) before anything is prepared, and a place given up is free again.
+    use forkscore_service::queue::{Job, Queue};
+    let e = Arc::new(engine());
+    let compiled = Arc::new(e.compile(&Schema::from_value(&schema()).unwrap()).unwrap());
+    let metrics = Arc::new(forkscore_service::metrics::Metrics::default());
+    let (queue, handle) = Queue::start(e.clone(), 1, 256, Default::default(), metrics).unwrap();
+    let slot = queue.reserve().expect("the one place");
+    let full = queue.reserve().err().expect("the queue is full");
+    assert_eq!(full.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(full.kind, "queue_full");
+    drop(slot);
+    let slot = queue.reserve().expect("a dropped place is free again");
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let contexts = vec![CONTEXTS[0].to_string()];
+    let prepared = forkscore_service::scheduler::prepare_contexts(
+        &e,
+        &contexts,
+        &compiled,
+        &ScoreOptions::default(),
+    );
+    slot.submit(Job {
+        compiled: compiled.clone(),
+        contexts,
+        options: ScoreOptions::default(),
+        prepared: Some(prepared),
+        reply,
+    });
+    let d = rx.await.unwrap().pop().unwrap().unwrap();
+    let got = serde_json::to_value(&d).unwrap();
+    assert_eq!(got["fields"], reference(CONTEXTS[0])["fields"]);
+    drop(queue);
+    handle.join().unwrap();
+}
+
+#[tokio::test]
 async fn queued_jobs_merge_into_one_decide_many_call() {
     // Submit directly to the queue faster than the model thread can drain it: jobs that wait
     // together are decided in one call, and each still gets its own single-request decision.
