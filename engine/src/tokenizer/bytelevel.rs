@@ -28,9 +28,9 @@
 //! tokenizers (`engine/tests/tokenizer_fast.rs`).
 
 use super::TokenizerError;
+use ahash::AHashMap as HashMap;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::cell::RefCell;
-use ahash::AHashMap as HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokenizers::{
     Model, ModelWrapper, NormalizedString, Normalizer, OffsetReferential, OffsetType,
