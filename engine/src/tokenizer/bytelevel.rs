@@ -67,6 +67,8 @@ pub(crate) struct ByteLevelBpe {
     added_tokens: Vec<(u32, bool)>,
     /// The id of each byte's single-byte token.
     byte_ids: [u32; 256],
+    /// The byte-level alphabet: the char standing for each byte ([`byte_chars`]).
+    chars: [char; 256],
     /// `(left << 32) | right` → (rank, merged id).
     merges: HashMap<u64, (u32, u32)>,
     /// `ignore_merges`: a pre-token that is itself in the vocabulary is that one token.
@@ -214,6 +216,7 @@ impl ByteLevelBpe {
             added,
             added_tokens,
             byte_ids,
+            chars,
             merges,
             whole,
         })
@@ -300,7 +303,7 @@ impl ByteLevelBpe {
             return Ok(());
         }
         if word.len() > MAX_FAST_WORD {
-            return encode_word_by_model(hf, word, out);
+            return encode_word_by_model(hf, &self.chars, word, out);
         }
         let hit = CACHE.with(|c| {
             let c = c.borrow();
@@ -378,10 +381,10 @@ fn encode_by_pipeline(
 /// `tokenizers`' model over one long pre-token, written in the byte-level alphabet.
 fn encode_word_by_model(
     hf: &Tokenizer,
+    chars: &[char; 256],
     word: &[u8],
     out: &mut Vec<u32>,
 ) -> Result<(), TokenizerError> {
-    let chars = byte_chars();
     let s: String = word.iter().map(|&b| chars[b as usize]).collect();
     for t in hf.get_model().tokenize(&s).map_err(encode_error)? {
         out.push(t.id);
