@@ -156,8 +156,8 @@ pub const TABLE: &[Switch] = &[
         name: "FORKSCORE_QKV_HEADS",
         audience: Dev,
         effect: ComputePath,
-        accepts: OneOf(&["candle", "fused"]),
-        doc: "`candle`: a stacked q|k|v product's heads through candle's copy and rope on CUDA bf16 instead of the fused heads kernel (the default, `fused`)",
+        accepts: OneOf(&["candle", "fused", "bias-apart"]),
+        doc: "`candle`: a stacked q|k|v product's heads through candle's bias add, copy and rope on CUDA bf16 instead of the fused heads kernel (the default, `fused`, which also adds the product's bias in the same pass); `bias-apart`: the fused heads kernel after candle's bias add over the whole product",
     },
     Switch {
         name: "FORKSCORE_ROW_SPLIT",

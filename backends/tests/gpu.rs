@@ -1189,6 +1189,83 @@ fn cuda_fused_heads_equal_candle_form() {
     }
 }
 
+/// The fused heads kernel with a projection's bias (the Qwen2 family's stacked q|k|v, whose
+/// product leaves its bias to the kernel) against candle's bias add, head-major copy and rope on
+/// the same bf16 inputs: query / key heads read as views of the stacked product and rotated,
+/// value heads only laid out head-major, and the bias add equal bit for bit where nothing rotates.
+#[test]
+fn cuda_fused_biased_heads_equal_candle_form() {
+    use candle_core::{DType, Tensor};
+    use forkscore_backends::candle::cuda::heads::{bias_rope, reference_biased, takes_biased};
+    let Ok(dev) = DeviceSpec::Cuda(0).open() else {
+        eprintln!("SKIPPED: no CUDA device");
+        return;
+    };
+    let mut seed = 0xb1a5_u64;
+    let mut rand = |shape: &[usize], scale: f32, offset: f32| -> Tensor {
+        seeded_uniform(&mut seed, shape, scale, offset, DType::BF16, &dev)
+    };
+    // (rows, len, query heads, kv heads, hd)
+    for (b, l, h, hkv, hd) in [
+        (1usize, 300usize, 12usize, 2usize, 128usize),
+        (28, 5, 12, 2, 128),
+        (3, 17, 14, 2, 64),
+        (2, 9, 4, 4, 32),
+    ] {
+        let n = h + 2 * hkv;
+        let product = rand(&[b, l, n * hd], 3.0, 0.0)
+            .reshape((b, l, n, hd))
+            .expect("heads");
+        let bias = rand(&[n * hd], 2.0, 0.0);
+        let angles = rand(&[b, l, hd / 2], 3.0, 0.0)
+            .to_dtype(DType::F32)
+            .expect("f32");
+        let cos = angles
+            .cos()
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("cos");
+        let sin = angles
+            .sin()
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .expect("sin");
+        for (name, start, count, rotate) in [
+            ("q", 0, h, true),
+            ("k", h, hkv, true),
+            ("v", h + hkv, hkv, false),
+        ] {
+            let x = product.narrow(2, start, count).expect("part");
+            let bx = bias.narrow(0, start * hd, count * hd).expect("bias part");
+            let rope = rotate.then_some((&cos, &sin));
+            assert!(
+                takes_biased(&x, &bx, rope),
+                "{name} ({b}, {l}, {count}, {hd})"
+            );
+            let fused = bias_rope(&x, &bx, rope).expect("fused");
+            let want = reference_biased(&x, &bx, rope).expect("reference");
+            assert_eq!(fused.dims(), &[b, count, l, hd]);
+            let (d, r) = max_abs(&fused, &want);
+            println!("biased heads {name} ({b}, {l}, {count}, {hd}): |Δ| {d:e} (max {r:.2})");
+            if rotate {
+                // the candle form rounds the rope's products to bf16, the kernel once at the end
+                assert!(
+                    d <= r / 64.0,
+                    "{name} ({b}, {l}, {count}, {hd}): {d:e} > {:e}",
+                    r / 64.0
+                );
+            } else {
+                assert_eq!(
+                    d, 0.0,
+                    "{name} ({b}, {l}, {count}, {hd}): the bias add differs"
+                );
+            }
+        }
+        // a bias of the wrong width is not taken
+        let x = product.narrow(2, 0, h).expect("q");
+        let short = bias.narrow(0, 0, h * hd - 2).expect("short");
+        assert!(!takes_biased(&x, &short, Some((&cos, &sin))));
+    }
+}
+
 /// `--deterministic` in bf16 on the GPU: the backend asks for one context per call
 /// (`contexts_alone`, so the engine never packs or merges contexts), and a context computed alone
 /// is bit-identical from run to run — prefill, a one-prefix packed prefill (what a group of one

@@ -1,6 +1,9 @@
-// One projection's output into head-major attention heads, with the per-head RMSNorm and the
-// rotary embedding of the first R dims fused into the same pass (bf16):
+// One projection's output into head-major attention heads, with the projection's bias, the
+// per-head RMSNorm and the rotary embedding of the first R dims fused into the same pass (bf16):
 //
+//   x      = bf16( x + bias[h·hd + c] )                 (skipped without a bias: the bias add
+//                                                        the product left out, rounded as
+//                                                        candle's bf16 add rounds it)
 //   n      = bf16( x · rsqrt(mean(x²) + eps) · w )      (statistics in f32; skipped without w)
 //   y[j]   = n[j]·cos[j] − n[j + R/2]·sin[j]            (j < R/2)
 //   y[j+R/2] = n[j + R/2]·cos[j] + n[j]·sin[j]          (j < R/2; products and sums in f32)
@@ -15,8 +18,10 @@
 //
 // Layout: element c of head h of token t (t = b·L + l over B rows of L tokens) is read at
 // x[t·tok_stride + h·head_stride + c] (bf16; the q | gate interleave of a gated attention layer is
-// read in place through head_stride = 2·hd), w (hd) bf16 or null, cos / sin (T, R/2) bf16 rows of
-// the call's positions (null when R = 0), out (B, H, L, hd) bf16 contiguous. hd even and ≤
+// read in place through head_stride = 2·hd), bias (H·hd) bf16 or null (head h's at h·hd), w (hd)
+// bf16 or null, cos / sin (T, R/2) bf16 rows of the call's positions (null when R = 0: no
+// rotation, the heads are only laid out head-major, as a value projection's are), out
+// (B, H, L, hd) bf16 contiguous. hd even and ≤
 // MAX_HD, R even and ≤ hd, strides even (pairs are loaded as bf16x2); the launcher checks.
 // Launch: WARPS warps per block, one warp per (token, head), grid ceil(T·H / WARPS).
 
@@ -29,7 +34,8 @@ constexpr int MAX_HD = 512;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    heads_norm_rope_bf16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+    heads_norm_rope_bf16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ bias,
+                         const __nv_bfloat16* __restrict__ w,
                          const __nv_bfloat16* __restrict__ cos_t,
                          const __nv_bfloat16* __restrict__ sin_t, __nv_bfloat16* __restrict__ out,
                          int tokens, int len, int heads, int hd, int rot, long long tok_stride,
@@ -42,8 +48,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     const __nv_bfloat16* src = x + t * tok_stride + h * head_stride;
     float* r = row[warp];
     float sq = 0.f;
+    const __nv_bfloat16* hb = bias != nullptr ? bias + (long long)h * hd : nullptr;
     for (int c = 2 * lane; c < hd; c += 64) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + c));
+        float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + c));
+        if (hb != nullptr) {
+            const float2 bv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hb + c));
+            v.x = __bfloat162float(__float2bfloat16(v.x + bv.x));
+            v.y = __bfloat162float(__float2bfloat16(v.y + bv.y));
+        }
         r[c] = v.x;
         r[c + 1] = v.y;
         sq += v.x * v.x + v.y * v.y;

@@ -1,7 +1,10 @@
 //! A projection's output into head-major attention heads with the per-head RMSNorm and the
 //! rotary embedding fused, on CUDA in bf16 (`kernels/cuda/heads_norm_rope.cu`): one read of the
 //! projection and one write of the heads, instead of the candle form's norm, transpose copy,
-//! rotary narrow copy, rope kernel and concatenation. The candle form
+//! rotary narrow copy, rope kernel and concatenation. For a biased projection (the Qwen2
+//! family's stacked q|k|v) the same pass adds the bias the product left out ([`bias_rope`]:
+//! queries and keys rotated, values only laid out head-major), instead of candle's bias add over
+//! the whole product and the values' transpose copy. The candle form
 //! (`SelfAttention::heads` + `RopeTables::apply`) is the reference every other device and
 //! dtype runs; the two agree to one bf16 rounding step (the rope's products stay f32 here), and
 //! the GPU tests hold this path to the CPU f32 reference like the rest of a bf16 layer.
@@ -9,8 +12,9 @@
 //! In: `x (B, L, H, hd)` bf16, a view whose last dim is contiguous and whose rows follow each
 //! other (`stride(0) = L · stride(1)`; the query half of a gated layer's `q | gate` interleave is
 //! read in place), the norm's effective weight `(hd,)` bf16 and eps (or none), the call's rotary
-//! tables `cos, sin (B, L, R/2)` bf16. Out: `(B, H, L, hd)` bf16 contiguous. [`reference`] is the
-//! candle form on the same inputs (the GPU test compares the two).
+//! tables `cos, sin (B, L, R/2)` bf16, or a bias `(H·hd,)` bf16 and optionally the tables. Out:
+//! `(B, H, L, hd)` bf16 contiguous. [`reference`] and [`reference_biased`] are the candle forms
+//! on the same inputs (the GPU test compares them).
 
 use candle_core::{Result, Tensor};
 
@@ -21,6 +25,22 @@ const WARPS: usize = 8;
 
 /// Whether the fused kernel runs this call (see the module docs for the layout it reads).
 pub fn takes(x: &Tensor, weight: Option<&Tensor>, cos: &Tensor, sin: &Tensor) -> bool {
+    takes_with(x, weight, Some((cos, sin)), None)
+}
+
+/// Whether the fused kernel runs a call that adds `bias` `(H·hd,)` to every head before the
+/// rotation `rope` (none: the heads are only laid out head-major, as a value projection's are),
+/// with no norm: the heads of a biased projection whose product left its bias out.
+pub fn takes_biased(x: &Tensor, bias: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> bool {
+    takes_with(x, None, rope, Some(bias))
+}
+
+fn takes_with(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    rope: Option<(&Tensor, &Tensor)>,
+    bias: Option<&Tensor>,
+) -> bool {
     if !cfg!(feature = "cuda") || !x.device().is_cuda() || x.dtype() != candle_core::DType::BF16 {
         return false;
     }
@@ -28,8 +48,26 @@ pub fn takes(x: &Tensor, weight: Option<&Tensor>, cos: &Tensor, sin: &Tensor) ->
         return false;
     };
     let st = x.stride();
-    let rot = 2 * cos.dim(2).unwrap_or(usize::MAX / 4);
     let even = |v: usize| v.is_multiple_of(2);
+    let rope_ok = match rope {
+        None => true,
+        Some((cos, sin)) => {
+            let rot = 2 * cos.dim(2).unwrap_or(usize::MAX / 4);
+            even(rot)
+                && rot > 0
+                && rot <= hd
+                && cos.dims() == [b, l, rot / 2]
+                && sin.dims() == cos.dims()
+                && cos.dtype() == x.dtype()
+                && sin.dtype() == x.dtype()
+        }
+    };
+    let bias_ok = bias.is_none_or(|t| {
+        t.dims() == [h * hd]
+            && t.dtype() == x.dtype()
+            && t.is_contiguous()
+            && even(t.layout().start_offset())
+    });
     st[3] == 1
         && (b == 1 || st[0] == l * st[1])
         && even(st[1])
@@ -37,42 +75,55 @@ pub fn takes(x: &Tensor, weight: Option<&Tensor>, cos: &Tensor, sin: &Tensor) ->
         && even(x.layout().start_offset())
         && even(hd)
         && hd <= MAX_HD
-        && even(rot)
-        && rot > 0
-        && rot <= hd
-        && cos.dims() == [b, l, rot / 2]
-        && sin.dims() == cos.dims()
-        && cos.dtype() == x.dtype()
-        && sin.dtype() == x.dtype()
+        && rope_ok
+        && bias_ok
         && weight.is_none_or(|w| w.dims() == [hd] && w.dtype() == x.dtype())
         && (b * l * h).div_ceil(WARPS) < i32::MAX as usize
 }
 
 /// `x (B, L, H, hd)` -> `(B, H, L, hd)`: normed by `norm` (weight, eps) when given, the first
 /// `R` dims rotated by `cos, sin`. Call only where [`takes`] holds.
-#[cfg(feature = "cuda")]
 pub fn norm_rope(
     x: &Tensor,
     norm: Option<(&Tensor, f32)>,
     cos: &Tensor,
     sin: &Tensor,
 ) -> Result<Tensor> {
+    launch(x, norm, Some((cos, sin)), None)
+}
+
+/// `x (B, L, H, hd)` -> `(B, H, L, hd)`: `bias (H·hd,)` added to every head (rounded to bf16 as
+/// candle's add rounds it), then the first `R` dims rotated by `rope` when given. Call only
+/// where [`takes_biased`] holds.
+pub fn bias_rope(x: &Tensor, bias: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    launch(x, None, rope, Some(bias))
+}
+
+#[cfg(feature = "cuda")]
+fn launch(
+    x: &Tensor,
+    norm: Option<(&Tensor, f32)>,
+    rope: Option<(&Tensor, &Tensor)>,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
     let op = kernel::HeadsNormRope {
         weight: norm.map(|(w, _)| w.contiguous()).transpose()?,
         eps: norm.map_or(0.0, |(_, e)| e),
-        cos: cos.contiguous()?,
-        sin: sin.contiguous()?,
+        rope: rope
+            .map(|(c, s)| Ok::<_, candle_core::Error>((c.contiguous()?, s.contiguous()?)))
+            .transpose()?,
+        bias: bias.cloned(),
     };
     x.apply_op1_no_bwd(&op)
 }
 
-/// Without the `cuda` feature [`takes`] is false.
+/// Without the `cuda` feature [`takes`] and [`takes_biased`] are false.
 #[cfg(not(feature = "cuda"))]
-pub fn norm_rope(
+fn launch(
     _x: &Tensor,
     _norm: Option<(&Tensor, f32)>,
-    _cos: &Tensor,
-    _sin: &Tensor,
+    _rope: Option<(&Tensor, &Tensor)>,
+    _bias: Option<&Tensor>,
 ) -> Result<Tensor> {
     candle_core::bail!("the fused heads kernel needs the `cuda` feature")
 }
@@ -95,6 +146,23 @@ pub fn reference(
         .map_err(|e| candle_core::Error::Msg(e.to_string()))
 }
 
+/// The candle form of [`bias_rope`] on any device and dtype: the bias added to `x` as the
+/// product's bias add does, the head-major copy, then the rotation when given.
+pub fn reference_biased(
+    x: &Tensor,
+    bias: &Tensor,
+    rope: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    let (_, _, h, hd) = x.dims4()?;
+    let x = x.broadcast_add(&bias.reshape((h, hd))?)?;
+    let x = x.transpose(1, 2)?.contiguous()?;
+    match rope {
+        Some((cos, sin)) => crate::candle::layers::rope::rotate(&x, cos, sin)
+            .map_err(|e| candle_core::Error::Msg(e.to_string())),
+        None => Ok(x),
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod kernel {
     use candle_core::backend::BackendStorage;
@@ -112,8 +180,10 @@ mod kernel {
     pub(super) struct HeadsNormRope {
         pub weight: Option<Tensor>,
         pub eps: f32,
-        pub cos: Tensor,
-        pub sin: Tensor,
+        /// cos, sin `(B, L, R/2)`; none: no rotation (R = 0)
+        pub rope: Option<(Tensor, Tensor)>,
+        /// `(H·hd,)`, contiguous
+        pub bias: Option<Tensor>,
     }
 
     impl CustomOp1 for HeadsNormRope {
@@ -149,11 +219,47 @@ mod kernel {
             let extent = (tokens.max(1) - 1) * st[1] + (h.max(1) - 1) * st[2] + hd;
             let start = xl.start_offset();
             let xv = x.as_cuda_slice::<bf16>()?.slice(start..start + extent);
-            let (c_s, c_l) = self.cos.storage_and_layout();
-            let cv = cuda_module::contiguous_view::<bf16>(&c_s, c_l, "heads_norm_rope", "cos")?;
-            let (s_s, s_l) = self.sin.storage_and_layout();
-            let sv = cuda_module::contiguous_view::<bf16>(&s_s, s_l, "heads_norm_rope", "sin")?;
-            let rot = 2 * c_l.dims().last().copied().unwrap_or(0);
+            let tables = self
+                .rope
+                .as_ref()
+                .map(|(c, s)| (c.storage_and_layout(), s.storage_and_layout()));
+            let (cv, sv, rot) = match &tables {
+                Some(((c_s, c_l), (s_s, s_l))) => (
+                    Some(cuda_module::contiguous_view::<bf16>(
+                        c_s,
+                        c_l,
+                        "heads_norm_rope",
+                        "cos",
+                    )?),
+                    Some(cuda_module::contiguous_view::<bf16>(
+                        s_s,
+                        s_l,
+                        "heads_norm_rope",
+                        "sin",
+                    )?),
+                    2 * c_l.dims().last().copied().unwrap_or(0),
+                ),
+                None => (None, None, 0),
+            };
+            let bias = self.bias.as_ref().map(|b| b.storage_and_layout());
+            let bv = match &bias {
+                Some((b_s, b_l)) => {
+                    if b_l.dims() != [h * hd] {
+                        candle_core::bail!(
+                            "heads_norm_rope: bias {:?}, expected ({})",
+                            b_l.dims(),
+                            h * hd
+                        );
+                    }
+                    Some(cuda_module::contiguous_view::<bf16>(
+                        b_s,
+                        b_l,
+                        "heads_norm_rope",
+                        "bias",
+                    )?)
+                }
+                None => None,
+            };
             let w = self.weight.as_ref().map(|w| w.storage_and_layout());
             let wv = match &w {
                 Some((ws, wl)) => Some(cuda_module::contiguous_view::<bf16>(
@@ -182,12 +288,22 @@ mod kernel {
             let stream = dev.cuda_stream();
             let mut builder = stream.launch_builder(&func);
             builder.arg(&xv);
+            match &bv {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
             match &wv {
                 Some(v) => builder.arg(v),
                 None => builder.arg(&null),
             };
-            builder.arg(&cv);
-            builder.arg(&sv);
+            match &cv {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
+            match &sv {
+                Some(v) => builder.arg(v),
+                None => builder.arg(&null),
+            };
             builder.arg(&mut out);
             builder.arg(&t_i);
             builder.arg(&l_i);
@@ -197,8 +313,9 @@ mod kernel {
             builder.arg(&tok_stride);
             builder.arg(&head_stride);
             builder.arg(&self.eps);
-            // SAFETY: argument types and order match the kernel's signature; `takes` checked
-            // the layout (even strides and widths, hd ≤ MAX_HD, tables of (B, L, R/2)).
+            // SAFETY: argument types and order match the kernel's signature; `takes` /
+            // `takes_biased` checked the layout (even strides, widths and bias offset,
+            // hd ≤ MAX_HD, tables of (B, L, R/2), a bias of H·hd).
             unsafe { builder.launch(cfg) }.w()?;
             drop(builder);
             Ok((bf16::wrap_cuda_slice(out, dev), Shape::from((b, h, l, hd))))

@@ -396,14 +396,27 @@ impl SelfAttention {
         Ok((k, v))
     }
 
-    /// The stacked `q | k | v` product `(B, L, H + 2Hkv, hd)` into heads on CUDA in bf16: the
-    /// query and key heads rotated by the fused heads kernel straight from their views of the
-    /// product ([`Self::rotated_heads`], no norm), the value heads one head-major copy. `None`
-    /// where that kernel does not take the call, or where `fusion::qkv_heads` is off (the
-    /// candle form then runs).
+    /// Whether the stacked `q | k | v` product may leave its bias to the fused heads kernel: on
+    /// CUDA with the fused heads on ([`Self::fused_stacked_heads`]) and the bias fold not
+    /// switched off (`FORKSCORE_QKV_HEADS=bias-apart` keeps candle's bias add, to compare).
+    fn folds_qkv_bias(x: &Tensor) -> bool {
+        x.device().is_cuda()
+            && x.dtype() == candle_core::DType::BF16
+            && !fused_heads_off()
+            && crate::candle::layers::fusion::qkv_heads()
+            && !crate::switches::is("FORKSCORE_QKV_HEADS", "bias-apart")
+    }
+
+    /// The stacked `q | k | v` product `(B, L, H + 2Hkv, hd)` into heads on CUDA in bf16, by
+    /// the fused heads kernel straight from the product's views: the query and key heads
+    /// rotated, the value heads laid out head-major, each with its part of `bias` added first
+    /// when the product left it out (one launch per part, no norm, no gate here). `None` where
+    /// that kernel does not take the call, or where `fusion::qkv_heads` is off (the candle form
+    /// then runs, after adding the bias).
     fn fused_stacked_heads(
         &self,
         qkv: &Tensor,
+        bias: Option<&Tensor>,
         step: &Step,
     ) -> Result<Option<Projected>, CandleError> {
         let s = &self.spec;
@@ -415,16 +428,42 @@ impl SelfAttention {
         }
         let part = |start: usize, n: usize| qkv.narrow(2, start, n).map_err(op("q|k|v heads"));
         let (q, k) = (part(0, s.heads)?, part(s.heads, s.kv_heads)?);
-        let (cos, sin) = (&step.rope.cos, &step.rope.sin);
-        if !(cuda::heads::takes(&q, None, cos, sin) && cuda::heads::takes(&k, None, cos, sin)) {
+        let v = part(s.heads + s.kv_heads, s.kv_heads)?;
+        let rope = Some((&step.rope.cos, &step.rope.sin));
+        let Some(bias) = bias else {
+            let (cos, sin) = (&step.rope.cos, &step.rope.sin);
+            if !(cuda::heads::takes(&q, None, cos, sin) && cuda::heads::takes(&k, None, cos, sin)) {
+                return Ok(None);
+            }
+            let q = self.rotated_heads(q, s.heads, None, step)?; // (B, H, L, hd)
+            let k = self.rotated_heads(k, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
+            let v = v
+                .transpose(1, 2)
+                .and_then(|t| t.contiguous())
+                .map_err(op("q|k|v heads"))?; // (B, Hkv, L, hd)
+            return Ok(Some((q, k, v, None)));
+        };
+        // the bias (H·hd + 2·Hkv·hd,) cut like the product's heads
+        let hd = s.head_dim;
+        let bias_of =
+            |start: usize, n: usize| bias.narrow(0, start * hd, n * hd).map_err(op("q|k|v bias"));
+        let (bq, bk, bv) = (
+            bias_of(0, s.heads)?,
+            bias_of(s.heads, s.kv_heads)?,
+            bias_of(s.heads + s.kv_heads, s.kv_heads)?,
+        );
+        if !(cuda::heads::takes_biased(&q, &bq, rope)
+            && cuda::heads::takes_biased(&k, &bk, rope)
+            && cuda::heads::takes_biased(&v, &bv, None))
+        {
             return Ok(None);
         }
-        let q = self.rotated_heads(q, s.heads, None, step)?; // (B, H, L, hd)
-        let k = self.rotated_heads(k, s.kv_heads, None, step)?; // (B, Hkv, L, hd)
-        let v = part(s.heads + s.kv_heads, s.kv_heads)?
-            .transpose(1, 2)
-            .and_then(|t| t.contiguous())
-            .map_err(op("q|k|v heads"))?; // (B, Hkv, L, hd)
+        let heads = |x: &Tensor, b: &Tensor, rope| {
+            cuda::heads::bias_rope(x, b, rope).map_err(op("fused heads"))
+        };
+        let q = heads(&q, &bq, rope)?; // (B, H, L, hd)
+        let k = heads(&k, &bk, rope)?; // (B, Hkv, L, hd)
+        let v = heads(&v, &bv, None)?; // (B, Hkv, L, hd)
         Ok(Some((q, k, v, None)))
     }
 
@@ -437,9 +476,20 @@ impl SelfAttention {
         let (q, k, v, gate) = match &self.qkv {
             Qkv::Stacked(stacked) => {
                 // (B, L, (H + 2Hkv)·hd) -> (B, L, H + 2Hkv, hd), heads [q | k | v]; each part is
-                // a view that `heads_of` copies once, head-major (no norm, no gate here)
-                let qkv = apply(stacked, x, "q|k|v")?; // (B, L, (H + 2Hkv)·hd)
-                if cpu::heads::supports(&qkv, &step.rope) {
+                // a view that `heads_of` copies once, head-major (no norm, no gate here). On
+                // CUDA the product may leave its bias to the fused heads kernel.
+                let apart = match Self::folds_qkv_bias(x) {
+                    true => stacked.forward_bias_apart(x),
+                    false => None,
+                };
+                let (qkv, bias) = match apart {
+                    Some(r) => {
+                        let (y, b) = r.map_err(op("q|k|v"))?;
+                        (y, Some(b))
+                    }
+                    None => (apply(stacked, x, "q|k|v")?, None),
+                }; // (B, L, (H + 2Hkv)·hd), bias (H·hd + 2·Hkv·hd,) when left out
+                if bias.is_none() && cpu::heads::supports(&qkv, &step.rope) {
                     // the same split and rotation in one pass (equal bit for bit)
                     let (q, k, v) = cpu::heads::split_rotate(
                         &qkv, &step.rope, s.heads, s.kv_heads, s.head_dim,
@@ -449,9 +499,17 @@ impl SelfAttention {
                 let qkv = qkv
                     .reshape((b, l, s.heads + 2 * s.kv_heads, s.head_dim))
                     .map_err(op("split q|k|v"))?;
-                if let Some(heads) = self.fused_stacked_heads(&qkv, step)? {
+                if let Some(heads) = self.fused_stacked_heads(&qkv, bias, step)? {
                     return Ok(heads);
                 }
+                // the kernel declined: the bias the product left out, added as candle does
+                let qkv = match bias {
+                    Some(b) => b
+                        .reshape((s.heads + 2 * s.kv_heads, s.head_dim))
+                        .and_then(|b| qkv.broadcast_add(&b))
+                        .map_err(op("q|k|v bias"))?,
+                    None => qkv,
+                };
                 let part = |start: usize, n: usize| {
                     qkv.narrow(2, start, n)
                         .and_then(|t| t.transpose(1, 2))

@@ -362,6 +362,22 @@ impl Linear {
         }
     }
 
+    /// A dense layer with a bias: its product `x · Wᵀ` with the bias left out, and the bias
+    /// `(out,)`, for a kernel that adds it in a pass it makes anyway (the fused heads kernel).
+    /// `None` for every other layer (the caller takes [`Linear::forward`]).
+    pub(crate) fn forward_bias_apart(
+        &self,
+        x: &Tensor,
+    ) -> Option<candle_core::Result<(Tensor, &Tensor)>> {
+        match self {
+            Linear::Dense(l) => {
+                let bias = l.bias()?;
+                Some(dense(x, l.weight(), None).map(|y| (y, bias)))
+            }
+            _ => None,
+        }
+    }
+
     /// `(.., in) -> (.., out)`. A quantized layer with more activation rows than
     /// [`kernel_max_rows`] takes [`Linear::forward_dequantized`], as every quantized layer does
     /// under [`f32_activations`].
