@@ -265,8 +265,8 @@ impl Mixer for SelfAttention {
 type Projected = (Tensor, Tensor, Tensor, Option<Tensor>);
 
 impl SelfAttention {
-    /// The attention output `o (B, L, H*hd)` through the output gate (when the layer has one)
-    /// and `o_proj`, with the new K/V as the layer's update.
+    /// The attention output `o (B, L, H*hd)` through the output gate (when the layer has one:
+    /// `(B, L, H, hd)`, a view) and `o_proj`, with the new K/V as the layer's update.
     fn output(
         &self,
         mut o: Tensor,
@@ -276,7 +276,10 @@ impl SelfAttention {
         v: Tensor,
     ) -> Result<(Tensor, LayerUpdate), CandleError> {
         if let Some(gate) = gate {
+            // sigmoid reads the gate's (B, L, H, hd) view of the q | gate product in place and
+            // writes it contiguous, so it reshapes to o's (B, L, H*hd) without a copy
             o = candle_nn::ops::sigmoid(&gate)
+                .and_then(|g| g.reshape(o.shape()))
                 .and_then(|g| o * g)
                 .map_err(op("output gate"))?;
         }
@@ -468,7 +471,7 @@ impl SelfAttention {
     }
 
     /// Queries `(B, H, L, hd)` after norm and RoPE, K and V `(B, Hkv, L, hd)`, and the output
-    /// gate `(B, L, H*hd)` when the layer has one.
+    /// gate `(B, L, H, hd)` (a view of the q | gate product) when the layer has one.
     fn project(&self, x: &Tensor, step: &Step) -> Result<Projected, CandleError> {
         let s = &self.spec;
         let (b, l) = (step.rows, step.len);
@@ -535,9 +538,7 @@ impl SelfAttention {
                     // a view: the fused heads kernel reads it in place, the candle form
                     // copies it
                     let query = qg.narrow(D::Minus1, 0, s.head_dim);
-                    let gate = qg
-                        .narrow(D::Minus1, s.head_dim, s.head_dim)
-                        .and_then(|t| t.reshape((b, l, s.heads * s.head_dim)));
+                    let gate = qg.narrow(D::Minus1, s.head_dim, s.head_dim); // (B, L, H, hd) view
                     (query.map_err(op("query"))?, Some(gate.map_err(op("gate"))?))
                 } else {
                     (q, None)
