@@ -209,6 +209,13 @@ pub const TABLE: &[Switch] = &[
         doc: "whole-vocabulary top-K on the GPU or on the host",
     },
     Switch {
+        name: "FORKSCORE_BRANCH_STATE",
+        audience: Dev,
+        effect: Diagnostic,
+        accepts: OneOf(&["skip", "keep"]),
+        doc: "`keep`: a scoring pass's fused Gated DeltaNet kernels on CUDA write each row's final recurrent state, which nobody reads, instead of skipping it (the default, `skip`; the outputs are bit-equal)",
+    },
+    Switch {
         name: "FORKSCORE_FLASH_BATCHED",
         audience: Dev,
         effect: ComputePath,

@@ -626,6 +626,24 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                         0.0,
                         "slots {slots:?}"
                     );
+                    // a call whose new state nobody keeps (a scoring pass): the kernels skip
+                    // the final states, the outputs stay the same bit for bit
+                    let (y_d, s_d) = layer
+                        .forward_discarding(&x, &st, Some(&slots), pad.as_ref())
+                        .expect("fused, state discarded");
+                    for (row, len) in rows.iter().enumerate() {
+                        let cut = |t: &Tensor| {
+                            t.narrow(0, row, 1)
+                                .and_then(|t| t.narrow(1, 0, *len))
+                                .expect("cut")
+                        };
+                        assert_eq!(
+                            max_diff(&cut(&y_d), &cut(&y_m)),
+                            0.0,
+                            "discarding: slots {slots:?} row {row}"
+                        );
+                    }
+                    assert_eq!(s_d.recurrent.dims(), &[b, hv, 0, dv]);
                     assert_eq!(max_diff(&s_m.conv, &s_g.conv), 0.0, "slots {slots:?}");
                 }
                 let es = max_diff(&s_f.recurrent, &s_r.recurrent)

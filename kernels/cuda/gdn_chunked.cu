@@ -32,7 +32,8 @@
 //
 // Layout (f32, row-major, contiguous), as gdn_recurrent.cu:
 //   qkv (B, L, Cc) = [q heads | k heads | v heads], beta, g (B, L, Hv), s0 (S, Hv, DK, dv) with
-//   slot_of_row (B) int32 or nullptr, out (B, L, Hv, dv), s1 (B, Hv, DK, dv).
+//   slot_of_row (B) int32 or nullptr, out (B, L, Hv, dv), s1 (B, Hv, DK, dv) or nullptr (the final
+//   state not written).
 //   Workspace per (row, head, chunk), padded to a multiple of 8 floats (WMMA pointers must be
 //   32-byte aligned): W (C·DK) | Qg (C·DK) | Kd (C·DK) | U (C·dv) | Aqk (C·C) | dec.
 
@@ -497,6 +498,7 @@ __device__ void scan_body(const float* __restrict__ ws, const float* __restrict_
     }
     __pipeline_wait_prior(0);
     __syncthreads();
+    if (s1 == nullptr) return;  // the caller keeps no final state
     float* S1 = s1 + ((int64_t)b * Hv + h) * DK * dv;
     for (int e = tid; e < DK * TILE; e += SCAN_NT) {
         const int d = e / TILE, j = e % TILE;

@@ -18,7 +18,8 @@
 //   s0    (S, Hv, DK, dv) starting states of S slots; row b starts from slot slot_of_row[b]
 //                         (slot_of_row == nullptr: row b starts from slot b)
 //   out   (B, L, Hv, dv)  o_t
-//   s1    (B, Hv, DK, dv) state after the last step
+//   s1    (B, Hv, DK, dv) state after the last step, or nullptr: not written (a scoring pass,
+//                         whose branch state nobody reads)
 //
 // Parallel decomposition: the value columns of S evolve independently (column j only reads
 // v_t[j] and the shared k̂, q̂), so a block owns (row b, value head h, a tile of columns). Inside a
@@ -228,7 +229,9 @@ __device__ void gdn_recurrent_body(const float* __restrict__ qkv, const float* _
     }
 
     // The final state tile, through shared memory for coalesced writes (the stage is free: the
-    // last barrier above follows the last step).
+    // last barrier above follows the last step); none where the caller keeps no state (s1 null,
+    // the same for every thread of the block).
+    if (s1 == nullptr) return;
 #pragma unroll
     for (int i = 0; i < ROWS; ++i)
 #pragma unroll

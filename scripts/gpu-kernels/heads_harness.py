@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks and times kernels/cuda/heads_norm_rope.cu (a projection's output into head-major heads
-with the per-head RMSNorm and the rotary embedding fused) on the GPU machine.
+with the projection's bias, the per-head RMSNorm and the rotary embedding fused) on the GPU
+machine.
 
   python3 scripts/gpu-kernels/heads_harness.py
 
@@ -12,7 +13,10 @@ with the per-head RMSNorm and the rotary embedding fused) on the GPU machine.
    multiply-adds may move a normed value by one step, which the rope carries);
 3. timing (CUDA events, median of 5 rounds of 20 calls) at the Qwen3.5-4B attention shapes
    (q: 16 heads × 256 read through the q | gate interleave, k: 4 heads × 256, rotary 64) for a
-   packed pass of 4,096 tokens and a scoring pass, against the PyTorch sequence of separate ops.
+   packed pass of 4,096 tokens and a scoring pass, against the PyTorch sequence of separate ops;
+   and at the Qwen2.5-1.5B stacked q|k|v shape (12 + 2 + 2 heads × 128, biased, full rotation):
+   the three fused launches (q and k rotated, v laid out, each adding its bias) against the bias
+   add over the whole product followed by the same three launches without a bias.
 """
 import os
 import subprocess
@@ -37,20 +41,22 @@ def build():
     return cp.RawModule(path=out).get_function("heads_norm_rope_bf16")
 
 
-def launch(f, x, tok_stride, head_stride, B, L, H, hd, w, cos, sin, rot, eps, out=None):
+def launch(f, x, tok_stride, head_stride, B, L, H, hd, w, cos, sin, rot, eps, out=None, bias=None):
     T = B * L
     if out is None:
         out = torch.full((B, H, L, hd), float("nan"), device="cuda", dtype=torch.bfloat16)
     ptr = lambda t: cp.uint64(t.data_ptr()) if t is not None else cp.uint64(0)
     grid = ((T * H + WARPS - 1) // WARPS,)
-    f(grid, (WARPS * 32,), (ptr(x), ptr(w), ptr(cos), ptr(sin), ptr(out), cp.int32(T), cp.int32(L),
+    f(grid, (WARPS * 32,), (ptr(x), ptr(bias), ptr(w), ptr(cos), ptr(sin), ptr(out), cp.int32(T), cp.int32(L),
                             cp.int32(H), cp.int32(hd), cp.int32(rot), cp.int64(tok_stride),
                             cp.int64(head_stride), cp.float32(eps)))
     return out
 
 
-def reference(xv, w, cos, sin, rot, eps, candle_like=False):
-    """xv (B, L, H, hd) bf16 view -> (B, H, L, hd) bf16."""
+def reference(xv, w, cos, sin, rot, eps, candle_like=False, bias=None):
+    """xv (B, L, H, hd) bf16 view (plus bias (H·hd), rounded to bf16 as a bf16 add) -> (B, H, L, hd) bf16."""
+    if bias is not None:
+        xv = (xv.float() + bias.float().view(xv.shape[2], xv.shape[3])).bfloat16()
     x = xv.float()
     if w is not None:
         n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
@@ -125,6 +131,40 @@ def main():
         tf = time_ms(lambda: launch(f, proj, H * width, width, B, L, H, 256, w, cos, sin, 64, 1e-6, out))
         ts = time_ms(lambda: reference(xv, w, cos, sin, 64, 1e-6, candle_like=True))
         print(f"| {name} | {tf:.4f} | {ts:.4f} | {ts / tf:.1f}× |")
+    print("== the stacked q|k|v of Qwen2.5-1.5B with its bias (12 + 2 + 2 heads × 128, full rotation)")
+    for B, L in [(1, 1250), (28, 5)]:
+        H, Hkv, hd = 12, 2, 128
+        n = H + 2 * Hkv
+        proj = torch.randn(B, L, n * hd, device="cuda", generator=gen).bfloat16() * 3
+        bias = (torch.randn(n * hd, device="cuda", generator=gen) * 2).bfloat16()
+        pos = torch.randint(0, 8192, (B * L,), device="cuda", generator=gen).float()
+        inv = 1.0 / (1e6 ** (torch.arange(0, hd, 2, device="cuda").float() / hd))
+        ang = pos[:, None] * inv[None, :]
+        cos, sin = ang.cos().bfloat16().contiguous(), ang.sin().bfloat16().contiguous()
+        view = proj.view(B, L, n, hd)
+        parts = [(0, H, hd), (H, Hkv, hd), (H + Hkv, Hkv, 0)]  # (first head, heads, rotary dims)
+
+        def fused():
+            return [launch(f, proj[..., h0 * hd:], n * hd, hd, B, L, nh, hd, None, cos if r else None,
+                           sin if r else None, r, 0.0, bias=bias[h0 * hd:(h0 + nh) * hd])
+                    for h0, nh, r in parts]
+
+        def apart():
+            biased = proj + bias  # the bias add over the whole product, bf16
+            return [launch(f, biased[..., h0 * hd:], n * hd, hd, B, L, nh, hd, None, cos if r else None,
+                           sin if r else None, r, 0.0) for h0, nh, r in parts]
+
+        outs, outs_apart = fused(), apart()
+        torch.cuda.synchronize()
+        for (h0, nh, r), o, oa in zip(parts, outs, outs_apart):
+            ref = reference(view[:, :, h0:h0 + nh], None, cos, sin, r, 0.0, bias=bias[h0 * hd:(h0 + nh) * hd])
+            e = steps(o, ref)
+            same = torch.equal(o, oa)
+            print(f"  B {B} L {L} heads {h0}..{h0 + nh} rot {r}: vs f32 form {e:.2f}, "
+                  f"bit-identical to the bias add then the kernel: {same}")
+            worst = max(worst, e if same else 99)
+        tf, ta = time_ms(fused), time_ms(apart)
+        print(f"| q|k|v ({B} × {L}) | {tf:.4f} | {ta:.4f} | {ta / tf:.1f}× |")
     ok = worst <= 2.0
     print(f"[heads] {'PASS' if ok else 'FAIL'} (worst {worst:.2f} bf16 steps, bound 2)")
     sys.exit(0 if ok else 1)

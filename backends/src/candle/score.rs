@@ -139,6 +139,7 @@ impl CandleBackend {
         }
         // several slots: each slot's rows attend to it alone (no left padding), as in a call of
         // those rows alone
+        // the branch's layer updates are dropped: the step says so (no final GDN states)
         let step = match layout.slots.len() {
             1 => Step::new(&b.rope, &past_lens, &valid, len, None, b.dtype, &b.device)?,
             s => Step::per_slot(
@@ -150,7 +151,8 @@ impl CandleBackend {
                 b.dtype,
                 &b.device,
             )?,
-        };
+        }
+        .discarding_state();
         let (hidden, branch) = profile::region("score.forward", &b.device, || {
             b.forward_branch(&ids, &pasts, &step)
         })?;
@@ -177,7 +179,7 @@ impl CandleBackend {
         self.check_candidates(candidates)?;
         let b = &self.backbone;
         let n = ids.len();
-        let step = Step::new(&b.rope, &[0], &[n], n, None, b.dtype, &b.device)?;
+        let step = Step::new(&b.rope, &[0], &[n], n, None, b.dtype, &b.device)?.discarding_state();
         let pasts: Vec<LayerPast> = b.layers.iter().map(|_| LayerPast::Empty).collect();
         let (hidden, _) = b.forward_branch(ids, &pasts, &step)?;
         Ok(self

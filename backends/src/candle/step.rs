@@ -38,6 +38,11 @@ pub(crate) struct Step {
     /// `Some` when rows continue several slots attended one by one
     /// ([`super::state::LayerPast::AttentionSlots`]).
     pub slots: Option<SlotSteps>,
+    /// Whether the call's layer updates are kept (true but for a scoring pass, whose branch
+    /// states are dropped: [`Step::discarding_state`]). Where false, a mixer may return an
+    /// update it did not compute in full — the fused Gated DeltaNet kernels then skip writing
+    /// each row's final recurrent state (`(Hv, dk, dv)` f32 a row).
+    pub keeps_state: bool,
 }
 
 /// A call whose rows continue several slots: `rows_per_slot` consecutive rows per slot, and per
@@ -64,6 +69,15 @@ pub(crate) struct Packing {
 }
 
 impl Step {
+    /// The same step for a call whose layer updates nobody keeps (a scoring pass,
+    /// [`super::models::Backbone::forward_branch`]): the outputs are the same, the updates
+    /// may be left incomplete ([`Step::keeps_state`]).
+    pub fn discarding_state(mut self) -> Self {
+        // `FORKSCORE_BRANCH_STATE=keep` computes the branch states anyway (to time the saving)
+        self.keeps_state = crate::switches::is("FORKSCORE_BRANCH_STATE", "keep");
+        self
+    }
+
     /// `merged_past`: `Some(P)` when rows see per-row pasts left-padded to `P`.
     pub fn new(
         rope: &Rope,
@@ -102,6 +116,7 @@ impl Step {
             valid: valid.to_vec(),
             packed: None,
             slots: None,
+            keeps_state: true,
         })
     }
 
@@ -180,6 +195,7 @@ impl Step {
             valid: vec![total],
             packed: Some(Packing { segments, steps }),
             slots: None,
+            keeps_state: true,
         })
     }
 
@@ -217,6 +233,7 @@ impl Step {
             valid: vec![len],
             packed: None,
             slots: None,
+            keeps_state: true,
         })
     }
 

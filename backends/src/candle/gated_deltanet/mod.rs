@@ -373,6 +373,32 @@ impl GdnLayer {
         padding: Option<&RightPadding>,
         rule: DeltaRule,
     ) -> Result<(Tensor, GdnState), CandleError> {
+        self.forward_keeping(x, state, slot_of_row, padding, rule, true)
+    }
+
+    /// [`GdnLayer::forward_with`] (HF's form choice) for a call whose new state nobody reads
+    /// (a scoring pass, `keep_state` false): the same outputs; the fused CUDA kernels then skip
+    /// writing each row's final recurrent state, and the returned state's `recurrent` holds
+    /// no values (`(B, Hv, 0, dv)`). The other forms compute it as usual.
+    pub fn forward_discarding(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        slot_of_row: Option<&[u32]>,
+        padding: Option<&RightPadding>,
+    ) -> Result<(Tensor, GdnState), CandleError> {
+        self.forward_keeping(x, state, slot_of_row, padding, self.rule_for(x), false)
+    }
+
+    fn forward_keeping(
+        &self,
+        x: &Tensor,
+        state: &GdnState,
+        slot_of_row: Option<&[u32]>,
+        padding: Option<&RightPadding>,
+        rule: DeltaRule,
+        keep_state: bool,
+    ) -> Result<(Tensor, GdnState), CandleError> {
         let (b, l, _) = x.dims3().map_err(CandleError::tensor("gdn.input"))?;
         match slot_of_row {
             None if state.batch() != b => {
@@ -408,7 +434,7 @@ impl GdnLayer {
                 });
             }
         }
-        self.run(x, state, slot_of_row, padding, rule)
+        self.run(x, state, slot_of_row, padding, rule, keep_state)
             .map_err(CandleError::tensor("gdn.forward"))
     }
 
@@ -419,6 +445,7 @@ impl GdnLayer {
         slot_of_row: Option<&[u32]>,
         padding: Option<&RightPadding>,
         rule: DeltaRule,
+        keep_state: bool,
     ) -> candle_core::Result<(Tensor, GdnState)> {
         let act = x.dtype();
         let dev = x.device();
@@ -434,12 +461,14 @@ impl GdnLayer {
             None => (state, None),
         };
         let proj = self.project(x, Self::in_dtype(rule, act))?;
-        let (o, next) = self.mix(&proj, state, slots.as_ref(), padding, rule, act)?;
+        let (o, next) = self.mix(&proj, state, slots.as_ref(), padding, rule, act, keep_state)?;
         let out = self.finish(&o, &proj.z, rule, act)?;
         Ok((out, next))
     }
 
-    /// Conv, gates and delta rule over the projections: `o (B, L, Hv, dv)` and the new state.
+    /// Conv, gates and delta rule over the projections: `o (B, L, Hv, dv)` and the new state
+    /// (its recurrent part left empty by the fused kernels where `keep_state` is false).
+    #[allow(clippy::too_many_arguments)]
     fn mix(
         &self,
         proj: &Projections,
@@ -448,6 +477,7 @@ impl GdnLayer {
         padding: Option<&RightPadding>,
         rule: DeltaRule,
         act: DType,
+        keep_state: bool,
     ) -> candle_core::Result<(Tensor, GdnState)> {
         let GdnDims {
             key_heads: hk,
@@ -507,6 +537,7 @@ impl GdnLayer {
                     slots,
                     &self.dims,
                     act != DType::F32,
+                    keep_state,
                 )
             })?
         } else {

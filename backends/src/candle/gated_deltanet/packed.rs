@@ -52,7 +52,7 @@ impl GdnLayer {
             let rule = DeltaRule::for_call(len, &self.dims, dev);
             let part = proj.narrow(start, len)?;
             let zero = GdnState::zeros(&self.dims, 1, dev)?;
-            let (o, next) = self.mix(&part, &zero, None, None, rule, act)?;
+            let (o, next) = self.mix(&part, &zero, None, None, rule, act, true)?;
             outs.push(o);
             convs.push(next.conv);
             recurrents.push(next.recurrent);
@@ -108,7 +108,15 @@ impl GdnLayer {
             candle_core::Error::Msg("packed GDN: a segment over its batch".into())
         })?;
         let zero = GdnState::zeros(&self.dims, segments.len(), dev)?;
-        let (o, next) = self.mix(&padded, &zero, None, Some(&padding), DeltaRule::Fused, act)?;
+        let (o, next) = self.mix(
+            &padded,
+            &zero,
+            None,
+            Some(&padding),
+            DeltaRule::Fused,
+            act,
+            true,
+        )?;
         // (K, Lmax, Hv, dv) -> (1, T, Hv, dv)
         let o = profile::region("gdn.unpack", dev, || cut_segments(&o, &lens))?;
         let out = self.finish(&o, &proj.z, DeltaRule::Fused, act)?;

@@ -197,7 +197,8 @@ impl Backbone {
     /// [`Backbone::forward`] for a branch whose state nobody keeps (a scoring pass): the same
     /// hidden states, but each layer's update is summarised and dropped as soon as the layer is
     /// done, so the pass never holds more than one layer's branch state (for a Gated DeltaNet
-    /// layer, one `(Hv, dk, dv)` f32 state per row).
+    /// layer, one `(Hv, dk, dv)` f32 state per row — none where the step is
+    /// [`Step::discarding_state`] and the fused kernels run: they skip writing it).
     pub fn forward_branch(
         &self,
         ids: &[u32],

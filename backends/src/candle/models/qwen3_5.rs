@@ -178,11 +178,17 @@ impl Mixer for LinearAttention {
         } else {
             None
         };
-        let (y, next) = match &slots {
-            Some(slots) => self
-                .layer
-                .forward_from_slots(x, &state, slots, padding.as_ref())?,
-            None => self.layer.forward(x, &state, padding.as_ref())?,
+        let (y, next) = match (&slots, step.keeps_state) {
+            // a scoring pass: nobody reads the new state, the fused kernels skip it
+            (slots, false) => {
+                self.layer
+                    .forward_discarding(x, &state, slots.as_deref(), padding.as_ref())?
+            }
+            (Some(slots), true) => {
+                self.layer
+                    .forward_from_slots(x, &state, slots, padding.as_ref())?
+            }
+            (None, true) => self.layer.forward(x, &state, padding.as_ref())?,
         };
         Ok((
             y,

@@ -32,6 +32,8 @@ struct GatedDeltaRule {
     dims: GdnDims,
     /// Long calls take the chunked kernels where they fit ([`takes_chunked`]).
     chunked: bool,
+    /// Whether the final states are written (false: the kernels get a null `s1`).
+    keep_state: bool,
 }
 
 pub(super) fn cuda_f32<'a>(
@@ -93,9 +95,10 @@ impl CustomOp1 for GatedDeltaRule {
         };
 
         let n_out = b * l * hv * dv;
-        let n_state = b * hv * dk * dv;
-        // SAFETY: every element is written by the kernel (outputs of all B·L tokens and
-        // the final state of all B rows).
+        // the final states only where they are kept: without them the kernels get a null s1
+        let n_state = if self.keep_state { b * hv * dk * dv } else { 0 };
+        // SAFETY: every element is written by the kernel (outputs of all B·L tokens and,
+        // when kept, the final state of all B rows).
         let mut dst = unsafe { dev.alloc::<f32>(n_out + n_state)? };
         let (mut out, mut s1) = dst.split_at_mut(n_out);
 
@@ -108,7 +111,7 @@ impl CustomOp1 for GatedDeltaRule {
                 &s0,
                 slots.as_ref(),
                 &mut out,
-                &mut s1,
+                self.keep_state.then_some(&mut s1),
                 b,
                 l,
                 &self.dims,
@@ -140,7 +143,10 @@ impl CustomOp1 for GatedDeltaRule {
             None => builder.arg(&no_slots),
         };
         builder.arg(&mut out);
-        builder.arg(&mut s1);
+        match self.keep_state {
+            true => builder.arg(&mut s1),
+            false => builder.arg(&no_slots),
+        };
         builder.arg(&l_i);
         builder.arg(&hk_i);
         builder.arg(&hv_i);
@@ -213,7 +219,7 @@ fn chunked(
     s0: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
     slots: Option<&candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>>,
     out: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
-    s1: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>,
+    s1: Option<&mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f32>>,
     b: usize,
     l: usize,
     dims: &GdnDims,
@@ -262,7 +268,7 @@ fn chunked(
     // by `run`.
     unsafe { builder.launch(cfg) }.w()?;
     drop(builder);
-    let no_slots: u64 = 0;
+    let (no_slots, no_state): (u64, u64) = (0, 0);
     let mut builder = stream.launch_builder(&scan);
     builder.arg(&ws);
     builder.arg(s0);
@@ -271,7 +277,10 @@ fn chunked(
         None => builder.arg(&no_slots),
     };
     builder.arg(out);
-    builder.arg(s1);
+    match s1 {
+        Some(s1) => builder.arg(s1),
+        None => builder.arg(&no_state),
+    };
     builder.arg(&l_i);
     builder.arg(&hv_i);
     builder.arg(&dv_i);
@@ -281,7 +290,8 @@ fn chunked(
         block_dim: (CHUNK_THREADS, 1, 1),
         shared_mem_bytes: s_smem as u32,
     };
-    // SAFETY: as above; the scan writes every output token and the whole final state.
+    // SAFETY: as above; the scan writes every output token and, given one, the whole final
+    // state (a null s1 skips it).
     unsafe { builder.launch(cfg) }.w()?;
     drop(builder);
     Ok(())
@@ -301,6 +311,7 @@ pub(super) fn check_slots(slots: Option<&Tensor>, rows: usize, states: usize) ->
     Ok(states)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     qkv: &Tensor,
     beta: &Tensor,
@@ -309,6 +320,7 @@ pub(super) fn run(
     slot_of_row: Option<&Tensor>,
     dims: &GdnDims,
     chunked: bool,
+    keep_state: bool,
 ) -> Result<(Tensor, Tensor)> {
     let (b, l, cc) = qkv.dims3()?;
     let (hv, dk, dv) = (dims.value_heads, dims.key_dim, dims.value_dim);
@@ -343,13 +355,18 @@ pub(super) fn run(
         slots: slot_of_row.map(Tensor::contiguous).transpose()?,
         dims: *dims,
         chunked,
+        keep_state,
     };
-    // (B·L·Hv·dv + B·Hv·dk·dv,) -> (B, L, Hv, dv), (B, Hv, dk, dv)
+    // (B·L·Hv·dv + B·Hv·dk·dv,) -> (B, L, Hv, dv), (B, Hv, dk, dv); without the state
+    // (B·L·Hv·dv,) and an empty (B, Hv, 0, dv)
     let flat = f32c(qkv)?.apply_op1_no_bwd(&op)?;
     let n_out = b * l * hv * dv;
     let o = flat.narrow(0, 0, n_out)?.reshape((b, l, hv, dv))?;
-    let s = flat
-        .narrow(0, n_out, b * hv * dk * dv)?
-        .reshape((b, hv, dk, dv))?;
+    let s = match keep_state {
+        true => flat
+            .narrow(0, n_out, b * hv * dk * dv)?
+            .reshape((b, hv, dk, dv))?,
+        false => flat.narrow(0, 0, 0)?.reshape((b, hv, 0, dv))?,
+    };
     Ok((o, s))
 }

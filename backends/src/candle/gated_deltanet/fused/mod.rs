@@ -93,8 +93,10 @@ pub fn supports(dims: &GdnDims, device: &Device) -> bool {
 
 /// Run the delta rule over `qkv` from `state`. See the module docs for shapes.
 /// `low_precision`: the layer computes in bf16 / f16, so long calls may take the TF32 chunked
-/// form ([`PrefillForm::Auto`]).
+/// form ([`PrefillForm::Auto`]). `keep_state` false: nobody reads the new state (a scoring
+/// pass), so the kernels skip writing it and the returned state is `(B, Hv, 0, dv)`.
 #[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
     qkv: &Tensor,
     beta: &Tensor,
@@ -103,6 +105,7 @@ pub fn gated_delta_rule(
     slot_of_row: Option<&Tensor>,
     dims: &GdnDims,
     low_precision: bool,
+    keep_state: bool,
 ) -> Result<(Tensor, Tensor)> {
     cuda::run(
         qkv,
@@ -112,6 +115,7 @@ pub fn gated_delta_rule(
         slot_of_row,
         dims,
         chunked_wanted(low_precision),
+        keep_state,
     )
 }
 
@@ -163,6 +167,7 @@ pub fn causal_conv_silu(
 
 /// Without the `cuda` feature there is no fused kernel ([`supports`] is false).
 #[cfg(not(feature = "cuda"))]
+#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
     _qkv: &Tensor,
     _beta: &Tensor,
@@ -171,6 +176,7 @@ pub fn gated_delta_rule(
     _slot_of_row: Option<&Tensor>,
     _dims: &GdnDims,
     _low_precision: bool,
+    _keep_state: bool,
 ) -> Result<(Tensor, Tensor)> {
     candle_core::bail!("the fused Gated DeltaNet kernel needs the `cuda` feature")
 }
