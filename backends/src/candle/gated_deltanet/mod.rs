@@ -18,6 +18,7 @@
 //! exactly, and each row's conv state is gathered at its own last valid token. Outputs at padded
 //! positions are garbage and must be ignored by the caller.
 
+mod candle_rule;
 pub mod chunked;
 pub mod conv;
 pub mod fused;
@@ -479,21 +480,12 @@ impl GdnLayer {
         act: DType,
         keep_state: bool,
     ) -> candle_core::Result<(Tensor, GdnState)> {
-        let GdnDims {
-            key_heads: hk,
-            value_heads: hv,
-            key_dim: dk,
-            value_dim: dv,
-            ..
-        } = self.dims;
         let Projections {
             p, b_logits, a_in, ..
         } = proj;
-        let (b, l, _) = p.dims3()?;
         if proj.p_rows.is_some() && rule != DeltaRule::Fused {
             candle_core::bail!("a packed p reaches only the fused conv");
         }
-        let (ck, cv) = (self.dims.key_channels(), self.dims.value_channels());
         let dev = p.device();
 
         let (c, conv_state) = profile::region("gdn.conv", dev, || {
@@ -541,47 +533,7 @@ impl GdnLayer {
                 )
             })?
         } else {
-            // (B, L, Cc) -> (B, L, Hk, dk) ×2, (B, L, Hv, dv)
-            let q = c.narrow(2, 0, ck)?.reshape((b, l, hk, dk))?;
-            let k = c.narrow(2, ck, ck)?.reshape((b, l, hk, dk))?;
-            let v = c.narrow(2, 2 * ck, cv)?.reshape((b, l, hv, dv))?;
-            let q = (norm::l2_normalize(&q)? * (dk as f64).powf(-0.5))?;
-            let k = norm::l2_normalize(&k)?;
-            // Value head h reads key head ⌊h / r⌋: (B, L, Hk, dk) -> (B, L, Hk, r, dk) -> (B, L, Hv, dk)
-            let r = hv / hk;
-            let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
-                if r == 1 {
-                    Ok(t)
-                } else {
-                    t.unsqueeze(3)?
-                        .broadcast_as((b, l, hk, r, dk))?
-                        .reshape((b, l, hv, dk))
-                }
-            };
-            // (B, L, Hv, d) -> (B, Hv, L, d)
-            let heads_first = |t: Tensor| t.transpose(1, 2)?.contiguous();
-            let q = heads_first(repeat(q)?)?;
-            let k = heads_first(repeat(k)?)?;
-            let v = heads_first(v)?;
-            // (B, L, Hv) -> (B, Hv, L)
-            let beta = beta.transpose(1, 2)?.contiguous()?;
-            let g = g.transpose(1, 2)?.contiguous()?;
-            let (o, recurrent) = match rule {
-                DeltaRule::Chunked(chunk) => chunked::chunked_gated_delta_rule(
-                    &q,
-                    &k,
-                    &v,
-                    &beta,
-                    &g,
-                    &state.recurrent,
-                    chunk,
-                )?,
-                _ => {
-                    recurrence::recurrent_gated_delta_rule(&q, &k, &v, &beta, &g, &state.recurrent)?
-                }
-            };
-            // (B, Hv, L, dv) -> (B, L, Hv, dv)
-            (o.transpose(1, 2)?.contiguous()?, recurrent)
+            candle_rule::delta_rule(&c, &beta, &g, &state.recurrent, &self.dims, rule)?
         };
         Ok((
             o,
