@@ -118,6 +118,12 @@ fn eval_reports_metrics_diagrams_and_counted_failures_and_resumes() {
         std::fs::read_to_string(report.parent().unwrap().join("topic.reliability.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("Reliability of field “topic” (N = 15)"));
     assert!(svg.contains("equal-width, 10 bins") && svg.contains("perfect calibration"));
+    // and as a PNG beside it, named in the report
+    let png_path = report.parent().unwrap().join("topic.reliability.png");
+    let png = std::fs::read(&png_path).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&png[12..16], b"IHDR");
+    assert_eq!(topic["png"], png_path.display().to_string());
     // the predictions are the batch job's records; a rerun needs --resume and scores nothing
     let err = run(&[]);
     assert!(!err.status.success());

@@ -19,6 +19,7 @@ pub mod generations;
 pub mod join;
 pub mod labels;
 pub mod metrics;
+pub mod png;
 pub mod svg;
 
 use crate::batch::{self, BatchArgs, BatchModeArg};
@@ -249,6 +250,9 @@ pub struct FieldReport {
     pub metrics: metrics::FieldMetrics,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub svg: Option<String>,
+    /// The same diagram as a PNG, beside the SVG.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
 }
 
 /// The metrics of every field with at least one item.
@@ -267,6 +271,7 @@ pub fn field_reports(joined: &join::Joined, bins: usize) -> Result<IndexMap<Stri
                 classes: f.classes.clone(),
                 metrics: m,
                 svg: None,
+                png: None,
             },
         );
     }
@@ -320,6 +325,10 @@ pub fn run_eval<B: Backend>(
             std::fs::write(&path, svg::reliability_svg(name, &f.metrics, &label))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             f.svg = Some(path.display().to_string());
+            let png_path = path.with_extension("png");
+            std::fs::write(&png_path, png::reliability_png(name, &f.metrics, &label))
+                .with_context(|| format!("cannot write {}", png_path.display()))?;
+            f.png = Some(png_path.display().to_string());
         }
     }
     let counts = counts(&scored, &joined);
