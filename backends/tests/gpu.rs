@@ -601,6 +601,17 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                 }
                 // Rows continuing retained states through a slot map (read in place by the
                 // kernels) equal the same rows from a gathered copy, bit for bit.
+                // each row's real tokens of two outputs equal, bit for bit
+                let rows_equal = |a: &Tensor, b: &Tensor, what: &str| {
+                    for (row, len) in rows.iter().enumerate() {
+                        let cut = |t: &Tensor| {
+                            t.narrow(0, row, 1)
+                                .and_then(|t| t.narrow(1, 0, *len))
+                                .expect("cut")
+                        };
+                        assert_eq!(max_diff(&cut(a), &cut(b)), 0.0, "{what} row {row}");
+                    }
+                };
                 for slots in [vec![0u32; b], (0..b as u32).rev().collect::<Vec<_>>()] {
                     let (y_m, s_m) = layer
                         .forward_with(&x, &st, Some(&slots), pad.as_ref(), DeltaRule::Fused)
@@ -609,18 +620,7 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                     let (y_g, s_g) = layer
                         .forward_with(&x, &gathered, None, pad.as_ref(), DeltaRule::Fused)
                         .expect("fused from a gathered state");
-                    for (row, len) in rows.iter().enumerate() {
-                        let cut = |t: &Tensor| {
-                            t.narrow(0, row, 1)
-                                .and_then(|t| t.narrow(1, 0, *len))
-                                .expect("cut")
-                        };
-                        assert_eq!(
-                            max_diff(&cut(&y_m), &cut(&y_g)),
-                            0.0,
-                            "slots {slots:?} row {row}"
-                        );
-                    }
+                    rows_equal(&y_m, &y_g, &format!("slots {slots:?}"));
                     assert_eq!(
                         max_diff(&s_m.recurrent, &s_g.recurrent),
                         0.0,
@@ -631,18 +631,7 @@ fn cuda_fused_delta_rule_equals_candle_forms() {
                     let (y_d, s_d) = layer
                         .forward_discarding(&x, &st, Some(&slots), pad.as_ref())
                         .expect("fused, state discarded");
-                    for (row, len) in rows.iter().enumerate() {
-                        let cut = |t: &Tensor| {
-                            t.narrow(0, row, 1)
-                                .and_then(|t| t.narrow(1, 0, *len))
-                                .expect("cut")
-                        };
-                        assert_eq!(
-                            max_diff(&cut(&y_d), &cut(&y_m)),
-                            0.0,
-                            "discarding: slots {slots:?} row {row}"
-                        );
-                    }
+                    rows_equal(&y_d, &y_m, &format!("discarding: slots {slots:?}"));
                     assert_eq!(s_d.recurrent.dims(), &[b, hv, 0, dv]);
                     assert_eq!(max_diff(&s_m.conv, &s_g.conv), 0.0, "slots {slots:?}");
                 }

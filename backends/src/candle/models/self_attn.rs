@@ -68,6 +68,12 @@ fn fused_heads_off() -> bool {
     *OFF.get_or_init(|| crate::switches::is("FORKSCORE_HEADS", "candle"))
 }
 
+/// Whether a stacked q|k|v product's heads may take the fused heads kernel on `device`: CUDA,
+/// with neither `FORKSCORE_HEADS=candle` nor `fusion::qkv_heads` turning it off.
+fn stacked_heads_fuse(device: &candle_core::Device) -> bool {
+    device.is_cuda() && !fused_heads_off() && crate::candle::layers::fusion::qkv_heads()
+}
+
 fn op(name: &'static str) -> impl FnOnce(candle_core::Error) -> CandleError {
     CandleError::tensor(name)
 }
@@ -403,10 +409,8 @@ impl SelfAttention {
     /// CUDA with the fused heads on ([`Self::fused_stacked_heads`]) and the bias fold not
     /// switched off (`FORKSCORE_QKV_HEADS=bias-apart` keeps candle's bias add, to compare).
     fn folds_qkv_bias(x: &Tensor) -> bool {
-        x.device().is_cuda()
-            && x.dtype() == candle_core::DType::BF16
-            && !fused_heads_off()
-            && crate::candle::layers::fusion::qkv_heads()
+        x.dtype() == candle_core::DType::BF16
+            && stacked_heads_fuse(x.device())
             && !crate::switches::is("FORKSCORE_QKV_HEADS", "bias-apart")
     }
 
@@ -423,18 +427,15 @@ impl SelfAttention {
         step: &Step,
     ) -> Result<Option<Projected>, CandleError> {
         let s = &self.spec;
-        if !qkv.device().is_cuda()
-            || fused_heads_off()
-            || !crate::candle::layers::fusion::qkv_heads()
-        {
+        if !stacked_heads_fuse(qkv.device()) {
             return Ok(None);
         }
         let part = |start: usize, n: usize| qkv.narrow(2, start, n).map_err(op("q|k|v heads"));
         let (q, k) = (part(0, s.heads)?, part(s.heads, s.kv_heads)?);
         let v = part(s.heads + s.kv_heads, s.kv_heads)?;
-        let rope = Some((&step.rope.cos, &step.rope.sin));
+        let (cos, sin) = (&step.rope.cos, &step.rope.sin);
+        let rope = Some((cos, sin));
         let Some(bias) = bias else {
-            let (cos, sin) = (&step.rope.cos, &step.rope.sin);
             if !(cuda::heads::takes(&q, None, cos, sin) && cuda::heads::takes(&k, None, cos, sin)) {
                 return Ok(None);
             }

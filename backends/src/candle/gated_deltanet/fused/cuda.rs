@@ -132,7 +132,7 @@ impl CustomOp1 for GatedDeltaRule {
         };
         let (l_i, hk_i, hv_i, dv_i) = (l as i32, hk as i32, hv as i32, dv as i32);
         let q_scale = (dk as f32).powf(-0.5);
-        let no_slots: u64 = 0;
+        let null: u64 = 0;
         let mut builder = stream.launch_builder(&func);
         builder.arg(&qkv);
         builder.arg(&beta);
@@ -140,12 +140,12 @@ impl CustomOp1 for GatedDeltaRule {
         builder.arg(&s0);
         match &slots {
             Some(v) => builder.arg(v),
-            None => builder.arg(&no_slots),
+            None => builder.arg(&null),
         };
         builder.arg(&mut out);
         match self.keep_state {
             true => builder.arg(&mut s1),
-            false => builder.arg(&no_slots),
+            false => builder.arg(&null),
         };
         builder.arg(&l_i);
         builder.arg(&hk_i);
@@ -268,18 +268,18 @@ fn chunked(
     // by `run`.
     unsafe { builder.launch(cfg) }.w()?;
     drop(builder);
-    let (no_slots, no_state): (u64, u64) = (0, 0);
+    let null: u64 = 0;
     let mut builder = stream.launch_builder(&scan);
     builder.arg(&ws);
     builder.arg(s0);
     match slots {
         Some(v) => builder.arg(v),
-        None => builder.arg(&no_slots),
+        None => builder.arg(&null),
     };
     builder.arg(out);
     match s1 {
         Some(s1) => builder.arg(s1),
-        None => builder.arg(&no_state),
+        None => builder.arg(&null),
     };
     builder.arg(&l_i);
     builder.arg(&hv_i);
