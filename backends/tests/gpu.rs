@@ -1039,6 +1039,92 @@ fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
     report.finish("cuda_quantized_q8_0_tracks_cpu_q8_0");
 }
 
+/// The tiny GGUF fixtures (`fixtures/gguf/`: the tiny Qwen2.5 and Qwen3 as F32 and Q8_0 files)
+/// loaded on CUDA track the same files on the CPU: the Q8_0 linear weights come to the GPU as
+/// blocks (`Linear::from_blocks`), the F32 ones dense. The fixtures are found beside the sources
+/// (a build's own checkout) or under the working directory (the GPU machine runs from a copy of
+/// the repository root); a run that finds neither says so and fails.
+#[test]
+fn cuda_gguf_tracks_cpu_gguf() {
+    if trios().is_none() {
+        return;
+    }
+    let dir = [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf"),
+        PathBuf::from("fixtures/gguf"),
+    ]
+    .into_iter()
+    .find(|d| d.join("qwen25_q8_0.gguf").is_file())
+    .expect("fixtures/gguf/*.gguf beside the sources or under the working directory");
+    let mut report = Report::default();
+    let load = |file: &str, device: DeviceSpec, dtype: ComputeDType| {
+        let ckpt = ResolvedCheckpoint::from_gguf(&dir.join(file), "tiny-gguf").expect("resolve");
+        CandleBackend::load(
+            &ckpt,
+            &LoadOptions {
+                device,
+                dtype,
+                ..LoadOptions::default()
+            },
+        )
+        .expect("load GGUF")
+    };
+    // the fixtures keep the first 2,048 embedding rows: ids and candidates stay below them
+    let prompt: Vec<u32> = (0..57u32).map(|i| (i * 331 + 17) % 2048).collect();
+    let cands: Vec<u32> = (0..512u32).map(|i| (i * 13 + 5) % 2048).collect();
+    for file in [
+        "qwen25_f32.gguf",
+        "qwen25_q8_0.gguf",
+        "qwen3_f32.gguf",
+        "qwen3_q8_0.gguf",
+    ] {
+        let cpu = load(file, DeviceSpec::Cpu, ComputeDType::F32);
+        for dtype in [ComputeDType::F32, ComputeDType::Bf16] {
+            let gpu = load(file, DeviceSpec::Cuda(0), dtype);
+            assert_eq!(
+                gpu.quant_summary(),
+                cpu.quant_summary(),
+                "{file}: the same weights stay quantized"
+            );
+            let tol = match dtype {
+                ComputeDType::F32 if file.contains("q8_0") => Tolerance::Q8_0_TINY_LOGITS,
+                _ => gpu_tolerance(dtype),
+            };
+            let want = cpu.forward_full(&prompt, &cands).expect("cpu");
+            let got = gpu.forward_full(&prompt, &cands).expect("cuda");
+            report.check(
+                tol,
+                &format!("{file} {dtype:?} cuda vs cpu"),
+                "forward_full 57 tokens",
+                &got,
+                &want,
+            );
+            let st_cpu = cpu.prefill(&prompt[..50]).expect("cpu prefill");
+            let st_gpu = gpu.prefill(&prompt[..50]).expect("gpu prefill");
+            let row = |state| ScoreRow {
+                state,
+                suffix: &prompt[50..],
+            };
+            let want = cpu
+                .score_rows(&[&st_cpu], &[row(0)], &cands[..3])
+                .expect("cpu score")
+                .data;
+            let got = gpu
+                .score_rows(&[&st_gpu], &[row(0)], &cands[..3])
+                .expect("gpu score")
+                .data;
+            report.check(
+                tol,
+                &format!("{file} {dtype:?} cuda vs cpu"),
+                "prefill 50 + fork of 1",
+                &got,
+                &want,
+            );
+        }
+    }
+    report.finish("cuda_gguf_tracks_cpu_gguf");
+}
+
 /// `shape` values uniform on `[offset − scale, offset + scale)` from an LCG at `seed` (advanced),
 /// in `dtype` on `dev`: the kernel tests' fixed inputs.
 fn seeded_uniform(

@@ -15,7 +15,8 @@
 #     ENV_gdn="FORKSCORE_GDN_PROJ=stacked" ENV_both="FORKSCORE_QKV_HEADS=fused FORKSCORE_GDN_PROJ=stacked" \
 #     bash scripts/gpu-real/forms_ab.sh
 # Needs carry/{forkscore.xz,modes-bench.xz,run.sh} (scripts/build-cuda.sh).
-# Output ($OUT): run.log, forms.json (every side's figures), bench-<side>-<model>.json.
+# Output ($OUT): run.log, forms.json (every side's figures), bench-<side>-<model>.json,
+# load-<side>-<model>.json (the load generator's own report, token counts included).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${OUT:?set OUT to a results folder}"
@@ -78,6 +79,7 @@ for side in $SIDES; do
         --options '{"layout": "fields-first"}' --label "$side-$m" --out "$W/load-$side-$m.json" \
         > "$W/load-$side-$m.log" 2>&1 || { echo "serve $side $m FAILED"; tail -5 "$W/load-$side-$m.log"; }
       kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+      cp -f "$W/load-$side-$m.json" "$OUT/" 2>/dev/null
     done
   fi
 done
