@@ -1013,20 +1013,8 @@ fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
                 &want,
             );
             let small = [cands[7], cands[100], cands[2000]];
-            let st_cpu = cpu.prefill(&prompt[..54]).expect("cpu prefill");
-            let st_gpu = gpu.prefill(&prompt[..54]).expect("gpu prefill");
-            let row = |state| ScoreRow {
-                state,
-                suffix: &prompt[54..],
-            };
-            let want = cpu
-                .score_rows(&[&st_cpu], &[row(0)], &small)
-                .expect("cpu score")
-                .data;
-            let got = gpu
-                .score_rows(&[&st_gpu], &[row(0)], &small)
-                .expect("gpu score")
-                .data;
+            let want = prefill_and_fork(&cpu, &prompt, 54, &small);
+            let got = prefill_and_fork(&gpu, &prompt, 54, &small);
             report.check(
                 tol,
                 &format!("{} {dtype:?} q8_0 cuda vs cpu", t.name),
@@ -1037,6 +1025,19 @@ fn cuda_quantized_q8_0_tracks_cpu_q8_0() {
         }
     }
     report.finish("cuda_quantized_q8_0_tracks_cpu_q8_0");
+}
+
+/// `prompt[..at]` prefilled, then one row continuing it with `prompt[at..]`, scored over
+/// `candidates`: the candidate logits of that row.
+fn prefill_and_fork(b: &CandleBackend, prompt: &[u32], at: usize, candidates: &[u32]) -> Vec<f32> {
+    let state = b.prefill(&prompt[..at]).expect("prefill");
+    let row = ScoreRow {
+        state: 0,
+        suffix: &prompt[at..],
+    };
+    b.score_rows(&[&state], &[row], candidates)
+        .expect("score")
+        .data
 }
 
 /// The tiny GGUF fixtures (`fixtures/gguf/`: the tiny Qwen2.5 and Qwen3 as F32 and Q8_0 files)
@@ -1099,20 +1100,8 @@ fn cuda_gguf_tracks_cpu_gguf() {
                 &got,
                 &want,
             );
-            let st_cpu = cpu.prefill(&prompt[..50]).expect("cpu prefill");
-            let st_gpu = gpu.prefill(&prompt[..50]).expect("gpu prefill");
-            let row = |state| ScoreRow {
-                state,
-                suffix: &prompt[50..],
-            };
-            let want = cpu
-                .score_rows(&[&st_cpu], &[row(0)], &cands[..3])
-                .expect("cpu score")
-                .data;
-            let got = gpu
-                .score_rows(&[&st_gpu], &[row(0)], &cands[..3])
-                .expect("gpu score")
-                .data;
+            let want = prefill_and_fork(&cpu, &prompt, 50, &cands[..3]);
+            let got = prefill_and_fork(&gpu, &prompt, 50, &cands[..3]);
             report.check(
                 tol,
                 &format!("{file} {dtype:?} cuda vs cpu"),

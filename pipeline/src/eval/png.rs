@@ -10,6 +10,7 @@
 //! ECEs (bin count stated).
 
 use super::metrics::FieldMetrics;
+use super::svg::{summary, BARS_LEGEND, X_TITLE, Y_TITLE};
 use std::io::Write;
 
 /// Canvas and plot geometry (the SVG's plot; the canvas wider, for the fixed-width font).
@@ -216,17 +217,7 @@ pub fn reliability_png(field: &str, m: &FieldMetrics, label: &str) -> Vec<u8> {
         1
     };
     cv.text(&fit(&title), mid, 10, scale, Anchor::Middle, BLACK);
-    cv.text(
-        &format!(
-            "accuracy {:.3} - ECE {:.3} (equal-width, {} bins) - ECE {:.3} (equal-mass, {} bins)",
-            m.accuracy, m.ece_equal_width, m.bins, m.ece_equal_mass, m.bins
-        ),
-        mid,
-        34,
-        1,
-        Anchor::Middle,
-        BLACK,
-    );
+    cv.text(&summary(m, " - "), mid, 34, 1, Anchor::Middle, BLACK);
     cv.text(&fit(label), mid, 48, 1, Anchor::Middle, GREY);
     // grid and ticks
     for t in 0..=10 {
@@ -258,20 +249,13 @@ pub fn reliability_png(field: &str, m: &FieldMetrics, label: &str) -> Vec<u8> {
     ] {
         cv.line(a, b, BLACK, None);
     }
-    cv.text(
-        "confidence (probability of the chosen value)",
-        x(0.5),
-        y(0.0) + 24,
-        1,
-        Anchor::Middle,
-        BLACK,
-    );
-    cv.text_up("accuracy in the bin", LEFT as i64 - 56, y(0.5), BLACK);
+    cv.text(X_TITLE, x(0.5), y(0.0) + 24, 1, Anchor::Middle, BLACK);
+    cv.text_up(Y_TITLE, LEFT as i64 - 56, y(0.5), BLACK);
     // legend
     let ly = y(0.0) + 40;
     cv.fill(LEFT as i64, ly, LEFT as i64 + 12, ly + 10, BAR);
     cv.text(
-        "accuracy per bin (n = items)",
+        BARS_LEGEND,
         LEFT as i64 + 16,
         ly + 1,
         1,

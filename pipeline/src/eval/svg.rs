@@ -13,6 +13,19 @@ const LEFT: f64 = 100.0;
 const TOP: f64 = 70.0;
 const PLOT: f64 = 400.0;
 
+/// The axis titles and the bars' legend, as both the SVG and the PNG ([`super::png`]) write them.
+pub(super) const X_TITLE: &str = "confidence (probability of the chosen value)";
+pub(super) const Y_TITLE: &str = "accuracy in the bin";
+pub(super) const BARS_LEGEND: &str = "accuracy per bin (n = items)";
+
+/// The line under the title: accuracy and both ECEs with the bin count, parts joined by `sep`.
+pub(super) fn summary(m: &FieldMetrics, sep: &str) -> String {
+    format!(
+        "accuracy {:.3}{sep}ECE {:.3} (equal-width, {} bins){sep}ECE {:.3} (equal-mass, {} bins)",
+        m.accuracy, m.ece_equal_width, m.bins, m.ece_equal_mass, m.bins
+    )
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -45,13 +58,9 @@ pub fn reliability_svg(field: &str, m: &FieldMetrics, label: &str) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="40" text-anchor="middle">accuracy {:.3} · ECE {:.3} (equal-width, {} bins) · ECE {:.3} (equal-mass, {} bins)</text>"#,
+        r#"<text x="{}" y="40" text-anchor="middle">{}</text>"#,
         W / 2.0,
-        m.accuracy,
-        m.ece_equal_width,
-        m.bins,
-        m.ece_equal_mass,
-        m.bins
+        summary(m, " · ")
     );
     let _ = writeln!(
         s,
@@ -129,13 +138,13 @@ pub fn reliability_svg(field: &str, m: &FieldMetrics, label: &str) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">confidence (probability of the chosen value)</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{X_TITLE}</text>"#,
         x(0.5),
         y(0.0) + 34.0
     );
     let _ = writeln!(
         s,
-        r#"<text x="50" y="{:.1}" text-anchor="middle" transform="rotate(-90 50 {:.1})">accuracy in the bin</text>"#,
+        r#"<text x="50" y="{:.1}" text-anchor="middle" transform="rotate(-90 50 {:.1})">{Y_TITLE}</text>"#,
         y(0.5),
         y(0.5)
     );
@@ -143,7 +152,7 @@ pub fn reliability_svg(field: &str, m: &FieldMetrics, label: &str) -> String {
     let ly = y(0.0) + 46.0;
     let _ = writeln!(
         s,
-        r##"<rect x="{LEFT}" y="{:.1}" width="12" height="10" fill="#4c78a8" fill-opacity="0.75"/><text x="{:.1}" y="{:.1}">accuracy per bin (n = items)</text>"##,
+        r##"<rect x="{LEFT}" y="{:.1}" width="12" height="10" fill="#4c78a8" fill-opacity="0.75"/><text x="{:.1}" y="{:.1}">{BARS_LEGEND}</text>"##,
         ly - 9.0,
         LEFT + 16.0,
         ly
